@@ -1,0 +1,89 @@
+"""The one place that branches on the database backend.
+
+SQLite: WAL, synchronous=FULL, a busy timeout, and BEGIN IMMEDIATE so a
+transaction that will write takes the write lock up front (a deferred one
+fails with "database is locked" when it upgrades under contention).
+PostgreSQL: psycopg 3, FOR UPDATE SKIP LOCKED, NOTIFY on new messages.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy import event
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.engine import Connection, Engine
+
+SQLITE_BUSY_TIMEOUT_MS = 30_000
+NOTIFY_CHANNEL = "outbox_messages"
+READ_ONLY = "outbox_read_only"
+_PREPARED = "outbox_prepared"
+
+
+def make_url(url: str | sa.URL) -> sa.URL:
+    """Parse a database URL, choosing psycopg 3 for plain postgresql:// URLs."""
+    parsed = sa.make_url(url)
+    if parsed.drivername in ("postgresql", "postgres"):
+        parsed = parsed.set(drivername="postgresql+psycopg")
+    if parsed.get_backend_name() not in ("postgresql", "sqlite"):
+        raise ValueError(
+            f"unsupported database {parsed.get_backend_name()!r}: use postgresql or sqlite"
+        )
+    return parsed
+
+
+def create_engine(url: str | sa.URL, **kwargs: Any) -> Engine:
+    """An engine for the outbox: psycopg 3 on PostgreSQL; WAL and BEGIN IMMEDIATE on SQLite."""
+    parsed = make_url(url)
+    if parsed.get_backend_name() == "sqlite" and parsed.database in (None, "", ":memory:"):
+        raise ValueError("an in-memory SQLite database is private to one connection: use a file")
+    if parsed.get_backend_name() == "postgresql":
+        kwargs.setdefault("pool_pre_ping", True)
+    return prepare_engine(sa.create_engine(parsed, **kwargs))
+
+
+def prepare_engine(engine: Engine) -> Engine:
+    """Install the SQLite transaction discipline on `engine` (idempotent; no-op on PostgreSQL)."""
+    if engine.dialect.name == "sqlite":
+        if not event.contains(engine, "begin", _sqlite_begin):
+            event.listen(engine, "begin", _sqlite_begin)
+    elif engine.dialect.name not in ("sqlite", "postgresql"):
+        raise ValueError(f"unsupported database dialect {engine.dialect.name!r}")
+    return engine
+
+
+def _sqlite_begin(conn: Connection) -> None:
+    dbapi = conn.connection.dbapi_connection
+    record = conn.connection
+    if not record.info.get(_PREPARED):
+        # Let us, not pysqlite, decide when transactions begin.
+        dbapi.isolation_level = None  # type: ignore[union-attr]
+        cursor = dbapi.cursor()  # type: ignore[union-attr]
+        try:
+            cursor.execute(f"PRAGMA busy_timeout = {SQLITE_BUSY_TIMEOUT_MS}")
+            cursor.execute("PRAGMA journal_mode = WAL")
+            cursor.execute("PRAGMA synchronous = FULL")
+        finally:
+            cursor.close()
+        record.info[_PREPARED] = True
+    read_only = conn.get_execution_options().get(READ_ONLY, False)
+    conn.exec_driver_sql("BEGIN" if read_only else "BEGIN IMMEDIATE")
+
+
+def insert_ignoring_conflicts(table: sa.Table, dialect_name: str) -> Any:
+    """INSERT that skips a row whose unique key already exists (the caller then compares)."""
+    if dialect_name == "postgresql":
+        return postgresql.insert(table).on_conflict_do_nothing()
+    return sqlite.insert(table).on_conflict_do_nothing()
+
+
+def notify_messages(conn: Connection) -> None:
+    """Wake listening relays when this transaction commits (PostgreSQL only; SQLite relays poll)."""
+    if conn.dialect.name == "postgresql":
+        conn.execute(sa.select(sa.func.pg_notify(NOTIFY_CHANNEL, "")))
+
+
+def supports_skip_locked(dialect_name: str) -> bool:
+    """Whether row locks with SKIP LOCKED exist (SQLite has one writer, so it needs none)."""
+    return dialect_name == "postgresql"

@@ -1,0 +1,73 @@
+"""The `outbox` command: one entry point with subcommands."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Sequence
+
+from outbox import migrations
+from outbox.errors import SchemaNotReady
+
+DEFAULT_DB = "sqlite:///outbox.db"
+
+
+def _db_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--db",
+        "--url",
+        dest="db",
+        default=os.environ.get("OUTBOX_DB", DEFAULT_DB),
+        help="database URL (env OUTBOX_DB; default %(default)s)",
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser for every subcommand."""
+    parser = argparse.ArgumentParser(prog="outbox", description=__doc__)
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    db = commands.add_parser("db", help="schema migrations")
+    db_commands = db.add_subparsers(dest="db_command", required=True)
+    upgrade = db_commands.add_parser("upgrade", help="create or upgrade the outbox tables")
+    _db_argument(upgrade)
+    upgrade.add_argument(
+        "--receiver", action="store_true", help="also create or upgrade the receiver tables"
+    )
+    current = db_commands.add_parser("current", help="show the schema revisions in the database")
+    _db_argument(current)
+
+    commands.add_parser("demo", help="run the end-to-end story on a temporary SQLite database")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line; returns the exit status."""
+    args = build_parser().parse_args(argv)
+    try:
+        if args.command == "db":
+            return _db(args)
+        if args.command == "demo":
+            from outbox.demo import main as demo
+
+            return demo()
+    except (ValueError, SchemaNotReady) as exc:
+        print(f"outbox: error: {exc}", file=sys.stderr)
+        return 2
+    raise AssertionError(f"unhandled command {args.command!r}")
+
+
+def _db(args: argparse.Namespace) -> int:
+    if args.db_command == "upgrade":
+        migrations.upgrade(args.db)
+        if args.receiver:
+            migrations.upgrade_branch(args.db, migrations.RECEIVER_BRANCH)
+        print(f"schema is up to date: {', '.join(migrations.heads_of(args.db)) or 'nothing'}")
+        return 0
+    print(", ".join(migrations.heads_of(args.db)) or "no schema")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,57 @@
+"""The errors the outbox raises; each docstring is the meaning of its message.
+
+OutboxError
+├── Unauthorized          the caller is not an allowed, authenticated source
+├── InvalidEnvelope       (also ValueError) an intake envelope breaks a rule
+├── InvalidMessage        (also ValueError) a publish() argument breaks a rule
+├── PayloadCollision      one identity, two different contents
+├── Fenced                the caller's lease is gone: a newer owner or a final state
+├── BatchFailed           receive_batch stopped; carries the committed prefix
+└── SchemaNotReady        the database schema is missing or older than the code
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from outbox.intake import Ack
+
+
+class OutboxError(Exception):
+    """Base of every error this library raises on purpose."""
+
+
+class Unauthorized(OutboxError):
+    """The authentication context does not allow this source to submit the envelope."""
+
+
+class InvalidEnvelope(OutboxError, ValueError):
+    """The envelope breaks an intake rule; nothing was written."""
+
+
+class InvalidMessage(OutboxError, ValueError):
+    """An outbox message argument breaks a rule; nothing was written."""
+
+
+class PayloadCollision(OutboxError):
+    """The same identity was already stored with a different content hash; nothing changed."""
+
+
+class Fenced(OutboxError):
+    """The lease no longer holds (newer fence, other owner, expired or finished); stop work."""
+
+
+class BatchFailed(OutboxError):
+    """A batch stopped at `index`; the ACKs in `committed` were stored before it."""
+
+    def __init__(self, index: int, committed: Sequence[Ack], cause: BaseException) -> None:
+        super().__init__(f"batch item {index} failed: {cause}")
+        self.index = index
+        self.committed = list(committed)
+        self.cause = cause
+
+
+class SchemaNotReady(OutboxError):
+    """The database schema is missing or older than this code; run the upgrade command."""

@@ -1,0 +1,176 @@
+"""Outbox messages: their validation, their bodies, and writing them in a transaction."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection, RowMapping
+
+from outbox import _sql
+from outbox._dialect import notify_messages
+from outbox.canonical import NotCanonical, canonical_bytes, sha256_hex
+from outbox.errors import InvalidMessage, PayloadCollision
+from outbox.schema import messages
+
+# Signed as "id.timestamp.body": a '.' in the id would make that string ambiguous.
+REPLY_ID = re.compile(r"[\x21-\x2d\x2f-\x7e]{1,200}")
+DESTINATION = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,199}")
+HEADER_NAME = re.compile(r"[A-Za-z0-9!#$%&'*+^_`|~.-]{1,100}")
+RESERVED_HEADERS = frozenset(
+    {
+        "content-type",
+        "content-length",
+        "host",
+        "webhook-id",
+        "webhook-timestamp",
+        "webhook-signature",
+    }
+)
+MAX_HEADER_VALUE = 4096
+
+
+def check_reply_id(reply_id: object) -> str:
+    """A reply_id: 1..200 printable ASCII characters, no whitespace, control characters or '.'."""
+    if not isinstance(reply_id, str) or not REPLY_ID.fullmatch(reply_id):
+        raise InvalidMessage(
+            f"reply_id must be 1..200 printable ASCII characters without whitespace or '.', "
+            f"got {reply_id!r:.80}"
+        )
+    return reply_id
+
+
+def check_destination(destination: object) -> str:
+    """A destination NAME (letters, digits, '_' and '-'), resolved to a URL by relay config."""
+    if not isinstance(destination, str) or not DESTINATION.fullmatch(destination):
+        raise InvalidMessage(
+            f"destination must be a configured name of letters, digits, '_' or '-' "
+            f"(never a URL), got {destination!r:.80}"
+        )
+    return destination
+
+
+def check_ordering_key(key: object) -> str | None:
+    """An optional ordering key: 1..200 printable ASCII characters."""
+    if key is None:
+        return None
+    if not isinstance(key, str) or not re.fullmatch(r"[\x20-\x7e]{1,200}", key):
+        raise InvalidMessage(
+            f"ordering_key must be 1..200 printable ASCII characters, got {key!r:.80}"
+        )
+    return key
+
+
+def check_headers(headers: Mapping[str, str] | None) -> str:
+    """Extra HTTP headers to send, as canonical JSON; signature headers are reserved."""
+    if headers is None:
+        return "{}"
+    if not isinstance(headers, Mapping):
+        raise InvalidMessage("headers must be a mapping of str to str")
+    for name, value in headers.items():
+        if not isinstance(name, str) or not HEADER_NAME.fullmatch(name):
+            raise InvalidMessage(f"invalid header name {name!r:.80}")
+        if name.lower() in RESERVED_HEADERS:
+            raise InvalidMessage(f"header {name!r} is set by the relay")
+        if (
+            not isinstance(value, str)
+            or len(value) > MAX_HEADER_VALUE
+            or not re.fullmatch(r"[\x20-\x7e\t]*", value)
+        ):
+            raise InvalidMessage(f"invalid value for header {name!r}")
+    return json.dumps(dict(headers), sort_keys=True, separators=(",", ":"))
+
+
+def encode_body(body: object, max_bytes: int) -> bytes:
+    """The exact bytes that will be sent: canonical JSON of a JSON-safe body."""
+    try:
+        return canonical_bytes(body, max_bytes=max_bytes)
+    except NotCanonical as exc:
+        raise InvalidMessage(f"body: {exc}") from exc
+
+
+def task_reply_body(task_id: str, status: str, result_json: str | None) -> bytes:
+    """The one terminal reply of a task; identical bytes whatever retry writes it."""
+    result = None if result_json is None else json.loads(result_json)
+    return canonical_bytes(
+        {"kind": "result", "task_id": task_id, "status": status, "result": result},
+        max_bytes=None,
+    )
+
+
+def add_task_replies(
+    conn: Connection,
+    replies: Sequence[tuple[str, str, str | None]],
+    destination: str,
+    now: sa.ColumnElement[float],
+) -> None:
+    """Insert the reply of each (task_id, status, result_json); joins the caller's transaction."""
+    if not replies:
+        return
+    rows = []
+    for task_id, status, result_json in replies:
+        body = task_reply_body(task_id, status, result_json)
+        rows.append(
+            {
+                "reply_id": "reply:" + task_id,
+                "task_id": task_id,
+                "destination": destination,
+                "ordering_key": None,
+                "body": body,
+                "content_hash": sha256_hex(body),
+                "headers": "{}",
+            }
+        )
+    conn.execute(_sql.insert_messages(now), rows)
+    notify_messages(conn)
+
+
+def add_message(
+    conn: Connection,
+    *,
+    reply_id: str,
+    destination: str,
+    body: bytes,
+    ordering_key: str | None,
+    headers: str,
+    now: sa.ColumnElement[float],
+) -> dict[str, Any]:
+    """Insert a message unless this reply_id and body exist; joins the caller's transaction."""
+    digest = sha256_hex(body)
+    row = {
+        "reply_id": reply_id,
+        "task_id": None,
+        "destination": destination,
+        "ordering_key": ordering_key,
+        "body": body,
+        "content_hash": digest,
+        "headers": headers,
+    }
+    inserted = conn.execute(
+        _sql.insert_messages(now, ignore_conflicts=conn.dialect.name).returning(messages.c.id),
+        row,
+    ).first()
+    existing = conn.execute(_sql.select_message(reply_id)).mappings().one()
+    if inserted is None and (
+        existing["content_hash"] != digest
+        or existing["destination"] != destination
+        or existing["ordering_key"] != ordering_key
+    ):
+        raise PayloadCollision(
+            f"reply_id {reply_id!r} is stored for {existing['destination']!r} with content hash "
+            f"{existing['content_hash']}; this one is for {destination!r} with {digest}"
+        )
+    if inserted is not None:
+        notify_messages(conn)
+    return message_dict(existing)
+
+
+def message_dict(row: RowMapping) -> dict[str, Any]:
+    """A message row as a plain dict, body as the exact bytes and headers decoded."""
+    result = dict(row)
+    result["body"] = bytes(result["body"])
+    result["headers"] = json.loads(result["headers"])
+    return result

@@ -1,0 +1,46 @@
+"""publish(): add an outbox message inside the caller's own transaction."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from sqlalchemy.orm import Session
+
+from outbox.canonical import MAX_BYTES
+from outbox.clock import Clock, now_expression
+from outbox.messages import (
+    add_message,
+    check_destination,
+    check_headers,
+    check_ordering_key,
+    check_reply_id,
+    encode_body,
+)
+
+
+def publish(
+    session: Session,
+    destination: str,
+    reply_id: str,
+    body: Any,
+    ordering_key: str | None = None,
+    headers: Mapping[str, str] | None = None,
+    clock: Clock | None = None,
+) -> dict[str, Any]:
+    """Add a message to the caller's transaction (never commits); same id and body is a no-op."""
+    destination = check_destination(destination)
+    reply_id = check_reply_id(reply_id)
+    ordering_key = check_ordering_key(ordering_key)
+    header_json = check_headers(headers)
+    data = encode_body(body, MAX_BYTES)
+    conn = session.connection()
+    return add_message(
+        conn,
+        reply_id=reply_id,
+        destination=destination,
+        body=data,
+        ordering_key=ordering_key,
+        headers=header_json,
+        now=now_expression(clock, conn.dialect.name),
+    )

@@ -1,0 +1,127 @@
+"""The outbox tables. Alembic migrations create them; this module describes them.
+
+Times are epoch seconds (double precision) so one comparison works on both
+backends and against a manual clock. Partial indexes cover only the rows a
+claim can take, so finished history does not slow claiming.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import sqlalchemy as sa
+
+NAMING_CONVENTION = {
+    "ix": "ix_%(column_0_label)s",
+    "uq": "uq_%(table_name)s_%(column_0_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+TASK_STATES = ("pending", "running", "done", "failed", "cancelled", "expired", "hop_limit")
+TERMINAL_TASK_STATES = ("done", "failed", "cancelled", "expired", "hop_limit")
+MESSAGE_STATES = ("pending", "sending", "sent", "dead")
+
+metadata = sa.MetaData(naming_convention=NAMING_CONVENTION)
+
+# SQLite only auto-increments an INTEGER PRIMARY KEY.
+BigIdentity = sa.BigInteger().with_variant(sa.Integer(), "sqlite")
+Epoch = sa.Double
+
+
+def _in(column: str, values: tuple[str, ...]) -> str:
+    return f"{column} IN ({', '.join(repr(v) for v in values)})"
+
+
+def _partial(where: str) -> dict[str, Any]:
+    return {"postgresql_where": sa.text(where), "sqlite_where": sa.text(where)}
+
+
+inbox = sa.Table(
+    "outbox_inbox",
+    metadata,
+    sa.Column("principal", sa.String(200), primary_key=True),
+    sa.Column("message_id", sa.String(128), primary_key=True),
+    sa.Column("content_hash", sa.String(64), nullable=False),
+    sa.Column("content", sa.Text(), nullable=False),
+    sa.Column("task_id", sa.String(64), nullable=False, unique=True),
+    sa.Column("received_at", Epoch(), nullable=False),
+)
+
+tasks = sa.Table(
+    "outbox_tasks",
+    metadata,
+    sa.Column("task_id", sa.String(64), primary_key=True),
+    sa.Column("tenant_id", sa.String(200), nullable=False),
+    sa.Column("payload", sa.Text(), nullable=False),
+    sa.Column("priority", sa.Integer(), nullable=False),
+    sa.Column("deadline", Epoch(), nullable=False),
+    sa.Column("hops", sa.Integer(), nullable=False),
+    sa.Column("state", sa.String(16), nullable=False),
+    sa.Column("attempts", sa.Integer(), nullable=False),
+    sa.Column("max_attempts", sa.Integer(), nullable=False),
+    sa.Column("available_at", Epoch(), nullable=False),
+    sa.Column("owner", sa.String(200)),
+    sa.Column("lease_until", Epoch()),
+    sa.Column("fence", sa.BigInteger(), nullable=False),
+    sa.Column("result", sa.Text()),
+    sa.Column("last_error", sa.Text()),
+    sa.Column("cancel_requested_at", Epoch()),
+    sa.Column("created_at", Epoch(), nullable=False),
+    sa.Column("updated_at", Epoch(), nullable=False),
+    sa.Column("finished_at", Epoch()),
+    sa.CheckConstraint(_in("state", TASK_STATES), name="state"),
+    sa.CheckConstraint("attempts >= 0 AND attempts <= max_attempts", name="attempts"),
+    sa.Index("ix_outbox_tasks_lease", "lease_until", **_partial("state = 'running'")),
+    sa.Index("ix_outbox_tasks_running_tenant", "tenant_id", **_partial("state = 'running'")),
+    sa.Index(
+        "ix_outbox_tasks_deadline",
+        "deadline",
+        **_partial("state IN ('pending', 'running')"),
+    ),
+)
+
+# Claim order is priority DESC, available_at, created_at: the index walks it directly.
+sa.Index(
+    "ix_outbox_tasks_claimable",
+    tasks.c.priority.desc(),
+    tasks.c.available_at,
+    tasks.c.created_at,
+    **_partial("state = 'pending'"),
+)
+
+messages = sa.Table(
+    "outbox_messages",
+    metadata,
+    sa.Column("id", BigIdentity, primary_key=True, autoincrement=True),
+    sa.Column("reply_id", sa.String(200), nullable=False, unique=True),
+    sa.Column("task_id", sa.String(64), unique=True),
+    sa.Column("destination", sa.String(200), nullable=False),
+    sa.Column("ordering_key", sa.String(200)),
+    sa.Column("body", sa.LargeBinary(), nullable=False),
+    sa.Column("content_hash", sa.String(64), nullable=False),
+    sa.Column("headers", sa.Text(), nullable=False),
+    sa.Column("state", sa.String(16), nullable=False),
+    sa.Column("attempts", sa.Integer(), nullable=False),
+    sa.Column("available_at", Epoch(), nullable=False),
+    sa.Column("owner", sa.String(200)),
+    sa.Column("lease_until", Epoch()),
+    sa.Column("fence", sa.BigInteger(), nullable=False),
+    sa.Column("last_error", sa.Text()),
+    sa.Column("last_status", sa.Integer()),
+    sa.Column("created_at", Epoch(), nullable=False),
+    sa.Column("sent_at", Epoch()),
+    sa.CheckConstraint(_in("state", MESSAGE_STATES), name="state"),
+    sa.Index(
+        "ix_outbox_messages_deliverable", "available_at", "id", **_partial("state = 'pending'")
+    ),
+    sa.Index("ix_outbox_messages_lease", "lease_until", **_partial("state = 'sending'")),
+    sa.Index(
+        "ix_outbox_messages_ordering",
+        "destination",
+        "ordering_key",
+        "id",
+        **_partial("state IN ('pending', 'sending') AND ordering_key IS NOT NULL"),
+    ),
+)

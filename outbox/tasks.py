@@ -1,0 +1,419 @@
+"""TaskQueue: intake, leases with fencing, and the terminal result written with its reply.
+
+Every transaction here is short and never spans the work itself: claim
+commits before the handler runs, finish opens a new transaction. Each state
+change is a guarded UPDATE (state, owner, fence, lease, deadline); when it
+touches no row the caller has lost the task and gets Fenced.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection, Engine, RowMapping
+from sqlalchemy.orm import Session
+
+from outbox import _sql, failpoints
+from outbox._dialect import READ_ONLY, supports_skip_locked
+from outbox.canonical import NotCanonical, canonical_bytes
+from outbox.clock import Clock, now_expression
+from outbox.errors import BatchFailed, Fenced, InvalidMessage, PayloadCollision
+from outbox.intake import Accepted, Ack, AuthContext, Envelope, accept, authorize
+from outbox.messages import add_task_replies, check_destination, message_dict
+from outbox.migrations import engine_for, ensure_current
+from outbox.schema import inbox
+
+RECONCILE_BATCH = 100
+MAX_RESULT_BYTES = 256 * 1024
+MAX_REASON_CHARS = 2000
+
+
+@dataclass(frozen=True)
+class Claim:
+    """A leased task: who holds it, under which fence, and what to do."""
+
+    task_id: str
+    owner: str
+    fence: int
+    attempt: int
+    payload: dict[str, Any]
+    lease_until: float
+    deadline: float
+
+
+def backoff_delay(attempt: int, backoff: float, cap: float, rng: random.Random) -> float:
+    """Retry delay after `attempt`: uniform in [d/2, d], d = min(cap, backoff * 2^(attempt-1))."""
+    ceiling = min(cap, backoff * 2.0 ** min(max(attempt - 1, 0), 62))
+    return rng.uniform(ceiling / 2, ceiling)
+
+
+class TaskQueue:
+    """Durable intake, fenced task leases, and results committed with their replies."""
+
+    def __init__(
+        self,
+        url_or_engine: str | sa.URL | Engine,
+        clock: Clock | None = None,
+        allowed_sources: Iterable[str] = (),
+        lease: float = 10,
+        backoff: float = 2,
+        backoff_cap: float = 300,
+        max_hops: int = 4,
+        reply_destination: str = "default",
+        tenant_cap: int | None = None,
+        rng: random.Random | None = None,
+    ) -> None:
+        """Open a queue on a database already upgraded with `outbox db upgrade`."""
+        if isinstance(allowed_sources, str):
+            raise TypeError("allowed_sources must be a collection of principals, not one string")
+        for name, value in (("lease", lease), ("backoff", backoff), ("backoff_cap", backoff_cap)):
+            if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+                raise ValueError(f"{name} must be a positive number of seconds, got {value!r}")
+        if backoff_cap < backoff:
+            raise ValueError("backoff_cap must be >= backoff")
+        if isinstance(max_hops, bool) or not isinstance(max_hops, int) or max_hops < 1:
+            raise ValueError(f"max_hops must be an int >= 1, got {max_hops!r}")
+        if tenant_cap is not None and (
+            isinstance(tenant_cap, bool) or not isinstance(tenant_cap, int) or tenant_cap < 1
+        ):
+            raise ValueError(f"tenant_cap must be None or an int >= 1, got {tenant_cap!r}")
+        self.reply_destination = check_destination(reply_destination)
+        self.allowed_sources = frozenset(allowed_sources)
+        self.lease = float(lease)
+        self.backoff = float(backoff)
+        self.backoff_cap = float(backoff_cap)
+        self.max_hops = max_hops
+        self.tenant_cap = tenant_cap
+        self.clock = clock
+        self._rng = rng or random.Random()
+        self._engine, self._owns_engine = engine_for(url_or_engine)
+        try:
+            ensure_current(self._engine)
+        except BaseException:
+            self.close()
+            raise
+        self._dialect = self._engine.dialect.name
+        self._skip_locked = supports_skip_locked(self._dialect)
+
+    @property
+    def engine(self) -> Engine:
+        """The engine this queue runs on."""
+        return self._engine
+
+    def close(self) -> None:
+        """Release the connection pool when the queue created it."""
+        if self._owns_engine:
+            self._engine.dispose()
+
+    def __enter__(self) -> TaskQueue:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # --- plumbing -------------------------------------------------------------
+
+    def _now(self) -> sa.ColumnElement[float]:
+        return now_expression(self.clock, self._dialect)
+
+    @contextmanager
+    def _reading(self) -> Iterator[Connection]:
+        with self._engine.connect().execution_options(**{READ_ONLY: True}) as conn, conn.begin():
+            yield conn
+
+    # --- intake -------------------------------------------------------------------
+
+    def receive(self, auth: AuthContext, envelope: Envelope) -> Ack:
+        """Store an envelope durably and return its ACK only after commit."""
+        authorize(auth, envelope, self.allowed_sources)
+        accepted = accept(auth, envelope)
+        with self._engine.begin() as conn:
+            ack = self._store(conn, accepted)
+            failpoints.hit("intake.before_commit")
+        failpoints.hit("intake.after_commit")
+        return ack
+
+    def receive_batch(self, auth: AuthContext, envelopes: Sequence[Envelope]) -> list[Ack]:
+        """Receive item by item; on failure raise BatchFailed with the ACKs already committed."""
+        acks: list[Ack] = []
+        for index, envelope in enumerate(envelopes):
+            try:
+                acks.append(self.receive(auth, envelope))
+            except Exception as exc:
+                raise BatchFailed(index, acks, exc) from exc
+        return acks
+
+    def _store(self, conn: Connection, item: Accepted) -> Ack:
+        now = float(conn.execute(_sql.select_now(self._now())).scalar_one())
+        inserted = conn.execute(
+            _sql.insert_inbox(self._dialect)
+            .values(
+                principal=item.principal,
+                message_id=item.message_id,
+                content_hash=item.content_hash,
+                content=item.content,
+                task_id=item.task_id,
+                received_at=now,
+            )
+            .returning(inbox.c.task_id)
+        ).first()
+        if inserted is None:
+            stored_hash, task_id = conn.execute(
+                _sql.select_inbox_hash(item.principal, item.message_id)
+            ).one()
+            if stored_hash != item.content_hash:
+                raise PayloadCollision(
+                    f"message {item.message_id!r} from {item.principal!r} is stored with content "
+                    f"hash {stored_hash}; this envelope hashes to {item.content_hash}"
+                )
+            return Ack(task_id=task_id, duplicate=True)
+        state, error = "pending", None
+        if item.deadline <= now:
+            state, error = "expired", "deadline passed before intake"
+        elif item.hops >= self.max_hops:
+            state, error = "hop_limit", f"hops {item.hops} >= max_hops {self.max_hops}"
+        terminal = state != "pending"
+        conn.execute(
+            _sql.insert_task().values(
+                task_id=item.task_id,
+                tenant_id=item.tenant_id,
+                payload=item.payload,
+                priority=item.priority,
+                deadline=item.deadline,
+                hops=item.hops,
+                state=state,
+                attempts=0,
+                max_attempts=item.max_attempts,
+                available_at=now,
+                fence=0,
+                last_error=error,
+                created_at=now,
+                updated_at=now,
+                finished_at=now if terminal else None,
+            )
+        )
+        if terminal:
+            add_task_replies(
+                conn, [(item.task_id, state, None)], self.reply_destination, self._now()
+            )
+        return Ack(task_id=item.task_id, duplicate=False)
+
+    # --- leases ---------------------------------------------------------------------
+
+    def claim(self, owner: str) -> Claim | None:
+        """Lease the best claimable task to `owner`, or return None when there is none."""
+        claims = self.claim_many(owner, 1)
+        return claims[0] if claims else None
+
+    def claim_many(self, owner: str, limit: int) -> list[Claim]:
+        """Lease up to `limit` claimable tasks to `owner` in one short transaction."""
+        if not isinstance(owner, str) or not 1 <= len(owner) <= 200:
+            raise ValueError("owner must be a str of 1..200 characters")
+        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+            raise ValueError(f"limit must be an int >= 1, got {limit!r}")
+        with self._engine.begin() as conn:
+            self._reconcile_in(conn)
+            rows = self._claim_rows(conn, owner, limit)
+            failpoints.hit("claim.before_commit")
+        failpoints.hit("claim.after_commit")
+        rows.sort(key=lambda r: (-r["priority"], r["available_at"], r["created_at"]))
+        return [
+            Claim(
+                task_id=r["task_id"],
+                owner=r["owner"],
+                fence=r["fence"],
+                attempt=r["attempts"],
+                payload=json.loads(r["payload"]),
+                lease_until=r["lease_until"],
+                deadline=r["deadline"],
+            )
+            for r in rows
+        ]
+
+    def _claim_rows(self, conn: Connection, owner: str, limit: int) -> list[RowMapping]:
+        if self.tenant_cap is None:
+            return list(conn.execute(self._claim_statement(owner, limit)).mappings())
+        if self._dialect == "postgresql":
+            conn.execute(_sql.lock_tenant_caps())
+        # One at a time, so a batch cannot push a tenant past its cap.
+        rows: list[RowMapping] = []
+        for _ in range(limit):
+            row = conn.execute(self._claim_statement(owner, 1)).mappings().first()
+            if row is None:
+                break
+            rows.append(row)
+        return rows
+
+    def _claim_statement(self, owner: str, limit: int) -> sa.Update:
+        return _sql.claim_tasks(
+            owner=owner,
+            now=self._now(),
+            lease=self.lease,
+            limit=limit,
+            skip_locked=self._skip_locked,
+            tenant_cap=self.tenant_cap,
+        )
+
+    def renew(self, claim: Claim) -> Claim:
+        """Extend the lease (heartbeat); Fenced when the task is no longer held by this claim."""
+        with self._engine.begin() as conn:
+            lease_until = conn.execute(
+                _sql.renew_lease(claim.task_id, claim.owner, claim.fence, self._now(), self.lease)
+            ).scalar()
+            if lease_until is None:
+                raise self._fenced(conn, claim)
+        return Claim(
+            task_id=claim.task_id,
+            owner=claim.owner,
+            fence=claim.fence,
+            attempt=claim.attempt,
+            payload=claim.payload,
+            lease_until=lease_until,
+            deadline=claim.deadline,
+        )
+
+    def finish(
+        self, claim: Claim, result: Any, effect: Callable[[Session], None] | None = None
+    ) -> None:
+        """Commit `done`, the result and its reply in one transaction, with optional own writes."""
+        with self._engine.begin() as conn:
+            self.finish_in(conn, claim, result)
+            if effect is not None:
+                with Session(bind=conn) as session:
+                    effect(session)
+                    session.flush()
+            failpoints.hit("finish.before_commit")
+        failpoints.hit("finish.after_commit")
+
+    def finish_tx(self, session: Session, claim: Claim, result: Any) -> None:
+        """Write `done`, the result and its reply in the caller's transaction; never commits."""
+        self.finish_in(session.connection(), claim, result)
+
+    def finish_in(self, conn: Connection, claim: Claim, result: Any) -> None:
+        """Write `done`, the result and its reply on an open connection; never commits."""
+        try:
+            result_json = canonical_bytes(result, max_bytes=MAX_RESULT_BYTES).decode("utf-8")
+        except NotCanonical as exc:
+            raise InvalidMessage(f"result: {exc}") from exc
+        now = self._now()
+        done = conn.execute(
+            _sql.complete_task(claim.task_id, claim.owner, claim.fence, now, result_json)
+        )
+        if done.rowcount != 1:
+            raise self._fenced(conn, claim)
+        add_task_replies(conn, [(claim.task_id, "done", result_json)], self.reply_destination, now)
+
+    def fail(self, claim: Claim, reason: str, permanent: bool = False) -> str:
+        """Record a failed attempt: back to pending after backoff, or `failed` with its reply."""
+        reason = str(reason)[:MAX_REASON_CHARS]
+        delay = backoff_delay(claim.attempt, self.backoff, self.backoff_cap, self._rng)
+        with self._engine.begin() as conn:
+            now = self._now()
+            state = conn.execute(
+                _sql.fail_task(
+                    claim.task_id,
+                    claim.owner,
+                    claim.fence,
+                    now,
+                    reason=reason,
+                    permanent=bool(permanent),
+                    delay=delay,
+                )
+            ).scalar()
+            if state is None:
+                raise self._fenced(conn, claim)
+            if state == "failed":
+                add_task_replies(
+                    conn, [(claim.task_id, "failed", None)], self.reply_destination, now
+                )
+        return str(state)
+
+    def cancel(self, task_id: str) -> bool:
+        """Cancel a pending or running task with its reply; False when it is already final."""
+        with self._engine.begin() as conn:
+            now = self._now()
+            if conn.execute(_sql.cancel_task(task_id, now)).rowcount != 1:
+                return False
+            add_task_replies(conn, [(task_id, "cancelled", None)], self.reply_destination, now)
+        return True
+
+    def reconcile(self) -> dict[str, int]:
+        """Expire tasks past their deadline and reclaim expired task and delivery leases."""
+        totals = {"expired": 0, "requeued": 0, "failed": 0, "messages_requeued": 0}
+        while True:
+            with self._engine.begin() as conn:
+                counts = self._reconcile_in(conn)
+                counts["messages_requeued"] = len(
+                    conn.execute(
+                        _sql.reap_expired_message_leases(
+                            self._now(), RECONCILE_BATCH, self._skip_locked
+                        )
+                    ).all()
+                )
+            for key, value in counts.items():
+                totals[key] += value
+            if max(counts.values()) < RECONCILE_BATCH:
+                return totals
+
+    def _reconcile_in(self, conn: Connection) -> dict[str, int]:
+        now = self._now()
+        expired = (
+            conn.execute(_sql.expire_past_deadline(now, RECONCILE_BATCH, self._skip_locked))
+            .scalars()
+            .all()
+        )
+        reaped = conn.execute(
+            _sql.reap_expired_task_leases(now, RECONCILE_BATCH, self._skip_locked)
+        ).all()
+        failed = [task_id for task_id, state in reaped if state == "failed"]
+        add_task_replies(
+            conn,
+            [(task_id, "expired", None) for task_id in expired]
+            + [(task_id, "failed", None) for task_id in failed],
+            self.reply_destination,
+            now,
+        )
+        return {
+            "expired": len(expired),
+            "requeued": len(reaped) - len(failed),
+            "failed": len(failed),
+        }
+
+    def _fenced(self, conn: Connection, claim: Claim) -> Fenced:
+        row = conn.execute(_sql.select_task(claim.task_id)).mappings().first()
+        if row is None:
+            why = "no such task"
+        elif row["state"] != "running":
+            why = f"task is {row['state']}"
+        elif row["fence"] != claim.fence or row["owner"] != claim.owner:
+            why = f"task is held by {row['owner']!r} under fence {row['fence']}"
+        else:
+            why = "lease or deadline has passed"
+        return Fenced(
+            f"task {claim.task_id} is no longer held by {claim.owner!r} fence {claim.fence}: {why}"
+        )
+
+    # --- reading ------------------------------------------------------------------
+
+    def task(self, task_id: str) -> dict[str, Any] | None:
+        """One task as a dict (payload and result decoded), or None."""
+        with self._reading() as conn:
+            row = conn.execute(_sql.select_task(task_id)).mappings().first()
+        if row is None:
+            return None
+        task = dict(row)
+        task["payload"] = json.loads(task["payload"])
+        task["result"] = None if task["result"] is None else json.loads(task["result"])
+        return task
+
+    def replies(self, state: str | None = None, limit: int | None = None) -> list[dict[str, Any]]:
+        """Outbox messages in sequence order, optionally of one state."""
+        with self._reading() as conn:
+            rows = conn.execute(_sql.select_messages(state, limit)).mappings().all()
+        return [message_dict(row) for row in rows]

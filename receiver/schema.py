@@ -1,0 +1,29 @@
+"""The receiver's tables: receipts for dedupe and the reference effect table."""
+
+from __future__ import annotations
+
+import sqlalchemy as sa
+
+from outbox.schema import NAMING_CONVENTION, BigIdentity, Epoch
+
+metadata = sa.MetaData(naming_convention=NAMING_CONVENTION)
+
+receipts = sa.Table(
+    "receiver_receipts",
+    metadata,
+    sa.Column("reply_id", sa.String(200), primary_key=True),
+    sa.Column("content_hash", sa.String(64), nullable=False),
+    sa.Column("body", sa.LargeBinary(), nullable=False),
+    sa.Column("received_at", Epoch(), nullable=False),
+    sa.Index("ix_receiver_receipts_received_at", "received_at"),
+)
+
+# Deliberately not unique on reply_id: a duplicated effect must be countable, not hidden.
+effects = sa.Table(
+    "receiver_effects",
+    metadata,
+    sa.Column("id", BigIdentity, primary_key=True, autoincrement=True),
+    sa.Column("reply_id", sa.String(200), nullable=False, index=True),
+    sa.Column("body", sa.LargeBinary(), nullable=False),
+    sa.Column("created_at", Epoch(), nullable=False),
+)

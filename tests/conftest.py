@@ -1,0 +1,118 @@
+"""Fixtures: every store test runs on SQLite and PostgreSQL.
+
+Each run gets its own PostgreSQL database (dropped at the end) and each test
+starts from empty tables; SQLite tests get a fresh copy of a migrated file.
+Under CI=true a PostgreSQL that cannot be reached fails the run.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+
+import outbox
+import receiver
+from outbox import ManualClock, TaskQueue
+
+PG_ADMIN_URL = os.environ.get(
+    "OUTBOX_TEST_PG_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test"
+)
+IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+ALL_TABLES = (
+    "outbox_inbox",
+    "outbox_tasks",
+    "outbox_messages",
+    "receiver_receipts",
+    "receiver_effects",
+)
+START = 1_000_000.0
+
+
+def upgrade_all(url: str) -> None:
+    """Apply both migration branches."""
+    outbox.upgrade(url)
+    receiver.upgrade(url)
+
+
+@pytest.fixture(scope="session")
+def pg_server() -> Iterator[sa.Engine]:
+    """An admin engine on the local server; fails under CI, skips elsewhere, when unreachable."""
+    engine = sa.create_engine(PG_ADMIN_URL, isolation_level="AUTOCOMMIT")
+    try:
+        with engine.connect() as conn:
+            conn.execute(sa.text("select 1"))
+    except sa.exc.OperationalError as exc:
+        engine.dispose()
+        if IN_CI:
+            pytest.fail(f"PostgreSQL is required under CI=true and is unreachable: {exc}")
+        pytest.skip(f"PostgreSQL unreachable at {PG_ADMIN_URL}")
+    yield engine
+    engine.dispose()
+
+
+@pytest.fixture(scope="session")
+def pg_empty_database(pg_server: sa.Engine) -> Iterator[str]:
+    """A fresh, empty database for this run (and this xdist worker), dropped at the end."""
+    name = f"outbox_test_{uuid.uuid4().hex[:12]}"
+    with pg_server.connect() as conn:
+        conn.execute(sa.text(f'CREATE DATABASE "{name}"'))
+    url = sa.make_url(PG_ADMIN_URL).set(database=name).render_as_string(hide_password=False)
+    yield url
+    with pg_server.connect() as conn:
+        conn.execute(sa.text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+
+
+@pytest.fixture(scope="session")
+def pg_database(pg_empty_database: str) -> str:
+    """The run's PostgreSQL database with both branches migrated."""
+    upgrade_all(pg_empty_database)
+    return pg_empty_database
+
+
+@pytest.fixture(scope="session")
+def sqlite_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A migrated SQLite file that each test copies."""
+    path = tmp_path_factory.mktemp("template") / "template.db"
+    upgrade_all(f"sqlite:///{path}")
+    return path
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def backend(request: pytest.FixtureRequest) -> str:
+    """The backend under test."""
+    return str(request.param)
+
+
+@pytest.fixture
+def db_url(backend: str, request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """A migrated, empty database on the current backend."""
+    if backend == "sqlite":
+        path = tmp_path / "test.db"
+        shutil.copyfile(request.getfixturevalue("sqlite_template"), path)
+        return f"sqlite:///{path}"
+    url: str = request.getfixturevalue("pg_database")
+    engine = sa.create_engine(sa.make_url(url).set(drivername="postgresql+psycopg"))
+    with engine.begin() as conn:
+        conn.execute(sa.text(f"TRUNCATE {', '.join(ALL_TABLES)} RESTART IDENTITY"))
+    engine.dispose()
+    return url
+
+
+@pytest.fixture
+def clock() -> ManualClock:
+    """A manual clock; nothing in the tests waits for real time to pass."""
+    return ManualClock(START)
+
+
+@pytest.fixture
+def queue(db_url: str, clock: ManualClock) -> Iterator[TaskQueue]:
+    """A queue on the current backend accepting sources agent-a and agent-b."""
+    q = TaskQueue(db_url, clock=clock, allowed_sources=("agent-a", "agent-b"))
+    yield q
+    q.close()
