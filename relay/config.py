@@ -1,0 +1,123 @@
+"""Relay configuration: destinations by name, validated once at start.
+
+Destinations come only from configuration; a message names one, never a URL.
+Secrets are read from files or the environment, never from flag values that
+would show up in `ps`.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+from urllib.parse import urlsplit
+
+from outbox.messages import check_destination
+
+Mode = Literal["single", "batch"]
+
+
+class ConfigError(ValueError):
+    """The relay configuration is unusable; the message says which setting and why."""
+
+
+@dataclass(frozen=True)
+class Destination:
+    """Where replies for one destination name go, and how."""
+
+    url: str
+    secret: str | None = field(default=None, repr=False)
+    timeout: float = 10.0
+    mode: Mode = "single"
+    concurrency: int = 8
+    receipt_lookup: bool = False
+    batch_url: str | None = None
+
+    def __post_init__(self) -> None:
+        parts = urlsplit(self.url)
+        if parts.scheme not in ("http", "https") or not parts.netloc:
+            raise ConfigError(f"destination url must be http(s)://host/path, got {self.url!r}")
+        if not self.timeout > 0:
+            raise ConfigError(f"destination timeout must be > 0, got {self.timeout!r}")
+        if self.mode not in ("single", "batch"):
+            raise ConfigError(f"destination mode must be 'single' or 'batch', got {self.mode!r}")
+        if self.concurrency < 1:
+            raise ConfigError(f"destination concurrency must be >= 1, got {self.concurrency!r}")
+        if self.secret is not None and not self.secret.strip():
+            raise ConfigError("destination secret is empty")
+
+    @property
+    def post_batch_url(self) -> str:
+        """The batch endpoint: configured, or `<url>/batch` for the reference receiver."""
+        return self.batch_url or self.url.rstrip("/") + "/batch"
+
+    def lookup_url(self, reply_id: str) -> str:
+        """The receipt lookup for one reply: GET `<url>/<reply_id>`."""
+        return f"{self.url.rstrip('/')}/{reply_id}"
+
+
+def check_destinations(destinations: Mapping[str, Destination]) -> dict[str, Destination]:
+    """Validate names and types of the destination table."""
+    if not destinations:
+        raise ConfigError("at least one destination is required")
+    checked: dict[str, Destination] = {}
+    for name, destination in destinations.items():
+        try:
+            check_destination(name)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from exc
+        if not isinstance(destination, Destination):
+            raise ConfigError(f"destination {name!r} must be a Destination")
+        checked[name] = destination
+    return checked
+
+
+def read_secret(path: str | Path) -> str:
+    """The first non-empty line of a secret file."""
+    for line in Path(path).read_text(encoding="utf-8").splitlines():
+        if line.strip():
+            return line.strip()
+    raise ConfigError(f"secret file {path} is empty")
+
+
+def load_toml(path: str | Path) -> tuple[dict[str, Any], dict[str, Destination]]:
+    """Read `[relay]` settings and `[destinations.NAME]` tables from a TOML file."""
+    try:
+        document = tomllib.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise ConfigError(f"cannot read relay config {path}: {exc}") from exc
+    settings = dict(document.get("relay", {}))
+    tables = document.get("destinations")
+    if not isinstance(tables, dict) or not tables:
+        raise ConfigError(f"{path}: at least one [destinations.NAME] table is required")
+    destinations: dict[str, Destination] = {}
+    known = {"url", "secret_file", "secret_env", "timeout", "mode", "concurrency"}
+    known |= {"receipt_lookup", "batch_url"}
+    for name, table in tables.items():
+        if not isinstance(table, dict):
+            raise ConfigError(f"{path}: destinations.{name} must be a table")
+        unknown = set(table) - known
+        if unknown:
+            raise ConfigError(f"{path}: destinations.{name}: unknown keys {sorted(unknown)}")
+        if "url" not in table:
+            raise ConfigError(f"{path}: destinations.{name}: url is required")
+        secret = None
+        if "secret_file" in table:
+            secret = read_secret(table["secret_file"])
+        elif "secret_env" in table:
+            secret = os.environ.get(table["secret_env"])
+            if not secret:
+                raise ConfigError(f"destinations.{name}: ${table['secret_env']} is not set")
+        destinations[name] = Destination(
+            url=table["url"],
+            secret=secret,
+            timeout=float(table.get("timeout", 10.0)),
+            mode=table.get("mode", "single"),
+            concurrency=int(table.get("concurrency", 8)),
+            receipt_lookup=bool(table.get("receipt_lookup", False)),
+            batch_url=table.get("batch_url"),
+        )
+    return settings, check_destinations(destinations)

@@ -1,0 +1,158 @@
+"""HTTP delivery: one signed POST per reply, or one signed POST per batch.
+
+Every attempt sends the stored body bytes unchanged with the same reply_id.
+Each attempt is bounded as a whole (httpx timeouts are per network
+operation, so a trickling peer could otherwise hold an attempt for ever).
+Errors kept for operators never include headers or secrets.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+from outbox.signing import sign
+from relay.config import Destination
+from relay.policy import Dead, Outcome, Retry, Sent, classify, truncate
+
+USER_AGENT = "outbox-relay/0.1"
+BATCH_ID_PREFIX = "batch:"
+ITEM_OUTCOMES = {"stored", "duplicate", "conflict", "invalid"}
+
+
+@dataclass(frozen=True)
+class Message:
+    """A claimed message: what to send and the lease it was claimed under."""
+
+    id: int
+    reply_id: str
+    destination: str
+    body: bytes
+    content_hash: str
+    headers: Mapping[str, str]
+    attempts: int
+    fence: int
+
+
+def _request_headers(destination: Destination, msg_id: str, body: bytes) -> dict[str, str]:
+    headers = {"content-type": "application/json", "user-agent": USER_AGENT}
+    if destination.secret is not None:
+        headers.update(sign(destination.secret, msg_id, None, body))
+    else:
+        headers["webhook-id"] = msg_id
+    return headers
+
+
+def _error_text(exc: BaseException) -> str:
+    detail = str(exc).strip()
+    return truncate(f"{type(exc).__name__}: {detail}" if detail else type(exc).__name__)
+
+
+async def _bounded(coro: Any, seconds: float) -> Any:
+    return await asyncio.wait_for(coro, timeout=seconds)
+
+
+async def post_one(
+    client: httpx.AsyncClient, destination: Destination, message: Message
+) -> Outcome:
+    """POST one reply with Standard Webhooks headers; classify the answer."""
+    headers = {**message.headers, **_request_headers(destination, message.reply_id, message.body)}
+    try:
+        response = await _bounded(
+            client.post(destination.url, content=message.body, headers=headers),
+            destination.timeout,
+        )
+    except TimeoutError:
+        return Retry(None, f"attempt exceeded {destination.timeout:g}s")
+    except httpx.HTTPError as exc:
+        return Retry(None, _error_text(exc))
+    return classify(response.status_code, response.headers.get("retry-after"), _snippet(response))
+
+
+async def post_batch(
+    client: httpx.AsyncClient, destination: Destination, batch: Sequence[Message]
+) -> dict[int, Outcome]:
+    """POST many replies in one signed request; settle each by the receiver's per-item answer."""
+    items = [{"reply_id": m.reply_id, "body": m.body.decode("utf-8")} for m in batch]
+    body = json.dumps({"replies": items}, separators=(",", ":"), ensure_ascii=False).encode()
+    batch_id = f"{BATCH_ID_PREFIX}{batch[0].id}-{batch[-1].id}-{len(batch)}"
+    try:
+        response = await _bounded(
+            client.post(
+                destination.post_batch_url,
+                content=body,
+                headers=_request_headers(destination, batch_id, body),
+            ),
+            destination.timeout,
+        )
+    except TimeoutError:
+        return dict.fromkeys(
+            (m.id for m in batch), Retry(None, f"attempt exceeded {destination.timeout:g}s")
+        )
+    except httpx.HTTPError as exc:
+        return dict.fromkeys((m.id for m in batch), Retry(None, _error_text(exc)))
+    whole = classify(response.status_code, response.headers.get("retry-after"), _snippet(response))
+    if not isinstance(whole, Sent):
+        return dict.fromkeys((m.id for m in batch), whole)
+    return _per_item(response, batch)
+
+
+def _per_item(response: httpx.Response, batch: Sequence[Message]) -> dict[int, Outcome]:
+    try:
+        answers = {
+            str(item["reply_id"]): str(item["status"]) for item in response.json()["results"]
+        }
+    except (ValueError, KeyError, TypeError):
+        bad = Retry(response.status_code, "batch answer is not the expected JSON")
+        return dict.fromkeys((m.id for m in batch), bad)
+    outcomes: dict[int, Outcome] = {}
+    for message in batch:
+        answer = answers.get(message.reply_id)
+        if answer in ("stored", "duplicate"):
+            outcomes[message.id] = Sent(response.status_code)
+        elif answer == "conflict":
+            outcomes[message.id] = Dead(
+                409, "conflict: the destination holds this reply_id with another body"
+            )
+        elif answer == "invalid":
+            outcomes[message.id] = Dead(400, "invalid: the destination refused this body")
+        else:
+            outcomes[message.id] = Retry(response.status_code, "batch answer omits this reply")
+    return outcomes
+
+
+async def receipt_matches(
+    client: httpx.AsyncClient, destination: Destination, message: Message
+) -> bool | None:
+    """Ask the destination whether it holds this exact reply: True, False, or None (unknown)."""
+    empty = b""
+    headers = _request_headers(destination, message.reply_id, empty)
+    try:
+        response = await _bounded(
+            client.get(destination.lookup_url(message.reply_id), headers=headers),
+            destination.timeout,
+        )
+    except (TimeoutError, httpx.HTTPError):
+        return None
+    if response.status_code == 404:
+        return False
+    if response.status_code != 200:
+        return None
+    try:
+        return bool(response.json().get("content_hash") == message.content_hash)
+    except (ValueError, AttributeError):
+        return None
+
+
+def _snippet(response: httpx.Response) -> str:
+    if 200 <= response.status_code < 300:
+        return ""
+    try:
+        return truncate(response.text, 200)
+    except (UnicodeDecodeError, httpx.HTTPError):
+        return ""

@@ -1,0 +1,102 @@
+"""Delivery policy without I/O: what an HTTP outcome means and when to try again.
+
+Classification (SPEC section 6): 2xx is sent; 408, 425, 429 and 5xx, timeouts
+and connection errors are worth retrying; 409 (same id, other body) and every
+other status are permanent and the reply goes dead at once.
+"""
+
+from __future__ import annotations
+
+import email.utils
+import math
+import random
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+from outbox.tasks import backoff_delay
+
+RETRYABLE_STATUSES = frozenset({408, 425, 429})
+MAX_ERROR_CHARS = 500
+
+
+@dataclass(frozen=True)
+class Sent:
+    """The destination acknowledged the reply."""
+
+    status: int | None
+
+
+@dataclass(frozen=True)
+class Retry:
+    """Try again later; `after` is the destination's Retry-After hint in seconds, if any."""
+
+    status: int | None
+    error: str
+    after: float | None = None
+
+
+@dataclass(frozen=True)
+class Dead:
+    """Permanent refusal: never resend without an operator's decision."""
+
+    status: int | None
+    error: str
+
+
+Outcome = Sent | Retry | Dead
+
+
+def classify(status: int, retry_after: str | None = None, detail: str = "") -> Outcome:
+    """Map an HTTP status (and Retry-After header) to an outcome."""
+    if 200 <= status < 300:
+        return Sent(status)
+    error = truncate(f"HTTP {status}" + (f": {detail}" if detail else ""))
+    if status in RETRYABLE_STATUSES or 500 <= status < 600:
+        return Retry(status, error, parse_retry_after(retry_after))
+    if status == 409:
+        return Dead(
+            status,
+            truncate(
+                f"HTTP 409 conflict: the destination holds this reply_id "
+                f"with another body{': ' + detail if detail else ''}"
+            ),
+        )
+    return Dead(status, error)
+
+
+def parse_retry_after(value: str | None, now: float | None = None) -> float | None:
+    """Seconds from a Retry-After header (delta-seconds or HTTP date); None when absent or bad."""
+    if value is None:
+        return None
+    value = value.strip()
+    if value.isdigit():
+        return float(value)
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=UTC)
+    reference = now if now is not None else datetime.now(UTC).timestamp()
+    return max(0.0, when.timestamp() - reference)
+
+
+def retry_delay(
+    attempt: int, backoff: float, cap: float, hint: float | None, rng: random.Random
+) -> float:
+    """Delay before the next attempt: jittered backoff, or Retry-After within the cap."""
+    if hint is not None and math.isfinite(hint):
+        return min(cap, max(hint, backoff / 2))
+    return backoff_delay(attempt, backoff, cap, rng)
+
+
+def longest_retry_window(attempts: int, backoff: float, cap: float, timeout: float) -> float:
+    """Worst-case seconds from the first attempt to the last: every timeout plus every backoff."""
+    waits = sum(min(cap, backoff * 2.0 ** (n - 1)) for n in range(1, attempts))
+    return waits + attempts * timeout
+
+
+def truncate(text: str, limit: int = MAX_ERROR_CHARS) -> str:
+    """Keep stored errors short and on one line."""
+    flat = " ".join(text.split())
+    return flat if len(flat) <= limit else flat[: limit - 1] + "…"

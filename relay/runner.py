@@ -1,0 +1,459 @@
+"""The relay loop: claim -> deliver (bounded concurrency) -> settle, until told to stop.
+
+Database work is short synchronous transactions run off the event loop;
+HTTP runs on pooled keep-alive async clients, one per destination. Claim and
+settle retry transient database errors in-process; a settle whose COMMIT
+failed is resolved by re-reading the rows, never by assuming.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import random
+import signal
+import sqlite3
+from collections import defaultdict
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Literal, TypeVar
+
+import httpx
+import sqlalchemy as sa
+from sqlalchemy.engine import Engine
+from tenacity import Retrying as TenacityRetrying
+from tenacity import (
+    retry_if_exception,
+    stop_after_attempt,
+    wait_exponential_jitter,
+)
+
+from outbox import _sql as outbox_sql
+from outbox import failpoints
+from outbox._dialect import NOTIFY_CHANNEL, supports_skip_locked
+from outbox.clock import Clock, now_expression
+from outbox.migrations import engine_for, ensure_current
+from relay import _sql
+from relay.config import ConfigError, Destination, check_destinations
+from relay.delivery import Message, post_batch, post_one, receipt_matches
+from relay.policy import Dead, Outcome, Retry, Sent, longest_retry_window, retry_delay, truncate
+
+log = logging.getLogger("outbox.relay")
+T = TypeVar("T")
+Verdict = Literal["sent", "retry", "dead"]
+RETENTION_HEADER = "outbox-receipt-retention"
+
+
+def is_transient(exc: BaseException) -> bool:
+    """Database errors worth retrying: lost connections, serialization failures, SQLite busy."""
+    if isinstance(exc, sa.exc.DBAPIError):
+        if exc.connection_invalidated:
+            return True
+        orig = exc.orig
+        sqlstate = getattr(orig, "sqlstate", None)
+        if sqlstate is not None:
+            # 40001 serialization failure, 40P01 deadlock, 08xxx connection, 57P0x shutdown.
+            return sqlstate in ("40001", "40P01") or sqlstate.startswith(("08", "57P"))
+        if isinstance(orig, sqlite3.OperationalError):
+            code = getattr(orig, "sqlite_errorcode", None)
+            return code in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)
+        return isinstance(exc, sa.exc.OperationalError)
+    return False
+
+
+class Relay:
+    """A fenced relay: leases outbox messages and delivers them over HTTP with backoff."""
+
+    def __init__(
+        self,
+        url_or_engine: str | sa.URL | Engine,
+        destinations: Mapping[str, Destination],
+        owner: str = "relay-1",
+        clock: Clock | None = None,
+        lease: float = 10,
+        backoff: float = 2,
+        attempts: int = 3,
+        batch: int = 100,
+        concurrency: int = 32,
+        backoff_cap: float = 300,
+        poll_interval: float = 1.0,
+        grace: float | None = None,
+        rng: random.Random | None = None,
+    ) -> None:
+        """Validate the configuration and open the database (schema must be current)."""
+        self.destinations = check_destinations(destinations)
+        longest = max(d.timeout for d in self.destinations.values())
+        if not lease > longest:
+            raise ConfigError(
+                f"lease ({lease:g}s) must be longer than the longest attempt timeout "
+                f"({longest:g}s), or a slow attempt would outlive its lease"
+            )
+        for name, value in (("attempts", attempts), ("batch", batch), ("concurrency", concurrency)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ConfigError(f"{name} must be an int >= 1, got {value!r}")
+        if not (backoff > 0 and backoff_cap >= backoff and poll_interval > 0):
+            raise ConfigError("backoff, backoff_cap and poll_interval must be positive")
+        if not isinstance(owner, str) or not 1 <= len(owner) <= 200:
+            raise ConfigError("owner must be a str of 1..200 characters")
+        self.owner = owner
+        self.clock = clock
+        self.lease = float(lease)
+        self.backoff = float(backoff)
+        self.backoff_cap = float(backoff_cap)
+        self.attempts = attempts
+        self.batch = batch
+        self.concurrency = concurrency
+        self.poll_interval = poll_interval
+        self.grace = self.lease if grace is None else grace
+        self._rng = rng or random.Random()
+        self._engine, self._owns_engine = engine_for(url_or_engine)
+        try:
+            ensure_current(self._engine)
+        except BaseException:
+            self.close()
+            raise
+        self._dialect = self._engine.dialect.name
+        self._skip_locked = supports_skip_locked(self._dialect)
+        self._loop = asyncio.new_event_loop()
+        self._clients: dict[str, httpx.AsyncClient] = {}
+        self._limits: dict[str, asyncio.Semaphore] = {}
+        self._stopping: asyncio.Event | None = None
+        self._wake: asyncio.Event | None = None
+
+    # --- lifecycle -------------------------------------------------------------
+
+    def close(self) -> None:
+        """Close HTTP clients and, when the relay created it, the connection pool."""
+        loop = getattr(self, "_loop", None)
+        if loop is not None and not loop.is_closed():
+            for client in self._clients.values():
+                loop.run_until_complete(client.aclose())
+            self._clients.clear()
+            loop.close()
+        if self._owns_engine:
+            self._engine.dispose()
+
+    def __enter__(self) -> Relay:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def dispatch_once(self) -> list[tuple[str, Verdict]]:
+        """Claim one batch, deliver it, settle it; returns (reply_id, verdict) per message."""
+        return self._loop.run_until_complete(self._dispatch())
+
+    def run(self, install_signal_handlers: bool = True) -> None:
+        """Deliver until SIGTERM/SIGINT (or stop()), then drain in-flight work and return."""
+        self._loop.run_until_complete(self._run(install_signal_handlers))
+
+    def stop(self) -> None:
+        """Ask a running relay to stop claiming and drain; safe from any thread."""
+        if self._stopping is not None:
+            self._loop.call_soon_threadsafe(self._stopping.set)
+
+    # --- the loop ---------------------------------------------------------------
+
+    async def _run(self, install_signal_handlers: bool) -> None:
+        self._stopping = asyncio.Event()
+        self._wake = asyncio.Event()
+        if install_signal_handlers:
+            for signum in (signal.SIGTERM, signal.SIGINT):
+                self._loop.add_signal_handler(signum, self._stopping.set)
+        await self.check_retention()
+        listener = asyncio.ensure_future(self._listen()) if self._dialect == "postgresql" else None
+        log.info("relay %s started", self.owner)
+        try:
+            while not self._stopping.is_set():
+                work = asyncio.ensure_future(self._dispatch())
+                stop = asyncio.ensure_future(self._stopping.wait())
+                await asyncio.wait({work, stop}, return_when=asyncio.FIRST_COMPLETED)
+                if not work.done():
+                    # Draining: give in-flight deliveries the grace period, then abandon
+                    # them; their leases expire and another relay takes them over.
+                    done, _ = await asyncio.wait({work}, timeout=self.grace)
+                    if not done:
+                        work.cancel()
+                        log.warning("relay %s abandoned in-flight work at shutdown", self.owner)
+                    break
+                stop.cancel()
+                results = work.result()
+                if len(results) >= self.batch:
+                    continue  # more is probably waiting
+                self._wake.clear()
+                waiter = asyncio.ensure_future(self._wake.wait())
+                await asyncio.wait(
+                    {waiter, asyncio.ensure_future(self._stopping.wait())},
+                    timeout=self.poll_interval,
+                    return_when=asyncio.FIRST_COMPLETED,
+                )
+                waiter.cancel()
+        finally:
+            if listener is not None:
+                listener.cancel()
+                await asyncio.gather(listener, return_exceptions=True)
+            if install_signal_handlers:
+                for signum in (signal.SIGTERM, signal.SIGINT):
+                    self._loop.remove_signal_handler(signum)
+            log.info("relay %s stopped", self.owner)
+
+    async def _listen(self) -> None:
+        """Wake the loop on NOTIFY; polling covers notifications lost while disconnected."""
+        import psycopg
+
+        url = self._engine.url.set(drivername="postgresql")
+        conninfo = url.render_as_string(hide_password=False)
+        while True:
+            try:
+                async with await psycopg.AsyncConnection.connect(conninfo, autocommit=True) as conn:
+                    await conn.execute(f"LISTEN {NOTIFY_CHANNEL}")
+                    async for _ in conn.notifies():
+                        if self._wake is not None:
+                            self._wake.set()
+            except asyncio.CancelledError:
+                raise
+            except psycopg.Error as exc:
+                log.warning("LISTEN connection lost (%s); polling until it is back", exc)
+                await asyncio.sleep(self.poll_interval)
+
+    async def check_retention(self) -> None:
+        """Refuse to run when a destination keeps receipts shorter than our retry window."""
+        for name, destination in self.destinations.items():
+            window = longest_retry_window(
+                self.attempts, self.backoff, self.backoff_cap, destination.timeout
+            )
+            try:
+                response = await self._client(name).get(
+                    destination.url.rstrip("/").rsplit("/", 1)[0] + "/healthz",
+                    timeout=destination.timeout,
+                )
+            except httpx.HTTPError:
+                continue  # unreachable now is a delivery problem, retried like any other
+            advertised = response.headers.get(RETENTION_HEADER)
+            if advertised is None:
+                continue
+            try:
+                retention = float(advertised)
+            except ValueError:
+                continue
+            if retention < window:
+                raise ConfigError(
+                    f"destination {name!r} keeps receipts for {retention:g}s, shorter than the "
+                    f"longest retry window ({window:g}s): a late resend could apply twice"
+                )
+
+    async def _dispatch(self) -> list[tuple[str, Verdict]]:
+        deliver, resolve = await asyncio.to_thread(self._retrying, self._claim)
+        if not deliver and not resolve:
+            return []
+        failpoints.hit("relay.after_claim")
+        outcomes = await self._deliver(deliver)
+        outcomes.update(await self._resolve(resolve, "lease expired while sending"))
+        spent = [
+            m for m in deliver if isinstance(outcomes[m.id], Retry) and m.attempts >= self.attempts
+        ]
+        if spent:
+            outcomes.update(await self._resolve(spent, "retry budget exhausted", outcomes))
+        failpoints.hit("relay.after_remote_commit")
+        everything = deliver + resolve
+        settled = await asyncio.to_thread(
+            self._retrying, lambda: self._settle(everything, outcomes)
+        )
+        verdicts: list[tuple[str, Verdict]] = []
+        for message in everything:
+            if message.id not in settled:
+                log.warning(
+                    "reply %s was taken over by another relay; not settled", message.reply_id
+                )
+                continue
+            verdicts.append((message.reply_id, _verdict(outcomes[message.id])))
+        return verdicts
+
+    async def _deliver(self, messages: Sequence[Message]) -> dict[int, Outcome]:
+        outcomes: dict[int, Outcome] = {}
+        by_destination: dict[str, list[Message]] = defaultdict(list)
+        for message in messages:
+            if message.destination in self.destinations:
+                by_destination[message.destination].append(message)
+            else:
+                outcomes[message.id] = Dead(
+                    None, f"unknown destination {message.destination!r}: not in relay configuration"
+                )
+        jobs = []
+        for name, group in by_destination.items():
+            destination = self.destinations[name]
+            client = self._client(name)
+            if destination.mode == "batch":
+                jobs.append(self._limited(name, post_batch(client, destination, group)))
+            else:
+                jobs.extend(
+                    self._limited(name, self._one(client, destination, message))
+                    for message in group
+                )
+        for result in await asyncio.gather(*jobs):
+            outcomes.update(result)
+        return outcomes
+
+    async def _one(
+        self, client: httpx.AsyncClient, destination: Destination, message: Message
+    ) -> dict[int, Outcome]:
+        return {message.id: await post_one(client, destination, message)}
+
+    async def _limited(self, name: str, job: Any) -> Any:
+        async with self._limits[name]:
+            return await job
+
+    async def _resolve(
+        self,
+        messages: Sequence[Message],
+        why: str,
+        last: Mapping[int, Outcome] | None = None,
+    ) -> dict[int, Outcome]:
+        """Settle messages that may not be sent again: a matching receipt means sent, else dead."""
+        outcomes: dict[int, Outcome] = {}
+        for message in messages:
+            destination = self.destinations.get(message.destination)
+            if destination is not None and destination.receipt_lookup:
+                found = await receipt_matches(
+                    self._client(message.destination), destination, message
+                )
+                if found:
+                    outcomes[message.id] = Sent(None)
+                    continue
+            previous = last.get(message.id) if last else None
+            tail = f"; last: {previous.error}" if isinstance(previous, Retry | Dead) else ""
+            status = previous.status if isinstance(previous, Retry | Dead) else None
+            outcomes[message.id] = Dead(status, truncate(f"outcome unknown: {why}{tail}"))
+        return outcomes
+
+    def _client(self, name: str) -> httpx.AsyncClient:
+        client = self._clients.get(name)
+        if client is None:
+            destination = self.destinations[name]
+            client = httpx.AsyncClient(
+                timeout=httpx.Timeout(destination.timeout),
+                limits=httpx.Limits(
+                    max_connections=destination.concurrency,
+                    max_keepalive_connections=destination.concurrency,
+                ),
+                follow_redirects=False,
+            )
+            self._clients[name] = client
+            self._limits[name] = asyncio.Semaphore(min(destination.concurrency, self.concurrency))
+        return client
+
+    # --- database ------------------------------------------------------------------
+
+    def _retrying(self, operation: Callable[[], T]) -> T:
+        for attempt in TenacityRetrying(
+            retry=retry_if_exception(is_transient),
+            stop=stop_after_attempt(6),
+            wait=wait_exponential_jitter(initial=0.05, max=2.0),
+            reraise=True,
+        ):
+            with attempt:
+                return operation()
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _now(self) -> sa.ColumnElement[float]:
+        return now_expression(self.clock, self._dialect)
+
+    def _claim(self) -> tuple[list[Message], list[Message]]:
+        with self._engine.begin() as conn:
+            now = self._now()
+            conn.execute(outbox_sql.reap_expired_message_leases(now, self.batch, self._skip_locked))
+            common: dict[str, Any] = {
+                "owner": self.owner,
+                "now": now,
+                "lease": self.lease,
+                "budget": self.attempts,
+                "skip_locked": self._skip_locked,
+            }
+            resolve = (
+                conn.execute(_sql.claim_messages(limit=self.batch, resolve=True, **common))
+                .mappings()
+                .all()
+            )
+            room = self.batch - len(resolve)
+            deliver = (
+                conn.execute(_sql.claim_messages(limit=room, resolve=False, **common))
+                .mappings()
+                .all()
+                if room > 0
+                else []
+            )
+        return [_message(r) for r in deliver], [_message(r) for r in resolve]
+
+    def _settle(self, messages: Sequence[Message], outcomes: Mapping[int, Outcome]) -> set[int]:
+        """Record outcomes; returns the ids this relay settled (others were taken over)."""
+        groups: dict[type, dict[int, int]] = defaultdict(dict)
+        attempts = {m.id: m.attempts for m in messages}
+        for message in messages:
+            groups[type(outcomes[message.id])][message.id] = message.fence
+        settled: set[int] = set()
+        with self._engine.begin() as conn:
+            now = self._now()
+            if sent := groups.get(Sent):
+                statuses = {i: outcomes[i].status for i in sent}
+                statement = _sql.settle_sent(self.owner, sent, statuses, now)
+                settled |= set(conn.execute(statement).scalars())
+            if retry := groups.get(Retry):
+                delays, statuses, errors = {}, {}, {}
+                for i in retry:
+                    outcome = outcomes[i]
+                    assert isinstance(outcome, Retry)
+                    delays[i] = retry_delay(
+                        attempts[i], self.backoff, self.backoff_cap, outcome.after, self._rng
+                    )
+                    statuses[i], errors[i] = outcome.status, outcome.error
+                statement = _sql.settle_retry(self.owner, retry, delays, statuses, errors, now)
+                settled |= set(conn.execute(statement).scalars())
+            if dead := groups.get(Dead):
+                statuses = {i: outcomes[i].status for i in dead}
+                errors = {i: getattr(outcomes[i], "error", "") for i in dead}
+                statement = _sql.settle_dead(self.owner, dead, statuses, errors)
+                settled |= set(conn.execute(statement).scalars())
+            failpoints.hit("relay.before_sent_commit")
+        failpoints.hit("relay.after_sent_commit")
+        missing = [m for m in messages if m.id not in settled]
+        if missing:
+            # A retried settle finds rows an earlier, failed-looking COMMIT did settle:
+            # read what the database holds instead of assuming either way.
+            settled |= self._already_settled(missing, outcomes)
+        return settled
+
+    def _already_settled(
+        self, messages: Sequence[Message], outcomes: Mapping[int, Outcome]
+    ) -> set[int]:
+        expected = {m.id: (m.fence, _TARGET_STATE[type(outcomes[m.id])]) for m in messages}
+        with self._engine.connect() as conn:
+            rows = conn.execute(_sql.select_states(list(expected))).all()
+        return {
+            row.id
+            for row in rows
+            if (row.fence, row.state) == expected[row.id] and row.owner == self.owner
+        }
+
+
+_TARGET_STATE: dict[type, str] = {Sent: "sent", Retry: "pending", Dead: "dead"}
+
+
+def _message(row: Any) -> Message:
+    return Message(
+        id=row["id"],
+        reply_id=row["reply_id"],
+        destination=row["destination"],
+        body=bytes(row["body"]),
+        content_hash=row["content_hash"],
+        headers=json.loads(row["headers"]),
+        attempts=row["attempts"],
+        fence=row["fence"],
+    )
+
+
+def _verdict(outcome: Outcome) -> Verdict:
+    if isinstance(outcome, Sent):
+        return "sent"
+    if isinstance(outcome, Retry):
+        return "retry"
+    return "dead"
