@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 import sys
 from collections.abc import Sequence
 
 from outbox import migrations
-from outbox.errors import SchemaNotReady
+from outbox.errors import OutboxError
 
 DEFAULT_DB = "sqlite:///outbox.db"
 
@@ -39,6 +40,8 @@ def build_parser() -> argparse.ArgumentParser:
     _db_argument(current)
 
     commands.add_parser("demo", help="run the end-to-end story on a temporary SQLite database")
+    # Imported here, not at module level: the outbox package never imports the receiver.
+    importlib.import_module("receiver.cli").add_parser(commands)
     return parser
 
 
@@ -52,7 +55,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             from outbox.demo import main as demo
 
             return demo()
-    except (ValueError, SchemaNotReady) as exc:
+        if args.command == "receiver":
+            receiver_cli = importlib.import_module("receiver.cli")
+            status: int = receiver_cli.run(args)
+            return status
+    except (ValueError, OSError, OutboxError) as exc:
         print(f"outbox: error: {exc}", file=sys.stderr)
         return 2
     raise AssertionError(f"unhandled command {args.command!r}")

@@ -1,4 +1,8 @@
-"""Reference receiver: dedupe by reply_id and body hash, commit the effect once."""
+"""Reference receiver: dedupe by reply_id and body hash, commit the effect once.
+
+The dedupe core (``ReceiptStore``) is plain Python for integrators to reuse in
+their own services; ``create_app`` wraps it in a thin Starlette app.
+"""
 
 from __future__ import annotations
 
@@ -6,8 +10,10 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
 from outbox.migrations import RECEIVER_BRANCH, upgrade_branch
+from receiver.app import create_app
+from receiver.store import Receipt, ReceiptStore, StoreUnavailable
 
-__all__ = ["upgrade"]
+__all__ = ["Receipt", "ReceiptStore", "StoreUnavailable", "create_app", "upgrade"]
 
 
 def upgrade(url_or_engine: str | sa.URL | Engine) -> None:

@@ -1,0 +1,155 @@
+"""Standard Webhooks signatures, shared by the relay (signing) and the receiver (verifying).
+
+The signed content is ``{webhook-id}.{webhook-timestamp}.{body}`` over the exact
+body bytes, HMAC-SHA256 keyed by the secret (``whsec_`` + base64, the form the
+``standardwebhooks`` package takes); ``webhook-signature`` holds one or more
+space-separated ``v1,<base64>`` entries so a sender can sign with the old and
+the new secret during a rotation, and a receiver can accept several secrets.
+
+We build on the ``standardwebhooks`` package (its secret format and HMAC
+primitive; the tests pin byte-for-byte agreement with ``Webhook.sign`` and
+``Webhook.verify``) but do not call ``Webhook.verify`` itself: its timestamp
+tolerance is fixed at five minutes against its own wall clock, it decodes the
+body as text (so a signed non-UTF-8 body could never verify and would not get
+its proper 400), and a garbled header raises assorted exceptions. Here every
+failure is one ``SignatureError``.
+
+A GET that asks for a stored receipt is signed the same way with the reply_id
+as ``webhook-id`` and an empty body.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hmac
+import re
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from standardwebhooks.webhooks import hmac_data
+
+from outbox.errors import OutboxError
+
+SECRET_PREFIX = "whsec_"  # noqa: S105 - a format prefix, not a secret
+ID_HEADER = "webhook-id"
+TIMESTAMP_HEADER = "webhook-timestamp"
+SIGNATURE_HEADER = "webhook-signature"
+DEFAULT_TOLERANCE = 300
+
+# The id is signed as "id.timestamp.body", so a '.' in it would make the string ambiguous.
+_MSG_ID = re.compile(r"[\x21-\x2d\x2f-\x7e]{1,200}")
+# Whole seconds only: a fraction or exponent would be re-rendered differently by each side.
+_TIMESTAMP = re.compile(r"[1-9][0-9]{0,11}")
+_MAX_SIGNATURES = 16
+
+
+class SignatureError(OutboxError):
+    """The request is not signed by a current secret within the timestamp tolerance."""
+
+
+@dataclass(frozen=True, repr=False)
+class SigningKey:
+    """A decoded webhook secret; its repr never shows the key."""
+
+    key: bytes
+
+    def __repr__(self) -> str:
+        return "SigningKey(<redacted>)"
+
+
+def parse_secret(secret: str | bytes | SigningKey) -> SigningKey:
+    """Decode a ``whsec_<base64>`` secret (raw bytes are taken as the key); ValueError if bad."""
+    if isinstance(secret, SigningKey):
+        return secret
+    if isinstance(secret, bytes):
+        key = secret
+    elif isinstance(secret, str):
+        text = secret.strip()
+        text = text.removeprefix(SECRET_PREFIX)
+        try:
+            # Unlike the library's b64decode, refuse stray characters: a typo is not a key.
+            key = base64.b64decode(text + "=" * (-len(text) % 4), validate=True)
+        except (binascii.Error, ValueError) as exc:
+            raise ValueError("webhook secret is not valid base64 (expected whsec_...)") from exc
+    else:
+        raise TypeError(f"a webhook secret is str or bytes, not {type(secret).__name__}")
+    if len(key) < 16:
+        raise ValueError("webhook secret is shorter than 16 bytes")
+    return SigningKey(key)
+
+
+def signature(secret: str | bytes | SigningKey, msg_id: str, timestamp: int, body: bytes) -> str:
+    """One ``v1,<base64>`` signature of ``msg_id.timestamp.body``."""
+    key = parse_secret(secret).key
+    digest = hmac_data(key, f"{msg_id}.{timestamp}.".encode() + bytes(body))
+    return "v1," + base64.b64encode(digest).decode("ascii")
+
+
+def sign(
+    secret: str | bytes | SigningKey | Iterable[str | bytes | SigningKey],
+    msg_id: str,
+    timestamp: float | None,
+    body: bytes,
+) -> dict[str, str]:
+    """The three Standard Webhooks headers; several secrets give several signatures."""
+    if not _MSG_ID.fullmatch(msg_id):
+        raise ValueError(f"webhook id must be 1..200 printable ASCII without '.', got {msg_id!r}")
+    seconds = int(time.time() if timestamp is None else timestamp)
+    secrets = [secret] if isinstance(secret, str | bytes | SigningKey) else list(secret)
+    if not secrets:
+        raise ValueError("at least one secret is needed to sign")
+    return {
+        ID_HEADER: msg_id,
+        TIMESTAMP_HEADER: str(seconds),
+        SIGNATURE_HEADER: " ".join(signature(s, msg_id, seconds, body) for s in secrets),
+    }
+
+
+def verify(
+    keys: Iterable[SigningKey],
+    headers: Mapping[str, str],
+    body: bytes,
+    *,
+    tolerance: float = DEFAULT_TOLERANCE,
+    now: float | None = None,
+) -> str:
+    """Check the headers sign `body` with one of `keys`; return the webhook-id or SignatureError."""
+    lowered = {name.lower(): value for name, value in headers.items()}
+    msg_id = lowered.get(ID_HEADER)
+    stamp = lowered.get(TIMESTAMP_HEADER)
+    signatures = lowered.get(SIGNATURE_HEADER)
+    if not msg_id or not stamp or not signatures:
+        raise SignatureError("missing webhook-id, webhook-timestamp or webhook-signature")
+    if not _MSG_ID.fullmatch(msg_id):
+        raise SignatureError("malformed webhook-id")
+    if not _TIMESTAMP.fullmatch(stamp):
+        raise SignatureError("webhook-timestamp is not whole epoch seconds")
+    timestamp = int(stamp)
+    current = time.time() if now is None else now
+    if timestamp < current - tolerance:
+        raise SignatureError("webhook-timestamp is too old")
+    if timestamp > current + tolerance:
+        raise SignatureError("webhook-timestamp is too new")
+    offered = []
+    for entry in signatures.split(" ")[:_MAX_SIGNATURES]:
+        version, sep, encoded = entry.partition(",")
+        if not sep or version != "v1":
+            continue  # other schemes (v1a asymmetric) are not ours to judge
+        try:
+            offered.append(base64.b64decode(encoded, validate=True))
+        except (binascii.Error, ValueError):
+            continue
+    if not offered:
+        raise SignatureError("no v1 signature in webhook-signature")
+    content = f"{msg_id}.{timestamp}.".encode() + bytes(body)
+    matched = False
+    for key in keys:
+        expected = hmac_data(key.key, content)
+        for candidate in offered:
+            # Keep comparing after a match so the time taken does not say which secret matched.
+            matched |= hmac.compare_digest(expected, candidate)
+    if not matched:
+        raise SignatureError("no signature matches a current secret")
+    return msg_id

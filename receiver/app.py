@@ -1,0 +1,134 @@
+"""The thin ASGI shell around receiver.handling: read the body within its limit, answer.
+
+The decisions (and their order) are documented in ``receiver.handling``. This
+module only streams the body with a size cap (so an oversized or chunked body
+is refused before it is buffered), runs the blocking store calls in the
+thread pool, and adds the retention header to every response.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+
+from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import ClientDisconnect, Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from outbox.signing import DEFAULT_TOLERANCE, parse_secret
+from receiver.handling import Answer, Handler, Store, error, handler
+from receiver.store import Effect
+
+DEFAULT_MAX_BODY = 1_048_576
+
+
+class _TooLarge(Exception):
+    pass
+
+
+async def _read_limited(request: Request, limit: int) -> bytes:
+    """The body, refusing (before buffering it all) anything over `limit` bytes."""
+    declared = request.headers.get("content-length")
+    if declared is not None:
+        if not declared.isdigit():
+            raise ValueError("malformed Content-Length")
+        if int(declared) > limit:
+            raise _TooLarge
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise _TooLarge
+        chunks.append(chunk)
+    if declared is not None and int(declared) != size:
+        raise ValueError("body length differs from Content-Length")
+    return b"".join(chunks)
+
+
+def _respond(answer: Answer) -> Response:
+    return JSONResponse(answer.document, status_code=answer.status, headers=answer.headers)
+
+
+class _RetentionHeader:
+    """Adds the retention header to every response, including the framework's own 404/405."""
+
+    def __init__(self, app: ASGIApp, headers: dict[str, str]) -> None:
+        self.app = app
+        self.raw = [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in headers.items()]
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+
+        async def send_with_header(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                message["headers"] = [*message.get("headers", []), *self.raw]
+            await send(message)
+
+        await self.app(scope, receive, send_with_header)
+
+
+def build_app(decide: Handler) -> Starlette:
+    """A Starlette app answering with `decide`."""
+
+    async def post_reply(request: Request) -> Response:
+        try:
+            body = await _read_limited(request, decide.max_body)
+        except _TooLarge:
+            return _respond(error(413, f"body larger than {decide.max_body} bytes"))
+        except ValueError as exc:
+            return _respond(error(400, str(exc)))
+        except ClientDisconnect:
+            return _respond(error(400, "client disconnected"))  # nobody will read it
+        answer = await run_in_threadpool(decide.post_reply, request.headers, body)
+        return _respond(answer)
+
+    async def get_reply(request: Request) -> Response:
+        reply_id = request.path_params["reply_id"]
+        answer = await run_in_threadpool(decide.get_reply, reply_id, request.headers)
+        return _respond(answer)
+
+    async def healthz(request: Request) -> Response:
+        return JSONResponse({"status": "ok"})
+
+    app = Starlette(
+        routes=[
+            Route("/replies", post_reply, methods=["POST"]),
+            Route("/replies/{reply_id}", get_reply, methods=["GET"]),
+            Route("/healthz", healthz, methods=["GET"]),
+        ]
+    )
+    app.add_middleware(_RetentionHeader, headers=decide.retention_headers())
+    return app
+
+
+def create_app(
+    store: Store,
+    secrets: Iterable[str | bytes],
+    tolerance: float = DEFAULT_TOLERANCE,
+    max_body: int = DEFAULT_MAX_BODY,
+    effect: Effect | None = None,
+    *,
+    wall_clock: Callable[[], float] | None = None,
+) -> Starlette:
+    """The receiver app: POST /replies, GET /replies/{reply_id}, GET /healthz.
+
+    `store` is a ReceiptStore (or anything with its accept/lookup/retention);
+    `effect` overrides the store's effect; `wall_clock` replaces time.time for
+    signature timestamps only, so fixed test vectors can be checked.
+    """
+    if isinstance(secrets, str | bytes):
+        raise TypeError("secrets must be a list of secrets, not one secret")
+    decide = handler(
+        store,
+        [parse_secret(secret) for secret in secrets],
+        tolerance=tolerance,
+        max_body=max_body,
+        effect=effect,
+        wall_clock=wall_clock,
+    )
+    return build_app(decide)

@@ -1,0 +1,157 @@
+"""`outbox receiver`: serve the reference receiver, upgrade its tables, purge old receipts.
+
+    outbox receiver --db URL --port N --secret-file PATH [--host 127.0.0.1]
+    outbox receiver upgrade --db URL
+    outbox receiver purge --db URL --older-than 30d [--retention 30d]
+
+Secrets come from a file (one ``whsec_...`` per line; blank lines and ``#``
+comments ignored) or from ``OUTBOX_RECEIVER_SECRETS`` (comma-separated), never
+from a flag value, which any user could read in ``ps``. Several secrets are
+accepted at once so they can be rotated.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+SECRETS_ENV = "OUTBOX_RECEIVER_SECRETS"
+DEFAULT_DB = "sqlite:///outbox.db"
+_DURATION = re.compile(r"(\d+)([dhms]?)")
+_UNIT_SECONDS = {"d": 86_400, "h": 3_600, "m": 60, "s": 1, "": 1}
+
+
+def parse_duration(text: str) -> float:
+    """Seconds in a duration like 30d, 12h, 90m, 45s (a bare number is seconds)."""
+    match = _DURATION.fullmatch(text.strip())
+    if not match or int(match.group(1)) <= 0:
+        raise argparse.ArgumentTypeError(
+            f"invalid duration {text!r}: use a positive number with d, h, m or s (e.g. 30d)"
+        )
+    return float(int(match.group(1)) * _UNIT_SECONDS[match.group(2)])
+
+
+def load_secrets(secret_file: str | None) -> list[str]:
+    """Secrets from the file if given, else from OUTBOX_RECEIVER_SECRETS; ValueError if none."""
+    if secret_file is not None:
+        lines = Path(secret_file).read_text(encoding="utf-8").splitlines()
+        secrets = [line.strip() for line in lines]
+        secrets = [s for s in secrets if s and not s.startswith("#")]
+        where = secret_file
+    else:
+        secrets = [s.strip() for s in os.environ.get(SECRETS_ENV, "").split(",") if s.strip()]
+        where = SECRETS_ENV
+    if not secrets:
+        raise ValueError(
+            f"no webhook secret in {where}: give --secret-file PATH or set {SECRETS_ENV}"
+        )
+    return secrets
+
+
+def _db_argument(parser: argparse.ArgumentParser, default: Any) -> None:
+    parser.add_argument(
+        "--db",
+        "--url",
+        dest="db",
+        default=default,
+        help="database URL (env OUTBOX_DB; default sqlite:///outbox.db)",
+    )
+
+
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Register the `receiver` subcommand on the `outbox` command's subparsers."""
+    from outbox.signing import DEFAULT_TOLERANCE
+    from receiver.app import DEFAULT_MAX_BODY
+
+    parser: argparse.ArgumentParser = subparsers.add_parser(
+        "receiver",
+        help="run the reference receiver (or: receiver upgrade | receiver purge)",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    _db_argument(parser, os.environ.get("OUTBOX_DB", DEFAULT_DB))
+    parser.add_argument("--host", default="127.0.0.1", help="address to bind (%(default)s)")
+    parser.add_argument("--port", type=int, default=8000, help="port to bind (%(default)s)")
+    parser.add_argument(
+        "--secret-file", help=f"file with one whsec_ secret per line (else env {SECRETS_ENV})"
+    )
+    parser.add_argument(
+        "--tolerance",
+        type=parse_duration,
+        default=float(DEFAULT_TOLERANCE),
+        help="signature timestamp tolerance (default 300s)",
+    )
+    parser.add_argument(
+        "--max-body", type=int, default=DEFAULT_MAX_BODY, help="largest body in bytes"
+    )
+    parser.add_argument(
+        "--retention",
+        type=parse_duration,
+        default=None,
+        help="receipt retention to publish (default 30d)",
+    )
+    actions = parser.add_subparsers(dest="receiver_command", metavar="{upgrade,purge}")
+    # SUPPRESS: an option given before the action ("receiver --db X purge") must survive.
+    upgrade = actions.add_parser("upgrade", help="create or upgrade the receiver tables")
+    _db_argument(upgrade, argparse.SUPPRESS)
+    purge = actions.add_parser("purge", help="delete receipts older than a duration")
+    _db_argument(purge, argparse.SUPPRESS)
+    purge.add_argument(
+        "--older-than", type=parse_duration, required=True, help="e.g. 30d, 12h, 90m"
+    )
+    purge.add_argument(
+        "--retention",
+        type=parse_duration,
+        default=argparse.SUPPRESS,
+        help="the published retention (default 30d); purging younger receipts is refused",
+    )
+    purge.add_argument("--batch", type=int, default=1000, help="rows deleted per transaction")
+    return parser
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run `outbox receiver ...` from parsed arguments; returns the exit status."""
+    from receiver.store import DEFAULT_RETENTION, ReceiptStore
+
+    retention = DEFAULT_RETENTION if args.retention is None else args.retention
+    if args.receiver_command == "upgrade":
+        import receiver
+
+        receiver.upgrade(args.db)
+        print("receiver schema is up to date")
+        return 0
+    if args.receiver_command == "purge":
+        with ReceiptStore(args.db, retention=retention) as store:
+            removed = store.purge(args.older_than, batch=args.batch)
+        print(f"purged {removed} receipt(s) older than {args.older_than:g}s")
+        return 0
+    return _serve(args, retention)
+
+
+def _serve(args: argparse.Namespace, retention: float) -> int:
+    import uvicorn
+
+    from receiver.app import create_app
+    from receiver.store import ReceiptStore
+
+    secrets = load_secrets(args.secret_file)
+    store = ReceiptStore(args.db, retention=retention)
+    try:
+        app = create_app(store, secrets, tolerance=args.tolerance, max_body=args.max_body)
+        config = uvicorn.Config(
+            app, host=args.host, port=args.port, log_level="warning", lifespan="off"
+        )
+        print(
+            f"receiver listening on http://{args.host}:{args.port} "
+            f"(retention {retention:g}s, {len(secrets)} secret(s))",
+            file=sys.stderr,
+            flush=True,
+        )
+        uvicorn.Server(config).run()
+    finally:
+        store.close()
+    return 0

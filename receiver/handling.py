@@ -1,0 +1,234 @@
+"""What the receiver answers, decided without any HTTP framework: the shells only do I/O.
+
+POST /replies, in this order (the first failure decides the status):
+
+1. signature (Standard Webhooks, several secrets, timestamp tolerance) -> 401;
+   the reply_id is the signed ``webhook-id``;
+2. body size -> 413 (enforced by the shell while reading, before buffering);
+3. Content-Type ``application/json`` (charset, if given, utf-8) -> 415;
+4. strict JSON -> 400: UTF-8 only, no BOM, no NaN/Infinity, no duplicate keys,
+   nesting at most ``MAX_DEPTH``, no lone surrogates and no NUL in strings or
+   keys. Any JSON value is accepted at the top level, because ``publish()``
+   may send any JSON value;
+5. dedupe: 200 ``{"ack": "stored", "reply_id", "duplicate"}``, 409 on a
+   collision, 503 when the store is unavailable (the relay retries).
+
+GET /replies/{reply_id} is signed the same way with ``webhook-id`` equal to
+the reply_id and an empty body; it answers the receipt (200) or 404.
+Every answer carries ``RETENTION_HEADER``: how many seconds receipts are kept,
+so a relay can refuse to resend past it.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from outbox.errors import PayloadCollision
+from outbox.messages import REPLY_ID
+from outbox.signing import SignatureError, SigningKey, verify
+from receiver.store import Effect, Receipt, StoreUnavailable
+
+RETENTION_HEADER = "Outbox-Receipt-Retention"
+MAX_DEPTH = 64
+RETRY_AFTER_SECONDS = 1
+
+
+class Store(Protocol):
+    """What the handlers need from a receipt store."""
+
+    retention: float
+
+    def accept(self, reply_id: str, body: bytes, effect: Effect | None = None) -> Receipt:
+        """Store the receipt once; see ReceiptStore.accept."""
+        ...
+
+    def lookup(self, reply_id: str) -> Receipt | None:
+        """The stored receipt or None."""
+        ...
+
+
+class InvalidJSON(ValueError):
+    """The body is not strict JSON."""
+
+
+@dataclass(frozen=True)
+class Answer:
+    """An HTTP answer: status, JSON document and extra headers."""
+
+    status: int
+    document: dict[str, Any]
+    headers: dict[str, str] = field(default_factory=dict)
+
+
+def error(status: int, message: str, **headers: str) -> Answer:
+    """An error answer with a short, non-secret reason."""
+    return Answer(status, {"error": message}, dict(headers))
+
+
+def _reject_constant(name: str) -> Any:
+    raise InvalidJSON(f"{name} is not JSON")
+
+
+def _unique_object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    result = dict(pairs)
+    if len(result) != len(pairs):
+        raise InvalidJSON("duplicate key in an object")
+    return result
+
+
+def _check_text(text: str) -> None:
+    if "\x00" in text:
+        raise InvalidJSON("NUL character in a string")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise InvalidJSON("lone surrogate in a string") from exc
+
+
+def parse_strict_json(body: bytes, max_depth: int = MAX_DEPTH) -> Any:
+    """Parse strict JSON from UTF-8 bytes, or raise InvalidJSON."""
+    if body.startswith(b"\xef\xbb\xbf"):
+        raise InvalidJSON("byte order mark before JSON")
+    try:
+        text = body.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise InvalidJSON("body is not UTF-8") from exc
+    try:
+        value = json.loads(text, parse_constant=_reject_constant, object_pairs_hook=_unique_object)
+    except RecursionError as exc:
+        raise InvalidJSON(f"nesting deeper than {max_depth}") from exc
+    except ValueError as exc:  # JSONDecodeError, InvalidJSON, too many int digits
+        raise InvalidJSON(str(exc)) from exc
+    stack: list[tuple[Any, int]] = [(value, 0)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, str):
+            _check_text(item)
+        elif isinstance(item, dict | list):
+            if depth >= max_depth:
+                raise InvalidJSON(f"nesting deeper than {max_depth}")
+            if isinstance(item, dict):
+                for key, child in item.items():
+                    _check_text(key)
+                    stack.append((child, depth + 1))
+            else:
+                stack.extend((child, depth + 1) for child in item)
+    return value
+
+
+def is_json_content_type(value: str | None) -> bool:
+    """Whether a Content-Type names JSON in UTF-8 (a missing charset means UTF-8)."""
+    if not value:
+        return False
+    media, *params = (part.strip() for part in value.split(";"))
+    if media.lower() != "application/json":
+        return False
+    for param in params:
+        name, _, raw = param.partition("=")
+        if name.strip().lower() == "charset" and raw.strip().strip('"').lower() not in (
+            "utf-8",
+            "utf8",
+        ):
+            return False
+    return True
+
+
+@dataclass(frozen=True)
+class Handler:
+    """The receiver's decisions, given its store, secrets and limits."""
+
+    store: Store
+    keys: tuple[SigningKey, ...]
+    tolerance: float
+    max_body: int
+    effect: Effect | None = None
+    wall_clock: Callable[[], float] | None = None
+
+    def retention_headers(self) -> dict[str, str]:
+        """The header that publishes the receipt retention, on every answer."""
+        return {RETENTION_HEADER: str(int(self.store.retention))}
+
+    def _verify(self, headers: Mapping[str, str], body: bytes) -> str:
+        now = None if self.wall_clock is None else self.wall_clock()
+        return verify(self.keys, headers, body, tolerance=self.tolerance, now=now)
+
+    def post_reply(self, headers: Mapping[str, str], body: bytes) -> Answer:
+        """Decide POST /replies for a body the shell has read within max_body (blocking)."""
+        try:
+            reply_id = self._verify(headers, body)
+        except SignatureError as exc:
+            return error(401, str(exc))
+        if len(body) > self.max_body:
+            return error(413, f"body larger than {self.max_body} bytes")
+        if not is_json_content_type(_header(headers, "content-type")):
+            return error(415, "Content-Type must be application/json (UTF-8)")
+        try:
+            parse_strict_json(body)
+        except InvalidJSON as exc:
+            return error(400, f"invalid JSON: {exc}")
+        if not REPLY_ID.fullmatch(reply_id):
+            return error(400, "webhook-id is not a valid reply_id")
+        try:
+            receipt = self.store.accept(reply_id, body, self.effect)
+        except PayloadCollision:
+            return error(409, f"reply_id {reply_id!r} was stored with a different body")
+        except StoreUnavailable:
+            return error(
+                503, "receipt store unavailable, retry", **{"Retry-After": str(RETRY_AFTER_SECONDS)}
+            )
+        return Answer(200, {"ack": "stored", "reply_id": reply_id, "duplicate": receipt.duplicate})
+
+    def get_reply(self, reply_id: str, headers: Mapping[str, str]) -> Answer:
+        """Decide GET /replies/{reply_id}: signed with webhook-id = reply_id, empty body."""
+        try:
+            signed_id = self._verify(headers, b"")
+        except SignatureError as exc:
+            return error(401, str(exc))
+        if signed_id != reply_id:
+            return error(401, "webhook-id does not name the requested reply")
+        try:
+            receipt = self.store.lookup(reply_id)
+        except StoreUnavailable:
+            return error(
+                503, "receipt store unavailable, retry", **{"Retry-After": str(RETRY_AFTER_SECONDS)}
+            )
+        if receipt is None:
+            return error(404, f"no receipt for {reply_id!r} (never received, or purged)")
+        return Answer(
+            200,
+            {
+                "reply_id": receipt.reply_id,
+                "content_hash": receipt.content_hash,
+                "received_at": receipt.received_at,
+            },
+        )
+
+
+def _header(headers: Mapping[str, str], name: str) -> str | None:
+    for key, value in headers.items():
+        if key.lower() == name:
+            return value
+    return None
+
+
+def handler(
+    store: Store,
+    secrets: Iterable[SigningKey],
+    *,
+    tolerance: float,
+    max_body: int,
+    effect: Effect | None = None,
+    wall_clock: Callable[[], float] | None = None,
+) -> Handler:
+    """A validated Handler: at least one secret, positive limits."""
+    keys = tuple(secrets)
+    if not keys:
+        raise ValueError("the receiver needs at least one webhook secret")
+    if isinstance(tolerance, bool) or not tolerance > 0:
+        raise ValueError(f"tolerance must be a positive number of seconds, got {tolerance!r}")
+    if isinstance(max_body, bool) or not isinstance(max_body, int) or max_body < 1:
+        raise ValueError(f"max_body must be a positive int, got {max_body!r}")
+    return Handler(store, keys, float(tolerance), max_body, effect, wall_clock)

@@ -1,0 +1,198 @@
+"""Shared helpers for the receiver tests: signing requests, counting rows, child receivers."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import sqlalchemy as sa
+
+import outbox
+from outbox.signing import sign
+from receiver.schema import effects, receipts
+
+SECRET = "whsec_" + base64.b64encode(b"receiver-test-secret-one-32bytes").decode()
+OTHER_SECRET = "whsec_" + base64.b64encode(b"receiver-test-secret-two-32bytes").decode()
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def signed(
+    reply_id: str,
+    body: bytes,
+    secret: str | list[str] = SECRET,
+    timestamp: float | None = None,
+    content_type: str | None = "application/json",
+) -> dict[str, str]:
+    """Headers of a correctly signed request (plus a Content-Type unless None)."""
+    headers = sign(secret, reply_id, timestamp, body)
+    if content_type is not None:
+        headers["content-type"] = content_type
+    return headers
+
+
+def count_effects(url: str, reply_id: str | None = None) -> int:
+    """Rows in receiver_effects (for one reply_id when given)."""
+    engine = outbox.create_engine(url)
+    try:
+        with engine.connect() as conn:
+            query = sa.select(sa.func.count()).select_from(effects)
+            if reply_id is not None:
+                query = query.where(effects.c.reply_id == reply_id)
+            return int(conn.execute(query).scalar_one())
+    finally:
+        engine.dispose()
+
+
+def stored_receipts(url: str) -> dict[str, bytes]:
+    """reply_id -> stored body of every receipt."""
+    engine = outbox.create_engine(url)
+    try:
+        with engine.connect() as conn:
+            rows = conn.execute(sa.select(receipts.c.reply_id, receipts.c.body)).all()
+            return {row.reply_id: bytes(row.body) for row in rows}
+    finally:
+        engine.dispose()
+
+
+class AppClient:
+    """A blocking client that calls an ASGI app in-process through httpx.ASGITransport."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    def __enter__(self) -> AppClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        pass
+
+    def request(
+        self,
+        method: str,
+        path: str,
+        content: bytes | Iterator[bytes] | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> httpx.Response:
+        """One request; an iterator body is sent chunk by chunk (chunked transfer)."""
+
+        async def chunks(source: Iterator[bytes]) -> AsyncIterator[bytes]:
+            for chunk in source:
+                yield chunk
+
+        async def go() -> httpx.Response:
+            body: Any = content
+            if content is not None and not isinstance(content, bytes):
+                body = chunks(content)
+            # Errors become 500 responses, so a crash is seen as the status it would be.
+            transport = httpx.ASGITransport(app=self.app, raise_app_exceptions=False)
+            async with httpx.AsyncClient(transport=transport, base_url="http://receiver") as c:
+                return await c.request(method, path, content=body, headers=headers)
+
+        return asyncio.run(go())
+
+    def post(self, path: str, **kwargs: Any) -> httpx.Response:
+        """POST through the app."""
+        return self.request("POST", path, **kwargs)
+
+    def get(self, path: str, **kwargs: Any) -> httpx.Response:
+        """GET through the app."""
+        return self.request("GET", path, **kwargs)
+
+
+def free_port() -> int:
+    """A loopback port nobody listens on right now."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def wait_until(predicate: Any, timeout: float, what: str) -> None:
+    """Poll `predicate` until true or fail after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(0.02)
+
+
+class ReceiverProcess:
+    """`outbox receiver` running as a real child process on a free loopback port."""
+
+    def __init__(self, db_url: str, secret_file: Path, env: dict[str, str] | None = None) -> None:
+        self.port = free_port()
+        self.base = f"http://127.0.0.1:{self.port}"
+        child_env = {**os.environ, **(env or {})}
+        child_env.pop("OUTBOX_RECEIVER_SECRETS", None)
+        self.proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "outbox.cli",
+                "receiver",
+                "--db",
+                db_url,
+                "--port",
+                str(self.port),
+                "--secret-file",
+                str(secret_file),
+            ],
+            cwd=ROOT,
+            env=child_env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
+
+    def ready(self) -> bool:
+        """Whether GET /healthz answers 200; fails at once if the process died."""
+        if self.proc.poll() is not None:
+            _, err = self.proc.communicate()
+            raise AssertionError(f"receiver exited with {self.proc.returncode}: {err.decode()}")
+        try:
+            return httpx.get(self.base + "/healthz", timeout=1).status_code == 200
+        except httpx.TransportError:
+            return False
+
+    def wait_ready(self, timeout: float = 20) -> ReceiverProcess:
+        """Block until the receiver answers its health check."""
+        wait_until(self.ready, timeout, "the receiver to become healthy")
+        return self
+
+    def stop(self) -> int:
+        """Terminate (SIGTERM) and reap the process; returns its exit status."""
+        if self.proc.poll() is None:
+            self.proc.terminate()
+        try:
+            self.proc.communicate(timeout=15)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.communicate()
+        return self.proc.returncode
+
+
+def accept_in_child(url: str, reply_id: str, body: bytes, barrier: Any, results: Any) -> None:
+    """Child-process body for the concurrency test: open a store, wait for all, accept once."""
+    from receiver import ReceiptStore
+
+    try:
+        store = ReceiptStore(url)
+    except Exception as exc:
+        barrier.abort()
+        results.put(f"error: {exc!r}")
+        return
+    try:
+        barrier.wait(timeout=60)
+        receipt = store.accept(reply_id, body)
+        results.put("duplicate" if receipt.duplicate else "stored")
+    except Exception as exc:
+        results.put(f"error: {exc!r}")
+    finally:
+        store.close()

@@ -1,0 +1,174 @@
+"""ReceiptStore on both backends: dedupe, collisions, effects, failpoints, lookup, purge."""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Iterator
+from pathlib import Path
+
+import psycopg
+import pytest
+import sqlalchemy as sa
+from receiver_helpers import count_effects, stored_receipts
+from sqlalchemy.orm import Session
+
+import outbox
+import receiver
+from outbox import ManualClock, PayloadCollision, SchemaNotReady, failpoints
+from outbox.canonical import sha256_hex
+from receiver import Receipt, ReceiptStore, StoreUnavailable
+from receiver.schema import effects
+from receiver.store import REPLY_ID_KEY
+
+DAY = 86_400.0
+
+
+@pytest.fixture
+def store(db_url: str, clock: ManualClock) -> Iterator[ReceiptStore]:
+    """A store on the current backend with a manual clock."""
+    s = ReceiptStore(db_url, clock=clock)
+    yield s
+    s.close()
+
+
+def test_public_names_are_the_contract() -> None:
+    assert sorted(receiver.__all__) == [
+        "Receipt",
+        "ReceiptStore",
+        "StoreUnavailable",
+        "create_app",
+        "upgrade",
+    ]
+
+
+def test_first_receipt_runs_the_effect_once(
+    store: ReceiptStore, db_url: str, clock: ManualClock
+) -> None:
+    first = store.accept("r-1", b'{"a":1}')
+    assert first == Receipt("r-1", sha256_hex(b'{"a":1}'), clock(), duplicate=False)
+    clock.advance(5)
+    again = store.accept("r-1", b'{"a":1}')
+    assert again == Receipt("r-1", first.content_hash, first.received_at, duplicate=True)
+    assert count_effects(db_url, "r-1") == 1
+    assert stored_receipts(db_url) == {"r-1": b'{"a":1}'}
+
+
+def test_same_id_other_bytes_is_a_collision_and_changes_nothing(
+    store: ReceiptStore, db_url: str
+) -> None:
+    store.accept("r-1", b'{"a":1}')
+    with pytest.raises(PayloadCollision, match="r-1"):
+        store.accept("r-1", b'{"a": 1}')  # same JSON value, other bytes: still a collision
+    assert stored_receipts(db_url) == {"r-1": b'{"a":1}'}
+    assert count_effects(db_url) == 1
+
+
+def test_custom_effect_joins_the_transaction(store: ReceiptStore, db_url: str) -> None:
+    seen: list[tuple[str, bytes]] = []
+
+    def effect(session: Session, body: bytes) -> None:
+        seen.append((session.info[REPLY_ID_KEY], body))
+        session.execute(effects.insert().values(reply_id="custom", body=body, created_at=1.0))
+
+    store.accept("r-1", b"{}", effect)
+    store.accept("r-1", b"{}", effect)
+    assert seen == [("r-1", b"{}")]
+    assert count_effects(db_url, "custom") == 1
+    assert count_effects(db_url, "r-1") == 0  # the custom effect replaces the reference one
+
+
+def test_a_failing_effect_rolls_the_receipt_back(store: ReceiptStore, db_url: str) -> None:
+    def broken(session: Session, body: bytes) -> None:
+        session.execute(effects.insert().values(reply_id="r-1", body=body, created_at=1.0))
+        raise RuntimeError("business rule failed")
+
+    with pytest.raises(RuntimeError, match="business rule"):
+        store.accept("r-1", b"{}", broken)
+    assert stored_receipts(db_url) == {}
+    assert count_effects(db_url) == 0
+    assert store.accept("r-1", b"{}").duplicate is False
+    assert count_effects(db_url) == 1
+
+
+def test_crash_before_commit_leaves_nothing(store: ReceiptStore, db_url: str) -> None:
+    with failpoints.arm("receiver.before_commit"), pytest.raises(failpoints.Crash):
+        store.accept("r-1", b"{}")
+    assert stored_receipts(db_url) == {}
+    assert count_effects(db_url) == 0
+
+
+def test_crash_after_commit_is_a_lost_ack_then_a_duplicate(
+    store: ReceiptStore, db_url: str
+) -> None:
+    with failpoints.arm("receiver.after_commit"), pytest.raises(failpoints.Crash):
+        store.accept("r-1", b"{}")
+    assert count_effects(db_url) == 1
+    assert store.accept("r-1", b"{}").duplicate is True
+    assert count_effects(db_url) == 1
+
+
+def test_lookup_and_body(store: ReceiptStore, clock: ManualClock) -> None:
+    assert store.lookup("r-1") is None
+    assert store.body("r-1") is None
+    stored = store.accept("r-1", b"[1]")
+    assert store.lookup("r-1") == Receipt("r-1", stored.content_hash, clock(), duplicate=True)
+    assert store.body("r-1") == b"[1]"
+
+
+@pytest.mark.parametrize("reply_id", ["", "a.b", "a b", "x" * 201, "é", 17])
+def test_invalid_reply_ids_are_refused(store: ReceiptStore, reply_id: object) -> None:
+    with pytest.raises(ValueError, match="reply_id"):
+        store.accept(reply_id, b"{}")  # type: ignore[arg-type]
+
+
+def test_purge_respects_the_retention(store: ReceiptStore, db_url: str, clock: ManualClock) -> None:
+    for index in range(5):
+        store.accept(f"old-{index}", b"{}")
+    clock.advance(10 * DAY)
+    store.accept("young", b"{}")
+    clock.advance(25 * DAY)  # the old ones are 35 days old, "young" 25
+    with pytest.raises(ValueError, match="retention"):
+        store.purge(7 * DAY)
+    assert store.purge(30 * DAY, batch=2) == 5
+    assert set(stored_receipts(db_url)) == {"young"}
+    assert count_effects(db_url) == 6  # effects are business data, never purged
+    assert store.purge(30 * DAY) == 0
+
+
+def test_a_shorter_retention_must_be_explicit(db_url: str, clock: ManualClock) -> None:
+    with ReceiptStore(db_url, clock=clock, retention=DAY) as short:
+        short.accept("r-1", b"{}")
+        clock.advance(2 * DAY)
+        assert short.purge(DAY) == 1
+
+
+def test_unmigrated_database_fails_clearly(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'blank.db'}"
+    outbox.upgrade(url)  # outbox tables only: the receiver branch is missing
+    with pytest.raises(SchemaNotReady, match="receiver"):
+        ReceiptStore(url)
+
+
+def test_unreachable_database_is_store_unavailable(db_url: str, backend: str) -> None:
+    engine = outbox.create_engine(db_url)
+    store = ReceiptStore(engine)
+    down = False
+
+    @sa.event.listens_for(engine, "do_connect")
+    def refuse(*args: object) -> None:
+        if down:
+            if backend == "sqlite":
+                raise sqlite3.OperationalError("unable to open database file")
+            raise psycopg.OperationalError("connection refused")
+
+    try:
+        engine.dispose()
+        down = True
+        with pytest.raises(StoreUnavailable):
+            store.accept("r-1", b"{}")
+        with pytest.raises(StoreUnavailable):
+            store.lookup("r-1")
+        down = False
+        assert store.accept("r-1", b"{}").duplicate is False
+    finally:
+        engine.dispose()
