@@ -70,11 +70,15 @@ def claim_messages(
         .order_by(m.c.available_at, m.c.id)
         .limit(limit)
     )
+    chosen: Any = pick.scalar_subquery()
     if skip_locked:
-        pick = pick.with_for_update(skip_locked=True)
+        # Materialized, so PostgreSQL runs the LIMIT ... SKIP LOCKED pick once; as an
+        # IN (subquery) a nested-loop plan may rescan it and take far more than `limit`.
+        picked = pick.with_for_update(skip_locked=True).cte("picked").prefix_with("MATERIALIZED")
+        chosen = sa.select(picked.c.id)
     return (
         sa.update(messages)
-        .where(messages.c.id.in_(pick.scalar_subquery()), messages.c.state == "pending")
+        .where(messages.c.id.in_(chosen), messages.c.state == "pending")
         .values(
             state="sending",
             owner=owner,

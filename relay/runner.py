@@ -14,6 +14,7 @@ import logging
 import random
 import signal
 import sqlite3
+import threading
 from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal, TypeVar
@@ -119,6 +120,8 @@ class Relay:
         self._limits: dict[str, asyncio.Semaphore] = {}
         self._stopping: asyncio.Event | None = None
         self._wake: asyncio.Event | None = None
+        self.listening = threading.Event()
+        """Set while a LISTEN connection is up (PostgreSQL), so NOTIFY wakes the loop."""
 
     # --- lifecycle -------------------------------------------------------------
 
@@ -165,6 +168,8 @@ class Relay:
         log.info("relay %s started", self.owner)
         try:
             while not self._stopping.is_set():
+                # Clear before claiming: a NOTIFY that lands mid-dispatch must wake the next turn.
+                self._wake.clear()
                 work = asyncio.ensure_future(self._dispatch())
                 stop = asyncio.ensure_future(self._stopping.wait())
                 await asyncio.wait({work, stop}, return_when=asyncio.FIRST_COMPLETED)
@@ -180,7 +185,6 @@ class Relay:
                 results = work.result()
                 if len(results) >= self.batch:
                     continue  # more is probably waiting
-                self._wake.clear()
                 waiter = asyncio.ensure_future(self._wake.wait())
                 await asyncio.wait(
                     {waiter, asyncio.ensure_future(self._stopping.wait())},
@@ -207,12 +211,14 @@ class Relay:
             try:
                 async with await psycopg.AsyncConnection.connect(conninfo, autocommit=True) as conn:
                     await conn.execute(f"LISTEN {NOTIFY_CHANNEL}")
+                    self.listening.set()
                     async for _ in conn.notifies():
                         if self._wake is not None:
                             self._wake.set()
             except asyncio.CancelledError:
                 raise
             except psycopg.Error as exc:
+                self.listening.clear()
                 log.warning("LISTEN connection lost (%s); polling until it is back", exc)
                 await asyncio.sleep(self.poll_interval)
 
@@ -348,7 +354,7 @@ class Relay:
         for attempt in TenacityRetrying(
             retry=retry_if_exception(is_transient),
             stop=stop_after_attempt(6),
-            wait=wait_exponential_jitter(initial=0.05, max=2.0),
+            wait=wait_exponential_jitter(multiplier=0.05, max=2.0, jitter=0.05),
             reraise=True,
         ):
             with attempt:

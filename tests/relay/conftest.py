@@ -1,0 +1,26 @@
+"""Fixtures for relay tests: a scripted HTTP peer on loopback and an engine."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+import sqlalchemy as sa
+from scripted_server import ScriptedServer
+
+import outbox
+
+
+@pytest.fixture
+def server() -> Iterator[ScriptedServer]:
+    """A scripted peer on loopback."""
+    with ScriptedServer() as running:
+        yield running
+
+
+@pytest.fixture
+def engine(db_url: str) -> Iterator[sa.Engine]:
+    """An engine on the test database."""
+    created = outbox.create_engine(db_url)
+    yield created
+    created.dispose()

@@ -1,0 +1,135 @@
+"""Fencing, ordering and lease expiry in the relay (both backends)."""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+
+import sqlalchemy as sa
+from relay_helpers import SECRET, publish_many, rows
+from scripted_server import Answer, ScriptedServer
+
+from outbox import ManualClock, TaskQueue
+from relay import Destination, Relay
+from relay.policy import Sent
+
+
+def relay_for(
+    db_url: str, server: ScriptedServer, clock: ManualClock, owner: str, **options: object
+) -> Relay:
+    destination = Destination(server.url, secret=SECRET, timeout=2)
+    return Relay(db_url, {"default": destination}, owner=owner, clock=clock, **options)  # type: ignore[arg-type]
+
+
+def test_a_stale_relays_settle_is_refused(
+    db_url: str, engine: sa.Engine, server: ScriptedServer, clock: ManualClock
+) -> None:
+    publish_many(engine, ["s-1"], clock=clock)
+    with (
+        relay_for(db_url, server, clock, "relay-a", lease=5) as stale,
+        relay_for(db_url, server, clock, "relay-b", lease=5) as fresh,
+    ):
+        claimed, _ = stale._claim()
+        assert [m.reply_id for m in claimed] == ["s-1"]
+        clock.advance(6)  # relay-a stalls past its lease
+        assert fresh.dispatch_once() == [("s-1", "sent")]
+        row = rows(engine)["s-1"]
+        assert (row["owner"], row["fence"], row["state"]) == ("relay-b", 2, "sent")
+        assert stale._settle(claimed, {claimed[0].id: Sent(200)}) == set()
+    after = rows(engine)["s-1"]
+    assert (after["owner"], after["fence"], after["state"]) == ("relay-b", 2, "sent")
+
+
+def test_two_relays_never_deliver_one_row_twice_while_leases_hold(
+    db_url: str, engine: sa.Engine, server: ScriptedServer, clock: ManualClock
+) -> None:
+    ids = [f"m-{n:03d}" for n in range(120)]
+    publish_many(engine, ids, clock=clock)
+    relays = [relay_for(db_url, server, clock, f"relay-{n}", batch=7) for n in range(2)]
+    start = threading.Barrier(2, timeout=30)
+    errors: list[BaseException] = []
+
+    def drain(relay: Relay) -> None:
+        try:
+            start.wait()
+            while relay.dispatch_once():
+                pass
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=drain, args=(r,)) for r in relays]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=120)
+    for relay in relays:
+        relay.close()
+    assert errors == []
+    assert Counter(server.ids()) == Counter(ids)  # each exactly once
+    stored = rows(engine)
+    assert {r["state"] for r in stored.values()} == {"sent"}
+    assert {r["owner"] for r in stored.values()} == {"relay-0", "relay-1"}
+
+
+def test_ordering_key_delivers_in_commit_order_across_a_retry(
+    db_url: str, engine: sa.Engine, server: ScriptedServer, clock: ManualClock
+) -> None:
+    publish_many(engine, ["k-1", "k-2", "k-3"], ordering_key="order-9", clock=clock)
+    publish_many(engine, ["free-1"], clock=clock)
+    server.script("k-1", Answer(status=503))
+    with relay_for(db_url, server, clock, "relay-1", backoff=2) as relay:
+        assert sorted(relay.dispatch_once()) == [("free-1", "sent"), ("k-1", "retry")]
+        assert relay.dispatch_once() == []  # k-2 waits behind the retried k-1
+        clock.advance(2)
+        for _ in range(5):
+            relay.dispatch_once()
+    keyed = [i for i in server.ids() if i.startswith("k-")]
+    assert keyed == ["k-1", "k-1", "k-2", "k-3"]
+    assert {r["state"] for r in rows(engine).values()} == {"sent"}
+
+
+def test_lease_expired_with_no_attempts_left_is_dead_outcome_unknown(
+    db_url: str, engine: sa.Engine, server: ScriptedServer, clock: ManualClock
+) -> None:
+    publish_many(engine, ["x-1"], clock=clock)
+    with (
+        relay_for(db_url, server, clock, "relay-a", attempts=1, lease=5) as crashed,
+        relay_for(db_url, server, clock, "relay-b", attempts=1, lease=5) as survivor,
+    ):
+        claimed, _ = crashed._claim()  # claimed, then the process died mid-send
+        assert len(claimed) == 1
+        clock.advance(6)
+        assert survivor.dispatch_once() == [("x-1", "dead")]
+    row = rows(engine)["x-1"]
+    assert (row["state"], row["attempts"], row["owner"]) == ("dead", 1, "relay-b")
+    assert row["last_error"] == "outcome unknown: lease expired while sending"
+    assert server.received == []  # never sent again without attempts left
+
+
+def test_queue_reconcile_hands_expired_deliveries_back(
+    db_url: str, engine: sa.Engine, server: ScriptedServer, clock: ManualClock
+) -> None:
+    publish_many(engine, ["r-1"], clock=clock)
+    with relay_for(db_url, server, clock, "relay-a", attempts=3, lease=5) as relay:
+        claimed, _ = relay._claim()
+        assert len(claimed) == 1
+        clock.advance(6)
+        queue = TaskQueue(db_url, clock=clock)
+        try:
+            assert queue.reconcile()["messages_requeued"] == 1
+        finally:
+            queue.close()
+        assert rows(engine)["r-1"]["state"] == "pending"
+        assert relay.dispatch_once() == [("r-1", "sent")]
+    assert rows(engine)["r-1"]["attempts"] == 2
+
+
+def test_a_claim_takes_at_most_one_batch(
+    db_url: str, engine: sa.Engine, server: ScriptedServer, clock: ManualClock
+) -> None:
+    publish_many(engine, [f"l-{n:02d}" for n in range(30)], clock=clock)
+    with relay_for(db_url, server, clock, "relay-1", batch=7) as relay:
+        claimed, _ = relay._claim()
+        assert len(claimed) == 7
+    states = [r["state"] for r in rows(engine).values()]
+    assert (states.count("sending"), states.count("pending")) == (7, 23)

@@ -1,0 +1,138 @@
+"""Every delivery outcome class, settled with its status and error kept (both backends)."""
+
+from __future__ import annotations
+
+import pytest
+import sqlalchemy as sa
+from relay_helpers import SECRET, publish_many, rows
+from scripted_server import Answer, ScriptedServer
+
+from outbox import ManualClock
+from outbox.signing import parse_secret, verify
+from relay import ConfigError, Destination, Relay
+
+
+def make_relay(db_url: str, server: ScriptedServer, clock: ManualClock, **options: object) -> Relay:
+    destination_options = {
+        key: options.pop(key) for key in ("timeout", "receipt_lookup") if key in options
+    }
+    destination = Destination(
+        server.url,
+        secret=SECRET,
+        **{"timeout": 2.0, **destination_options},  # type: ignore[arg-type]
+    )
+    return Relay(db_url, {"default": destination}, clock=clock, **options)  # type: ignore[arg-type]
+
+
+def test_2xx_is_sent_with_the_stored_bytes_signed(
+    db_url: str, engine: sa.Engine, server: ScriptedServer, clock: ManualClock
+) -> None:
+    publish_many(engine, ["a-1", "a-2"], clock=clock)
+    server.script("a-2", Answer(status=204))
+    with make_relay(db_url, server, clock) as relay:
+        assert sorted(relay.dispatch_once()) == [("a-1", "sent"), ("a-2", "sent")]
+    stored = rows(engine)
+    assert {r["state"] for r in stored.values()} == {"sent"}
+    assert (stored["a-1"]["last_status"], stored["a-2"]["last_status"]) == (200, 204)
+    for request in server.received:
+        assert request.body == stored[request.webhook_id]["body"]
+        assert verify([parse_secret(SECRET)], request.headers, request.body) == request.webhook_id
+        assert request.headers["content-type"] == "application/json"
+
+
+@pytest.mark.parametrize("status", [400, 401, 404, 409, 410, 422, 301])
+def test_permanent_status_is_dead_at_once(
+    status: int, db_url: str, engine: sa.Engine, server: ScriptedServer, clock: ManualClock
+) -> None:
+    publish_many(engine, ["p-1"], clock=clock)
+    server.script("p-1", Answer(status=status))
+    with make_relay(db_url, server, clock, attempts=5) as relay:
+        assert relay.dispatch_once() == [("p-1", "dead")]
+    row = rows(engine)["p-1"]
+    assert (row["state"], row["last_status"], row["attempts"]) == ("dead", status, 1)
+    assert f"HTTP {status}" in row["last_error"]
+    assert SECRET[6:] not in row["last_error"]
+
+
+@pytest.mark.parametrize("status", [408, 425, 429, 500, 502, 503, 504])
+def test_transient_status_retries_after_backoff(
+    status: int, db_url: str, engine: sa.Engine, server: ScriptedServer, clock: ManualClock
+) -> None:
+    publish_many(engine, ["t-1"], clock=clock)
+    server.script("t-1", Answer(status=status))
+    with make_relay(db_url, server, clock, backoff=4, attempts=3) as relay:
+        assert relay.dispatch_once() == [("t-1", "retry")]
+        row = rows(engine)["t-1"]
+        assert (row["state"], row["last_status"], row["attempts"]) == ("pending", status, 1)
+        assert clock() + 2 <= row["available_at"] <= clock() + 4
+        assert relay.dispatch_once() == []  # not due yet: nothing is claimed
+        clock.advance(4)
+        assert relay.dispatch_once() == [("t-1", "sent")]
+    assert rows(engine)["t-1"]["attempts"] == 2
+
+
+def test_retry_after_is_honoured_within_the_cap(
+    db_url: str, engine: sa.Engine, server: ScriptedServer, clock: ManualClock
+) -> None:
+    publish_many(engine, ["ra-1", "ra-2"], clock=clock)
+    server.script("ra-1", Answer(status=429, headers={"retry-after": "7"}))
+    server.script("ra-2", Answer(status=503, headers={"retry-after": "9999"}))
+    with make_relay(db_url, server, clock, backoff=1, backoff_cap=60) as relay:
+        relay.dispatch_once()
+    stored = rows(engine)
+    assert stored["ra-1"]["available_at"] == pytest.approx(clock() + 7)
+    assert stored["ra-2"]["available_at"] == pytest.approx(clock() + 60)
+
+
+def test_budget_exhausted_is_dead_outcome_unknown(
+    db_url: str, engine: sa.Engine, server: ScriptedServer, clock: ManualClock
+) -> None:
+    publish_many(engine, ["b-1"], clock=clock)
+    server.script("b-1", Answer(status=500), Answer(status=500))
+    with make_relay(db_url, server, clock, attempts=2, backoff=1) as relay:
+        assert relay.dispatch_once() == [("b-1", "retry")]
+        clock.advance(1)
+        assert relay.dispatch_once() == [("b-1", "dead")]
+    row = rows(engine)["b-1"]
+    assert (row["state"], row["attempts"], row["last_status"]) == ("dead", 2, 500)
+    assert row["last_error"].startswith("outcome unknown: retry budget exhausted")
+    assert len(server.received) == 2
+
+
+def test_timeout_bounds_the_whole_attempt_and_retries(
+    db_url: str, engine: sa.Engine, server: ScriptedServer, clock: ManualClock
+) -> None:
+    publish_many(engine, ["slow-1", "fast-1"], clock=clock)
+    server.script("slow-1", Answer(stall=5.0))
+    with make_relay(db_url, server, clock, timeout=0.3) as relay:
+        assert sorted(relay.dispatch_once()) == [("fast-1", "sent"), ("slow-1", "retry")]
+    row = rows(engine)["slow-1"]
+    assert row["state"] == "pending"
+    assert "exceeded 0.3s" in row["last_error"]
+
+
+def test_connection_refused_retries(db_url: str, engine: sa.Engine, clock: ManualClock) -> None:
+    publish_many(engine, ["c-1"], clock=clock)
+    closed = ScriptedServer()  # never started: its port refuses connections
+    with Relay(
+        db_url, {"default": Destination(closed.url, secret=SECRET, timeout=2)}, clock=clock
+    ) as relay:
+        assert relay.dispatch_once() == [("c-1", "retry")]
+    row = rows(engine)["c-1"]
+    assert (row["state"], row["last_status"]) == ("pending", None)
+    assert "ConnectError" in row["last_error"]
+
+
+def test_unknown_destination_is_dead_with_a_clear_error(
+    db_url: str, engine: sa.Engine, server: ScriptedServer, clock: ManualClock
+) -> None:
+    publish_many(engine, ["u-1"], destination="nowhere", clock=clock)
+    with make_relay(db_url, server, clock) as relay:
+        assert relay.dispatch_once() == [("u-1", "dead")]
+    assert "unknown destination 'nowhere'" in rows(engine)["u-1"]["last_error"]
+    assert server.received == []
+
+
+def test_lease_must_outlast_the_attempt_timeout(db_url: str, server: ScriptedServer) -> None:
+    with pytest.raises(ConfigError, match="lease"):
+        Relay(db_url, {"default": Destination(server.url, timeout=10)}, lease=10)

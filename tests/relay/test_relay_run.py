@@ -1,0 +1,102 @@
+"""The long-running loop: NOTIFY wake-up, drain on stop, retention check at start."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+import sqlalchemy as sa
+from relay_helpers import SECRET, publish_many, rows
+from scripted_server import Answer, ScriptedServer
+
+from outbox import ManualClock
+from relay import ConfigError, Destination, Relay
+
+
+def wait_until(condition: object, seconds: float) -> bool:
+    """Poll `condition()` until true or the deadline passes."""
+    deadline = time.monotonic() + seconds
+    pause = threading.Event()
+    while time.monotonic() < deadline:
+        if condition():  # type: ignore[operator]
+            return True
+        pause.wait(0.002)
+    return bool(condition())  # type: ignore[operator]
+
+
+def test_notify_wakes_the_relay_without_waiting_for_the_poll(
+    backend: str, db_url: str, engine: sa.Engine, server: ScriptedServer
+) -> None:
+    if backend != "postgresql":
+        pytest.skip("LISTEN/NOTIFY is PostgreSQL's; SQLite relays poll")
+    relay = Relay(
+        db_url, {"default": Destination(server.url, secret=SECRET, timeout=2)}, poll_interval=60
+    )
+    runner = threading.Thread(target=relay.run, kwargs={"install_signal_handlers": False})
+    runner.start()
+    try:
+        assert relay.listening.wait(10), "relay never started listening"
+        latencies = []
+        for n in range(5):
+            before = len(server.received)
+            committed = time.monotonic()
+            publish_many(engine, [f"n-{n}"])
+            assert wait_until(lambda b=before: len(server.received) > b, 0.1)  # type: ignore[misc]
+            latencies.append(time.monotonic() - committed)
+        assert max(latencies) < 0.1, latencies
+    finally:
+        relay.stop()
+        runner.join(timeout=30)
+        relay.close()
+    assert not runner.is_alive()
+
+
+def test_stop_drains_then_abandons_stalled_work_to_lease_expiry(
+    db_url: str, engine: sa.Engine, server: ScriptedServer, clock: ManualClock
+) -> None:
+    publish_many(engine, ["d-1"], clock=clock)
+    server.script("d-1", Answer(stall=10))
+    destination = Destination(server.url, secret=SECRET, timeout=8)
+    relay = Relay(db_url, {"default": destination}, clock=clock, grace=0.2, poll_interval=60)
+    runner = threading.Thread(target=relay.run, kwargs={"install_signal_handlers": False})
+    runner.start()
+    try:
+        assert wait_until(lambda: len(server.received) == 1, 10)
+        relay.stop()
+        runner.join(timeout=5)
+        assert not runner.is_alive(), "stop() did not end run() within the grace period"
+    finally:
+        relay.stop()
+        runner.join(timeout=30)
+        relay.close()
+    assert rows(engine)["d-1"]["state"] == "sending"  # abandoned, not lost
+    clock.advance(11)
+    with Relay(db_url, {"default": destination}, clock=clock, owner="relay-2") as other:
+        assert other.dispatch_once() == [("d-1", "sent")]
+
+
+def test_refuses_to_start_when_receipts_expire_before_the_last_retry(
+    db_url: str, clock: ManualClock
+) -> None:
+    with ScriptedServer(extra_headers={"outbox-receipt-retention": "10"}) as short:
+        relay = Relay(
+            db_url,
+            {"default": Destination(short.url, secret=SECRET, timeout=2)},
+            clock=clock,
+            attempts=3,
+            backoff=2,
+        )
+        try:
+            with pytest.raises(ConfigError, match="keeps receipts for 10s"):
+                relay.run(install_signal_handlers=False)
+        finally:
+            relay.close()
+    with ScriptedServer(extra_headers={"outbox-receipt-retention": "2592000"}) as long:
+        relay = Relay(
+            db_url, {"default": Destination(long.url, secret=SECRET, timeout=2)}, clock=clock
+        )
+        try:
+            relay._loop.run_until_complete(relay.check_retention())  # accepted: no error
+        finally:
+            relay.close()
