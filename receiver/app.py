@@ -8,7 +8,7 @@ thread pool, and adds the retention header to every response.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
@@ -75,7 +75,9 @@ class _RetentionHeader:
 def build_app(decide: Handler) -> Starlette:
     """A Starlette app answering with `decide`."""
 
-    async def post_reply(request: Request) -> Response:
+    async def read_and_decide(
+        request: Request, decision: Callable[[Mapping[str, str], bytes], Answer]
+    ) -> Response:
         try:
             body = await _read_limited(request, decide.max_body)
         except _TooLarge:
@@ -84,8 +86,14 @@ def build_app(decide: Handler) -> Starlette:
             return _respond(error(400, str(exc)))
         except ClientDisconnect:
             return _respond(error(400, "client disconnected"))  # nobody will read it
-        answer = await run_in_threadpool(decide.post_reply, request.headers, body)
+        answer = await run_in_threadpool(decision, request.headers, body)
         return _respond(answer)
+
+    async def post_reply(request: Request) -> Response:
+        return await read_and_decide(request, decide.post_reply)
+
+    async def post_batch(request: Request) -> Response:
+        return await read_and_decide(request, decide.post_batch)
 
     async def get_reply(request: Request) -> Response:
         reply_id = request.path_params["reply_id"]
@@ -98,6 +106,7 @@ def build_app(decide: Handler) -> Starlette:
     app = Starlette(
         routes=[
             Route("/replies", post_reply, methods=["POST"]),
+            Route("/replies/batch", post_batch, methods=["POST"]),
             Route("/replies/{reply_id}", get_reply, methods=["GET"]),
             Route("/healthz", healthz, methods=["GET"]),
         ]

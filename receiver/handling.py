@@ -13,6 +13,14 @@ POST /replies, in this order (the first failure decides the status):
 5. dedupe: 200 ``{"ack": "stored", "reply_id", "duplicate"}``, 409 on a
    collision, 503 when the store is unavailable (the relay retries).
 
+POST /replies/batch takes the same checks 1-4 for the whole request, whose
+JSON is ``{"replies": [{"reply_id": str, "body": str}, ...]}`` (each body is
+the exact stored text of one reply, at most ``MAX_BATCH_ITEMS`` items), then
+stores every valid item in ONE transaction with per-item dedupe and answers
+200 ``{"results": [{"reply_id", "status"}]}``, status one of ``stored``,
+``duplicate``, ``conflict`` or ``invalid`` (a bad reply_id or a body that is
+not strict JSON), in request order.
+
 GET /replies/{reply_id} is signed the same way with ``webhook-id`` equal to
 the reply_id and an empty body; it answers the receipt (200) or 404.
 Every answer carries ``RETENTION_HEADER``: how many seconds receipts are kept,
@@ -22,7 +30,7 @@ so a relay can refuse to resend past it.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -34,6 +42,7 @@ from receiver.store import Effect, Receipt, StoreUnavailable
 RETENTION_HEADER = "Outbox-Receipt-Retention"
 MAX_DEPTH = 64
 RETRY_AFTER_SECONDS = 1
+MAX_BATCH_ITEMS = 1000
 
 
 class Store(Protocol):
@@ -43,6 +52,12 @@ class Store(Protocol):
 
     def accept(self, reply_id: str, body: bytes, effect: Effect | None = None) -> Receipt:
         """Store the receipt once; see ReceiptStore.accept."""
+        ...
+
+    def accept_many(
+        self, items: Sequence[tuple[str, bytes]], effect: Effect | None = None
+    ) -> list[str]:
+        """Store receipts in one transaction; see ReceiptStore.accept_many."""
         ...
 
     def lookup(self, reply_id: str) -> Receipt | None:
@@ -180,6 +195,56 @@ class Handler:
                 503, "receipt store unavailable, retry", **{"Retry-After": str(RETRY_AFTER_SECONDS)}
             )
         return Answer(200, {"ack": "stored", "reply_id": reply_id, "duplicate": receipt.duplicate})
+
+    def post_batch(self, headers: Mapping[str, str], body: bytes) -> Answer:
+        """Decide POST /replies/batch: one transaction, one status per item (blocking)."""
+        try:
+            self._verify(headers, body)
+        except SignatureError as exc:
+            return error(401, str(exc))
+        if len(body) > self.max_body:
+            return error(413, f"body larger than {self.max_body} bytes")
+        if not is_json_content_type(_header(headers, "content-type")):
+            return error(415, "Content-Type must be application/json (UTF-8)")
+        try:
+            document = parse_strict_json(body)
+        except InvalidJSON as exc:
+            return error(400, f"invalid JSON: {exc}")
+        items = document.get("replies") if isinstance(document, dict) else None
+        if not isinstance(items, list) or not 1 <= len(items) <= MAX_BATCH_ITEMS:
+            return error(400, f'expected {{"replies": [1..{MAX_BATCH_ITEMS} items]}}')
+        statuses: list[str | None] = []
+        valid: list[tuple[str, bytes]] = []
+        ids: list[str] = []
+        for item in items:
+            reply_id = item.get("reply_id") if isinstance(item, dict) else None
+            text = item.get("body") if isinstance(item, dict) else None
+            ids.append(reply_id if isinstance(reply_id, str) else "")
+            if not isinstance(reply_id, str) or not REPLY_ID.fullmatch(reply_id):
+                statuses.append("invalid")
+                continue
+            if not isinstance(text, str):
+                statuses.append("invalid")
+                continue
+            data = text.encode("utf-8")
+            try:
+                parse_strict_json(data)
+            except InvalidJSON:
+                statuses.append("invalid")
+                continue
+            statuses.append(None)
+            valid.append((reply_id, data))
+        try:
+            stored = iter(self.store.accept_many(valid, self.effect) if valid else [])
+        except StoreUnavailable:
+            return error(
+                503, "receipt store unavailable, retry", **{"Retry-After": str(RETRY_AFTER_SECONDS)}
+            )
+        results = [
+            {"reply_id": reply_id, "status": status if status is not None else next(stored)}
+            for reply_id, status in zip(ids, statuses, strict=True)
+        ]
+        return Answer(200, {"results": results})
 
     def get_reply(self, reply_id: str, headers: Mapping[str, str]) -> Answer:
         """Decide GET /replies/{reply_id}: signed with webhook-id = reply_id, empty body."""

@@ -17,7 +17,7 @@ SchemaNotReady     (outbox.errors) the receiver tables are missing or too old
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -30,7 +30,7 @@ from outbox._dialect import READ_ONLY, insert_ignoring_conflicts
 from outbox.canonical import sha256_hex
 from outbox.clock import Clock, now_expression
 from outbox.errors import OutboxError, PayloadCollision
-from outbox.messages import REPLY_ID
+from outbox.messages import check_reply_id
 from outbox.migrations import RECEIVER_BRANCH, engine_for, ensure_current
 from receiver.schema import effects, receipts
 
@@ -73,6 +73,12 @@ def record_effect(session: Session, body: bytes) -> None:
             created_at=session.info[RECEIVED_AT_KEY],
         )
     )
+
+
+def _check_item(reply_id: object, body: object) -> None:
+    check_reply_id(reply_id)
+    if not isinstance(body, bytes | bytearray | memoryview):
+        raise TypeError(f"body must be bytes, not {type(body).__name__}")
 
 
 def _unreachable(exc: sa.exc.DBAPIError) -> bool:
@@ -151,13 +157,7 @@ class ReceiptStore:
 
     def accept(self, reply_id: str, body: bytes, effect: Effect | None = None) -> Receipt:
         """Store a receipt and run the effect once per reply_id; same id, other body: collision."""
-        if not isinstance(reply_id, str) or not REPLY_ID.fullmatch(reply_id):
-            raise ValueError(
-                f"reply_id must be 1..200 printable ASCII characters without whitespace or '.', "
-                f"got {reply_id!r:.80}"
-            )
-        if not isinstance(body, bytes | bytearray | memoryview):
-            raise TypeError(f"body must be bytes, not {type(body).__name__}")
+        _check_item(reply_id, body)
         data = bytes(body)
         run = self.effect if effect is None else effect
         for attempt in range(1, _ATTEMPTS + 1):
@@ -175,44 +175,78 @@ class ReceiptStore:
         raise AssertionError("unreachable")  # pragma: no cover
 
     def _accept_once(self, reply_id: str, body: bytes, effect: Effect | None) -> Receipt:
-        digest = sha256_hex(body)
         with self._engine.begin() as conn:
-            inserted = conn.execute(
-                insert_ignoring_conflicts(receipts, self._dialect)
-                .values(
-                    reply_id=reply_id,
-                    content_hash=digest,
-                    body=body,
-                    received_at=now_expression(self.clock, self._dialect),
-                )
-                .returning(receipts.c.received_at)
-            ).first()
-            if inserted is None:
-                existing = conn.execute(
-                    sa.select(receipts.c.content_hash, receipts.c.received_at).where(
-                        receipts.c.reply_id == reply_id
-                    )
-                ).first()
-                if existing is None:
-                    raise _Retry  # purged between our insert and our read
-                if existing.content_hash != digest:
-                    raise PayloadCollision(
-                        f"reply_id {reply_id!r} is stored with content hash "
-                        f"{existing.content_hash}; this body hashes to {digest}"
-                    )
-                return Receipt(reply_id, digest, float(existing.received_at), duplicate=True)
-            received_at = float(inserted.received_at)
-            if effect is not None:
-                session = Session(bind=conn)
-                session.info[REPLY_ID_KEY] = reply_id
-                session.info[RECEIVED_AT_KEY] = received_at
-                try:
-                    effect(session, body)
-                    session.flush()
-                finally:
-                    # The session joined our transaction: closing it neither commits nor rolls back.
-                    session.close()
+            receipt = self._accept_in(conn, reply_id, body, effect)
             failpoints.hit("receiver.before_commit")
+        return receipt
+
+    def accept_many(
+        self, items: Sequence[tuple[str, bytes]], effect: Effect | None = None
+    ) -> list[str]:
+        """Store many receipts in ONE transaction, deduped per item: stored|duplicate|conflict."""
+        for reply_id, body in items:
+            _check_item(reply_id, body)
+        run = self.effect if effect is None else effect
+        for attempt in range(1, _ATTEMPTS + 1):
+            try:
+                with self._translated(retry=True), self._engine.begin() as conn:
+                    statuses = []
+                    for reply_id, body in items:
+                        try:
+                            receipt = self._accept_in(conn, reply_id, bytes(body), run)
+                        except PayloadCollision:
+                            statuses.append("conflict")
+                            continue
+                        statuses.append("duplicate" if receipt.duplicate else "stored")
+                    failpoints.hit("receiver.before_commit")
+            except _Retry as exc:
+                if attempt == _ATTEMPTS:
+                    raise StoreUnavailable("batch kept losing races; try again") from exc.__cause__
+                continue
+            failpoints.hit("receiver.after_commit")
+            return statuses
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _accept_in(
+        self, conn: sa.Connection, reply_id: str, body: bytes, effect: Effect | None
+    ) -> Receipt:
+        """Insert one receipt on an open transaction, running the effect on first receipt."""
+        digest = sha256_hex(body)
+        inserted = conn.execute(
+            insert_ignoring_conflicts(receipts, self._dialect)
+            .values(
+                reply_id=reply_id,
+                content_hash=digest,
+                body=body,
+                received_at=now_expression(self.clock, self._dialect),
+            )
+            .returning(receipts.c.received_at)
+        ).first()
+        if inserted is None:
+            existing = conn.execute(
+                sa.select(receipts.c.content_hash, receipts.c.received_at).where(
+                    receipts.c.reply_id == reply_id
+                )
+            ).first()
+            if existing is None:
+                raise _Retry  # purged between our insert and our read
+            if existing.content_hash != digest:
+                raise PayloadCollision(
+                    f"reply_id {reply_id!r} is stored with content hash "
+                    f"{existing.content_hash}; this body hashes to {digest}"
+                )
+            return Receipt(reply_id, digest, float(existing.received_at), duplicate=True)
+        received_at = float(inserted.received_at)
+        if effect is not None:
+            session = Session(bind=conn)
+            session.info[REPLY_ID_KEY] = reply_id
+            session.info[RECEIVED_AT_KEY] = received_at
+            try:
+                effect(session, body)
+                session.flush()
+            finally:
+                # The session joined our transaction: closing it neither commits nor rolls back.
+                session.close()
         return Receipt(reply_id, digest, received_at, duplicate=False)
 
     def lookup(self, reply_id: str) -> Receipt | None:

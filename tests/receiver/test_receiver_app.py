@@ -11,7 +11,7 @@ from typing import Any
 import psycopg
 import pytest
 import sqlalchemy as sa
-from receiver_helpers import (
+from support.receiver_helpers import (
     OTHER_SECRET,
     SECRET,
     AppClient,

@@ -9,7 +9,7 @@ from collections import Counter
 
 import pytest
 import sqlalchemy as sa
-from receiver_helpers import accept_in_child, count_effects, stored_receipts
+from support.receiver_helpers import accept_in_child, count_effects, stored_receipts
 
 import outbox
 from receiver import ReceiptStore

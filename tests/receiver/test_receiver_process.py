@@ -12,7 +12,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from receiver_helpers import (
+from support.receiver_helpers import (
     OTHER_SECRET,
     ROOT,
     SECRET,

@@ -6,8 +6,8 @@ import time
 from datetime import UTC, datetime
 
 import pytest
-from receiver_helpers import OTHER_SECRET, SECRET
 from standardwebhooks import Webhook
+from support.receiver_helpers import OTHER_SECRET, SECRET
 
 from outbox.signing import SignatureError, parse_secret, sign, signature, verify
 

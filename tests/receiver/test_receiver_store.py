@@ -9,8 +9,8 @@ from pathlib import Path
 import psycopg
 import pytest
 import sqlalchemy as sa
-from receiver_helpers import count_effects, stored_receipts
 from sqlalchemy.orm import Session
+from support.receiver_helpers import count_effects, stored_receipts
 
 import outbox
 import receiver

@@ -6,7 +6,7 @@ from collections.abc import Iterator
 
 import pytest
 import sqlalchemy as sa
-from scripted_server import ScriptedServer
+from support.scripted_server import ScriptedServer
 
 import outbox
 

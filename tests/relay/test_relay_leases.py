@@ -6,8 +6,8 @@ import threading
 from collections import Counter
 
 import sqlalchemy as sa
-from relay_helpers import SECRET, publish_many, rows
-from scripted_server import Answer, ScriptedServer
+from support.relay_helpers import SECRET, publish_many, rows
+from support.scripted_server import Answer, ScriptedServer
 
 from outbox import ManualClock, TaskQueue
 from relay import Destination, Relay

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 import sqlalchemy as sa
-from relay_helpers import SECRET, publish_many, rows
-from scripted_server import Answer, ScriptedServer
+from support.relay_helpers import SECRET, publish_many, rows
+from support.scripted_server import Answer, ScriptedServer
 
 from outbox import ManualClock
 from outbox.signing import parse_secret, verify

@@ -7,8 +7,8 @@ import time
 
 import pytest
 import sqlalchemy as sa
-from relay_helpers import SECRET, publish_many, rows
-from scripted_server import Answer, ScriptedServer
+from support.relay_helpers import SECRET, publish_many, rows
+from support.scripted_server import Answer, ScriptedServer
 
 from outbox import ManualClock
 from relay import ConfigError, Destination, Relay

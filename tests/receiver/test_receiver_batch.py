@@ -1,0 +1,124 @@
+"""POST /replies/batch: one transaction, per-item dedupe, the same request rules as /replies."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+
+import pytest
+import sqlalchemy as sa
+from sqlalchemy.orm import Session
+from support.receiver_helpers import SECRET, AppClient, count_effects, signed, stored_receipts
+
+from receiver import ReceiptStore, create_app
+from receiver.handling import MAX_BATCH_ITEMS
+from receiver.store import REPLY_ID_KEY, record_effect
+
+
+def batch_body(*items: tuple[str, str]) -> bytes:
+    """A batch request carrying (reply_id, exact body text) items."""
+    return json.dumps({"replies": [{"reply_id": i, "body": b} for i, b in items]}).encode()
+
+
+@pytest.fixture
+def store(db_url: str) -> Iterator[ReceiptStore]:
+    """A store on the test database."""
+    opened = ReceiptStore(db_url)
+    yield opened
+    opened.close()
+
+
+def post(client: AppClient, body: bytes, **overrides: object) -> tuple[int, object]:
+    """POST a signed batch; returns status and decoded JSON."""
+    headers = signed("batch:1-3-3", body)
+    headers.update({k: str(v) for k, v in overrides.items()})
+    response = client.post("/replies/batch", content=body, headers=headers)
+    return response.status_code, response.json()
+
+
+def test_batch_stores_dedupes_and_flags_each_item(db_url: str, store: ReceiptStore) -> None:
+    client = AppClient(create_app(store, secrets=[SECRET]))
+    first = batch_body(("r-1", '{"a":1}'), ("r-2", '{"a":2}'), ("r-3", "[1,2]"))
+    assert post(client, first) == (
+        200,
+        {
+            "results": [
+                {"reply_id": "r-1", "status": "stored"},
+                {"reply_id": "r-2", "status": "stored"},
+                {"reply_id": "r-3", "status": "stored"},
+            ]
+        },
+    )
+    again = batch_body(
+        ("r-1", '{"a":1}'),  # same bytes: duplicate
+        ("r-2", '{"a":22}'),  # other bytes: conflict, first receipt kept
+        ("bad.id", "{}"),  # '.' is not allowed in a reply_id
+        ("r-4", "{NaN}"),  # not strict JSON
+        ("r-5", '{"b":5}'),  # new
+    )
+    status, answer = post(client, again)
+    assert status == 200
+    assert [r["status"] for r in answer["results"]] == [  # type: ignore[index]
+        "duplicate",
+        "conflict",
+        "invalid",
+        "invalid",
+        "stored",
+    ]
+    assert stored_receipts(db_url) == {
+        "r-1": b'{"a":1}',
+        "r-2": b'{"a":2}',
+        "r-3": b"[1,2]",
+        "r-5": b'{"b":5}',
+    }
+    assert count_effects(db_url) == 4
+    assert all(count_effects(db_url, i) == 1 for i in ("r-1", "r-2", "r-3", "r-5"))
+
+
+def test_batch_commits_all_items_or_none(db_url: str, store: ReceiptStore) -> None:
+    def failing_on_second(session: Session, body: bytes) -> None:
+        if session.info[REPLY_ID_KEY] == "r-2":
+            raise RuntimeError("integrator bug")
+        record_effect(session, body)
+
+    with pytest.raises(RuntimeError, match="integrator bug"):
+        store.accept_many([("r-1", b"{}"), ("r-2", b"{}")], effect=failing_on_second)
+    assert stored_receipts(db_url) == {}
+    assert count_effects(db_url) == 0
+
+
+BAD_REQUESTS = {
+    "unsigned": (batch_body(("r-1", "{}")), {"webhook-signature": "v1,AAAA"}, 401),
+    "wrong content type": (batch_body(("r-1", "{}")), {"content-type": "text/plain"}, 415),
+    "not JSON": (b"{replies", {}, 400),
+    "duplicate keys": (b'{"replies":[],"replies":[]}', {}, 400),
+    "top level is a list": (b"[]", {}, 400),
+    "no replies key": (b'{"items":[]}', {}, 400),
+    "empty replies": (b'{"replies":[]}', {}, 400),
+    "replies not a list": (b'{"replies":{}}', {}, 400),
+    "too many items": (
+        batch_body(*[(f"r-{n}", "{}") for n in range(MAX_BATCH_ITEMS + 1)]),
+        {},
+        400,
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_REQUESTS), ids=list(BAD_REQUESTS))
+def test_bad_batch_requests_are_refused_without_effects(
+    case: str, db_url: str, store: ReceiptStore
+) -> None:
+    body, overrides, expected = BAD_REQUESTS[case]
+    client = AppClient(create_app(store, secrets=[SECRET]))
+    status, _ = post(client, body, **overrides)
+    assert status == expected
+    assert stored_receipts(db_url) == {}
+    assert count_effects(db_url) == 0
+
+
+def test_oversized_batch_is_413(db_url: str, store: ReceiptStore) -> None:
+    client = AppClient(create_app(store, secrets=[SECRET], max_body=64))
+    status, _ = post(client, batch_body(*[(f"r-{n}", "{}") for n in range(10)]))
+    assert status == 413
+    with store.engine.connect() as conn:
+        assert conn.execute(sa.text("select count(*) from receiver_receipts")).scalar() == 0
