@@ -12,6 +12,8 @@ from outbox import migrations
 from outbox.errors import OutboxError
 
 DEFAULT_DB = "sqlite:///outbox.db"
+# Subcommands that live with the component they run: name -> module with add_parser/run.
+PLUGINS = {"receiver": "receiver.cli", "relay": "relay.cli"}
 
 
 def _db_argument(parser: argparse.ArgumentParser) -> None:
@@ -40,8 +42,9 @@ def build_parser() -> argparse.ArgumentParser:
     _db_argument(current)
 
     commands.add_parser("demo", help="run the end-to-end story on a temporary SQLite database")
-    # Imported here, not at module level: the outbox package never imports the receiver.
-    importlib.import_module("receiver.cli").add_parser(commands)
+    # Imported here, not at module level: the outbox package never imports its sidecars.
+    for module in PLUGINS.values():
+        importlib.import_module(module).add_parser(commands)
     return parser
 
 
@@ -55,9 +58,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             from outbox.demo import main as demo
 
             return demo()
-        if args.command == "receiver":
-            receiver_cli = importlib.import_module("receiver.cli")
-            status: int = receiver_cli.run(args)
+        if args.command in PLUGINS:
+            status: int = importlib.import_module(PLUGINS[args.command]).run(args)
             return status
     except (ValueError, OSError, OutboxError) as exc:
         print(f"outbox: error: {exc}", file=sys.stderr)

@@ -169,3 +169,9 @@ def select_states(ids: Sequence[int]) -> sa.Select[Any]:
     return sa.select(messages.c.id, messages.c.state, messages.c.owner, messages.c.fence).where(
         messages.c.id.in_(list(ids))
     )
+
+
+def backlog(now: Now) -> Any:
+    """How many messages are undelivered, and the age of the oldest (None when none)."""
+    undelivered = messages.c.state.in_(("pending", "sending"))
+    return sa.select(sa.func.count(), now - sa.func.min(messages.c.created_at)).where(undelivered)

@@ -15,6 +15,7 @@ import random
 import signal
 import sqlite3
 import threading
+import time
 from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal, TypeVar
@@ -37,6 +38,7 @@ from outbox.migrations import engine_for, ensure_current
 from relay import _sql
 from relay.config import ConfigError, Destination, check_destinations
 from relay.delivery import Message, post_batch, post_one, receipt_matches
+from relay.metrics import MetricsServer, RelayMetrics
 from relay.policy import Dead, Outcome, Retry, Sent, longest_retry_window, retry_delay, truncate
 
 log = logging.getLogger("outbox.relay")
@@ -80,6 +82,7 @@ class Relay:
         poll_interval: float = 1.0,
         grace: float | None = None,
         rng: random.Random | None = None,
+        metrics_port: int | None = None,
     ) -> None:
         """Validate the configuration and open the database (schema must be current)."""
         self.destinations = check_destinations(destinations)
@@ -122,6 +125,9 @@ class Relay:
         self._wake: asyncio.Event | None = None
         self.listening = threading.Event()
         """Set while a LISTEN connection is up (PostgreSQL), so NOTIFY wakes the loop."""
+        self.metrics = RelayMetrics(self._backlog)
+        self._metrics_port = metrics_port
+        self.metrics_server: MetricsServer | None = None
 
     # --- lifecycle -------------------------------------------------------------
 
@@ -160,6 +166,9 @@ class Relay:
     async def _run(self, install_signal_handlers: bool) -> None:
         self._stopping = asyncio.Event()
         self._wake = asyncio.Event()
+        if self._metrics_port is not None:
+            self.metrics_server = MetricsServer(self.metrics, self._metrics_port, self.health)
+            self.metrics_server.start()
         if install_signal_handlers:
             for signum in (signal.SIGTERM, signal.SIGINT):
                 self._loop.add_signal_handler(signum, self._stopping.set)
@@ -183,6 +192,7 @@ class Relay:
                     break
                 stop.cancel()
                 results = work.result()
+                self.metrics.last_turn = time.monotonic()
                 if len(results) >= self.batch:
                     continue  # more is probably waiting
                 waiter = asyncio.ensure_future(self._wake.wait())
@@ -199,6 +209,8 @@ class Relay:
             if install_signal_handlers:
                 for signum in (signal.SIGTERM, signal.SIGINT):
                     self._loop.remove_signal_handler(signum)
+            if self.metrics_server is not None:
+                self.metrics_server.close()
             log.info("relay %s stopped", self.owner)
 
     async def _listen(self) -> None:
@@ -268,12 +280,37 @@ class Relay:
         verdicts: list[tuple[str, Verdict]] = []
         for message in everything:
             if message.id not in settled:
-                log.warning(
-                    "reply %s was taken over by another relay; not settled", message.reply_id
-                )
+                log.warning("reply %s was taken over; not settled here", message.reply_id)
                 continue
-            verdicts.append((message.reply_id, _verdict(outcomes[message.id])))
+            outcome = outcomes[message.id]
+            verdict = _verdict(outcome)
+            self.metrics.record(message.destination, verdict, outcome.status)
+            if not isinstance(outcome, Sent):
+                log.info(
+                    "reply %s %s: %s",
+                    message.reply_id,
+                    verdict,
+                    outcome.error,
+                    extra={"fields": {"reply_id": message.reply_id, "outcome": verdict}},
+                )
+            verdicts.append((message.reply_id, verdict))
         return verdicts
+
+    def health(self) -> dict[str, Any]:
+        """Liveness for /healthz: the loop has turned recently."""
+        idle = time.monotonic() - self.metrics.last_turn
+        limit = max(3 * self.poll_interval, 2 * self.lease)
+        return {
+            "ok": idle < limit,
+            "owner": self.owner,
+            "seconds_since_last_turn": round(idle, 3),
+            "listening": self.listening.is_set(),
+        }
+
+    def _backlog(self) -> tuple[int, float | None]:
+        with self._engine.connect() as conn:
+            count, age = conn.execute(_sql.backlog(self._now())).one()
+        return int(count), None if age is None else float(age)
 
     async def _deliver(self, messages: Sequence[Message]) -> dict[int, Outcome]:
         outcomes: dict[int, Outcome] = {}
@@ -307,7 +344,12 @@ class Relay:
 
     async def _limited(self, name: str, job: Any) -> Any:
         async with self._limits[name]:
-            return await job
+            started = time.monotonic()
+            try:
+                return await job
+            finally:
+                mode = self.destinations[name].mode
+                self.metrics.latency.labels(name, mode).observe(time.monotonic() - started)
 
     async def _resolve(
         self,

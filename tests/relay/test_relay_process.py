@@ -1,0 +1,155 @@
+"""`outbox relay` as a real process: SIGTERM drain, metrics and health, crashes at failpoints."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+import sqlalchemy as sa
+from support.receiver_helpers import ROOT, free_port, wait_until
+from support.relay_helpers import SECRET, publish_many, rows
+from support.scripted_server import Answer, ScriptedServer
+
+from outbox import ManualClock, failpoints
+from relay import Destination, Relay
+
+RELAY_POINTS = [
+    "relay.after_claim",
+    "relay.after_remote_commit",
+    "relay.before_sent_commit",
+    "relay.after_sent_commit",
+]
+
+
+def write_config(tmp_path: Path, server: ScriptedServer, **relay: object) -> Path:
+    """A relay TOML file for the scripted server."""
+    secret = tmp_path / "secret"
+    secret.write_text(SECRET + "\n", encoding="utf-8")
+    settings = {"lease": 10, "poll_interval": 0.05, **relay}
+    lines = ["[relay]"] + [f"{key} = {value!r}" for key, value in settings.items()]
+    lines += [
+        "[destinations.default]",
+        f'url = "{server.url}"',
+        f'secret_file = "{secret}"',
+        "timeout = 5",
+    ]
+    path = tmp_path / "relay.toml"
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
+
+
+def start_relay(
+    db_url: str, config: Path, *extra: str, env: dict[str, str] | None = None
+) -> subprocess.Popen[bytes]:
+    """`outbox relay` in a child process."""
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "outbox.cli",
+            "relay",
+            "--db",
+            db_url,
+            "--config",
+            str(config),
+            *list(extra),
+        ],
+        cwd=ROOT,
+        env={**os.environ, **(env or {})},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+
+
+def finish(proc: subprocess.Popen[bytes], timeout: float = 20) -> tuple[int, str]:
+    """Wait for the child; returns its exit status and stderr."""
+    try:
+        _, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        _, err = proc.communicate()
+    return proc.returncode, err.decode(errors="replace")
+
+
+def test_sigterm_finishes_in_flight_work_and_exits_zero(
+    db_url: str, engine: sa.Engine, server: ScriptedServer, tmp_path: Path
+) -> None:
+    publish_many(engine, ["t-1"])
+    server.script("t-1", Answer(stall=1.0))
+    proc = start_relay(db_url, write_config(tmp_path, server))
+    try:
+        wait_until(lambda: server.ids() == ["t-1"], 20, "the delivery to start")
+        proc.send_signal(signal.SIGTERM)
+        status, err = finish(proc)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert status == 0, err
+    assert rows(engine)["t-1"]["state"] == "sent"  # drained, not abandoned
+
+
+def test_metrics_and_health_are_served(
+    db_url: str, engine: sa.Engine, server: ScriptedServer, tmp_path: Path
+) -> None:
+    port = free_port()
+    proc = start_relay(
+        db_url, write_config(tmp_path, server), "--metrics-port", str(port), "--log-format", "json"
+    )
+    base = f"http://127.0.0.1:{port}"
+    try:
+
+        def healthy() -> bool:
+            try:
+                return httpx.get(base + "/healthz", timeout=1).status_code == 200
+            except httpx.TransportError:
+                return False
+
+        wait_until(healthy, 20, "the relay health check")
+        publish_many(engine, ["m-1", "m-2"])
+        wait_until(lambda: sorted(server.ids()) == ["m-1", "m-2"], 20, "two deliveries")
+        wait_until(
+            lambda: (
+                'outbox_relay_outcomes_total{destination="default",outcome="sent",status="200"}'
+                " 2.0" in httpx.get(base + "/metrics", timeout=5).text
+            ),
+            20,
+            "the sent counter",
+        )
+        text = httpx.get(base + "/metrics", timeout=5).text
+        assert "outbox_relay_backlog 0.0" in text
+        assert "outbox_relay_delivery_seconds_count" in text
+        assert httpx.get(base + "/nothing", timeout=5).status_code == 404
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        status, err = finish(proc)
+    assert status == 0, err
+
+
+@pytest.mark.parametrize("point", RELAY_POINTS)
+def test_a_relay_killed_at_a_failpoint_loses_nothing(
+    point: str, db_url: str, engine: sa.Engine, server: ScriptedServer, tmp_path: Path
+) -> None:
+    publish_many(engine, ["f-1"])
+    proc = start_relay(db_url, write_config(tmp_path, server), env={failpoints.ENV_VAR: point})
+    status, err = finish(proc)
+    assert status == failpoints.EXIT_CODE, err
+    state = rows(engine)["f-1"]["state"]
+    assert state == ("sent" if point == "relay.after_sent_commit" else "sending")
+    # A survivor whose clock is past the dead relay's lease takes over and finishes.
+    later = ManualClock(time.time() + 60)
+    survivor = Relay(
+        db_url, {"default": Destination(server.url, secret=SECRET, timeout=5)}, clock=later
+    )
+    with survivor:
+        survivor.dispatch_once()
+    assert rows(engine)["f-1"]["state"] == "sent"
+    # Window B (died before sending): one send. Window C (the peer has it, the outcome was
+    # never recorded): sent again. Window D (sent was committed): nothing more to do.
+    sends = {"relay.after_claim": 1, "relay.after_sent_commit": 1}.get(point, 2)
+    assert len(server.ids()) == sends
