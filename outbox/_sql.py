@@ -69,6 +69,21 @@ def _running_tenants_at_cap(cap: int) -> sa.Select[Any]:
     )
 
 
+def _picked_once(pick: sa.Select[Any], skip_locked: bool) -> Any:
+    """The chosen ids, computed exactly once.
+
+    PostgreSQL may plan `IN (SELECT ... LIMIT n FOR UPDATE SKIP LOCKED)` as a
+    nested-loop semi-join that rescans the subquery for every outer row; each
+    rescan skips the rows this statement already updated and picks the next
+    ones, so the UPDATE takes far more than `limit` rows. A MATERIALIZED CTE is
+    evaluated once and its rescans read the stored result.
+    """
+    if not skip_locked:
+        return pick.scalar_subquery()
+    picked = pick.cte("picked").prefix_with("MATERIALIZED")
+    return sa.select(picked.c.task_id)
+
+
 def claim_tasks(
     *, owner: str, now: Now, lease: float, limit: int, skip_locked: bool, tenant_cap: int | None
 ) -> sa.Update:
@@ -91,7 +106,7 @@ def claim_tasks(
         pick = pick.with_for_update(skip_locked=True)
     return (
         sa.update(tasks)
-        .where(tasks.c.task_id.in_(pick.scalar_subquery()), tasks.c.state == "pending")
+        .where(tasks.c.task_id.in_(_picked_once(pick, skip_locked)), tasks.c.state == "pending")
         .values(
             state="running",
             owner=owner,

@@ -70,9 +70,15 @@ def _check_text(text: str, where: str) -> None:
         raise NotCanonical(f"{where}: string is not valid Unicode (lone surrogate)") from exc
 
 
-def canonical_bytes(value: JSONValue, *, max_bytes: int | None = MAX_BYTES) -> bytes:
+def canonical_bytes(
+    value: JSONValue,
+    *,
+    max_bytes: int | None = MAX_BYTES,
+    max_depth: int = MAX_DEPTH,
+    max_nodes: int = MAX_NODES,
+) -> bytes:
     """Canonical JSON: sorted keys, no spaces, UTF-8 unescaped, NaN and Infinity refused."""
-    check_json_safe(value)
+    check_json_safe(value, max_depth=max_depth, max_nodes=max_nodes)
     try:
         text = json.dumps(
             value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Literal
 
-from outbox.canonical import NotCanonical, canonical_bytes, sha256_hex
+from outbox.canonical import MAX_DEPTH, MAX_NODES, NotCanonical, canonical_bytes, sha256_hex
 from outbox.errors import InvalidEnvelope, Unauthorized
 
 MAX_MESSAGE_ID_BYTES = 128
@@ -99,18 +99,22 @@ def accept(auth: AuthContext, envelope: Envelope) -> Accepted:
         raise InvalidEnvelope(f"payload must be a dict, got {type(envelope.payload).__name__}")
     try:
         payload = canonical_bytes(envelope.payload).decode("utf-8")
+        content = {
+            "kind": "task",
+            "message_id": message_id,
+            "sender": envelope.sender,
+            "payload": envelope.payload,
+            "deadline": deadline,
+            "max_attempts": max_attempts,
+            "hops": hops,
+            "priority": priority,
+        }
+        # The payload passed its limits above; the wrapper adds one level and its own fields.
         content_bytes = canonical_bytes(
-            {
-                "kind": "task",
-                "message_id": message_id,
-                "sender": envelope.sender,
-                "payload": envelope.payload,
-                "deadline": deadline,
-                "max_attempts": max_attempts,
-                "hops": hops,
-                "priority": priority,
-            },
+            content,
             max_bytes=None,
+            max_depth=MAX_DEPTH + 1,
+            max_nodes=MAX_NODES + len(content),
         )
     except NotCanonical as exc:
         raise InvalidEnvelope(f"payload: {exc}") from exc
@@ -140,6 +144,9 @@ def _message_id(value: object) -> str:
         raise InvalidEnvelope(
             f"message_id must be 1..{MAX_MESSAGE_ID_BYTES} UTF-8 bytes, got {size}"
         )
+    if "\x00" in value:
+        # PostgreSQL text cannot hold NUL: refuse it on every backend alike.
+        raise InvalidEnvelope("message_id must not contain NUL characters")
     return value
 
 

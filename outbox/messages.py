@@ -31,6 +31,8 @@ RESERVED_HEADERS = frozenset(
     }
 )
 MAX_HEADER_VALUE = 4096
+# Task replies are "reply:" + task_id; publish() may not take ids from that namespace.
+TASK_REPLY_PREFIX = "reply:"
 
 
 def check_reply_id(reply_id: object) -> str:
@@ -115,7 +117,7 @@ def add_task_replies(
         body = task_reply_body(task_id, status, result_json)
         rows.append(
             {
-                "reply_id": "reply:" + task_id,
+                "reply_id": TASK_REPLY_PREFIX + task_id,
                 "task_id": task_id,
                 "destination": destination,
                 "ordering_key": None,

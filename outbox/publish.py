@@ -9,7 +9,9 @@ from sqlalchemy.orm import Session
 
 from outbox.canonical import MAX_BYTES
 from outbox.clock import Clock, now_expression
+from outbox.errors import InvalidMessage
 from outbox.messages import (
+    TASK_REPLY_PREFIX,
     add_message,
     check_destination,
     check_headers,
@@ -31,6 +33,9 @@ def publish(
     """Add a message to the caller's transaction (never commits); same id and body is a no-op."""
     destination = check_destination(destination)
     reply_id = check_reply_id(reply_id)
+    if reply_id.startswith(TASK_REPLY_PREFIX):
+        # Taking a task's reply id would make that task's terminal write fail forever.
+        raise InvalidMessage(f"reply_id prefix {TASK_REPLY_PREFIX!r} is reserved for task replies")
     ordering_key = check_ordering_key(ordering_key)
     header_json = check_headers(headers)
     data = encode_body(body, MAX_BYTES)

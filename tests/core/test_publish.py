@@ -1,0 +1,230 @@
+"""publish() conformance (SPEC sections 3 and 5): the caller's transaction, identity, validation."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import time
+from typing import Any
+
+import pytest
+from sqlalchemy.orm import Session
+
+from outbox import (
+    AuthContext,
+    Envelope,
+    InvalidMessage,
+    ManualClock,
+    PayloadCollision,
+    TaskQueue,
+    publish,
+)
+
+BODY = {"order": 17, "status": "confirmed", "lines": [{"sku": "a", "qty": 2}]}
+
+
+def canonical(value: Any) -> bytes:
+    return json.dumps(
+        value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
+    ).encode("utf-8")
+
+
+def publish_committed(queue: TaskQueue, clock: ManualClock, **fields: Any) -> dict[str, Any]:
+    values: dict[str, Any] = {
+        "destination": "billing",
+        "reply_id": "order-17:confirmed",
+        "body": BODY,
+    }
+    values.update(fields)
+    with Session(queue.engine) as session:
+        row = publish(session, clock=clock, **values)
+        session.commit()
+    return row
+
+
+def test_publish_commits_only_with_the_callers_transaction(
+    queue: TaskQueue, clock: ManualClock
+) -> None:
+    with Session(queue.engine) as session:
+        row = publish(
+            session,
+            destination="billing",
+            reply_id="order-17:confirmed",
+            body=BODY,
+            ordering_key="order-17",
+            clock=clock,
+        )
+        assert row["reply_id"] == "order-17:confirmed"
+        assert queue.replies() == []  # not visible before the caller commits
+        session.commit()
+    [stored] = queue.replies()
+    body = canonical(BODY)
+    assert stored["body"] == body
+    assert stored["content_hash"] == hashlib.sha256(body).hexdigest()
+    assert (
+        stored["reply_id"],
+        stored["destination"],
+        stored["ordering_key"],
+        stored["task_id"],
+        stored["state"],
+        stored["attempts"],
+        stored["headers"],
+    ) == ("order-17:confirmed", "billing", "order-17", None, "pending", 0, {})
+    assert stored["available_at"] == clock()
+    assert stored["id"] == row["id"]
+
+
+def test_rolled_back_publish_leaves_nothing(queue: TaskQueue, clock: ManualClock) -> None:
+    with Session(queue.engine) as session:
+        publish(session, "billing", "order-17:confirmed", BODY, clock=clock)
+        publish(session, "billing", "order-18:confirmed", BODY, clock=clock)
+        session.rollback()
+    assert queue.replies() == []
+    # The key is free again: nothing of the rolled-back attempt remains.
+    publish_committed(queue, clock, body={"other": True})
+    [stored] = queue.replies()
+    assert stored["body"] == canonical({"other": True})
+
+
+def test_unclosed_session_without_commit_publishes_nothing(
+    queue: TaskQueue, clock: ManualClock
+) -> None:
+    with Session(queue.engine) as session:
+        publish(session, "billing", "order-17:confirmed", BODY, clock=clock)
+    assert queue.replies() == []
+
+
+def test_same_key_and_body_returns_the_existing_row(queue: TaskQueue, clock: ManualClock) -> None:
+    first = publish_committed(queue, clock)
+    clock.advance(5)
+    reordered = {"lines": [{"qty": 2, "sku": "a"}], "status": "confirmed", "order": 17}
+    second = publish_committed(queue, clock, body=reordered)
+    assert second["id"] == first["id"]
+    assert second["created_at"] == first["created_at"]
+    assert second["body"] == canonical(BODY)
+    [stored] = queue.replies()
+    assert stored["id"] == first["id"]
+
+
+def test_same_key_twice_in_one_transaction_is_one_row(queue: TaskQueue, clock: ManualClock) -> None:
+    with Session(queue.engine) as session:
+        first = publish(session, "billing", "k-1", BODY, clock=clock)
+        second = publish(session, "billing", "k-1", BODY, clock=clock)
+        assert second["id"] == first["id"]
+        session.commit()
+    assert len(queue.replies()) == 1
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        pytest.param({"body": {**BODY, "status": "cancelled"}}, id="other-body"),
+        pytest.param({"body": {**BODY, "order": 17.0}}, id="int-vs-float"),
+        pytest.param({"body": [BODY]}, id="wrapped-body"),
+        pytest.param({"destination": "shipping"}, id="other-destination"),
+        pytest.param({"ordering_key": "order-17"}, id="other-ordering-key"),
+    ],
+)
+def test_same_key_with_other_content_is_a_collision(
+    queue: TaskQueue, clock: ManualClock, change: dict[str, Any]
+) -> None:
+    publish_committed(queue, clock)
+    before = queue.replies()
+    with pytest.raises(PayloadCollision):
+        publish_committed(queue, clock, **change)
+    assert queue.replies() == before
+
+
+def test_task_reply_ids_are_reserved(queue: TaskQueue, clock: ManualClock) -> None:
+    """A published "reply:<task_id>" would make that task's terminal reply impossible to write."""
+    ack = queue.receive(AuthContext("agent-a"), Envelope("m-1", "agent-a", {"n": 1}, clock() + 60))
+    squat = {"destination": "default", "reply_id": "reply:" + ack.task_id, "body": {"x": 1}}
+    with pytest.raises(InvalidMessage, match="reserved"):
+        publish_committed(queue, clock, **squat)
+    with pytest.raises(InvalidMessage, match="reserved"):
+        publish_committed(queue, clock, reply_id="reply:anything")
+    assert queue.replies() == []
+    claim = queue.claim("w")
+    assert claim is not None
+    queue.finish(claim, "done")
+    [reply] = queue.replies()
+    assert reply["reply_id"] == "reply:" + ack.task_id
+    with pytest.raises(InvalidMessage, match="reserved"):
+        publish_committed(
+            queue,
+            clock,
+            destination="default",
+            reply_id=reply["reply_id"],
+            body=json.loads(reply["body"]),
+        )
+    assert queue.replies() == [reply]
+
+
+def test_without_a_clock_times_come_from_the_database(queue: TaskQueue) -> None:
+    with Session(queue.engine) as session:
+        publish(session, "billing", "k-1", BODY)
+        session.commit()
+    [stored] = queue.replies()
+    assert abs(stored["created_at"] - time.time()) < 300
+
+
+@pytest.mark.parametrize(
+    "reply_id",
+    [
+        pytest.param("x", id="one-char"),
+        pytest.param("x" * 200, id="200-chars"),
+        pytest.param("!\"#$%&'()*+,-/:;<=>?@[\\]^_`{|}~", id="all-punctuation-but-dot"),
+        pytest.param("order:17", id="colon"),
+        pytest.param("Reply:17", id="not-the-reserved-prefix"),
+    ],
+)
+def test_valid_reply_ids(queue: TaskQueue, clock: ManualClock, reply_id: str) -> None:
+    row = publish_committed(queue, clock, reply_id=reply_id)
+    assert row["reply_id"] == reply_id
+    assert [r["reply_id"] for r in queue.replies()] == [reply_id]
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        pytest.param({"reply_id": ""}, id="reply_id-empty"),
+        pytest.param({"reply_id": "x" * 201}, id="reply_id-201"),
+        pytest.param({"reply_id": "order.17"}, id="reply_id-dot"),
+        pytest.param({"reply_id": "order 17"}, id="reply_id-space"),
+        pytest.param({"reply_id": "order\t17"}, id="reply_id-tab"),
+        pytest.param({"reply_id": "order-17\n"}, id="reply_id-trailing-newline"),
+        pytest.param({"reply_id": "commandé"}, id="reply_id-non-ascii"),
+        pytest.param({"reply_id": "order\x0017"}, id="reply_id-nul"),
+        pytest.param({"reply_id": "order\x1b17"}, id="reply_id-escape"),
+        pytest.param({"reply_id": "order\x7f17"}, id="reply_id-del"),
+        pytest.param({"reply_id": 17}, id="reply_id-int"),
+        pytest.param({"reply_id": None}, id="reply_id-none"),
+        pytest.param({"destination": "http://x"}, id="destination-url"),
+        pytest.param({"destination": "https://example.com/replies"}, id="destination-https-url"),
+        pytest.param({"destination": ""}, id="destination-empty"),
+        pytest.param({"destination": "bill ing"}, id="destination-space"),
+        pytest.param({"destination": "billing/v2"}, id="destination-slash"),
+        pytest.param({"destination": "x" * 201}, id="destination-201"),
+        pytest.param({"destination": None}, id="destination-none"),
+        pytest.param({"body": {"x": math.nan}}, id="body-nan"),
+        pytest.param({"body": math.inf}, id="body-inf"),
+        pytest.param({"body": {1: "int key"}}, id="body-int-key"),
+        pytest.param({"body": {1, 2}}, id="body-set"),
+        pytest.param({"body": b"{}"}, id="body-bytes"),
+        pytest.param({"body": (1, 2)}, id="body-tuple"),
+        pytest.param({"body": {"x": object()}}, id="body-object"),
+        pytest.param({"body": {"x": "\udc80"}}, id="body-lone-surrogate"),
+    ],
+)
+def test_invalid_publish_adds_nothing(
+    queue: TaskQueue, clock: ManualClock, fields: dict[str, Any]
+) -> None:
+    values: dict[str, Any] = {"destination": "billing", "reply_id": "order-17", "body": BODY}
+    values.update(fields)
+    with Session(queue.engine) as session:
+        with pytest.raises(InvalidMessage) as raised:
+            publish(session, clock=clock, **values)
+        assert isinstance(raised.value, ValueError)
+        session.commit()
+    assert queue.replies() == []
