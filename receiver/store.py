@@ -66,13 +66,60 @@ class Receipt:
 
 def record_effect(session: Session, body: bytes) -> None:
     """The reference effect: one receiver_effects row per first receipt (joins the transaction)."""
-    session.execute(
-        effects.insert().values(
-            reply_id=session.info[REPLY_ID_KEY],
-            body=body,
-            created_at=session.info[RECEIVED_AT_KEY],
+    record_effects(session, [(session.info[REPLY_ID_KEY], session.info[RECEIVED_AT_KEY], body)])
+
+
+_INSERT_EFFECTS_POSTGRESQL = sa.text(
+    "INSERT INTO receiver_effects (reply_id, created_at, body) "
+    "SELECT * FROM unnest("
+    "CAST(:ids AS varchar[]), CAST(:times AS float8[]), CAST(:bodies AS bytea[]))"
+)
+
+
+def record_effects(session: Session, fresh: Sequence[tuple[str, float, bytes]]) -> None:
+    """The reference effect for a batch: one statement for every first receipt."""
+    if session.get_bind().dialect.name == "postgresql":
+        # Arrays keep it one short statement: an executemany costs a round trip per row.
+        session.execute(
+            _INSERT_EFFECTS_POSTGRESQL,
+            {
+                "ids": [r for r, _, _ in fresh],
+                "times": [at for _, at, _ in fresh],
+                "bodies": [body for _, _, body in fresh],
+            },
         )
+        return
+    session.execute(
+        effects.insert(),
+        [{"reply_id": r, "created_at": at, "body": body} for r, at, body in fresh],
     )
+
+
+record_effect.many = record_effects  # type: ignore[attr-defined]
+
+
+def run_effects(
+    conn: sa.Connection, effect: Effect, fresh: Sequence[tuple[str, float, bytes]]
+) -> None:
+    """Run `effect` for each first receipt in one Session on the receipts' transaction.
+
+    An effect that also has a `many(session, [(reply_id, received_at, body)])`
+    attribute gets the whole batch in one call, so it can write in bulk.
+    """
+    session = Session(bind=conn)
+    try:
+        many = getattr(effect, "many", None)
+        if many is not None:
+            many(session, fresh)
+        else:
+            for reply_id, received_at, body in fresh:
+                session.info[REPLY_ID_KEY] = reply_id
+                session.info[RECEIVED_AT_KEY] = received_at
+                effect(session, body)
+        session.flush()
+    finally:
+        # The session joined our transaction: closing it neither commits nor rolls back.
+        session.close()
 
 
 def _check_item(reply_id: object, body: object) -> None:
@@ -157,97 +204,133 @@ class ReceiptStore:
 
     def accept(self, reply_id: str, body: bytes, effect: Effect | None = None) -> Receipt:
         """Store a receipt and run the effect once per reply_id; same id, other body: collision."""
-        _check_item(reply_id, body)
-        data = bytes(body)
-        run = self.effect if effect is None else effect
-        for attempt in range(1, _ATTEMPTS + 1):
-            try:
-                with self._translated(retry=True):
-                    receipt = self._accept_once(reply_id, data, run)
-            except _Retry as exc:
-                if attempt == _ATTEMPTS:
-                    raise StoreUnavailable(
-                        f"reply {reply_id!r} kept losing races; try again"
-                    ) from exc.__cause__
-                continue
-            failpoints.hit("receiver.after_commit")
-            return receipt
-        raise AssertionError("unreachable")  # pragma: no cover
-
-    def _accept_once(self, reply_id: str, body: bytes, effect: Effect | None) -> Receipt:
-        with self._engine.begin() as conn:
-            receipt = self._accept_in(conn, reply_id, body, effect)
-            failpoints.hit("receiver.before_commit")
-        return receipt
+        [result] = self._accept_all([(reply_id, body)], effect)
+        if isinstance(result, PayloadCollision):
+            raise result
+        return result
 
     def accept_many(
         self, items: Sequence[tuple[str, bytes]], effect: Effect | None = None
     ) -> list[str]:
         """Store many receipts in ONE transaction, deduped per item: stored|duplicate|conflict."""
+        return [
+            "conflict"
+            if isinstance(result, PayloadCollision)
+            else "duplicate"
+            if result.duplicate
+            else "stored"
+            for result in self._accept_all(items, effect)
+        ]
+
+    def _accept_all(
+        self, items: Sequence[tuple[str, bytes]], effect: Effect | None
+    ) -> list[Receipt | PayloadCollision]:
         for reply_id, body in items:
             _check_item(reply_id, body)
+        data = [(reply_id, bytes(body)) for reply_id, body in items]
         run = self.effect if effect is None else effect
         for attempt in range(1, _ATTEMPTS + 1):
             try:
                 with self._translated(retry=True), self._engine.begin() as conn:
-                    statuses = []
-                    for reply_id, body in items:
-                        try:
-                            receipt = self._accept_in(conn, reply_id, bytes(body), run)
-                        except PayloadCollision:
-                            statuses.append("conflict")
-                            continue
-                        statuses.append("duplicate" if receipt.duplicate else "stored")
+                    results = self._accept_in(conn, data, run)
                     failpoints.hit("receiver.before_commit")
             except _Retry as exc:
                 if attempt == _ATTEMPTS:
-                    raise StoreUnavailable("batch kept losing races; try again") from exc.__cause__
+                    raise StoreUnavailable("kept losing races to store receipts; try again") from (
+                        exc.__cause__
+                    )
                 continue
             failpoints.hit("receiver.after_commit")
-            return statuses
+            return results
         raise AssertionError("unreachable")  # pragma: no cover
 
     def _accept_in(
-        self, conn: sa.Connection, reply_id: str, body: bytes, effect: Effect | None
-    ) -> Receipt:
-        """Insert one receipt on an open transaction, running the effect on first receipt."""
-        digest = sha256_hex(body)
-        inserted = conn.execute(
-            insert_ignoring_conflicts(receipts, self._dialect)
-            .values(
-                reply_id=reply_id,
-                content_hash=digest,
-                body=body,
-                received_at=now_expression(self.clock, self._dialect),
-            )
-            .returning(receipts.c.received_at)
-        ).first()
-        if inserted is None:
-            existing = conn.execute(
-                sa.select(receipts.c.content_hash, receipts.c.received_at).where(
-                    receipts.c.reply_id == reply_id
+        self, conn: sa.Connection, items: Sequence[tuple[str, bytes]], effect: Effect | None
+    ) -> list[Receipt | PayloadCollision]:
+        """Insert receipts on an open transaction in bulk; run the effect on each first receipt."""
+        digests = [sha256_hex(body) for _, body in items]
+        first: dict[str, int] = {}
+        for index, (reply_id, _) in enumerate(items):
+            first.setdefault(reply_id, index)
+        inserted = self._insert_new(
+            conn,
+            [(reply_id, digests[i], items[i][1]) for reply_id, i in first.items()],
+        )
+        missing = [reply_id for reply_id in first if reply_id not in inserted]
+        held = (
+            {
+                row.reply_id: (row.content_hash, float(row.received_at))
+                for row in conn.execute(
+                    sa.select(
+                        receipts.c.reply_id, receipts.c.content_hash, receipts.c.received_at
+                    ).where(receipts.c.reply_id.in_(missing))
                 )
-            ).first()
-            if existing is None:
+            }
+            if missing
+            else {}
+        )
+        results: list[Receipt | PayloadCollision] = []
+        fresh: list[tuple[str, float, bytes]] = []
+        for index, (reply_id, body) in enumerate(items):
+            digest = digests[index]
+            if reply_id in inserted and first[reply_id] == index:
+                results.append(Receipt(reply_id, digest, inserted[reply_id], duplicate=False))
+                fresh.append((reply_id, inserted[reply_id], body))
+                continue
+            if reply_id in inserted:
+                stored_hash, received_at = digests[first[reply_id]], inserted[reply_id]
+            elif reply_id in held:
+                stored_hash, received_at = held[reply_id]
+            else:
                 raise _Retry  # purged between our insert and our read
-            if existing.content_hash != digest:
-                raise PayloadCollision(
-                    f"reply_id {reply_id!r} is stored with content hash "
-                    f"{existing.content_hash}; this body hashes to {digest}"
+            if stored_hash == digest:
+                results.append(Receipt(reply_id, digest, received_at, duplicate=True))
+            else:
+                results.append(
+                    PayloadCollision(
+                        f"reply_id {reply_id!r} is stored with content hash {stored_hash}; "
+                        f"this body hashes to {digest}"
+                    )
                 )
-            return Receipt(reply_id, digest, float(existing.received_at), duplicate=True)
-        received_at = float(inserted.received_at)
-        if effect is not None:
-            session = Session(bind=conn)
-            session.info[REPLY_ID_KEY] = reply_id
-            session.info[RECEIVED_AT_KEY] = received_at
-            try:
-                effect(session, body)
-                session.flush()
-            finally:
-                # The session joined our transaction: closing it neither commits nor rolls back.
-                session.close()
-        return Receipt(reply_id, digest, received_at, duplicate=False)
+        if effect is not None and fresh:
+            run_effects(conn, effect, fresh)
+        return results
+
+    def _insert_new(
+        self, conn: sa.Connection, rows: Sequence[tuple[str, str, bytes]]
+    ) -> dict[str, float]:
+        """Insert receipts unless stored; returns reply_id -> received_at of the new ones."""
+        now = now_expression(self.clock, self._dialect)
+        if self._dialect == "postgresql":
+            # Three array parameters instead of thousands of scalars: one short, cacheable
+            # statement whatever the batch size.
+            statement = (
+                sa.text(
+                    "INSERT INTO receiver_receipts (reply_id, content_hash, body, received_at) "
+                    "SELECT t.reply_id, t.content_hash, t.body, :now FROM unnest("
+                    "CAST(:ids AS varchar[]), CAST(:hashes AS varchar[]), CAST(:bodies AS bytea[])"
+                    ") AS t(reply_id, content_hash, body) "
+                    "ON CONFLICT (reply_id) DO NOTHING RETURNING reply_id, received_at"
+                )
+                .bindparams(now=conn.execute(sa.select(now)).scalar_one())
+                .columns(reply_id=sa.String(), received_at=sa.Double())
+            )
+            result = conn.execute(
+                statement,
+                {
+                    "ids": [r[0] for r in rows],
+                    "hashes": [r[1] for r in rows],
+                    "bodies": [r[2] for r in rows],
+                },
+            )
+        else:
+            result = conn.execute(
+                insert_ignoring_conflicts(receipts, self._dialect)
+                .values(received_at=now)
+                .returning(receipts.c.reply_id, receipts.c.received_at),
+                [{"reply_id": r[0], "content_hash": r[1], "body": r[2]} for r in rows],
+            )
+        return {row.reply_id: float(row.received_at) for row in result}
 
     def lookup(self, reply_id: str) -> Receipt | None:
         """The stored receipt of `reply_id` (duplicate=True: it predates this call), or None."""

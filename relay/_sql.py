@@ -1,13 +1,14 @@
-"""The relay's statements: claim deliverable messages, settle outcomes by group.
+"""The relay's statements: claim deliverable messages, settle a turn's outcomes.
 
-Settling is one guarded statement per outcome group: the WHERE clause names
-each row's (id, fence) pair, the state `sending` and the owner, so a stale
-relay's write touches nothing. Per-row values ride in CASE expressions.
+Settling is one guarded statement for the whole turn: each row is matched by
+its (id, fence) pair, the state `sending` and the owner, so a stale relay's
+write touches nothing.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import json
+from collections.abc import Sequence
 from typing import Any
 
 import sqlalchemy as sa
@@ -41,127 +42,124 @@ def _first_undelivered_of_its_key(m: Any) -> sa.ColumnElement[bool]:
     )
 
 
-def claim_messages(
-    *,
-    owner: str,
-    now: Now,
-    lease: float,
-    limit: int,
-    budget: int,
-    skip_locked: bool,
-    resolve: bool,
-) -> sa.Update:
-    """Lease due pending messages: to deliver (attempts left) or, with `resolve`, to settle.
+def _deliverable(m: Any, now: Now) -> list[sa.ColumnElement[bool]]:
+    return [m.c.state == "pending", m.c.available_at <= now, _first_undelivered_of_its_key(m)]
 
-    Messages whose attempts are spent only reach `pending` again when their
-    lease expired mid-send; they are claimed to resolve their outcome, never
-    to send again.
+
+def _claim_values(owner: str, now: Now, lease: float, attempts: Any, budget: int) -> dict[str, Any]:
+    # Spent messages (their lease expired mid-send) are leased to resolve, not to send:
+    # their attempt count stays as it is.
+    return {
+        "state": "sending",
+        "owner": owner,
+        "lease_until": now + lease,
+        "fence": messages.c.fence + 1,
+        "attempts": sa.case((attempts < budget, attempts + 1), else_=attempts),
+    }
+
+
+def claim_messages(
+    conn: sa.Connection, *, owner: str, now: Now, lease: float, limit: int, budget: int
+) -> list[Any]:
+    """Lease up to `limit` due messages (oldest first, the first undelivered of each key).
+
+    Each returned row carries `previous_attempts`: when it is already `budget`,
+    the message was reclaimed after a lease expired mid-send and may only be
+    resolved (receipt lookup, else dead), never sent again.
     """
     m = messages.alias("m")
-    spent = m.c.attempts >= budget
     pick = (
-        sa.select(m.c.id)
-        .where(
-            m.c.state == "pending",
-            m.c.available_at <= now,
-            spent if resolve else ~spent,
-            _first_undelivered_of_its_key(m),
-        )
+        sa.select(m.c.id, m.c.attempts)
+        .where(*_deliverable(m, now))
         .order_by(m.c.available_at, m.c.id)
         .limit(limit)
     )
-    chosen: Any = pick.scalar_subquery()
-    if skip_locked:
-        # Materialized, so PostgreSQL runs the LIMIT ... SKIP LOCKED pick once; as an
-        # IN (subquery) a nested-loop plan may rescan it and take far more than `limit`.
+    if conn.dialect.name == "postgresql":
+        # One statement. MATERIALIZED makes PostgreSQL run the LIMIT ... SKIP LOCKED pick
+        # once; as an IN (subquery) a nested-loop plan may rescan it and take every row.
         picked = pick.with_for_update(skip_locked=True).cte("picked").prefix_with("MATERIALIZED")
-        chosen = sa.select(picked.c.id)
-    return (
-        sa.update(messages)
-        .where(messages.c.id.in_(chosen), messages.c.state == "pending")
-        .values(
-            state="sending",
-            owner=owner,
-            lease_until=now + lease,
-            fence=messages.c.fence + 1,
-            attempts=messages.c.attempts if resolve else messages.c.attempts + 1,
+        statement = (
+            sa.update(messages)
+            .where(messages.c.id == picked.c.id, messages.c.state == "pending")
+            .values(**_claim_values(owner, now, lease, picked.c.attempts, budget))
+            .returning(*CLAIMED, picked.c.attempts.label("previous_attempts"))
         )
+        return list(conn.execute(statement).mappings())
+    # SQLite: the transaction holds the write lock (BEGIN IMMEDIATE), so reading the
+    # candidates first cannot race; its RETURNING cannot name the FROM table's columns.
+    previous: dict[int, int] = {row.id: row.attempts for row in conn.execute(pick)}
+    if not previous:
+        return []
+    statement = (
+        sa.update(messages)
+        .where(messages.c.id.in_(list(previous)))
+        .values(**_claim_values(owner, now, lease, messages.c.attempts, budget))
         .returning(*CLAIMED)
     )
+    return [
+        {**row, "previous_attempts": previous[row["id"]]}
+        for row in conn.execute(statement).mappings()
+    ]
 
 
-def _held(owner: str, fences: Mapping[int, int]) -> sa.ColumnElement[bool]:
-    return sa.and_(
-        sa.tuple_(messages.c.id, messages.c.fence).in_(list(fences.items())),
-        messages.c.state == "sending",
-        messages.c.owner == owner,
-    )
+# Every outcome of a turn settles in ONE statement: the rows' (id, fence, state, status,
+# error, delay) travel as arrays (PostgreSQL) or one JSON document (SQLite), so the SQL
+# text stays short and cached whatever the batch size. The WHERE clause is the fence.
+_SETTLE_SET = """
+    state = v.state,
+    lease_until = NULL,
+    last_status = v.status,
+    last_error = v.error,
+    sent_at = CASE WHEN v.state = 'sent' THEN :now ELSE {m}.sent_at END,
+    available_at = CASE WHEN v.state = 'pending' THEN :now + v.delay ELSE {m}.available_at END
+"""
+_SETTLE_WHERE = """
+    {m}.id = v.id AND {m}.fence = v.fence AND {m}.state = 'sending' AND {m}.owner = :owner
+"""
+SETTLE_POSTGRESQL = sa.text(
+    "UPDATE outbox_messages AS m SET"
+    + _SETTLE_SET.format(m="m")
+    + """FROM unnest(
+        CAST(:ids AS bigint[]), CAST(:fences AS bigint[]), CAST(:states AS varchar[]),
+        CAST(:statuses AS integer[]), CAST(:errors AS text[]), CAST(:delays AS float8[])
+    ) AS v(id, fence, state, status, error, delay)
+    WHERE"""
+    + _SETTLE_WHERE.format(m="m")
+    + "RETURNING m.id"
+)
+SETTLE_SQLITE = sa.text(
+    "UPDATE outbox_messages SET"
+    + _SETTLE_SET.format(m="outbox_messages")
+    + """FROM (
+        SELECT json_extract(value, '$[0]') AS id, json_extract(value, '$[1]') AS fence,
+               json_extract(value, '$[2]') AS state, json_extract(value, '$[3]') AS status,
+               json_extract(value, '$[4]') AS error, json_extract(value, '$[5]') AS delay
+        FROM json_each(:rows)
+    ) AS v
+    WHERE"""
+    + _SETTLE_WHERE.format(m="outbox_messages")
+    + "RETURNING outbox_messages.id"
+)
+
+Settlement = tuple[int, int, str, int | None, str | None, float]
+"""(id, fence, new state, HTTP status, error, delay before the next attempt)."""
 
 
-def _per_row(values: Mapping[int, Any], type_: Any, else_: Any = None) -> Any:
-    # The cast gives PostgreSQL a type for a CASE whose branches may all be NULL.
-    return sa.cast(sa.case(dict(values), value=messages.c.id, else_=else_), type_)
-
-
-def settle_sent(
-    owner: str, fences: Mapping[int, int], statuses: Mapping[int, int | None], now: Now
-) -> sa.Update:
-    """Mark held messages sent."""
-    return (
-        sa.update(messages)
-        .where(_held(owner, fences))
-        .values(
-            state="sent",
-            sent_at=now,
-            lease_until=None,
-            last_error=None,
-            last_status=_per_row(statuses, sa.Integer()),
-        )
-        .returning(messages.c.id)
-    )
-
-
-def settle_retry(
-    owner: str,
-    fences: Mapping[int, int],
-    delays: Mapping[int, float],
-    statuses: Mapping[int, int | None],
-    errors: Mapping[int, str],
-    now: Now,
-) -> sa.Update:
-    """Return held messages to pending, each due after its own delay."""
-    return (
-        sa.update(messages)
-        .where(_held(owner, fences))
-        .values(
-            state="pending",
-            available_at=now + _per_row(delays, sa.Double(), 0.0),
-            lease_until=None,
-            last_status=_per_row(statuses, sa.Integer()),
-            last_error=_per_row(errors, sa.Text()),
-        )
-        .returning(messages.c.id)
-    )
-
-
-def settle_dead(
-    owner: str,
-    fences: Mapping[int, int],
-    statuses: Mapping[int, int | None],
-    errors: Mapping[int, str],
-) -> sa.Update:
-    """Mark held messages dead with their status and error kept."""
-    return (
-        sa.update(messages)
-        .where(_held(owner, fences))
-        .values(
-            state="dead",
-            lease_until=None,
-            last_status=_per_row(statuses, sa.Integer()),
-            last_error=_per_row(errors, sa.Text()),
-        )
-        .returning(messages.c.id)
-    )
+def settle(
+    dialect_name: str, owner: str, rows: Sequence[Settlement], now: float
+) -> tuple[sa.TextClause, dict[str, Any]]:
+    """The statement and parameters that settle held messages; returns the ids it changed."""
+    if dialect_name == "postgresql":
+        names = ("ids", "fences", "states", "statuses", "errors", "delays")
+        params: dict[str, Any] = {
+            name: [row[index] for row in rows] for index, name in enumerate(names)
+        }
+        statement = SETTLE_POSTGRESQL
+    else:
+        params = {"rows": json.dumps(rows)}
+        statement = SETTLE_SQLITE
+    params.update(owner=owner, now=now)
+    return statement, params
 
 
 def select_states(ids: Sequence[int]) -> sa.Select[Any]:

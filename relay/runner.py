@@ -407,60 +407,51 @@ class Relay:
         return now_expression(self.clock, self._dialect)
 
     def _claim(self) -> tuple[list[Message], list[Message]]:
+        """Lease a batch: (messages to deliver, messages whose attempts are spent to resolve)."""
         with self._engine.begin() as conn:
             now = self._now()
             conn.execute(outbox_sql.reap_expired_message_leases(now, self.batch, self._skip_locked))
-            common: dict[str, Any] = {
-                "owner": self.owner,
-                "now": now,
-                "lease": self.lease,
-                "budget": self.attempts,
-                "skip_locked": self._skip_locked,
-            }
-            resolve = (
-                conn.execute(_sql.claim_messages(limit=self.batch, resolve=True, **common))
-                .mappings()
-                .all()
+            rows = _sql.claim_messages(
+                conn,
+                owner=self.owner,
+                now=now,
+                lease=self.lease,
+                limit=self.batch,
+                budget=self.attempts,
             )
-            room = self.batch - len(resolve)
-            deliver = (
-                conn.execute(_sql.claim_messages(limit=room, resolve=False, **common))
-                .mappings()
-                .all()
-                if room > 0
-                else []
+        deliver: list[Message] = []
+        resolve: list[Message] = []
+        for row in rows:
+            (resolve if row["previous_attempts"] >= self.attempts else deliver).append(
+                _message(row)
             )
-        return [_message(r) for r in deliver], [_message(r) for r in resolve]
+        return deliver, resolve
 
     def _settle(self, messages: Sequence[Message], outcomes: Mapping[int, Outcome]) -> set[int]:
         """Record outcomes; returns the ids this relay settled (others were taken over)."""
-        groups: dict[type, dict[int, int]] = defaultdict(dict)
-        attempts = {m.id: m.attempts for m in messages}
+        rows: list[_sql.Settlement] = []
         for message in messages:
-            groups[type(outcomes[message.id])][message.id] = message.fence
-        settled: set[int] = set()
+            outcome = outcomes[message.id]
+            delay = 0.0
+            if isinstance(outcome, Retry):
+                delay = retry_delay(
+                    message.attempts, self.backoff, self.backoff_cap, outcome.after, self._rng
+                )
+            error = None if isinstance(outcome, Sent) else outcome.error
+            rows.append(
+                (
+                    message.id,
+                    message.fence,
+                    _TARGET_STATE[type(outcome)],
+                    outcome.status,
+                    error,
+                    delay,
+                )
+            )
         with self._engine.begin() as conn:
-            now = self._now()
-            if sent := groups.get(Sent):
-                statuses = {i: outcomes[i].status for i in sent}
-                statement = _sql.settle_sent(self.owner, sent, statuses, now)
-                settled |= set(conn.execute(statement).scalars())
-            if retry := groups.get(Retry):
-                delays, statuses, errors = {}, {}, {}
-                for i in retry:
-                    outcome = outcomes[i]
-                    assert isinstance(outcome, Retry)
-                    delays[i] = retry_delay(
-                        attempts[i], self.backoff, self.backoff_cap, outcome.after, self._rng
-                    )
-                    statuses[i], errors[i] = outcome.status, outcome.error
-                statement = _sql.settle_retry(self.owner, retry, delays, statuses, errors, now)
-                settled |= set(conn.execute(statement).scalars())
-            if dead := groups.get(Dead):
-                statuses = {i: outcomes[i].status for i in dead}
-                errors = {i: getattr(outcomes[i], "error", "") for i in dead}
-                statement = _sql.settle_dead(self.owner, dead, statuses, errors)
-                settled |= set(conn.execute(statement).scalars())
+            now = float(conn.execute(sa.select(self._now())).scalar_one())
+            statement, params = _sql.settle(self._dialect, self.owner, rows, now)
+            settled = set(conn.execute(statement, params).scalars())
             failpoints.hit("relay.before_sent_commit")
         failpoints.hit("relay.after_sent_commit")
         missing = [m for m in messages if m.id not in settled]

@@ -1,0 +1,307 @@
+"""Relay benchmarks on the local PostgreSQL: backlog drain, live latency, single mode.
+
+Run: .venv/bin/python -m benchmarks.relay_bench [--messages 200000] [--quick]
+
+Each scenario gets a fresh database, a real receiver process (uvicorn) and
+real relay processes (`outbox relay`), so the figures include HTTP, signing,
+the receiver's commit of receipts and effects, and the relay's settle.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import json
+import os
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+import sqlalchemy as sa
+from sqlalchemy.orm import Session
+
+import outbox
+import receiver
+from outbox.canonical import canonical_bytes, sha256_hex
+from outbox.schema import messages
+from receiver.schema import receipts
+
+ADMIN_URL = os.environ.get("OUTBOX_BENCH_PG_URL", "postgresql+psycopg://postgres@127.0.0.1/test")
+ROOT = Path(__file__).resolve().parent.parent
+SECRET = "whsec_" + base64.b64encode(b"benchmark-secret-0123456789abcdef").decode()
+
+
+def log(text: str) -> None:
+    """Progress on stderr, so stdout stays the result."""
+    print(text, file=sys.stderr, flush=True)
+
+
+@contextmanager
+def fresh_database() -> Iterator[str]:
+    """A new, migrated database, dropped afterwards."""
+    admin = sa.create_engine(ADMIN_URL, isolation_level="AUTOCOMMIT")
+    name = f"outbox_bench_{uuid.uuid4().hex[:10]}"
+    with admin.connect() as conn:
+        conn.execute(sa.text(f'CREATE DATABASE "{name}"'))
+    url = admin.url.set(database=name).render_as_string(hide_password=False)
+    try:
+        outbox.upgrade(url)
+        receiver.upgrade(url)
+        yield url
+    finally:
+        with admin.connect() as conn:
+            conn.execute(sa.text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        admin.dispose()
+
+
+def free_port() -> int:
+    """A free loopback port."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def prefill(url: str, count: int) -> None:
+    """Insert `count` pending messages in large batches (setup, not measured)."""
+    engine = outbox.create_engine(url)
+    rows = []
+    for n in range(count):
+        body = canonical_bytes({"kind": "result", "n": n, "payload": "x" * 64})
+        rows.append(
+            {
+                "reply_id": f"bench-{n}",
+                "destination": "default",
+                "body": body,
+                "content_hash": sha256_hex(body),
+                "headers": "{}",
+                "state": "pending",
+                "attempts": 0,
+                "fence": 0,
+                "available_at": 0.0,
+                "created_at": time.time(),
+            }
+        )
+    with engine.begin() as conn:
+        for start in range(0, count, 20_000):
+            conn.execute(sa.insert(messages), rows[start : start + 20_000])
+    with engine.connect() as conn:
+        # Planner statistics, as autovacuum would have them on a live table.
+        conn.execution_options(isolation_level="AUTOCOMMIT").exec_driver_sql(
+            "ANALYZE outbox_messages"
+        )
+    engine.dispose()
+
+
+@contextmanager
+def receiver_process(url: str, workdir: Path) -> Iterator[str]:
+    """The reference receiver in its own process; yields its /replies URL."""
+    secret_file = workdir / "secret"
+    secret_file.write_text(SECRET + "\n")
+    port = free_port()
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "outbox.cli",
+            "receiver",
+            "--db",
+            url,
+            "--port",
+            str(port),
+            "--secret-file",
+            str(secret_file),
+        ],
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    base = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            if httpx.get(base + "/healthz", timeout=1).status_code == 200:
+                break
+        except httpx.TransportError:
+            pass
+        if time.monotonic() > deadline or proc.poll() is not None:
+            raise RuntimeError("receiver did not start")
+        threading.Event().wait(0.05)
+    try:
+        yield base + "/replies"
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=30)
+
+
+@contextmanager
+def relay_processes(
+    url: str, target: str, workdir: Path, count: int, mode: str, batch: int
+) -> Iterator[None]:
+    """`count` relay processes delivering to `target`."""
+    secret_file = workdir / "secret"
+    config = workdir / f"relay-{mode}.toml"
+    config.write_text(
+        f"[relay]\nbatch = {batch}\nlease = 30\npoll_interval = 0.05\nattempts = 5\n"
+        f'[destinations.default]\nurl = "{target}"\nsecret_file = "{secret_file}"\n'
+        f'mode = "{mode}"\ntimeout = 10\nconcurrency = 8\n'
+    )
+    procs = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "outbox.cli",
+                "relay",
+                "--db",
+                url,
+                "--config",
+                str(config),
+                "--owner",
+                f"bench-relay-{n}",
+                "--log-level",
+                "WARNING",
+            ],
+            cwd=ROOT,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+        )
+        for n in range(count)
+    ]
+    try:
+        yield
+    finally:
+        for proc in procs:
+            proc.send_signal(signal.SIGTERM)
+        for proc in procs:
+            proc.wait(timeout=60)
+
+
+def count_sent(engine: sa.Engine) -> int:
+    """Messages in state sent."""
+    with engine.connect() as conn:
+        return int(
+            conn.execute(
+                sa.select(sa.func.count()).select_from(messages).where(messages.c.state == "sent")
+            ).scalar_one()
+        )
+
+
+def drain(total: int, mode: str, relays: int, batch: int) -> dict[str, Any]:
+    """Time for `relays` relay processes to deliver a pre-filled backlog of `total`."""
+    with fresh_database() as url, tempfile.TemporaryDirectory() as tmp:
+        workdir = Path(tmp)
+        log(f"  prefill {total} messages")
+        prefill(url, total)
+        engine = outbox.create_engine(url)
+        with receiver_process(url, workdir) as target:
+            started = time.monotonic()
+            with relay_processes(url, target, workdir, relays, mode, batch):
+                deadline = started + 600
+                sent = 0
+                while sent < total and time.monotonic() < deadline:
+                    threading.Event().wait(0.25)
+                    sent = count_sent(engine)
+                elapsed = time.monotonic() - started
+        engine.dispose()
+    return {
+        "scenario": f"drain-{mode}",
+        "messages": total,
+        "seconds": round(elapsed, 2),
+        "rate": round(sent / elapsed),
+        "complete": sent == total,
+    }
+
+
+def live(duration: float, producers: int) -> dict[str, Any]:
+    """Producers commit one row per transaction while 2 relays run: commit-to-receipt latency."""
+    with fresh_database() as url, tempfile.TemporaryDirectory() as tmp:
+        workdir = Path(tmp)
+        engine = outbox.create_engine(url, pool_size=producers + 2)
+        produced = [0] * producers
+        stop = threading.Event()
+
+        def produce(index: int) -> None:
+            n = 0
+            while not stop.is_set():
+                with Session(engine) as session, session.begin():
+                    outbox.publish(session, "default", f"live-{index}-{n}", {"n": n})
+                n += 1
+            produced[index] = n
+
+        with (
+            receiver_process(url, workdir) as target,
+            relay_processes(url, target, workdir, 2, "batch", 500),
+        ):
+            threads = [threading.Thread(target=produce, args=(i,)) for i in range(producers)]
+            for thread in threads:
+                thread.start()
+            stop.wait(duration)
+            stop.set()
+            for thread in threads:
+                thread.join()
+            total = sum(produced)
+            deadline = time.monotonic() + 60
+            while count_sent(engine) < total and time.monotonic() < deadline:
+                threading.Event().wait(0.1)
+        with engine.connect() as conn:
+            latencies = [
+                float(v)
+                for v in conn.execute(
+                    sa.select(receipts.c.received_at - messages.c.created_at).join(
+                        messages, messages.c.reply_id == receipts.c.reply_id
+                    )
+                ).scalars()
+            ]
+        engine.dispose()
+    latencies.sort()
+    quantile = statistics.quantiles(latencies, n=100)
+    return {
+        "scenario": f"live-{producers}-producers",
+        "messages": total,
+        "rate": round(total / duration),
+        "p50_ms": round(quantile[49] * 1000, 1),
+        "p99_ms": round(quantile[98] * 1000, 1),
+    }
+
+
+def main() -> int:
+    """Run the scenarios and print one JSON line each."""
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--messages", type=int, default=200_000)
+    parser.add_argument("--single-messages", type=int, default=10_000)
+    parser.add_argument("--live-seconds", type=float, default=10.0)
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--relays", type=int, default=2)
+    parser.add_argument("--batch", type=int, default=500)
+    parser.add_argument("--only", choices=("drain", "single", "live"))
+    args = parser.parse_args()
+    if args.quick:
+        args.messages, args.single_messages, args.live_seconds = 5_000, 1_000, 3.0
+    results = []
+    if args.only in (None, "drain"):
+        log("drain (batch mode, 2 relays)")
+        results.append(drain(args.messages, "batch", args.relays, args.batch))
+    if args.only in (None, "single"):
+        log("drain (single mode, 1 relay)")
+        results.append(drain(args.single_messages, "single", 1, 100))
+    if args.only in (None, "live"):
+        log("live latency (4 producers)")
+        results.append(live(args.live_seconds, 4))
+    for result in results:
+        print(json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
