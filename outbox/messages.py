@@ -66,6 +66,19 @@ def check_ordering_key(key: object) -> str | None:
     return key
 
 
+# W3C Trace Context: version-traceid-parentid-flags, lowercase hex; all-zero ids are invalid.
+TRACEPARENT = re.compile(
+    r"(?!ff)[0-9a-f]{2}-(?!0{32})[0-9a-f]{32}-(?!0{16})[0-9a-f]{16}-[0-9a-f]{2}"
+)
+
+
+def check_traceparent(value: object) -> str:
+    """A W3C `traceparent` header value."""
+    if not isinstance(value, str) or not TRACEPARENT.fullmatch(value):
+        raise InvalidMessage(f"traceparent is not a W3C trace context value: {value!r:.80}")
+    return value
+
+
 def check_headers(headers: Mapping[str, str] | None) -> str:
     """Extra HTTP headers to send, as canonical JSON; signature headers are reserved."""
     if headers is None:

@@ -17,6 +17,7 @@ from outbox.messages import (
     check_headers,
     check_ordering_key,
     check_reply_id,
+    check_traceparent,
     encode_body,
 )
 
@@ -29,14 +30,21 @@ def publish(
     ordering_key: str | None = None,
     headers: Mapping[str, str] | None = None,
     clock: Clock | None = None,
+    traceparent: str | None = None,
 ) -> dict[str, Any]:
-    """Add a message to the caller's transaction (never commits); same id and body is a no-op."""
+    """Add a message to the caller's transaction (never commits); same id and body is a no-op.
+
+    `traceparent` (W3C Trace Context) is stored with the message and sent as a
+    header on every delivery, so the receiver's trace joins the publisher's.
+    """
     destination = check_destination(destination)
     reply_id = check_reply_id(reply_id)
     if reply_id.startswith(TASK_REPLY_PREFIX):
         # Taking a task's reply id would make that task's terminal write fail forever.
         raise InvalidMessage(f"reply_id prefix {TASK_REPLY_PREFIX!r} is reserved for task replies")
     ordering_key = check_ordering_key(ordering_key)
+    if traceparent is not None:
+        headers = {**(headers or {}), "traceparent": check_traceparent(traceparent)}
     header_json = check_headers(headers)
     data = encode_body(body, MAX_BYTES)
     conn = session.connection()

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import pytest
 import sqlalchemy as sa
+from sqlalchemy.orm import Session
 from support.relay_helpers import SECRET, publish_many, rows
 from support.scripted_server import Answer, ScriptedServer
 
-from outbox import ManualClock
+from outbox import InvalidMessage, ManualClock, publish
 from outbox.signing import parse_secret, verify
 from relay import ConfigError, Destination, Relay
 
@@ -136,3 +137,34 @@ def test_unknown_destination_is_dead_with_a_clear_error(
 def test_lease_must_outlast_the_attempt_timeout(db_url: str, server: ScriptedServer) -> None:
     with pytest.raises(ConfigError, match="lease"):
         Relay(db_url, {"default": Destination(server.url, timeout=10)}, lease=10)
+
+
+def test_traceparent_captured_at_publish_is_forwarded(
+    db_url: str, engine: sa.Engine, server: ScriptedServer, clock: ManualClock
+) -> None:
+    trace = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+    with Session(engine) as session, session.begin():
+        publish(session, "default", "tp-1", {"n": 1}, clock=clock, traceparent=trace)
+    with make_relay(db_url, server, clock) as relay:
+        assert relay.dispatch_once() == [("tp-1", "sent")]
+    [request] = server.received
+    assert request.headers["traceparent"] == trace
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7",  # no flags
+        "00-00000000000000000000000000000000-00f067aa0ba902b7-01",  # zero trace id
+        "ff-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",  # forbidden version
+        "00-4BF92F3577B34DA6A3CE929D0E0E4736-00f067aa0ba902b7-01",  # uppercase
+    ],
+)
+def test_invalid_traceparent_is_refused_and_nothing_added(bad: str, engine: sa.Engine) -> None:
+    with (
+        Session(engine) as session,
+        session.begin(),
+        pytest.raises(InvalidMessage, match="traceparent"),
+    ):
+        publish(session, "default", "tp-2", {"n": 1}, traceparent=bad)
+    assert rows(engine) == {}
