@@ -70,7 +70,7 @@ def _running_tenants_at_cap(cap: int) -> sa.Select[Any]:
 
 
 def _picked_once(pick: sa.Select[Any], skip_locked: bool) -> Any:
-    """The chosen ids, computed exactly once.
+    """The chosen keys (the pick's only column), computed exactly once.
 
     PostgreSQL may plan `IN (SELECT ... LIMIT n FOR UPDATE SKIP LOCKED)` as a
     nested-loop semi-join that rescans the subquery for every outer row; each
@@ -80,8 +80,8 @@ def _picked_once(pick: sa.Select[Any], skip_locked: bool) -> Any:
     """
     if not skip_locked:
         return pick.scalar_subquery()
-    picked = pick.cte("picked").prefix_with("MATERIALIZED")
-    return sa.select(picked.c.task_id)
+    picked = pick.with_for_update(skip_locked=True).cte("picked").prefix_with("MATERIALIZED")
+    return sa.select(*picked.c)
 
 
 def claim_tasks(
@@ -102,8 +102,6 @@ def claim_tasks(
     )
     if tenant_cap is not None:
         pick = pick.where(candidate.c.tenant_id.not_in(_running_tenants_at_cap(tenant_cap)))
-    if skip_locked:
-        pick = pick.with_for_update(skip_locked=True)
     return (
         sa.update(tasks)
         .where(tasks.c.task_id.in_(_picked_once(pick, skip_locked)), tasks.c.state == "pending")
@@ -208,12 +206,10 @@ def expire_past_deadline(now: Now, limit: int, skip_locked: bool) -> sa.Update:
         .where(pick.c.state.in_(("pending", "running")), pick.c.deadline <= now)
         .limit(limit)
     )
-    if skip_locked:
-        chosen = chosen.with_for_update(skip_locked=True)
     return (
         sa.update(tasks)
         .where(
-            tasks.c.task_id.in_(chosen.scalar_subquery()),
+            tasks.c.task_id.in_(_picked_once(chosen, skip_locked)),
             tasks.c.state.in_(("pending", "running")),
         )
         .values(
@@ -235,12 +231,10 @@ def reap_expired_task_leases(now: Now, limit: int, skip_locked: bool) -> sa.Upda
         .where(pick.c.state == "running", pick.c.lease_until <= now)
         .limit(limit)
     )
-    if skip_locked:
-        chosen = chosen.with_for_update(skip_locked=True)
     exhausted = tasks.c.attempts >= tasks.c.max_attempts
     return (
         sa.update(tasks)
-        .where(tasks.c.task_id.in_(chosen.scalar_subquery()), tasks.c.state == "running")
+        .where(tasks.c.task_id.in_(_picked_once(chosen, skip_locked)), tasks.c.state == "running")
         .values(
             state=sa.case((exhausted, "failed"), else_="pending"),
             last_error=sa.case((exhausted, "attempts exhausted"), else_="lease expired"),
@@ -261,11 +255,9 @@ def reap_expired_message_leases(now: Now, limit: int, skip_locked: bool) -> sa.U
         .where(pick.c.state == "sending", pick.c.lease_until <= now)
         .limit(limit)
     )
-    if skip_locked:
-        chosen = chosen.with_for_update(skip_locked=True)
     return (
         sa.update(messages)
-        .where(messages.c.id.in_(chosen.scalar_subquery()), messages.c.state == "sending")
+        .where(messages.c.id.in_(_picked_once(chosen, skip_locked)), messages.c.state == "sending")
         .values(state="pending", lease_until=None, available_at=now, last_error="lease expired")
         .returning(messages.c.id)
     )

@@ -68,6 +68,10 @@ def _check_text(text: str, where: str) -> None:
         text.encode("utf-8")
     except UnicodeEncodeError as exc:
         raise NotCanonical(f"{where}: string is not valid Unicode (lone surrogate)") from exc
+    if "\x00" in text:
+        # Receivers refuse NUL (and PostgreSQL text cannot hold it): fail at the write,
+        # not later at delivery where the message could only go dead.
+        raise NotCanonical(f"{where}: string contains a NUL character")
 
 
 def canonical_bytes(

@@ -51,8 +51,9 @@ class ManualClock:
 def database_now(dialect_name: str) -> ColumnElement[float]:
     """SQL for the database's current time in epoch seconds."""
     if dialect_name == "postgresql":
-        # Transaction time: one consistent "now" for every statement of a transaction.
-        return sa.literal_column("extract(epoch from now())::float8", sa.Double())
+        # Statement time: stable within a statement (so indexes can use it) but current,
+        # unlike now(), which would freeze at the start of a caller's long transaction.
+        return sa.literal_column("extract(epoch from statement_timestamp())::float8", sa.Double())
     if dialect_name == "sqlite":
         return sa.literal_column("((julianday('now') - 2440587.5) * 86400.0)", sa.Double())
     raise ValueError(f"unsupported database dialect {dialect_name!r}")

@@ -15,6 +15,7 @@ from outbox.canonical import MAX_DEPTH, MAX_NODES, NotCanonical, canonical_bytes
 from outbox.errors import InvalidEnvelope, Unauthorized
 
 MAX_MESSAGE_ID_BYTES = 128
+MAX_NAME_CHARS = 200  # principals, tenants and owners share the column size
 MAX_HOPS_VALUE = 2**31 - 1
 PRIORITY_RANGE = (-(2**31), 2**31 - 1)
 MAX_ATTEMPTS_RANGE = (1, 10)
@@ -120,7 +121,7 @@ def accept(auth: AuthContext, envelope: Envelope) -> Accepted:
         raise InvalidEnvelope(f"payload: {exc}") from exc
     return Accepted(
         principal=auth.principal,
-        tenant_id=auth.tenant_id if auth.tenant_id is not None else auth.principal,
+        tenant_id=_tenant(auth),
         message_id=message_id,
         task_id=task_id_for(auth.principal, message_id),
         content=content_bytes.decode("utf-8"),
@@ -131,6 +132,20 @@ def accept(auth: AuthContext, envelope: Envelope) -> Accepted:
         hops=hops,
         priority=priority,
     )
+
+
+def check_name(what: str, value: object) -> str:
+    """A principal, tenant or owner name: 1..200 characters without NUL, else ValueError."""
+    if not isinstance(value, str) or not 1 <= len(value) <= MAX_NAME_CHARS or "\x00" in value:
+        raise ValueError(f"{what} must be a str of 1..{MAX_NAME_CHARS} characters without NUL")
+    return value
+
+
+def _tenant(auth: AuthContext) -> str:
+    try:
+        return check_name("tenant_id", auth.principal if auth.tenant_id is None else auth.tenant_id)
+    except ValueError as exc:
+        raise InvalidEnvelope(str(exc)) from exc
 
 
 def _message_id(value: object) -> str:

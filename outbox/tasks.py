@@ -24,7 +24,7 @@ from outbox._dialect import READ_ONLY, supports_skip_locked
 from outbox.canonical import NotCanonical, canonical_bytes
 from outbox.clock import Clock, now_expression
 from outbox.errors import BatchFailed, Fenced, InvalidMessage, PayloadCollision
-from outbox.intake import Accepted, Ack, AuthContext, Envelope, accept, authorize
+from outbox.intake import Accepted, Ack, AuthContext, Envelope, accept, authorize, check_name
 from outbox.messages import add_task_replies, check_destination, message_dict
 from outbox.migrations import engine_for, ensure_current
 from outbox.schema import inbox
@@ -43,8 +43,8 @@ class Claim:
     fence: int
     attempt: int
     payload: dict[str, Any]
-    lease_until: float
-    deadline: float
+    lease_until: float | None = None
+    deadline: float | None = None
 
 
 def backoff_delay(attempt: int, backoff: float, cap: float, rng: random.Random) -> float:
@@ -84,7 +84,7 @@ class TaskQueue:
         ):
             raise ValueError(f"tenant_cap must be None or an int >= 1, got {tenant_cap!r}")
         self.reply_destination = check_destination(reply_destination)
-        self.allowed_sources = frozenset(allowed_sources)
+        self.allowed_sources = frozenset(check_name("allowed source", s) for s in allowed_sources)
         self.lease = float(lease)
         self.backoff = float(backoff)
         self.backoff_cap = float(backoff_cap)
@@ -213,8 +213,7 @@ class TaskQueue:
 
     def claim_many(self, owner: str, limit: int) -> list[Claim]:
         """Lease up to `limit` claimable tasks to `owner` in one short transaction."""
-        if not isinstance(owner, str) or not 1 <= len(owner) <= 200:
-            raise ValueError("owner must be a str of 1..200 characters")
+        check_name("owner", owner)
         if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
             raise ValueError(f"limit must be an int >= 1, got {limit!r}")
         with self._engine.begin() as conn:
@@ -311,7 +310,8 @@ class TaskQueue:
 
     def fail(self, claim: Claim, reason: str, permanent: bool = False) -> str:
         """Record a failed attempt: back to pending after backoff, or `failed` with its reply."""
-        reason = str(reason)[:MAX_REASON_CHARS]
+        # Free text from a worker: keep it, minus what the database cannot store.
+        reason = str(reason).replace("\x00", "\\x00")[:MAX_REASON_CHARS]
         delay = backoff_delay(claim.attempt, self.backoff, self.backoff_cap, self._rng)
         with self._engine.begin() as conn:
             now = self._now()
