@@ -18,6 +18,8 @@ from sqlalchemy.engine import Connection, Engine
 SQLITE_BUSY_TIMEOUT_MS = 30_000
 NOTIFY_CHANNEL = "outbox_messages"
 READ_ONLY = "outbox_read_only"
+UNPREPARED = "outbox_unprepared"
+"""Execution option: plan this statement for its actual parameters every time (PostgreSQL)."""
 _PREPARED = "outbox_prepared"
 
 
@@ -44,13 +46,26 @@ def create_engine(url: str | sa.URL, **kwargs: Any) -> Engine:
 
 
 def prepare_engine(engine: Engine) -> Engine:
-    """Install the SQLite transaction discipline on `engine` (idempotent; no-op on PostgreSQL)."""
+    """Install the SQLite transaction discipline, or PostgreSQL's UNPREPARED option (idempotent)."""
     if engine.dialect.name == "sqlite":
         if not event.contains(engine, "begin", _sqlite_begin):
             event.listen(engine, "begin", _sqlite_begin)
-    elif engine.dialect.name not in ("sqlite", "postgresql"):
+    elif engine.dialect.name == "postgresql":
+        if not event.contains(engine, "do_execute", _execute_unprepared):
+            event.listen(engine, "do_execute", _execute_unprepared)
+    else:
         raise ValueError(f"unsupported database dialect {engine.dialect.name!r}")
     return engine
+
+
+def _execute_unprepared(cursor: Any, statement: str, parameters: Any, context: Any) -> bool:
+    # psycopg prepares a statement run five times, and PostgreSQL then may switch to a
+    # generic plan: for a join on array parameters it guesses ten elements and can rescan
+    # the whole array once per matched row. UNPREPARED statements are planned per run.
+    if not context.execution_options.get(UNPREPARED):
+        return False
+    cursor.execute(statement, parameters, prepare=False)
+    return True
 
 
 def _sqlite_begin(conn: Connection) -> None:

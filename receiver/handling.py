@@ -103,6 +103,12 @@ def _check_text(text: str) -> None:
         raise InvalidJSON("lone surrogate in a string") from exc
 
 
+# One decoder for every call: json.loads would build a new one per call with these hooks.
+_STRICT_DECODER = json.JSONDecoder(
+    parse_constant=_reject_constant, object_pairs_hook=_unique_object
+)
+
+
 def parse_strict_json(body: bytes, max_depth: int = MAX_DEPTH) -> Any:
     """Parse strict JSON from UTF-8 bytes, or raise InvalidJSON."""
     if body.startswith(b"\xef\xbb\xbf"):
@@ -112,26 +118,38 @@ def parse_strict_json(body: bytes, max_depth: int = MAX_DEPTH) -> Any:
     except UnicodeDecodeError as exc:
         raise InvalidJSON("body is not UTF-8") from exc
     try:
-        value = json.loads(text, parse_constant=_reject_constant, object_pairs_hook=_unique_object)
+        value = _STRICT_DECODER.decode(text)
     except RecursionError as exc:
         raise InvalidJSON(f"nesting deeper than {max_depth}") from exc
     except ValueError as exc:  # JSONDecodeError, InvalidJSON, too many int digits
         raise InvalidJSON(str(exc)) from exc
+    # Strict UTF-8 decoding and the decoder refuse raw NULs and surrogates, so only a \u
+    # escape can produce one; and fewer brackets than the limit cannot nest too deep.
+    # Most bodies pass both tests and need no walk.
+    check_text = "\\u" in text
+    check_depth = text.count("[") + text.count("{") > max_depth
+    if check_text or check_depth:
+        _walk(value, max_depth, check_text)
+    return value
+
+
+def _walk(value: Any, max_depth: int, check_text: bool) -> None:
     stack: list[tuple[Any, int]] = [(value, 0)]
     while stack:
         item, depth = stack.pop()
         if isinstance(item, str):
-            _check_text(item)
+            if check_text:
+                _check_text(item)
         elif isinstance(item, dict | list):
             if depth >= max_depth:
                 raise InvalidJSON(f"nesting deeper than {max_depth}")
             if isinstance(item, dict):
                 for key, child in item.items():
-                    _check_text(key)
+                    if check_text:
+                        _check_text(key)
                     stack.append((child, depth + 1))
             else:
                 stack.extend((child, depth + 1) for child in item)
-    return value
 
 
 def is_json_content_type(value: str | None) -> bool:

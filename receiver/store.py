@@ -28,7 +28,7 @@ from sqlalchemy.orm import Session
 from outbox import failpoints
 from outbox._dialect import READ_ONLY, insert_ignoring_conflicts
 from outbox.canonical import sha256_hex
-from outbox.clock import Clock, now_expression
+from outbox.clock import Clock, database_now, now_expression
 from outbox.errors import OutboxError, PayloadCollision
 from outbox.messages import check_reply_id
 from outbox.migrations import RECEIVER_BRANCH, engine_for, ensure_current
@@ -69,10 +69,12 @@ def record_effect(session: Session, body: bytes) -> None:
     record_effects(session, [(session.info[REPLY_ID_KEY], session.info[RECEIVED_AT_KEY], body)])
 
 
-_INSERT_EFFECTS_POSTGRESQL = sa.text(
+# Driver SQL for psycopg: %(name)b sends an array in binary, where the text format would
+# escape every element with a regular expression on the client.
+_INSERT_EFFECTS_POSTGRESQL = (
     "INSERT INTO receiver_effects (reply_id, created_at, body) "
     "SELECT * FROM unnest("
-    "CAST(:ids AS varchar[]), CAST(:times AS float8[]), CAST(:bodies AS bytea[]))"
+    "CAST(%(ids)b AS varchar[]), CAST(%(times)b AS float8[]), CAST(%(bodies)b AS bytea[]))"
 )
 
 
@@ -80,7 +82,7 @@ def record_effects(session: Session, fresh: Sequence[tuple[str, float, bytes]]) 
     """The reference effect for a batch: one statement for every first receipt."""
     if session.get_bind().dialect.name == "postgresql":
         # Arrays keep it one short statement: an executemany costs a round trip per row.
-        session.execute(
+        session.connection().exec_driver_sql(
             _INSERT_EFFECTS_POSTGRESQL,
             {
                 "ids": [r for r, _, _ in fresh],
@@ -145,6 +147,19 @@ def _retryable(exc: sa.exc.DBAPIError) -> bool:
         isinstance(exc.orig, pg_errors.UniqueViolation)
         and exc.orig.diag.table_name == receipts.name
     )
+
+
+# Three array parameters instead of thousands of scalars: one short, cacheable statement
+# whatever the batch size, its arrays sent in binary (see _INSERT_EFFECTS_POSTGRESQL).
+# %(now)s is a manual clock's time, or NULL for the database's (no extra round trip).
+_INSERT_RECEIPTS_POSTGRESQL = (
+    "INSERT INTO receiver_receipts (reply_id, content_hash, body, received_at) "
+    "SELECT t.reply_id, t.content_hash, t.body, "
+    f"COALESCE(%(now)s::float8, {database_now('postgresql')}) FROM unnest("
+    "CAST(%(ids)b AS varchar[]), CAST(%(hashes)b AS varchar[]), CAST(%(bodies)b AS bytea[])"
+    ") AS t(reply_id, content_hash, body) "
+    "ON CONFLICT (reply_id) DO NOTHING RETURNING reply_id, received_at"
+)
 
 
 class ReceiptStore:
@@ -300,24 +315,11 @@ class ReceiptStore:
         self, conn: sa.Connection, rows: Sequence[tuple[str, str, bytes]]
     ) -> dict[str, float]:
         """Insert receipts unless stored; returns reply_id -> received_at of the new ones."""
-        now = now_expression(self.clock, self._dialect)
         if self._dialect == "postgresql":
-            # Three array parameters instead of thousands of scalars: one short, cacheable
-            # statement whatever the batch size.
-            statement = (
-                sa.text(
-                    "INSERT INTO receiver_receipts (reply_id, content_hash, body, received_at) "
-                    "SELECT t.reply_id, t.content_hash, t.body, :now FROM unnest("
-                    "CAST(:ids AS varchar[]), CAST(:hashes AS varchar[]), CAST(:bodies AS bytea[])"
-                    ") AS t(reply_id, content_hash, body) "
-                    "ON CONFLICT (reply_id) DO NOTHING RETURNING reply_id, received_at"
-                )
-                .bindparams(now=conn.execute(sa.select(now)).scalar_one())
-                .columns(reply_id=sa.String(), received_at=sa.Double())
-            )
-            result = conn.execute(
-                statement,
+            result = conn.exec_driver_sql(
+                _INSERT_RECEIPTS_POSTGRESQL,
                 {
+                    "now": None if self.clock is None else float(self.clock()),
                     "ids": [r[0] for r in rows],
                     "hashes": [r[1] for r in rows],
                     "bodies": [r[2] for r in rows],
@@ -326,7 +328,7 @@ class ReceiptStore:
         else:
             result = conn.execute(
                 insert_ignoring_conflicts(receipts, self._dialect)
-                .values(received_at=now)
+                .values(received_at=now_expression(self.clock, self._dialect))
                 .returning(receipts.c.reply_id, receipts.c.received_at),
                 [{"reply_id": r[0], "content_hash": r[1], "body": r[2]} for r in rows],
             )

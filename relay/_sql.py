@@ -13,6 +13,8 @@ from typing import Any
 
 import sqlalchemy as sa
 
+from outbox._dialect import UNPREPARED
+from outbox.clock import database_now
 from outbox.schema import messages
 
 Now = sa.ColumnElement[float]
@@ -84,7 +86,7 @@ def claim_messages(
             .values(**_claim_values(owner, now, lease, picked.c.attempts, budget))
             .returning(*CLAIMED, picked.c.attempts.label("previous_attempts"))
         )
-        return list(conn.execute(statement).mappings())
+        return list(conn.execute(statement).mappings().all())
     # SQLite: the transaction holds the write lock (BEGIN IMMEDIATE), so reading the
     # candidates first cannot race; its RETURNING cannot name the FROM table's columns.
     previous: dict[int, int] = {row.id: row.attempts for row in conn.execute(pick)}
@@ -110,26 +112,29 @@ _SETTLE_SET = """
     lease_until = NULL,
     last_status = v.status,
     last_error = v.error,
-    sent_at = CASE WHEN v.state = 'sent' THEN :now ELSE {m}.sent_at END,
-    available_at = CASE WHEN v.state = 'pending' THEN :now + v.delay ELSE {m}.available_at END
+    sent_at = CASE WHEN v.state = 'sent' THEN {now} ELSE {m}.sent_at END,
+    available_at = CASE WHEN v.state = 'pending' THEN {now} + v.delay ELSE {m}.available_at END
 """
 _SETTLE_WHERE = """
-    {m}.id = v.id AND {m}.fence = v.fence AND {m}.state = 'sending' AND {m}.owner = :owner
+    {m}.id = v.id AND {m}.fence = v.fence AND {m}.state = 'sending' AND {m}.owner = {owner}
 """
-SETTLE_POSTGRESQL = sa.text(
+# Driver SQL for psycopg: %(name)b sends an array in binary, where the text format would
+# escape every element with a regular expression on the client. %(now)s is a manual
+# clock's time, or NULL for the database's (read in the statement: no extra round trip).
+SETTLE_POSTGRESQL = (
     "UPDATE outbox_messages AS m SET"
-    + _SETTLE_SET.format(m="m")
+    + _SETTLE_SET.format(m="m", now=f"COALESCE(%(now)s::float8, {database_now('postgresql')})")
     + """FROM unnest(
-        CAST(:ids AS bigint[]), CAST(:fences AS bigint[]), CAST(:states AS varchar[]),
-        CAST(:statuses AS integer[]), CAST(:errors AS text[]), CAST(:delays AS float8[])
+        CAST(%(ids)b AS bigint[]), CAST(%(fences)b AS bigint[]), CAST(%(states)b AS varchar[]),
+        CAST(%(statuses)b AS integer[]), CAST(%(errors)b AS text[]), CAST(%(delays)b AS float8[])
     ) AS v(id, fence, state, status, error, delay)
     WHERE"""
-    + _SETTLE_WHERE.format(m="m")
+    + _SETTLE_WHERE.format(m="m", owner="%(owner)s")
     + "RETURNING m.id"
 )
 SETTLE_SQLITE = sa.text(
     "UPDATE outbox_messages SET"
-    + _SETTLE_SET.format(m="outbox_messages")
+    + _SETTLE_SET.format(m="outbox_messages", now=":now")
     + """FROM (
         SELECT json_extract(value, '$[0]') AS id, json_extract(value, '$[1]') AS fence,
                json_extract(value, '$[2]') AS state, json_extract(value, '$[3]') AS status,
@@ -137,7 +142,7 @@ SETTLE_SQLITE = sa.text(
         FROM json_each(:rows)
     ) AS v
     WHERE"""
-    + _SETTLE_WHERE.format(m="outbox_messages")
+    + _SETTLE_WHERE.format(m="outbox_messages", owner=":owner")
     + "RETURNING outbox_messages.id"
 )
 
@@ -146,20 +151,27 @@ Settlement = tuple[int, int, str, int | None, str | None, float]
 
 
 def settle(
-    dialect_name: str, owner: str, rows: Sequence[Settlement], now: float
-) -> tuple[sa.TextClause, dict[str, Any]]:
-    """The statement and parameters that settle held messages; returns the ids it changed."""
-    if dialect_name == "postgresql":
+    conn: sa.Connection, owner: str, rows: Sequence[Settlement], now: float | None
+) -> set[int]:
+    """Settle held messages in one statement; returns the ids it changed.
+
+    `now` is a manual clock's time, or None for the database's clock.
+    """
+    if conn.dialect.name == "postgresql":
         names = ("ids", "fences", "states", "statuses", "errors", "delays")
         params: dict[str, Any] = {
             name: [row[index] for row in rows] for index, name in enumerate(names)
         }
-        statement = SETTLE_POSTGRESQL
+        params.update(owner=owner, now=now)
+        # Planned per run: a generic plan may rescan the arrays once per row (see UNPREPARED).
+        result = conn.exec_driver_sql(
+            SETTLE_POSTGRESQL, params, execution_options={UNPREPARED: True}
+        )
     else:
-        params = {"rows": json.dumps(rows)}
-        statement = SETTLE_SQLITE
-    params.update(owner=owner, now=now)
-    return statement, params
+        if now is None:
+            now = float(conn.execute(sa.select(database_now(conn.dialect.name))).scalar_one())
+        result = conn.execute(SETTLE_SQLITE, {"rows": json.dumps(rows), "owner": owner, "now": now})
+    return set(result.scalars().all())
 
 
 def select_states(ids: Sequence[int]) -> sa.Select[Any]:

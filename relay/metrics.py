@@ -59,9 +59,9 @@ class RelayMetrics:
         self.registry.register(_BacklogCollector(backlog))
         self.last_turn = time.monotonic()
 
-    def record(self, destination: str, outcome: str, status: int | None) -> None:
-        """Count one settled outcome."""
-        self.outcomes.labels(destination, outcome, str(status or "none")).inc()
+    def record(self, destination: str, outcome: str, status: int | None, count: int = 1) -> None:
+        """Count `count` settled outcomes of one kind."""
+        self.outcomes.labels(destination, outcome, str(status or "none")).inc(count)
 
     def render(self) -> bytes:
         """The Prometheus text exposition."""
