@@ -107,7 +107,7 @@ def build_app(decide: Handler) -> Starlette:
         routes=[
             Route("/replies", post_reply, methods=["POST"]),
             Route("/replies/batch", post_batch, methods=["POST"]),
-            Route("/replies/{reply_id}", get_reply, methods=["GET"]),
+            Route("/replies/{reply_id:path}", get_reply, methods=["GET"]),
             Route("/healthz", healthz, methods=["GET"]),
         ]
     )

@@ -110,6 +110,7 @@ def claim_messages(
 _SETTLE_SET = """
     state = v.state,
     lease_until = NULL,
+    attempts = {m}.attempts - v.refund,
     last_status = v.status,
     last_error = v.error,
     sent_at = CASE WHEN v.state = 'sent' THEN {now} ELSE {m}.sent_at END,
@@ -126,8 +127,9 @@ SETTLE_POSTGRESQL = (
     + _SETTLE_SET.format(m="m", now=f"COALESCE(%(now)s::float8, {database_now('postgresql')})")
     + """FROM unnest(
         CAST(%(ids)b AS bigint[]), CAST(%(fences)b AS bigint[]), CAST(%(states)b AS varchar[]),
-        CAST(%(statuses)b AS integer[]), CAST(%(errors)b AS text[]), CAST(%(delays)b AS float8[])
-    ) AS v(id, fence, state, status, error, delay)
+        CAST(%(statuses)b AS integer[]), CAST(%(errors)b AS text[]), CAST(%(delays)b AS float8[]),
+        CAST(%(refunds)b AS integer[])
+    ) AS v(id, fence, state, status, error, delay, refund)
     WHERE"""
     + _SETTLE_WHERE.format(m="m", owner="%(owner)s")
     + "RETURNING m.id"
@@ -138,7 +140,8 @@ SETTLE_SQLITE = sa.text(
     + """FROM (
         SELECT json_extract(value, '$[0]') AS id, json_extract(value, '$[1]') AS fence,
                json_extract(value, '$[2]') AS state, json_extract(value, '$[3]') AS status,
-               json_extract(value, '$[4]') AS error, json_extract(value, '$[5]') AS delay
+               json_extract(value, '$[4]') AS error, json_extract(value, '$[5]') AS delay,
+               json_extract(value, '$[6]') AS refund
         FROM json_each(:rows)
     ) AS v
     WHERE"""
@@ -146,8 +149,9 @@ SETTLE_SQLITE = sa.text(
     + "RETURNING outbox_messages.id"
 )
 
-Settlement = tuple[int, int, str, int | None, str | None, float]
-"""(id, fence, new state, HTTP status, error, delay before the next attempt)."""
+Settlement = tuple[int, int, str, int | None, str | None, float, int]
+"""(id, fence, new state, HTTP status, error, delay before the next attempt, attempts to
+give back: 1 when the claim counted an attempt that was never made)."""
 
 
 def settle(
@@ -158,7 +162,7 @@ def settle(
     `now` is a manual clock's time, or None for the database's clock.
     """
     if conn.dialect.name == "postgresql":
-        names = ("ids", "fences", "states", "statuses", "errors", "delays")
+        names = ("ids", "fences", "states", "statuses", "errors", "delays", "refunds")
         params: dict[str, Any] = {
             name: [row[index] for row in rows] for index, name in enumerate(names)
         }

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
-from urllib.parse import urlsplit
+from urllib.parse import quote, urlsplit
 
 from outbox.messages import check_destination
 
@@ -35,6 +35,8 @@ class Destination:
     concurrency: int = 8
     receipt_lookup: bool = False
     batch_url: str | None = None
+    max_batch_items: int = 500
+    max_batch_bytes: int = 1_000_000
 
     def __post_init__(self) -> None:
         parts = urlsplit(self.url)
@@ -46,6 +48,8 @@ class Destination:
             raise ConfigError(f"destination mode must be 'single' or 'batch', got {self.mode!r}")
         if self.concurrency < 1:
             raise ConfigError(f"destination concurrency must be >= 1, got {self.concurrency!r}")
+        if self.max_batch_items < 1 or self.max_batch_bytes < 1024:
+            raise ConfigError("max_batch_items must be >= 1 and max_batch_bytes >= 1024")
         if self.secret is not None and not self.secret.strip():
             raise ConfigError("destination secret is empty")
 
@@ -55,8 +59,8 @@ class Destination:
         return self.batch_url or self.url.rstrip("/") + "/batch"
 
     def lookup_url(self, reply_id: str) -> str:
-        """The receipt lookup for one reply: GET `<url>/<reply_id>`."""
-        return f"{self.url.rstrip('/')}/{reply_id}"
+        """The receipt lookup for one reply: GET `<url>/<reply_id>` (the id percent-encoded)."""
+        return f"{self.url.rstrip('/')}/{quote(reply_id, safe='')}"
 
 
 def check_destinations(destinations: Mapping[str, Destination]) -> dict[str, Destination]:
@@ -95,7 +99,7 @@ def load_toml(path: str | Path) -> tuple[dict[str, Any], dict[str, Destination]]
         raise ConfigError(f"{path}: at least one [destinations.NAME] table is required")
     destinations: dict[str, Destination] = {}
     known = {"url", "secret_file", "secret_env", "timeout", "mode", "concurrency"}
-    known |= {"receipt_lookup", "batch_url"}
+    known |= {"receipt_lookup", "batch_url", "max_batch_items", "max_batch_bytes"}
     for name, table in tables.items():
         if not isinstance(table, dict):
             raise ConfigError(f"{path}: destinations.{name} must be a table")
@@ -119,5 +123,7 @@ def load_toml(path: str | Path) -> tuple[dict[str, Any], dict[str, Destination]]
             concurrency=int(table.get("concurrency", 8)),
             receipt_lookup=bool(table.get("receipt_lookup", False)),
             batch_url=table.get("batch_url"),
+            max_batch_items=int(table.get("max_batch_items", 500)),
+            max_batch_bytes=int(table.get("max_batch_bytes", 1_000_000)),
         )
     return settings, check_destinations(destinations)

@@ -74,12 +74,39 @@ async def post_one(
     return classify(response.status_code, response.headers.get("retry-after"), _snippet(response))
 
 
+def pack_batches(
+    messages: Sequence[Message], max_items: int, max_bytes: int
+) -> list[tuple[list[Message], bytes]]:
+    """Split messages into batch bodies within the destination's item and byte limits."""
+    packed: list[tuple[list[Message], bytes]] = []
+    group: list[Message] = []
+    items: list[bytes] = []
+    size = len(_BATCH_HEAD) + len(_BATCH_TAIL)
+    for message in messages:
+        item = json.dumps(
+            {"reply_id": message.reply_id, "body": message.body.decode("utf-8")},
+            separators=(",", ":"),
+            ensure_ascii=False,
+        ).encode()
+        if group and (len(group) >= max_items or size + len(item) + 1 > max_bytes):
+            packed.append((group, _BATCH_HEAD + b",".join(items) + _BATCH_TAIL))
+            group, items, size = [], [], len(_BATCH_HEAD) + len(_BATCH_TAIL)
+        group.append(message)
+        items.append(item)
+        size += len(item) + 1
+    if group:
+        packed.append((group, _BATCH_HEAD + b",".join(items) + _BATCH_TAIL))
+    return packed
+
+
+_BATCH_HEAD = b'{"replies":['
+_BATCH_TAIL = b"]}"
+
+
 async def post_batch(
-    client: httpx.AsyncClient, destination: Destination, batch: Sequence[Message]
+    client: httpx.AsyncClient, destination: Destination, batch: Sequence[Message], body: bytes
 ) -> dict[int, Outcome]:
     """POST many replies in one signed request; settle each by the receiver's per-item answer."""
-    items = [{"reply_id": m.reply_id, "body": m.body.decode("utf-8")} for m in batch]
-    body = json.dumps({"replies": items}, separators=(",", ":"), ensure_ascii=False).encode()
     batch_id = f"{BATCH_ID_PREFIX}{batch[0].id}-{batch[-1].id}-{len(batch)}"
     try:
         response = await _bounded(
@@ -97,6 +124,12 @@ async def post_batch(
     except httpx.HTTPError as exc:
         return dict.fromkeys((m.id for m in batch), Retry(None, _error_text(exc)))
     whole = classify(response.status_code, response.headers.get("retry-after"), _snippet(response))
+    if isinstance(whole, Dead) and len(batch) > 1 and response.status_code in (400, 413):
+        # The request as a whole was refused, not each reply: a smaller batch may pass.
+        whole = Retry(
+            whole.status,
+            truncate(f"{whole.error} (whole batch of {len(batch)} refused: lower max_batch_*)"),
+        )
     if not isinstance(whole, Sent):
         return dict.fromkeys((m.id for m in batch), whole)
     return _per_item(response, batch)

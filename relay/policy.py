@@ -43,7 +43,15 @@ class Dead:
     error: str
 
 
-Outcome = Sent | Retry | Dead
+@dataclass(frozen=True)
+class Unsent:
+    """Not attempted: the lease would have expired mid-attempt. Back to pending, attempt kept."""
+
+    status: None = None
+    error: str = "not attempted: the lease would have expired during the attempt"
+
+
+Outcome = Sent | Retry | Dead | Unsent
 
 
 def classify(status: int, retry_after: str | None = None, detail: str = "") -> Outcome:
@@ -97,6 +105,6 @@ def longest_retry_window(attempts: int, backoff: float, cap: float, timeout: flo
 
 
 def truncate(text: str, limit: int = MAX_ERROR_CHARS) -> str:
-    """Keep stored errors short and on one line."""
-    flat = " ".join(text.split())
+    """Keep stored errors short, on one line, and printable (a peer's body may hold a NUL)."""
+    flat = "".join(c if c.isprintable() else "?" for c in " ".join(text.split()))
     return flat if len(flat) <= limit else flat[: limit - 1] + "…"

@@ -17,7 +17,8 @@ import sqlite3
 import threading
 import time
 from collections import Counter, defaultdict
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from functools import partial
 from types import MappingProxyType
 from typing import Any, Literal, TypeVar
 
@@ -38,14 +39,24 @@ from outbox.clock import Clock, now_expression
 from outbox.migrations import engine_for, ensure_current
 from relay import _sql
 from relay.config import ConfigError, Destination, check_destinations
-from relay.delivery import Message, post_batch, post_one, receipt_matches
+from relay.delivery import Message, pack_batches, post_batch, post_one, receipt_matches
 from relay.metrics import MetricsServer, RelayMetrics
-from relay.policy import Dead, Outcome, Retry, Sent, longest_retry_window, retry_delay, truncate
+from relay.policy import (
+    Dead,
+    Outcome,
+    Retry,
+    Sent,
+    Unsent,
+    longest_retry_window,
+    retry_delay,
+    truncate,
+)
 
 log = logging.getLogger("outbox.relay")
 T = TypeVar("T")
 Verdict = Literal["sent", "retry", "dead"]
 RETENTION_HEADER = "outbox-receipt-retention"
+LEASE_MARGIN = 0.5  # seconds: the last attempt of a turn must end this long before the lease
 
 
 def is_transient(exc: BaseException) -> bool:
@@ -74,7 +85,7 @@ class Relay:
         destinations: Mapping[str, Destination],
         owner: str = "relay-1",
         clock: Clock | None = None,
-        lease: float = 10,
+        lease: float = 30,
         backoff: float = 2,
         attempts: int = 3,
         batch: int = 100,
@@ -124,6 +135,8 @@ class Relay:
         self._limits: dict[str, asyncio.Semaphore] = {}
         self._stopping: asyncio.Event | None = None
         self._wake: asyncio.Event | None = None
+        self._turn_deadline = 0.0
+        self._unsettled: tuple[list[Message], dict[int, Outcome], set[int]] | None = None
         self.listening = threading.Event()
         """Set while a LISTEN connection is up (PostgreSQL), so NOTIFY wakes the loop."""
         self.metrics = RelayMetrics(self._backlog)
@@ -139,6 +152,9 @@ class Relay:
             for client in self._clients.values():
                 loop.run_until_complete(client.aclose())
             self._clients.clear()
+            # A settle abandoned at shutdown may still run in a worker thread: let it end
+            # before the engine goes away under it.
+            loop.run_until_complete(loop.shutdown_default_executor())
             loop.close()
         if self._owns_engine:
             self._engine.dispose()
@@ -176,12 +192,12 @@ class Relay:
         await self.check_retention()
         listener = asyncio.ensure_future(self._listen()) if self._dialect == "postgresql" else None
         log.info("relay %s started", self.owner)
+        stop = asyncio.ensure_future(self._stopping.wait())
         try:
             while not self._stopping.is_set():
                 # Clear before claiming: a NOTIFY that lands mid-dispatch must wake the next turn.
                 self._wake.clear()
                 work = asyncio.ensure_future(self._dispatch())
-                stop = asyncio.ensure_future(self._stopping.wait())
                 await asyncio.wait({work, stop}, return_when=asyncio.FIRST_COMPLETED)
                 if not work.done():
                     # Draining: give in-flight deliveries the grace period, then abandon
@@ -191,19 +207,22 @@ class Relay:
                         work.cancel()
                         log.warning("relay %s abandoned in-flight work at shutdown", self.owner)
                     break
-                stop.cancel()
-                results = work.result()
+                try:
+                    results = work.result()
+                except Exception:
+                    # A failed turn keeps its outcomes for the next one; the loop goes on.
+                    log.exception("relay %s turn failed; trying again next turn", self.owner)
+                    results = []
                 self.metrics.last_turn = time.monotonic()
                 if len(results) >= self.batch:
                     continue  # more is probably waiting
                 waiter = asyncio.ensure_future(self._wake.wait())
                 await asyncio.wait(
-                    {waiter, asyncio.ensure_future(self._stopping.wait())},
-                    timeout=self.poll_interval,
-                    return_when=asyncio.FIRST_COMPLETED,
+                    {waiter, stop}, timeout=self.poll_interval, return_when=asyncio.FIRST_COMPLETED
                 )
                 waiter.cancel()
         finally:
+            stop.cancel()
             if listener is not None:
                 listener.cancel()
                 await asyncio.gather(listener, return_exceptions=True)
@@ -262,10 +281,17 @@ class Relay:
                 )
 
     async def _dispatch(self) -> list[tuple[str, Verdict]]:
+        if self._unsettled is not None:
+            # Outcomes a failed settle could not record: they are known, never re-sent.
+            await self._record(*self._unsettled)
+        started = time.monotonic()
         deliver, resolve = await asyncio.to_thread(self._retrying, self._claim)
         if not deliver and not resolve:
             return []
         failpoints.hit("relay.after_claim")
+        # The lease runs from the claim: an attempt that could not finish before it ends is
+        # not started, or another relay might send the same message at the same time.
+        self._turn_deadline = started + self.lease - LEASE_MARGIN
         outcomes = await self._deliver(deliver)
         outcomes.update(await self._resolve(resolve, "lease expired while sending"))
         spent = [
@@ -274,10 +300,17 @@ class Relay:
         if spent:
             outcomes.update(await self._resolve(spent, "retry budget exhausted", outcomes))
         failpoints.hit("relay.after_remote_commit")
-        everything = deliver + resolve
+        unattempted = {m.id for m in deliver if isinstance(outcomes[m.id], Unsent)}
+        return await self._record(deliver + resolve, outcomes, unattempted)
+
+    async def _record(
+        self, everything: list[Message], outcomes: dict[int, Outcome], unattempted: set[int]
+    ) -> list[tuple[str, Verdict]]:
+        self._unsettled = (everything, outcomes, unattempted)
         settled = await asyncio.to_thread(
-            self._retrying, lambda: self._settle(everything, outcomes)
+            self._retrying, lambda: self._settle(everything, outcomes, unattempted)
         )
+        self._unsettled = None
         verdicts: list[tuple[str, Verdict]] = []
         # Counted per kind, not per message: a batch is mostly one kind.
         kinds: Counter[tuple[str, Verdict, int | None]] = Counter()
@@ -327,15 +360,29 @@ class Relay:
                 outcomes[message.id] = Dead(
                     None, f"unknown destination {message.destination!r}: not in relay configuration"
                 )
-        jobs = []
+        jobs: list[Awaitable[dict[int, Outcome]]] = []
         for name, group in by_destination.items():
             destination = self.destinations[name]
             client = self._client(name)
             if destination.mode == "batch":
-                jobs.append(self._limited(name, post_batch(client, destination, group)))
+                packed = pack_batches(
+                    group, destination.max_batch_items, destination.max_batch_bytes
+                )
+                jobs.extend(
+                    self._limited(
+                        name,
+                        chunk,
+                        partial(post_batch, client, destination, chunk, body),
+                    )
+                    for chunk, body in packed
+                )
             else:
                 jobs.extend(
-                    self._limited(name, self._one(client, destination, message))
+                    self._limited(
+                        name,
+                        [message],
+                        partial(self._one, client, destination, message),
+                    )
                     for message in group
                 )
         for result in await asyncio.gather(*jobs):
@@ -347,14 +394,23 @@ class Relay:
     ) -> dict[int, Outcome]:
         return {message.id: await post_one(client, destination, message)}
 
-    async def _limited(self, name: str, job: Any) -> Any:
+    async def _limited(
+        self,
+        name: str,
+        messages: Sequence[Message],
+        attempt: Callable[[], Awaitable[dict[int, Outcome]]],
+    ) -> dict[int, Outcome]:
+        """Run one request under the destination's concurrency limit, if the lease allows it."""
+        destination = self.destinations[name]
         async with self._limits[name]:
+            if time.monotonic() + destination.timeout > self._turn_deadline:
+                return dict.fromkeys((m.id for m in messages), Unsent())
             started = time.monotonic()
             try:
-                return await job
+                return await attempt()
             finally:
-                mode = self.destinations[name].mode
-                self.metrics.latency.labels(name, mode).observe(time.monotonic() - started)
+                elapsed = time.monotonic() - started
+                self.metrics.latency.labels(name, destination.mode).observe(elapsed)
 
     async def _resolve(
         self,
@@ -363,16 +419,31 @@ class Relay:
         last: Mapping[int, Outcome] | None = None,
     ) -> dict[int, Outcome]:
         """Settle messages that may not be sent again: a matching receipt means sent, else dead."""
-        outcomes: dict[int, Outcome] = {}
+
+        async def lookup(message: Message, destination: Destination) -> dict[int, Outcome]:
+            found = await receipt_matches(self._client(message.destination), destination, message)
+            return {message.id: Sent(None)} if found else {}
+
+        jobs: list[Awaitable[dict[int, Outcome]]] = []
         for message in messages:
             destination = self.destinations.get(message.destination)
             if destination is not None and destination.receipt_lookup:
-                found = await receipt_matches(
-                    self._client(message.destination), destination, message
+                self._client(message.destination)
+                jobs.append(
+                    self._limited(
+                        message.destination,
+                        [message],
+                        partial(lookup, message, destination),
+                    )
                 )
-                if found:
-                    outcomes[message.id] = Sent(None)
-                    continue
+        found: dict[int, Outcome] = {}
+        for result in await asyncio.gather(*jobs):
+            found.update(result)
+        outcomes: dict[int, Outcome] = {}
+        for message in messages:
+            if message.id in found:
+                outcomes[message.id] = found[message.id]
+                continue
             previous = last.get(message.id) if last else None
             tail = f"; last: {previous.error}" if isinstance(previous, Retry | Dead) else ""
             status = previous.status if isinstance(previous, Retry | Dead) else None
@@ -432,7 +503,12 @@ class Relay:
             )
         return deliver, resolve
 
-    def _settle(self, messages: Sequence[Message], outcomes: Mapping[int, Outcome]) -> set[int]:
+    def _settle(
+        self,
+        messages: Sequence[Message],
+        outcomes: Mapping[int, Outcome],
+        unattempted: set[int] = frozenset(),  # type: ignore[assignment]
+    ) -> set[int]:
         """Record outcomes; returns the ids this relay settled (others were taken over)."""
         rows: list[_sql.Settlement] = []
         for message in messages:
@@ -451,6 +527,7 @@ class Relay:
                     outcome.status,
                     error,
                     delay,
+                    1 if message.id in unattempted else 0,
                 )
             )
         now = None if self.clock is None else float(self.clock())
@@ -478,7 +555,7 @@ class Relay:
         }
 
 
-_TARGET_STATE: dict[type, str] = {Sent: "sent", Retry: "pending", Dead: "dead"}
+_TARGET_STATE: dict[type, str] = {Sent: "sent", Retry: "pending", Unsent: "pending", Dead: "dead"}
 
 
 _NO_HEADERS: Mapping[str, str] = MappingProxyType({})
@@ -502,6 +579,6 @@ def _message(row: Any) -> Message:
 def _verdict(outcome: Outcome) -> Verdict:
     if isinstance(outcome, Sent):
         return "sent"
-    if isinstance(outcome, Retry):
+    if isinstance(outcome, Retry | Unsent):
         return "retry"
     return "dead"

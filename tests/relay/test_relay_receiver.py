@@ -93,12 +93,17 @@ def test_same_id_other_body_is_dead_as_a_conflict(
     assert count_effects(db_url, "c-1") == 1
 
 
+@pytest.mark.parametrize("reply_id", ["k-1", "k/1?x#y%2F"])
 def test_receipt_lookup_settles_an_unknown_outcome_as_sent(
-    db_url: str, engine: sa.Engine, receiver_process: ReceiverProcess, clock: ManualClock
+    reply_id: str,
+    db_url: str,
+    engine: sa.Engine,
+    receiver_process: ReceiverProcess,
+    clock: ManualClock,
 ) -> None:
-    publish_many(engine, ["k-1"], clock=clock)
+    publish_many(engine, [reply_id], clock=clock)
     with ReceiptStore(db_url) as store:  # the remote committed; its ACK never came back
-        store.accept("k-1", rows(engine)["k-1"]["body"])
+        store.accept(reply_id, rows(engine)[reply_id]["body"])
     target = {"default": destination(receiver_process, "single")}
     with (
         Relay(db_url, target, clock=clock, owner="relay-a", attempts=1, lease=6) as crashed,
@@ -106,9 +111,9 @@ def test_receipt_lookup_settles_an_unknown_outcome_as_sent(
     ):
         assert len(crashed._claim()[0]) == 1  # claimed, then died mid-send
         clock.advance(7)
-        assert survivor.dispatch_once() == [("k-1", "sent")]
-    assert rows(engine)["k-1"]["state"] == "sent"
-    assert count_effects(db_url, "k-1") == 1
+        assert survivor.dispatch_once() == [(reply_id, "sent")]
+    assert rows(engine)[reply_id]["state"] == "sent"
+    assert count_effects(db_url, reply_id) == 1
 
 
 def test_lost_ack_is_resent_and_answered_as_duplicate(

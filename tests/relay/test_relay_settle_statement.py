@@ -24,13 +24,13 @@ def test_settle_matches_id_and_fence_on_every_run(engine: sa.Engine) -> None:
             [claimed] = claim_messages(conn, owner="o", now=now, lease=30, limit=1, budget=3)
         ident, fence = claimed["id"], claimed["fence"]
         outcome: Settlement = (
-            (ident, fence, "dead", 409, f"conflict {turn}", 0.0)
+            (ident, fence, "dead", 409, f"conflict {turn}", 0.0, 0)
             if turn % 2
-            else (ident, fence, "sent", 200, None, 0.0)
+            else (ident, fence, "sent", 200, None, 0.0, 0)
         )
         with engine.begin() as conn:
             # A stale fence and a foreign owner touch nothing.
-            assert settle(conn, "o", [(ident, fence - 1, "sent", 200, None, 0.0)], None) == set()
+            assert settle(conn, "o", [(ident, fence - 1, "sent", 200, None, 0.0, 0)], None) == set()
             assert settle(conn, "other", [outcome], None) == set()
             assert settle(conn, "o", [outcome], None) == {ident}
     stored = rows(engine)

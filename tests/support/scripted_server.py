@@ -24,6 +24,7 @@ class Answer:
     status: int = 200
     headers: dict[str, str] = field(default_factory=dict)
     stall: float = 0.0
+    body: bytes = b"{}"
 
 
 @dataclass
@@ -43,6 +44,7 @@ class ScriptedServer:
         self.scripts: dict[str, deque[Answer]] = defaultdict(deque)
         self.received: list[Received] = []
         self.extra_headers = extra_headers or {}
+        self.default = Answer()
         self._lock = threading.Lock()
         with socket.socket() as probe:
             probe.bind(("127.0.0.1", 0))
@@ -82,10 +84,10 @@ class ScriptedServer:
                 Received(request.url.path, webhook_id, body, dict(request.headers))
             )
             script = self.scripts.get(webhook_id)
-            answer = script.popleft() if script else Answer()
+            answer = script.popleft() if script else self.default
         if answer.stall:
             await asyncio.sleep(answer.stall)  # the peer is slow; the relay must not wait for it
-        return Response(b"{}", answer.status, {**self.extra_headers, **answer.headers})
+        return Response(answer.body, answer.status, {**self.extra_headers, **answer.headers})
 
     async def _health(self, request: Request) -> Response:
         return Response(b"{}", 200, self.extra_headers)

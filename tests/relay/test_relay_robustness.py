@@ -1,0 +1,112 @@
+"""What a relay does when the turn outlasts the lease, a batch is too big, a peer is hostile,
+or the database refuses a settle: nothing sent twice while a lease holds, nothing lost."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import sqlalchemy as sa
+from support.relay_helpers import SECRET, publish_many, rows
+from support.scripted_server import Answer, ScriptedServer
+
+from outbox import ManualClock
+from relay import Destination, Relay
+from relay.delivery import Message, pack_batches
+
+
+def test_no_attempt_starts_that_could_outlive_the_lease(
+    db_url: str, engine: sa.Engine, server: ScriptedServer, clock: ManualClock
+) -> None:
+    ids = [f"slow-{n}" for n in range(6)]
+    publish_many(engine, ids, clock=clock)
+    server.default = Answer(stall=0.8)
+    one_at_a_time = Destination(server.url, secret=SECRET, timeout=1, concurrency=1)
+    with Relay(db_url, {"default": one_at_a_time}, clock=clock, lease=3) as relay:
+        started = time.monotonic()
+        verdicts = dict(relay.dispatch_once())
+        elapsed = time.monotonic() - started
+    sent = [i for i, v in verdicts.items() if v == "sent"]
+    assert 1 <= len(sent) < len(ids)
+    assert elapsed < 3  # every attempt ended inside the lease
+    assert sorted(server.ids()) == sorted(sent)  # the rest were never started
+    stored = rows(engine)
+    for reply_id in set(ids) - set(sent):
+        assert verdicts[reply_id] == "retry"
+        assert (stored[reply_id]["state"], stored[reply_id]["attempts"]) == ("pending", 0)
+
+
+def message(ident: int, body: bytes) -> Message:
+    return Message(ident, f"r-{ident}", "default", body, "", {}, 1, 1)
+
+
+def test_batches_respect_item_and_byte_limits() -> None:
+    messages = [message(n, b'{"x":"' + b"y" * 100 + b'"}') for n in range(10)]
+    by_items = pack_batches(messages, max_items=3, max_bytes=1_000_000)
+    assert [len(group) for group, _ in by_items] == [3, 3, 3, 1]
+    by_bytes = pack_batches(messages, max_items=100, max_bytes=400)
+    assert all(len(body) <= 400 for _, body in by_bytes)
+    assert [m.id for group, _ in by_bytes for m in group] == list(range(10))
+    [(alone, body)] = pack_batches([message(1, b'"' + b"z" * 900 + b'"')], 100, 400)
+    assert len(alone) == 1  # one reply too big still goes, alone
+    assert len(body) > 400
+
+
+def test_a_refused_whole_batch_retries_but_a_refused_single_reply_is_dead(
+    db_url: str, engine: sa.Engine, server: ScriptedServer, clock: ManualClock
+) -> None:
+    publish_many(engine, ["b-1", "b-2", "b-3"], clock=clock)
+    server.default = Answer(status=413)
+    batched = Destination(server.url, secret=SECRET, timeout=2, mode="batch", batch_url=server.url)
+    with Relay(db_url, {"default": batched}, clock=clock, backoff=1) as relay:
+        assert sorted(relay.dispatch_once()) == [
+            ("b-1", "retry"),
+            ("b-2", "retry"),
+            ("b-3", "retry"),
+        ]
+    assert "whole batch of 3 refused" in rows(engine)["b-1"]["last_error"]
+    clock.advance(1)
+    alone = Destination(
+        server.url, secret=SECRET, timeout=2, mode="batch", batch_url=server.url, max_batch_items=1
+    )
+    with Relay(db_url, {"default": alone}, clock=clock) as relay:
+        assert sorted(relay.dispatch_once()) == [(i, "dead") for i in ("b-1", "b-2", "b-3")]
+
+
+def test_a_hostile_error_body_is_stored_printable(
+    db_url: str, engine: sa.Engine, server: ScriptedServer, clock: ManualClock
+) -> None:
+    publish_many(engine, ["h-1", "h-2"], clock=clock)
+    server.script("h-1", Answer(status=500, body=b"bad\x00\x1b[31mred\x07"))
+    destination = Destination(server.url, secret=SECRET, timeout=2)
+    with Relay(db_url, {"default": destination}, clock=clock) as relay:
+        assert sorted(relay.dispatch_once()) == [("h-1", "retry"), ("h-2", "sent")]
+    error = rows(engine)["h-1"]["last_error"]
+    assert error.isprintable()
+    assert "bad" in error
+
+
+def test_outcomes_survive_a_failed_settle_and_are_recorded_next_turn(
+    db_url: str,
+    engine: sa.Engine,
+    server: ScriptedServer,
+    clock: ManualClock,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    publish_many(engine, ["s-1"], clock=clock)
+    destination = Destination(server.url, secret=SECRET, timeout=2)
+    with Relay(db_url, {"default": destination}, clock=clock) as relay:
+        real_settle = relay._settle
+
+        def refuse_once(*args: object, **kwargs: object) -> set[int]:
+            monkeypatch.setattr(relay, "_settle", real_settle)
+            raise RuntimeError("database said no")
+
+        monkeypatch.setattr(relay, "_settle", refuse_once)
+        with pytest.raises(RuntimeError, match="database said no"):
+            relay.dispatch_once()
+        assert rows(engine)["s-1"]["state"] == "sending"
+        assert relay.dispatch_once() == []  # records the kept outcome, claims nothing new
+    row = rows(engine)["s-1"]
+    assert (row["state"], row["attempts"]) == ("sent", 1)
+    assert server.ids() == ["s-1"]  # known outcome: never sent again
