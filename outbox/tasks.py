@@ -21,12 +21,12 @@ from sqlalchemy.orm import Session
 
 from outbox import _sql, failpoints
 from outbox._dialect import READ_ONLY, supports_skip_locked
+from outbox._handle import DatabaseHandle
 from outbox.canonical import NotCanonical, canonical_bytes
 from outbox.clock import Clock, now_expression
 from outbox.errors import BatchFailed, Fenced, InvalidMessage, PayloadCollision
 from outbox.intake import Accepted, Ack, AuthContext, Envelope, accept, authorize, check_name
 from outbox.messages import add_task_replies, check_destination, message_dict
-from outbox.migrations import engine_for, ensure_current
 from outbox.schema import inbox
 
 RECONCILE_BATCH = 100
@@ -53,7 +53,7 @@ def backoff_delay(attempt: int, backoff: float, cap: float, rng: random.Random) 
     return rng.uniform(ceiling / 2, ceiling)
 
 
-class TaskQueue:
+class TaskQueue(DatabaseHandle):
     """Durable intake, fenced task leases, and results committed with their replies."""
 
     def __init__(
@@ -92,30 +92,8 @@ class TaskQueue:
         self.tenant_cap = tenant_cap
         self.clock = clock
         self._rng = rng or random.Random()
-        self._engine, self._owns_engine = engine_for(url_or_engine)
-        try:
-            ensure_current(self._engine)
-        except BaseException:
-            self.close()
-            raise
-        self._dialect = self._engine.dialect.name
+        self._open(url_or_engine)
         self._skip_locked = supports_skip_locked(self._dialect)
-
-    @property
-    def engine(self) -> Engine:
-        """The engine this queue runs on."""
-        return self._engine
-
-    def close(self) -> None:
-        """Release the connection pool when the queue created it."""
-        if self._owns_engine:
-            self._engine.dispose()
-
-    def __enter__(self) -> TaskQueue:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     # --- plumbing -------------------------------------------------------------
 

@@ -27,11 +27,12 @@ from sqlalchemy.orm import Session
 
 from outbox import failpoints
 from outbox._dialect import READ_ONLY, insert_ignoring_conflicts
+from outbox._handle import DatabaseHandle
 from outbox.canonical import sha256_hex
 from outbox.clock import Clock, database_now, now_expression
 from outbox.errors import OutboxError, PayloadCollision
 from outbox.messages import check_reply_id
-from outbox.migrations import RECEIVER_BRANCH, engine_for, ensure_current
+from outbox.migrations import RECEIVER_BRANCH
 from receiver.schema import effects, receipts
 
 DEFAULT_RETENTION = 30 * 86_400.0
@@ -162,7 +163,7 @@ _INSERT_RECEIPTS_POSTGRESQL = (
 )
 
 
-class ReceiptStore:
+class ReceiptStore(DatabaseHandle):
     """Receipts deduplicated by reply_id and body hash; the effect commits with the receipt."""
 
     def __init__(
@@ -179,30 +180,11 @@ class ReceiptStore:
         self.clock = clock
         self.retention = float(retention)
         self.effect = effect
-        self._engine, self._owns_engine = engine_for(url_or_engine)
-        try:
-            with self._translated():
-                ensure_current(self._engine, branch=RECEIVER_BRANCH)
-        except BaseException:
-            self.close()
-            raise
-        self._dialect = self._engine.dialect.name
+        self._open(url_or_engine, RECEIVER_BRANCH)
 
-    @property
-    def engine(self) -> Engine:
-        """The engine this store runs on."""
-        return self._engine
-
-    def close(self) -> None:
-        """Release the connection pool when the store created it."""
-        if self._owns_engine:
-            self._engine.dispose()
-
-    def __enter__(self) -> ReceiptStore:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    def _check_schema(self, branch: str) -> None:
+        with self._translated():
+            super()._check_schema(branch)
 
     @contextmanager
     def _translated(self, retry: bool = False) -> Iterator[None]:

@@ -35,8 +35,8 @@ from tenacity import (
 from outbox import _sql as outbox_sql
 from outbox import failpoints
 from outbox._dialect import NOTIFY_CHANNEL, supports_skip_locked
+from outbox._handle import DatabaseHandle
 from outbox.clock import Clock, now_expression
-from outbox.migrations import engine_for, ensure_current
 from relay import _sql
 from relay.config import ConfigError, Destination, check_destinations
 from relay.delivery import Message, pack_batches, post_batch, post_one, receipt_matches
@@ -76,7 +76,7 @@ def is_transient(exc: BaseException) -> bool:
     return False
 
 
-class Relay:
+class Relay(DatabaseHandle):
     """A fenced relay: leases outbox messages and delivers them over HTTP with backoff."""
 
     def __init__(
@@ -122,13 +122,7 @@ class Relay:
         self.poll_interval = poll_interval
         self.grace = self.lease if grace is None else grace
         self._rng = rng or random.Random()
-        self._engine, self._owns_engine = engine_for(url_or_engine)
-        try:
-            ensure_current(self._engine)
-        except BaseException:
-            self.close()
-            raise
-        self._dialect = self._engine.dialect.name
+        self._open(url_or_engine)
         self._skip_locked = supports_skip_locked(self._dialect)
         self._loop = asyncio.new_event_loop()
         self._clients: dict[str, httpx.AsyncClient] = {}
@@ -156,14 +150,7 @@ class Relay:
             # before the engine goes away under it.
             loop.run_until_complete(loop.shutdown_default_executor())
             loop.close()
-        if self._owns_engine:
-            self._engine.dispose()
-
-    def __enter__(self) -> Relay:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+        super().close()
 
     def dispatch_once(self) -> list[tuple[str, Verdict]]:
         """Claim one batch, deliver it, settle it; returns (reply_id, verdict) per message."""

@@ -1,0 +1,51 @@
+"""A database handle: an engine on a current schema, disposed by whoever created it.
+
+TaskQueue, Relay and ReceiptStore all open a URL or adopt a caller's engine,
+refuse an older schema, and release only the pool they created themselves.
+"""
+
+from __future__ import annotations
+
+from typing import Self
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Engine
+
+from outbox.migrations import OUTBOX_BRANCH, engine_for, ensure_current
+
+
+class DatabaseHandle:
+    """Base of the objects that hold an engine; a context manager that closes it."""
+
+    _engine: Engine
+    _owns_engine: bool = False
+    _dialect: str
+
+    def _open(self, url_or_engine: str | sa.URL | Engine, branch: str = OUTBOX_BRANCH) -> None:
+        """Open the engine and check `branch` is current; on failure release what was opened."""
+        self._engine, self._owns_engine = engine_for(url_or_engine)
+        try:
+            self._check_schema(branch)
+        except BaseException:
+            self.close()
+            raise
+        self._dialect = self._engine.dialect.name
+
+    def _check_schema(self, branch: str) -> None:
+        ensure_current(self._engine, branch)
+
+    @property
+    def engine(self) -> Engine:
+        """The engine this object runs on."""
+        return self._engine
+
+    def close(self) -> None:
+        """Release the connection pool when this object created it."""
+        if self._owns_engine:
+            self._engine.dispose()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
