@@ -83,6 +83,12 @@ def error(status: int, message: str, **headers: str) -> Answer:
     return Answer(status, {"error": message}, dict(headers))
 
 
+# The store is down or busy: nothing was stored, and Retry-After tells the relay when.
+UNAVAILABLE = error(
+    503, "receipt store unavailable, retry", **{"Retry-After": str(RETRY_AFTER_SECONDS)}
+)
+
+
 def _reject_constant(name: str) -> Any:
     raise InvalidJSON(f"{name} is not JSON")
 
@@ -209,9 +215,7 @@ class Handler:
         except PayloadCollision:
             return error(409, f"reply_id {reply_id!r} was stored with a different body")
         except StoreUnavailable:
-            return error(
-                503, "receipt store unavailable, retry", **{"Retry-After": str(RETRY_AFTER_SECONDS)}
-            )
+            return UNAVAILABLE
         return Answer(200, {"ack": "stored", "reply_id": reply_id, "duplicate": receipt.duplicate})
 
     def post_batch(self, headers: Mapping[str, str], body: bytes) -> Answer:
@@ -255,9 +259,7 @@ class Handler:
         try:
             stored = iter(self.store.accept_many(valid, self.effect) if valid else [])
         except StoreUnavailable:
-            return error(
-                503, "receipt store unavailable, retry", **{"Retry-After": str(RETRY_AFTER_SECONDS)}
-            )
+            return UNAVAILABLE
         results = [
             {"reply_id": reply_id, "status": status if status is not None else next(stored)}
             for reply_id, status in zip(ids, statuses, strict=True)
@@ -275,9 +277,7 @@ class Handler:
         try:
             receipt = self.store.lookup(reply_id)
         except StoreUnavailable:
-            return error(
-                503, "receipt store unavailable, retry", **{"Retry-After": str(RETRY_AFTER_SECONDS)}
-            )
+            return UNAVAILABLE
         if receipt is None:
             return error(404, f"no receipt for {reply_id!r} (never received, or purged)")
         return Answer(
