@@ -127,16 +127,7 @@ def receiver_process(url: str, workdir: Path) -> Iterator[str]:
         stderr=subprocess.PIPE,
     )
     base = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 30
-    while True:
-        try:
-            if httpx.get(base + "/healthz", timeout=1).status_code == 200:
-                break
-        except httpx.TransportError:
-            pass
-        if time.monotonic() > deadline or proc.poll() is not None:
-            raise RuntimeError("receiver did not start")
-        threading.Event().wait(0.05)
+    wait_healthy(base + "/healthz")
     try:
         yield base + "/replies"
     finally:
@@ -156,6 +147,7 @@ def relay_processes(
         f'[destinations.default]\nurl = "{target}"\nsecret_file = "{secret_file}"\n'
         f'mode = "{mode}"\ntimeout = 10\nconcurrency = 8\n'
     )
+    ports = [free_port() for _ in range(count)]
     procs = [
         subprocess.Popen(
             [
@@ -171,20 +163,38 @@ def relay_processes(
                 f"bench-relay-{n}",
                 "--log-level",
                 "WARNING",
+                "--metrics-port",
+                str(port),
             ],
             cwd=ROOT,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
         )
-        for n in range(count)
+        for n, port in enumerate(ports)
     ]
     try:
+        # Measure from when every relay is up, not from when its interpreter starts.
+        for port in ports:
+            wait_healthy(f"http://127.0.0.1:{port}/healthz")
         yield
     finally:
         for proc in procs:
             proc.send_signal(signal.SIGTERM)
         for proc in procs:
             proc.wait(timeout=60)
+
+
+def wait_healthy(url: str, seconds: float = 30) -> None:
+    """Poll a health endpoint until it answers 200."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(url, timeout=1).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        threading.Event().wait(0.05)
+    raise RuntimeError(f"{url} did not become healthy")
 
 
 def count_sent(engine: sa.Engine) -> int:

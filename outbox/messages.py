@@ -164,12 +164,19 @@ def add_message(
         "content_hash": digest,
         "headers": headers,
     }
-    inserted = conn.execute(
-        _sql.insert_messages(now, ignore_conflicts=conn.dialect.name).returning(messages.c.id),
-        row,
-    ).first()
+    inserted = (
+        conn.execute(
+            _sql.insert_messages(now, ignore_conflicts=conn.dialect.name).returning(*messages.c),
+            row,
+        )
+        .mappings()
+        .first()
+    )
+    if inserted is not None:
+        notify_messages(conn)
+        return message_dict(inserted)
     existing = conn.execute(_sql.select_message(reply_id)).mappings().one()
-    if inserted is None and (
+    if (
         existing["content_hash"] != digest
         or existing["destination"] != destination
         or existing["ordering_key"] != ordering_key
@@ -178,8 +185,6 @@ def add_message(
             f"reply_id {reply_id!r} is stored for {existing['destination']!r} with content hash "
             f"{existing['content_hash']}; this one is for {destination!r} with {digest}"
         )
-    if inserted is not None:
-        notify_messages(conn)
     return message_dict(existing)
 
 
