@@ -104,6 +104,21 @@ def claim_messages(
     ]
 
 
+def adopt_messages(owner: str, now: Now, lease: float) -> sa.Update:
+    """Re-lease this owner's messages still marked sending, under a new fence.
+
+    A relay runs one turn at a time, so at claim time such rows were leased by a
+    claim whose COMMIT looked failed (or by an earlier process under the same
+    owner name). Their counted attempt is the one about to be made.
+    """
+    return (
+        sa.update(messages)
+        .where(messages.c.state == "sending", messages.c.owner == owner)
+        .values(lease_until=now + lease, fence=messages.c.fence + 1)
+        .returning(*CLAIMED, (messages.c.attempts - 1).label("previous_attempts"))
+    )
+
+
 # Every outcome of a turn settles in ONE statement: the rows' (id, fence, state, status,
 # error, delay) travel as arrays (PostgreSQL) or one JSON document (SQLite), so the SQL
 # text stays short and cached whatever the batch size. The WHERE clause is the fence.

@@ -474,12 +474,13 @@ class Relay(DatabaseHandle):
         with self._engine.begin() as conn:
             now = self._now()
             conn.execute(outbox_sql.reap_expired_message_leases(now, self.batch, self._skip_locked))
-            rows = _sql.claim_messages(
+            rows = list(conn.execute(_sql.adopt_messages(self.owner, now, self.lease)).mappings())
+            rows += _sql.claim_messages(
                 conn,
                 owner=self.owner,
                 now=now,
                 lease=self.lease,
-                limit=self.batch,
+                limit=max(self.batch - len(rows), 0),
                 budget=self.attempts,
             )
         deliver: list[Message] = []

@@ -11,7 +11,9 @@ from support.relay_helpers import SECRET, publish_many, rows
 from support.scripted_server import Answer, ScriptedServer
 
 from outbox import ManualClock
+from outbox.clock import now_expression
 from relay import Destination, Relay
+from relay._sql import claim_messages
 from relay.delivery import Message, pack_batches
 
 
@@ -110,3 +112,25 @@ def test_outcomes_survive_a_failed_settle_and_are_recorded_next_turn(
     row = rows(engine)["s-1"]
     assert (row["state"], row["attempts"]) == ("sent", 1)
     assert server.ids() == ["s-1"]  # known outcome: never sent again
+
+
+def test_rows_a_failed_looking_claim_leased_are_adopted_not_left_to_expire(
+    db_url: str, engine: sa.Engine, server: ScriptedServer, clock: ManualClock
+) -> None:
+    publish_many(engine, ["o-1", "o-2"], clock=clock)
+    with Relay(db_url, {"default": Destination(server.url, secret=SECRET)}, clock=clock) as relay:
+        # The claim committed, but the relay never learned it (its COMMIT raised).
+        with engine.begin() as conn:
+            orphans = claim_messages(
+                conn,
+                owner=relay.owner,
+                now=now_expression(clock, engine.dialect.name),
+                lease=relay.lease,
+                limit=10,
+                budget=relay.attempts,
+            )
+        assert len(orphans) == 2
+        assert sorted(relay.dispatch_once()) == [("o-1", "sent"), ("o-2", "sent")]
+    stored = rows(engine)
+    assert [(r["state"], r["attempts"]) for r in stored.values()] == [("sent", 1), ("sent", 1)]
+    assert sorted(server.ids()) == ["o-1", "o-2"]
