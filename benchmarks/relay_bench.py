@@ -39,6 +39,7 @@ from receiver.schema import receipts
 
 ADMIN_URL = os.environ.get("OUTBOX_BENCH_PG_URL", "postgresql+psycopg://postgres@127.0.0.1/test")
 ROOT = Path(__file__).resolve().parent.parent
+CONCURRENCY = int(os.environ.get("OUTBOX_BENCH_CONCURRENCY", "8"))
 SECRET = "whsec_" + base64.b64encode(b"benchmark-secret-0123456789abcdef").decode()
 
 
@@ -145,7 +146,7 @@ def relay_processes(
     config.write_text(
         f"[relay]\nbatch = {batch}\nlease = 30\npoll_interval = 0.05\nattempts = 5\n"
         f'[destinations.default]\nurl = "{target}"\nsecret_file = "{secret_file}"\n'
-        f'mode = "{mode}"\ntimeout = 10\nconcurrency = 8\n'
+        f'mode = "{mode}"\ntimeout = 10\nconcurrency = {CONCURRENCY}\n'
     )
     ports = [free_port() for _ in range(count)]
     procs = [

@@ -98,10 +98,15 @@ def retry_delay(
     return backoff_delay(attempt, backoff, cap, rng)
 
 
-def longest_retry_window(attempts: int, backoff: float, cap: float, timeout: float) -> float:
-    """Worst-case seconds from the first attempt to the last: every timeout plus every backoff."""
-    waits = sum(min(cap, backoff * 2.0 ** (n - 1)) for n in range(1, attempts))
-    return waits + attempts * timeout
+def longest_retry_window(
+    attempts: int, backoff: float, cap: float, timeout: float, lease: float
+) -> float:
+    """Worst case from the first attempt to the last resend, in seconds.
+
+    Every wait may be a Retry-After at the cap, and every attempt may also end
+    in a lease expiry before another relay takes the message over.
+    """
+    return (attempts - 1) * max(cap, backoff) + attempts * (timeout + lease)
 
 
 def truncate(text: str, limit: int = MAX_ERROR_CHARS) -> str:

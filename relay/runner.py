@@ -245,15 +245,18 @@ class Relay(DatabaseHandle):
         """Refuse to run when a destination keeps receipts shorter than our retry window."""
         for name, destination in self.destinations.items():
             window = longest_retry_window(
-                self.attempts, self.backoff, self.backoff_cap, destination.timeout
+                self.attempts, self.backoff, self.backoff_cap, destination.timeout, self.lease
             )
             try:
                 response = await self._client(name).get(
                     destination.url.rstrip("/").rsplit("/", 1)[0] + "/healthz",
                     timeout=destination.timeout,
                 )
-            except httpx.HTTPError:
-                continue  # unreachable now is a delivery problem, retried like any other
+            except httpx.HTTPError as exc:
+                # Unreachable now is a delivery problem, retried like any other; but say
+                # that the retention could not be checked.
+                log.warning("destination %s: receipt retention not checked (%s)", name, exc)
+                continue
             advertised = response.headers.get(RETENTION_HEADER)
             if advertised is None:
                 continue
