@@ -194,10 +194,10 @@ class Handler:
         now = None if self.wall_clock is None else self.wall_clock()
         return verify(self.keys, headers, body, tolerance=self.tolerance, now=now)
 
-    def post_reply(self, headers: Mapping[str, str], body: bytes) -> Answer:
-        """Decide POST /replies for a body the shell has read within max_body (blocking)."""
+    def _checked(self, headers: Mapping[str, str], body: bytes) -> tuple[str, Any] | Answer:
+        """Checks 1-4, shared by both POSTs: (signed webhook-id, parsed JSON) or the refusal."""
         try:
-            reply_id = self._verify(headers, body)
+            webhook_id = self._verify(headers, body)
         except SignatureError as exc:
             return error(401, str(exc))
         if len(body) > self.max_body:
@@ -205,9 +205,16 @@ class Handler:
         if not is_json_content_type(_header(headers, "content-type")):
             return error(415, "Content-Type must be application/json (UTF-8)")
         try:
-            parse_strict_json(body)
+            return webhook_id, parse_strict_json(body)
         except InvalidJSON as exc:
             return error(400, f"invalid JSON: {exc}")
+
+    def post_reply(self, headers: Mapping[str, str], body: bytes) -> Answer:
+        """Decide POST /replies for a body the shell has read within max_body (blocking)."""
+        checked = self._checked(headers, body)
+        if isinstance(checked, Answer):
+            return checked
+        reply_id, _ = checked
         if not REPLY_ID.fullmatch(reply_id):
             return error(400, "webhook-id is not a valid reply_id")
         try:
@@ -220,18 +227,10 @@ class Handler:
 
     def post_batch(self, headers: Mapping[str, str], body: bytes) -> Answer:
         """Decide POST /replies/batch: one transaction, one status per item (blocking)."""
-        try:
-            self._verify(headers, body)
-        except SignatureError as exc:
-            return error(401, str(exc))
-        if len(body) > self.max_body:
-            return error(413, f"body larger than {self.max_body} bytes")
-        if not is_json_content_type(_header(headers, "content-type")):
-            return error(415, "Content-Type must be application/json (UTF-8)")
-        try:
-            document = parse_strict_json(body)
-        except InvalidJSON as exc:
-            return error(400, f"invalid JSON: {exc}")
+        checked = self._checked(headers, body)
+        if isinstance(checked, Answer):
+            return checked
+        _, document = checked
         items = document.get("replies") if isinstance(document, dict) else None
         if not isinstance(items, list) or not 1 <= len(items) <= MAX_BATCH_ITEMS:
             return error(400, f'expected {{"replies": [1..{MAX_BATCH_ITEMS} items]}}')
