@@ -283,6 +283,9 @@ class Relay(DatabaseHandle):
         # not started, or another relay might send the same message at the same time.
         self._turn_deadline = started + self.lease - LEASE_MARGIN
         outcomes = await self._deliver(deliver)
+        # Only a delivery that never started gives its attempt back; a later lookup that
+        # ran out of lease time does not (the attempt was made).
+        unattempted = {i for i, outcome in outcomes.items() if isinstance(outcome, Unsent)}
         outcomes.update(await self._resolve(resolve, "lease expired while sending"))
         spent = [
             m for m in deliver if isinstance(outcomes[m.id], Retry) and m.attempts >= self.attempts
@@ -290,7 +293,6 @@ class Relay(DatabaseHandle):
         if spent:
             outcomes.update(await self._resolve(spent, "retry budget exhausted", outcomes))
         failpoints.hit("relay.after_remote_commit")
-        unattempted = {m.id for m in deliver if isinstance(outcomes[m.id], Unsent)}
         return await self._record(deliver + resolve, outcomes, unattempted)
 
     async def _record(
@@ -392,6 +394,7 @@ class Relay(DatabaseHandle):
     ) -> dict[int, Outcome]:
         """Run one request under the destination's concurrency limit, if the lease allows it."""
         destination = self.destinations[name]
+        self._client(name)  # creates the destination's limit with its client
         async with self._limits[name]:
             if time.monotonic() + destination.timeout > self._turn_deadline:
                 return dict.fromkeys((m.id for m in messages), Unsent())
@@ -418,7 +421,6 @@ class Relay(DatabaseHandle):
         for message in messages:
             destination = self.destinations.get(message.destination)
             if destination is not None and destination.receipt_lookup:
-                self._client(message.destination)
                 jobs.append(
                     self._limited(
                         message.destination,
@@ -426,13 +428,14 @@ class Relay(DatabaseHandle):
                         partial(lookup, message, destination),
                     )
                 )
-        found: dict[int, Outcome] = {}
+        # A lookup answers Sent, nothing (no matching receipt), or Unsent (no lease time left).
+        answered: dict[int, Outcome] = {}
         for result in await asyncio.gather(*jobs):
-            found.update(result)
+            answered.update(result)
         outcomes: dict[int, Outcome] = {}
         for message in messages:
-            if message.id in found:
-                outcomes[message.id] = found[message.id]
+            if message.id in answered:
+                outcomes[message.id] = answered[message.id]
                 continue
             previous = last.get(message.id) if last else None
             tail = f"; last: {previous.error}" if isinstance(previous, Retry | Dead) else ""
