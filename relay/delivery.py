@@ -9,9 +9,9 @@ Errors kept for operators never include headers or secrets.
 from __future__ import annotations
 
 import asyncio
-import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from json.encoder import encode_basestring
 from typing import Any
 
 import httpx
@@ -83,10 +83,14 @@ def pack_batches(
     items: list[bytes] = []
     size = len(_BATCH_HEAD) + len(_BATCH_TAIL)
     for message in messages:
-        item = json.dumps(
-            {"reply_id": message.reply_id, "body": message.body.decode("utf-8")},
-            separators=(",", ":"),
-            ensure_ascii=False,
+        # The body is canonical JSON text, carried as a JSON string; the C string encoder
+        # is several times faster than dumping a dict per item.
+        item = (
+            '{"reply_id":'
+            + encode_basestring(message.reply_id)
+            + ',"body":'
+            + encode_basestring(message.body.decode("utf-8"))
+            + "}"
         ).encode()
         if group and (len(group) >= max_items or size + len(item) + 1 > max_bytes):
             packed.append((group, _BATCH_HEAD + b",".join(items) + _BATCH_TAIL))
