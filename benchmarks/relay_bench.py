@@ -39,7 +39,7 @@ from receiver.schema import receipts
 
 ADMIN_URL = os.environ.get("OUTBOX_BENCH_PG_URL", "postgresql+psycopg://postgres@127.0.0.1/test")
 ROOT = Path(__file__).resolve().parent.parent
-CONCURRENCY = int(os.environ.get("OUTBOX_BENCH_CONCURRENCY", "8"))
+CONCURRENCY = int(os.environ.get("OUTBOX_BENCH_CONCURRENCY", "4"))
 SECRET = "whsec_" + base64.b64encode(b"benchmark-secret-0123456789abcdef").decode()
 
 
