@@ -107,9 +107,9 @@ def claim_messages(
 def adopt_messages(owner: str, now: Now, lease: float) -> sa.Update:
     """Re-lease this owner's messages still marked sending, under a new fence.
 
-    A relay runs one turn at a time, so at claim time such rows were leased by a
-    claim whose COMMIT looked failed (or by an earlier process under the same
-    owner name). Their counted attempt is the one about to be made.
+    Run only after a claim whose COMMIT raised: a relay runs one turn at a time,
+    so such rows were leased by that claim. Their counted attempt is the one
+    about to be made.
     """
     return (
         sa.update(messages)

@@ -11,8 +11,11 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 import random
+import secrets
 import signal
+import socket
 import sqlite3
 import threading
 import time
@@ -83,7 +86,7 @@ class Relay(DatabaseHandle):
         self,
         url_or_engine: str | sa.URL | Engine,
         destinations: Mapping[str, Destination],
-        owner: str = "relay-1",
+        owner: str | None = None,
         clock: Clock | None = None,
         lease: float = 30,
         backoff: float = 2,
@@ -109,8 +112,12 @@ class Relay(DatabaseHandle):
                 raise ConfigError(f"{name} must be an int >= 1, got {value!r}")
         if not (backoff > 0 and backoff_cap >= backoff and poll_interval > 0):
             raise ConfigError("backoff, backoff_cap and poll_interval must be positive")
-        if not isinstance(owner, str) or not 1 <= len(owner) <= 200:
-            raise ConfigError("owner must be a str of 1..200 characters")
+        if owner is None:
+            # Unique per process: two relays sharing an owner name could not tell their
+            # leases apart.
+            owner = f"relay-{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"[-200:]
+        if not isinstance(owner, str) or not 1 <= len(owner) <= 200 or "\x00" in owner:
+            raise ConfigError("owner must be a str of 1..200 characters without NUL")
         self.owner = owner
         self.clock = clock
         self.lease = float(lease)
@@ -130,6 +137,7 @@ class Relay(DatabaseHandle):
         self._stopping: asyncio.Event | None = None
         self._wake: asyncio.Event | None = None
         self._turn_deadline = 0.0
+        self._claim_in_doubt = False
         self._unsettled: tuple[list[Message], dict[int, Outcome], set[int]] | None = None
         self.listening = threading.Event()
         """Set while a LISTEN connection is up (PostgreSQL), so NOTIFY wakes the loop."""
@@ -477,10 +485,29 @@ class Relay(DatabaseHandle):
 
     def _claim(self) -> tuple[list[Message], list[Message]]:
         """Lease a batch: (messages to deliver, messages whose attempts are spent to resolve)."""
+        try:
+            rows = self._claim_rows()
+        except sa.exc.DBAPIError:
+            # The COMMIT may have happened: the rows it leased are adopted next time.
+            self._claim_in_doubt = True
+            raise
+        deliver: list[Message] = []
+        resolve: list[Message] = []
+        for row in rows:
+            (resolve if row["previous_attempts"] >= self.attempts else deliver).append(
+                _message(row)
+            )
+        return deliver, resolve
+
+    def _claim_rows(self) -> list[Any]:
         with self._engine.begin() as conn:
             now = self._now()
             conn.execute(outbox_sql.reap_expired_message_leases(now, self.batch, self._skip_locked))
-            rows = list(conn.execute(_sql.adopt_messages(self.owner, now, self.lease)).mappings())
+            rows: list[Any] = []
+            if self._claim_in_doubt:
+                rows = list(
+                    conn.execute(_sql.adopt_messages(self.owner, now, self.lease)).mappings()
+                )
             rows += _sql.claim_messages(
                 conn,
                 owner=self.owner,
@@ -489,13 +516,8 @@ class Relay(DatabaseHandle):
                 limit=max(self.batch - len(rows), 0),
                 budget=self.attempts,
             )
-        deliver: list[Message] = []
-        resolve: list[Message] = []
-        for row in rows:
-            (resolve if row["previous_attempts"] >= self.attempts else deliver).append(
-                _message(row)
-            )
-        return deliver, resolve
+        self._claim_in_doubt = False
+        return rows
 
     def _settle(
         self,

@@ -11,9 +11,7 @@ from support.relay_helpers import SECRET, publish_many, rows
 from support.scripted_server import Answer, ScriptedServer
 
 from outbox import ManualClock
-from outbox.clock import now_expression
 from relay import Destination, Relay
-from relay._sql import claim_messages
 from relay.delivery import Message, pack_batches
 
 
@@ -115,22 +113,32 @@ def test_outcomes_survive_a_failed_settle_and_are_recorded_next_turn(
 
 
 def test_rows_a_failed_looking_claim_leased_are_adopted_not_left_to_expire(
-    db_url: str, engine: sa.Engine, server: ScriptedServer, clock: ManualClock
+    db_url: str,
+    engine: sa.Engine,
+    server: ScriptedServer,
+    clock: ManualClock,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     publish_many(engine, ["o-1", "o-2"], clock=clock)
     with Relay(db_url, {"default": Destination(server.url, secret=SECRET)}, clock=clock) as relay:
-        # The claim committed, but the relay never learned it (its COMMIT raised).
-        with engine.begin() as conn:
-            orphans = claim_messages(
-                conn,
-                owner=relay.owner,
-                now=now_expression(clock, engine.dialect.name),
-                lease=relay.lease,
-                limit=10,
-                budget=relay.attempts,
-            )
-        assert len(orphans) == 2
+        real_claim_rows = relay._claim_rows
+
+        def commit_then_lose_the_answer() -> list[object]:
+            monkeypatch.setattr(relay, "_claim_rows", real_claim_rows)
+            real_claim_rows()  # committed: the rows are now 'sending' under this relay
+            raise sa.exc.OperationalError("COMMIT", {}, Exception("connection lost"), True)
+
+        monkeypatch.setattr(relay, "_claim_rows", commit_then_lose_the_answer)
         assert sorted(relay.dispatch_once()) == [("o-1", "sent"), ("o-2", "sent")]
     stored = rows(engine)
     assert [(r["state"], r["attempts"]) for r in stored.values()] == [("sent", 1), ("sent", 1)]
     assert sorted(server.ids()) == ["o-1", "o-2"]
+
+
+def test_relays_without_an_owner_name_get_distinct_ones(
+    db_url: str, server: ScriptedServer
+) -> None:
+    destination = {"default": Destination(server.url, secret=SECRET)}
+    with Relay(db_url, destination) as first, Relay(db_url, destination) as second:
+        assert first.owner != second.owner
+        assert first.owner.startswith("relay-")
