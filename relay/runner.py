@@ -113,7 +113,7 @@ class Relay(DatabaseHandle):
         if not (backoff > 0 and backoff_cap >= backoff and poll_interval > 0):
             raise ConfigError("backoff, backoff_cap and poll_interval must be positive")
         if owner is None:
-            # Unique per process: two relays sharing an owner name could not tell their
+            # Unique per instance: relays sharing an owner name could not tell their
             # leases apart.
             owner = f"relay-{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"[-200:]
         if not isinstance(owner, str) or not 1 <= len(owner) <= 200 or "\x00" in owner:
