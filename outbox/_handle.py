@@ -6,7 +6,7 @@ refuse an older schema, and release only the pool they created themselves.
 
 from __future__ import annotations
 
-from typing import Self
+from typing import Any, Self
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
@@ -21,9 +21,11 @@ class DatabaseHandle:
     _owns_engine: bool = False
     _dialect: str
 
-    def _open(self, url_or_engine: str | sa.URL | Engine, branch: str = OUTBOX_BRANCH) -> None:
+    def _open(
+        self, url_or_engine: str | sa.URL | Engine, branch: str = OUTBOX_BRANCH, **options: Any
+    ) -> None:
         """Open the engine and check `branch` is current; on failure release what was opened."""
-        self._engine, self._owns_engine = engine_for(url_or_engine)
+        self._engine, self._owns_engine = engine_for(url_or_engine, **options)
         try:
             self._check_schema(branch)
         except BaseException:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import sqlalchemy as sa
 from alembic.config import Config
@@ -29,11 +30,11 @@ def script_location() -> Path:
     return Path(__file__).resolve().parent.parent / "alembic"
 
 
-def engine_for(url_or_engine: str | sa.URL | Engine) -> tuple[Engine, bool]:
-    """Return (engine, owned): an engine we created from a URL is ours to dispose."""
+def engine_for(url_or_engine: str | sa.URL | Engine, **options: Any) -> tuple[Engine, bool]:
+    """Return (engine, owned): an engine we created from a URL (with `options`) is ours."""
     if isinstance(url_or_engine, Engine):
         return prepare_engine(url_or_engine), False
-    return create_engine(url_or_engine), True
+    return create_engine(url_or_engine, **options), True
 
 
 def alembic_config(connection: sa.Connection | None = None) -> Config:

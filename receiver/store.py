@@ -314,7 +314,7 @@ class ReceiptStore(DatabaseHandle):
                 .returning(receipts.c.reply_id, receipts.c.received_at),
                 [{"reply_id": r[0], "content_hash": r[1], "body": r[2]} for r in rows],
             )
-        return {row.reply_id: float(row.received_at) for row in result}
+        return {row.reply_id: float(row.received_at) for row in result.all()}
 
     def lookup(self, reply_id: str) -> Receipt | None:
         """The stored receipt of `reply_id` (duplicate=True: it predates this call), or None."""

@@ -7,6 +7,7 @@ write touches nothing.
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Sequence
 from typing import Any
@@ -27,8 +28,20 @@ CLAIMED = (
     messages.c.headers,
     messages.c.attempts,
     messages.c.fence,
-    messages.c.available_at,
 )
+"""The columns of a claimed row, in order; `previous_attempts` follows them."""
+
+
+def _now(dialect_name: str) -> Now:
+    # One statement serves both clocks: a manual clock binds its time, else NULL picks
+    # the database's (read in the statement, so no extra round trip).
+    return sa.func.coalesce(sa.bindparam("now", type_=sa.Double()), database_now(dialect_name))
+
+
+def _state(name: str) -> sa.ColumnElement[str]:
+    # Written into the SQL, not bound: a prepared statement's generic plan can then still
+    # prove the partial indexes' `state = '...'` predicates and use them.
+    return sa.literal_column(f"'{name}'", sa.String())
 
 
 def _first_undelivered_of_its_key(m: Any) -> sa.ColumnElement[bool]:
@@ -38,90 +51,116 @@ def _first_undelivered_of_its_key(m: Any) -> sa.ColumnElement[bool]:
         ~sa.exists().where(
             earlier.c.destination == m.c.destination,
             earlier.c.ordering_key == m.c.ordering_key,
-            earlier.c.state.in_(("pending", "sending")),
+            earlier.c.state.in_((_state("pending"), _state("sending"))),
             earlier.c.id < m.c.id,
         ),
     )
 
 
-def _deliverable(m: Any, now: Now) -> list[sa.ColumnElement[bool]]:
-    return [m.c.state == "pending", m.c.available_at <= now, _first_undelivered_of_its_key(m)]
-
-
-def _claim_values(owner: str, now: Now, lease: float, attempts: Any, budget: int) -> dict[str, Any]:
+def _claim_values(now: Now, attempts: Any) -> dict[str, Any]:
     # Spent messages (their lease expired mid-send) are leased to resolve, not to send:
     # their attempt count stays as it is.
+    budget = sa.bindparam("budget", type_=sa.Integer())
     return {
-        "state": "sending",
-        "owner": owner,
-        "lease_until": now + lease,
+        "state": _state("sending"),
+        "owner": sa.bindparam("claim_owner", type_=sa.String()),
+        "lease_until": now + sa.bindparam("lease", type_=sa.Double()),
         "fence": messages.c.fence + 1,
         "attempts": sa.case((attempts < budget, attempts + 1), else_=attempts),
     }
 
 
-def claim_messages(
-    conn: sa.Connection, *, owner: str, now: Now, lease: float, limit: int, budget: int
-) -> list[Any]:
-    """Lease up to `limit` due messages (oldest first, the first undelivered of each key).
-
-    Each returned row carries `previous_attempts`: when it is already `budget`,
-    the message was reclaimed after a lease expired mid-send and may only be
-    resolved (receipt lookup, else dead), never sent again.
-    """
+@functools.cache
+def _claim_statements(dialect_name: str) -> tuple[Any, Any]:
+    """(pick, update) for a dialect, built once: SQLAlchemy then reuses their compiled SQL."""
     m = messages.alias("m")
+    now = _now(dialect_name)
     pick = (
         sa.select(m.c.id, m.c.attempts)
-        .where(*_deliverable(m, now))
+        .where(
+            m.c.state == _state("pending"),
+            m.c.available_at <= now,
+            _first_undelivered_of_its_key(m),
+        )
         .order_by(m.c.available_at, m.c.id)
-        .limit(limit)
+        .limit(sa.bindparam("limit", type_=sa.Integer()))
     )
-    if conn.dialect.name == "postgresql":
+    if dialect_name == "postgresql":
         # One statement. MATERIALIZED makes PostgreSQL run the LIMIT ... SKIP LOCKED pick
         # once; as an IN (subquery) a nested-loop plan may rescan it and take every row.
         picked = pick.with_for_update(skip_locked=True).cte("picked").prefix_with("MATERIALIZED")
-        statement = (
+        update = (
             sa.update(messages)
-            .where(messages.c.id == picked.c.id, messages.c.state == "pending")
-            .values(**_claim_values(owner, now, lease, picked.c.attempts, budget))
+            .where(messages.c.id == picked.c.id, messages.c.state == _state("pending"))
+            .values(**_claim_values(now, picked.c.attempts))
             .returning(*CLAIMED, picked.c.attempts.label("previous_attempts"))
         )
-        return list(conn.execute(statement).mappings().all())
-    # SQLite: the transaction holds the write lock (BEGIN IMMEDIATE), so reading the
-    # candidates first cannot race; its RETURNING cannot name the FROM table's columns.
-    previous: dict[int, int] = {row.id: row.attempts for row in conn.execute(pick)}
-    if not previous:
-        return []
-    statement = (
+        return None, update
+    update = (
         sa.update(messages)
-        .where(messages.c.id.in_(list(previous)))
-        .values(**_claim_values(owner, now, lease, messages.c.attempts, budget))
+        .where(messages.c.id.in_(sa.bindparam("ids", expanding=True)))
+        .values(**_claim_values(now, messages.c.attempts))
         .returning(*CLAIMED)
     )
-    return [
-        {**row, "previous_attempts": previous[row["id"]]}
-        for row in conn.execute(statement).mappings()
-    ]
+    return pick, update
 
 
-def adopt_messages(owner: str, now: Now, lease: float) -> sa.Update:
-    """Re-lease this owner's messages still marked sending, under a new fence.
+def claim_messages(
+    conn: sa.Connection, *, owner: str, now: float | None, lease: float, limit: int, budget: int
+) -> list[tuple[Any, ...]]:
+    """Lease up to `limit` due messages (oldest first, the first undelivered of each key).
 
-    Run only after a claim whose COMMIT raised: a relay runs one turn at a time,
-    so such rows were leased by that claim. Their counted attempt is the one
-    about to be made.
+    Rows are CLAIMED's columns then `previous_attempts`: when that is already
+    `budget`, the message was reclaimed after a lease expired mid-send and may
+    only be resolved (receipt lookup, else dead), never sent again. `now` is a
+    manual clock's time, or None for the database's clock.
     """
+    pick, update = _claim_statements(conn.dialect.name)
+    params = {"now": now, "claim_owner": owner, "lease": lease, "limit": limit, "budget": budget}
+    if pick is None:
+        return [tuple(row) for row in conn.execute(update, params).all()]
+    # SQLite: the transaction holds the write lock (BEGIN IMMEDIATE), so reading the
+    # candidates first cannot race; its RETURNING cannot name the FROM table's columns.
+    previous: dict[int, int] = {row[0]: row[1] for row in conn.execute(pick, params)}
+    if not previous:
+        return []
+    updated = conn.execute(update, {**params, "ids": list(previous)}).all()
+    return [(*row, previous[row[0]]) for row in updated]
+
+
+@functools.cache
+def _adopt_statement(dialect_name: str) -> sa.Update:
+    now = _now(dialect_name)
     return (
         sa.update(messages)
-        .where(messages.c.state == "sending", messages.c.owner == owner)
-        .values(lease_until=now + lease, fence=messages.c.fence + 1)
+        .where(
+            messages.c.state == _state("sending"),
+            messages.c.owner == sa.bindparam("claim_owner", type_=sa.String()),
+        )
+        .values(
+            lease_until=now + sa.bindparam("lease", type_=sa.Double()), fence=messages.c.fence + 1
+        )
         .returning(*CLAIMED, (messages.c.attempts - 1).label("previous_attempts"))
     )
 
 
-# Every outcome of a turn settles in ONE statement: the rows' (id, fence, state, status,
-# error, delay) travel as arrays (PostgreSQL) or one JSON document (SQLite), so the SQL
-# text stays short and cached whatever the batch size. The WHERE clause is the fence.
+def adopt_messages(
+    conn: sa.Connection, *, owner: str, now: float | None, lease: float
+) -> list[tuple[Any, ...]]:
+    """Re-lease this owner's messages still marked sending, under a new fence.
+
+    Run only after a claim whose COMMIT raised: a relay runs one turn at a time,
+    so such rows were leased by that claim. Their counted attempt is the one
+    about to be made. Rows are shaped as claim_messages returns them.
+    """
+    params = {"now": now, "claim_owner": owner, "lease": lease}
+    return [tuple(row) for row in conn.execute(_adopt_statement(conn.dialect.name), params)]
+
+
+# Every outcome of a turn settles in ONE statement. A turn's outcomes are mostly alike,
+# so the rows carry (id, fence, kind, delay) and each distinct kind (state, status,
+# error, refund) travels once: numeric arrays are cheap to send, and the SQL text stays
+# the same whatever the batch size. SQLite gets the rows as one JSON document.
 _SETTLE_SET = """
     state = v.state,
     lease_until = NULL,
@@ -134,17 +173,22 @@ _SETTLE_SET = """
 _SETTLE_WHERE = """
     {m}.id = v.id AND {m}.fence = v.fence AND {m}.state = 'sending' AND {m}.owner = {owner}
 """
-# Driver SQL for psycopg: %(name)b sends an array in binary, where the text format would
-# escape every element with a regular expression on the client. %(now)s is a manual
-# clock's time, or NULL for the database's (read in the statement: no extra round trip).
+# Driver SQL for psycopg: %(name)b sends an array in binary. %(now)s is a manual clock's
+# time, or NULL for the database's (read in the statement: no extra round trip).
 SETTLE_POSTGRESQL = (
     "UPDATE outbox_messages AS m SET"
     + _SETTLE_SET.format(m="m", now=f"COALESCE(%(now)s::float8, {database_now('postgresql')})")
-    + """FROM unnest(
-        CAST(%(ids)b AS bigint[]), CAST(%(fences)b AS bigint[]), CAST(%(states)b AS varchar[]),
-        CAST(%(statuses)b AS integer[]), CAST(%(errors)b AS text[]), CAST(%(delays)b AS float8[]),
-        CAST(%(refunds)b AS integer[])
-    ) AS v(id, fence, state, status, error, delay, refund)
+    + """FROM (
+        SELECT r.id, r.fence, r.delay,
+               (CAST(%(states)s AS varchar[]))[r.kind] AS state,
+               (CAST(%(statuses)s AS integer[]))[r.kind] AS status,
+               (CAST(%(errors)s AS text[]))[r.kind] AS error,
+               (CAST(%(refunds)s AS integer[]))[r.kind] AS refund
+        FROM unnest(
+            CAST(%(ids)b AS bigint[]), CAST(%(fences)b AS bigint[]),
+            CAST(%(kinds)b AS integer[]), CAST(%(delays)b AS float8[])
+        ) AS r(id, fence, kind, delay)
+    ) AS v
     WHERE"""
     + _SETTLE_WHERE.format(m="m", owner="%(owner)s")
     + "RETURNING m.id"
@@ -176,12 +220,27 @@ def settle(
 
     `now` is a manual clock's time, or None for the database's clock.
     """
+    if not rows:
+        return set()
     if conn.dialect.name == "postgresql":
-        names = ("ids", "fences", "states", "statuses", "errors", "delays", "refunds")
-        params: dict[str, Any] = {
-            name: [row[index] for row in rows] for index, name in enumerate(names)
+        kinds: dict[tuple[str, int | None, str | None, int], int] = {}
+        row_kinds = [
+            kinds.setdefault((state, status, error, refund), len(kinds) + 1)
+            for _, _, state, status, error, _, refund in rows
+        ]
+        states, statuses, errors, refunds = (list(column) for column in zip(*kinds, strict=True))
+        params = {
+            "ids": [row[0] for row in rows],
+            "fences": [row[1] for row in rows],
+            "kinds": row_kinds,
+            "delays": [row[5] for row in rows],
+            "states": states,
+            "statuses": statuses,
+            "errors": errors,
+            "refunds": refunds,
+            "owner": owner,
+            "now": now,
         }
-        params.update(owner=owner, now=now)
         # Planned per run: a generic plan may rescan the arrays once per row (see UNPREPARED).
         result = conn.exec_driver_sql(
             SETTLE_POSTGRESQL, params, execution_options={UNPREPARED: True}

@@ -10,9 +10,8 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from json.encoder import encode_basestring
-from typing import Any
+from typing import Any, NamedTuple
 
 import httpx
 
@@ -25,8 +24,7 @@ BATCH_ID_PREFIX = "batch:"
 ITEM_OUTCOMES = {"stored", "duplicate", "conflict", "invalid"}
 
 
-@dataclass(frozen=True)
-class Message:
+class Message(NamedTuple):
     """A claimed message: what to send and the lease it was claimed under."""
 
     id: int
@@ -147,20 +145,16 @@ def _per_item(response: httpx.Response, batch: Sequence[Message]) -> dict[int, O
     except (ValueError, KeyError, TypeError):
         bad = Retry(response.status_code, "batch answer is not the expected JSON")
         return dict.fromkeys((m.id for m in batch), bad)
-    outcomes: dict[int, Outcome] = {}
-    for message in batch:
-        answer = answers.get(message.reply_id)
-        if answer in ("stored", "duplicate"):
-            outcomes[message.id] = Sent(response.status_code)
-        elif answer == "conflict":
-            outcomes[message.id] = Dead(
-                409, "conflict: the destination holds this reply_id with another body"
-            )
-        elif answer == "invalid":
-            outcomes[message.id] = Dead(400, "invalid: the destination refused this body")
-        else:
-            outcomes[message.id] = Retry(response.status_code, "batch answer omits this reply")
-    return outcomes
+    status = response.status_code
+    # One outcome object per kind of answer: a batch's items mostly share one.
+    by_answer: dict[str | None, Outcome] = {
+        "stored": Sent(status),
+        "duplicate": Sent(status),
+        "conflict": Dead(409, "conflict: the destination holds this reply_id with another body"),
+        "invalid": Dead(400, "invalid: the destination refused this body"),
+    }
+    omitted = Retry(status, "batch answer omits this reply")
+    return {message.id: by_answer.get(answers.get(message.reply_id), omitted) for message in batch}
 
 
 async def receipt_matches(

@@ -129,7 +129,10 @@ class Relay(DatabaseHandle):
         self.poll_interval = poll_interval
         self.grace = self.lease if grace is None else grace
         self._rng = rng or random.Random()
-        self._open(url_or_engine)
+        # No ping per checkout: a dropped connection fails a statement, which the claim and
+        # settle retries handle on a fresh one; a ping would cost a round trip per turn.
+        self._open(url_or_engine, pool_pre_ping=False)
+        self._next_reap = float("-inf")
         self._skip_locked = supports_skip_locked(self._dialect)
         self._loop = asyncio.new_event_loop()
         self._clients: dict[str, httpx.AsyncClient] = {}
@@ -494,20 +497,16 @@ class Relay(DatabaseHandle):
         deliver: list[Message] = []
         resolve: list[Message] = []
         for row in rows:
-            (resolve if row["previous_attempts"] >= self.attempts else deliver).append(
-                _message(row)
-            )
+            (resolve if row[-1] >= self.attempts else deliver).append(_message(row))
         return deliver, resolve
 
-    def _claim_rows(self) -> list[Any]:
+    def _claim_rows(self) -> list[tuple[Any, ...]]:
+        now = None if self.clock is None else float(self.clock())
         with self._engine.begin() as conn:
-            now = self._now()
-            conn.execute(outbox_sql.reap_expired_message_leases(now, self.batch, self._skip_locked))
-            rows: list[Any] = []
+            self._reap_expired_leases(conn, now)
+            rows: list[tuple[Any, ...]] = []
             if self._claim_in_doubt:
-                rows = list(
-                    conn.execute(_sql.adopt_messages(self.owner, now, self.lease)).mappings()
-                )
+                rows = _sql.adopt_messages(conn, owner=self.owner, now=now, lease=self.lease)
             rows += _sql.claim_messages(
                 conn,
                 owner=self.owner,
@@ -518,6 +517,19 @@ class Relay(DatabaseHandle):
             )
         self._claim_in_doubt = False
         return rows
+
+    def _reap_expired_leases(self, conn: sa.Connection, now: float | None) -> None:
+        # Leases expire on the scale of the lease, not of a turn: looking once per poll
+        # interval (or lease/4) instead of every turn saves a statement per busy turn.
+        moment = time.monotonic() if now is None else now
+        if moment < self._next_reap:
+            return
+        reaped = conn.execute(
+            outbox_sql.reap_expired_message_leases(self._now(), self.batch, self._skip_locked)
+        ).all()
+        # A full batch means more may be waiting: look again next turn.
+        full = len(reaped) >= self.batch
+        self._next_reap = moment if full else moment + min(self.poll_interval, self.lease / 4)
 
     def _settle(
         self,
@@ -577,18 +589,18 @@ _TARGET_STATE: dict[type, str] = {Sent: "sent", Retry: "pending", Unsent: "pendi
 _NO_HEADERS: Mapping[str, str] = MappingProxyType({})
 
 
-def _message(row: Any) -> Message:
-    headers = row["headers"]
+def _message(row: tuple[Any, ...]) -> Message:
+    ident, reply_id, destination, body, content_hash, headers, attempts, fence, _ = row
     return Message(
-        id=row["id"],
-        reply_id=row["reply_id"],
-        destination=row["destination"],
-        body=bytes(row["body"]),
-        content_hash=row["content_hash"],
+        id=ident,
+        reply_id=reply_id,
+        destination=destination,
+        body=bytes(body),
+        content_hash=content_hash,
         # Most messages have no headers: skip decoding the same "{}" for every row.
         headers=_NO_HEADERS if headers == "{}" else json.loads(headers),
-        attempts=row["attempts"],
-        fence=row["fence"],
+        attempts=attempts,
+        fence=fence,
     )
 
 
