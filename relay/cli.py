@@ -51,7 +51,8 @@ def configure_logging(log_format: str, level: str = "INFO") -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level)
-    logging.getLogger("httpx").setLevel(logging.WARNING)
+    # aiohttp logs each dropped keep-alive connection; those are retried, not news.
+    logging.getLogger("aiohttp").setLevel(logging.WARNING)
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:

@@ -1,22 +1,19 @@
 """HTTP delivery: one signed POST per reply, or one signed POST per batch.
 
 Every attempt sends the stored body bytes unchanged with the same reply_id.
-Each attempt is bounded as a whole (httpx timeouts are per network
-operation, so a trickling peer could otherwise hold an attempt for ever).
-Errors kept for operators never include headers or secrets.
+Each attempt is bounded as a whole (see relay.http). Errors kept for
+operators never include headers or secrets.
 """
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Mapping, Sequence
 from json.encoder import encode_basestring
-from typing import Any, NamedTuple
-
-import httpx
+from typing import NamedTuple
 
 from outbox.signing import sign
 from relay.config import Destination
+from relay.http import HttpClient, Response, TransportError
 from relay.policy import Dead, Outcome, Retry, Sent, classify, truncate
 
 USER_AGENT = "outbox-relay/0.1"
@@ -46,30 +43,26 @@ def _request_headers(destination: Destination, msg_id: str, body: bytes) -> dict
     return headers
 
 
-def _error_text(exc: BaseException) -> str:
-    detail = str(exc).strip()
-    return truncate(f"{type(exc).__name__}: {detail}" if detail else type(exc).__name__)
-
-
-async def _bounded(coro: Any, seconds: float) -> Any:
-    return await asyncio.wait_for(coro, timeout=seconds)
-
-
-async def post_one(
-    client: httpx.AsyncClient, destination: Destination, message: Message
-) -> Outcome:
-    """POST one reply with Standard Webhooks headers; classify the answer."""
-    headers = {**message.headers, **_request_headers(destination, message.reply_id, message.body)}
+async def _post(
+    client: HttpClient, destination: Destination, url: str, headers: Mapping[str, str], body: bytes
+) -> Response | Retry:
     try:
-        response = await _bounded(
-            client.post(destination.url, content=message.body, headers=headers),
-            destination.timeout,
+        return await client.request(
+            "POST", url, headers=headers, body=body, seconds=destination.timeout
         )
     except TimeoutError:
         return Retry(None, f"attempt exceeded {destination.timeout:g}s")
-    except httpx.HTTPError as exc:
-        return Retry(None, _error_text(exc))
-    return classify(response.status_code, response.headers.get("retry-after"), _snippet(response))
+    except TransportError as exc:
+        return Retry(None, truncate(str(exc)))
+
+
+async def post_one(client: HttpClient, destination: Destination, message: Message) -> Outcome:
+    """POST one reply with Standard Webhooks headers; classify the answer."""
+    headers = {**message.headers, **_request_headers(destination, message.reply_id, message.body)}
+    response = await _post(client, destination, destination.url, headers, message.body)
+    if isinstance(response, Retry):
+        return response
+    return classify(response.status, response.headers.get("retry-after"), _snippet(response))
 
 
 def pack_batches(
@@ -106,27 +99,16 @@ _BATCH_TAIL = b"]}"
 
 
 async def post_batch(
-    client: httpx.AsyncClient, destination: Destination, batch: Sequence[Message], body: bytes
+    client: HttpClient, destination: Destination, batch: Sequence[Message], body: bytes
 ) -> dict[int, Outcome]:
     """POST many replies in one signed request; settle each by the receiver's per-item answer."""
     batch_id = f"{BATCH_ID_PREFIX}{batch[0].id}-{batch[-1].id}-{len(batch)}"
-    try:
-        response = await _bounded(
-            client.post(
-                destination.post_batch_url,
-                content=body,
-                headers=_request_headers(destination, batch_id, body),
-            ),
-            destination.timeout,
-        )
-    except TimeoutError:
-        return dict.fromkeys(
-            (m.id for m in batch), Retry(None, f"attempt exceeded {destination.timeout:g}s")
-        )
-    except httpx.HTTPError as exc:
-        return dict.fromkeys((m.id for m in batch), Retry(None, _error_text(exc)))
-    whole = classify(response.status_code, response.headers.get("retry-after"), _snippet(response))
-    if isinstance(whole, Dead) and len(batch) > 1 and response.status_code in (400, 413):
+    headers = _request_headers(destination, batch_id, body)
+    response = await _post(client, destination, destination.post_batch_url, headers, body)
+    if isinstance(response, Retry):
+        return dict.fromkeys((m.id for m in batch), response)
+    whole = classify(response.status, response.headers.get("retry-after"), _snippet(response))
+    if isinstance(whole, Dead) and len(batch) > 1 and response.status in (400, 413):
         # The request as a whole was refused, not each reply: a smaller batch may pass.
         whole = Retry(
             whole.status,
@@ -137,15 +119,15 @@ async def post_batch(
     return _per_item(response, batch)
 
 
-def _per_item(response: httpx.Response, batch: Sequence[Message]) -> dict[int, Outcome]:
+def _per_item(response: Response, batch: Sequence[Message]) -> dict[int, Outcome]:
     try:
         answers = {
             str(item["reply_id"]): str(item["status"]) for item in response.json()["results"]
         }
     except (ValueError, KeyError, TypeError):
-        bad = Retry(response.status_code, "batch answer is not the expected JSON")
+        bad = Retry(response.status, "batch answer is not the expected JSON")
         return dict.fromkeys((m.id for m in batch), bad)
-    status = response.status_code
+    status = response.status
     # One outcome object per kind of answer: a batch's items mostly share one.
     by_answer: dict[str | None, Outcome] = {
         "stored": Sent(status),
@@ -158,21 +140,18 @@ def _per_item(response: httpx.Response, batch: Sequence[Message]) -> dict[int, O
 
 
 async def receipt_matches(
-    client: httpx.AsyncClient, destination: Destination, message: Message
+    client: HttpClient, destination: Destination, message: Message
 ) -> bool | None:
     """Ask the destination whether it holds this exact reply: True, False, or None (unknown)."""
-    empty = b""
-    headers = _request_headers(destination, message.reply_id, empty)
+    headers = _request_headers(destination, message.reply_id, b"")
+    url = destination.lookup_url(message.reply_id)
     try:
-        response = await _bounded(
-            client.get(destination.lookup_url(message.reply_id), headers=headers),
-            destination.timeout,
-        )
-    except (TimeoutError, httpx.HTTPError):
+        response = await client.request("GET", url, headers=headers, seconds=destination.timeout)
+    except (TimeoutError, TransportError):
         return None
-    if response.status_code == 404:
+    if response.status == 404:
         return False
-    if response.status_code != 200:
+    if response.status != 200:
         return None
     try:
         return bool(response.json().get("content_hash") == message.content_hash)
@@ -180,10 +159,7 @@ async def receipt_matches(
         return None
 
 
-def _snippet(response: httpx.Response) -> str:
-    if 200 <= response.status_code < 300:
+def _snippet(response: Response) -> str:
+    if 200 <= response.status < 300:
         return ""
-    try:
-        return truncate(response.text, 200)
-    except (UnicodeDecodeError, httpx.HTTPError):
-        return ""
+    return truncate(response.text(), 200)

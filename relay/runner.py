@@ -25,7 +25,6 @@ from functools import partial
 from types import MappingProxyType
 from typing import Any, Literal, TypeVar
 
-import httpx
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 from tenacity import Retrying as TenacityRetrying
@@ -43,6 +42,7 @@ from outbox.clock import Clock, now_expression
 from relay import _sql
 from relay.config import ConfigError, Destination, check_destinations
 from relay.delivery import Message, pack_batches, post_batch, post_one, receipt_matches
+from relay.http import HttpClient, TransportError
 from relay.metrics import MetricsServer, RelayMetrics
 from relay.policy import (
     Dead,
@@ -60,6 +60,15 @@ T = TypeVar("T")
 Verdict = Literal["sent", "retry", "dead"]
 RETENTION_HEADER = "outbox-receipt-retention"
 LEASE_MARGIN = 0.5  # seconds: the last attempt of a turn must end this long before the lease
+
+
+def _new_event_loop() -> asyncio.AbstractEventLoop:
+    """uvloop where it is installed (a dependency off Windows): HTTP costs less CPU on it."""
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.new_event_loop()
+    return uvloop.new_event_loop()
 
 
 def is_transient(exc: BaseException) -> bool:
@@ -134,8 +143,8 @@ class Relay(DatabaseHandle):
         self._open(url_or_engine, pool_pre_ping=False)
         self._next_reap = float("-inf")
         self._skip_locked = supports_skip_locked(self._dialect)
-        self._loop = asyncio.new_event_loop()
-        self._clients: dict[str, httpx.AsyncClient] = {}
+        self._loop = _new_event_loop()
+        self._clients: dict[str, HttpClient] = {}
         self._limits: dict[str, asyncio.Semaphore] = {}
         self._stopping: asyncio.Event | None = None
         self._wake: asyncio.Event | None = None
@@ -155,7 +164,7 @@ class Relay(DatabaseHandle):
         loop = getattr(self, "_loop", None)
         if loop is not None and not loop.is_closed():
             for client in self._clients.values():
-                loop.run_until_complete(client.aclose())
+                loop.run_until_complete(client.close())
             self._clients.clear()
             # A settle abandoned at shutdown may still run in a worker thread: let it end
             # before the engine goes away under it.
@@ -258,12 +267,12 @@ class Relay(DatabaseHandle):
             window = longest_retry_window(
                 self.attempts, self.backoff, self.backoff_cap, destination.timeout, self.lease
             )
+            health = destination.url.rstrip("/").rsplit("/", 1)[0] + "/healthz"
             try:
-                response = await self._client(name).get(
-                    destination.url.rstrip("/").rsplit("/", 1)[0] + "/healthz",
-                    timeout=destination.timeout,
+                response = await self._client(name).request(
+                    "GET", health, headers={}, seconds=destination.timeout
                 )
-            except httpx.HTTPError as exc:
+            except (TimeoutError, TransportError) as exc:
                 # Unreachable now is a delivery problem, retried like any other; but say
                 # that the retention could not be checked.
                 log.warning("destination %s: receipt retention not checked (%s)", name, exc)
@@ -393,7 +402,7 @@ class Relay(DatabaseHandle):
         return outcomes
 
     async def _one(
-        self, client: httpx.AsyncClient, destination: Destination, message: Message
+        self, client: HttpClient, destination: Destination, message: Message
     ) -> dict[int, Outcome]:
         return {message.id: await post_one(client, destination, message)}
 
@@ -454,18 +463,11 @@ class Relay(DatabaseHandle):
             outcomes[message.id] = Dead(status, truncate(f"outcome unknown: {why}{tail}"))
         return outcomes
 
-    def _client(self, name: str) -> httpx.AsyncClient:
+    def _client(self, name: str) -> HttpClient:
         client = self._clients.get(name)
         if client is None:
             destination = self.destinations[name]
-            client = httpx.AsyncClient(
-                timeout=httpx.Timeout(destination.timeout),
-                limits=httpx.Limits(
-                    max_connections=destination.concurrency,
-                    max_keepalive_connections=destination.concurrency,
-                ),
-                follow_redirects=False,
-            )
+            client = HttpClient(destination.concurrency)
             self._clients[name] = client
             self._limits[name] = asyncio.Semaphore(min(destination.concurrency, self.concurrency))
         return client
