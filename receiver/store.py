@@ -20,6 +20,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
@@ -81,9 +82,13 @@ _INSERT_EFFECTS_POSTGRESQL = (
 
 def record_effects(session: Session, fresh: Sequence[tuple[str, float, bytes]]) -> None:
     """The reference effect for a batch: one statement for every first receipt."""
-    if session.get_bind().dialect.name == "postgresql":
+    _insert_effects(session.connection(), fresh)
+
+
+def _insert_effects(conn: sa.Connection, fresh: Sequence[tuple[str, float, bytes]]) -> None:
+    if conn.dialect.name == "postgresql":
         # Arrays keep it one short statement: an executemany costs a round trip per row.
-        session.connection().exec_driver_sql(
+        conn.exec_driver_sql(
             _INSERT_EFFECTS_POSTGRESQL,
             {
                 "ids": [r for r, _, _ in fresh],
@@ -92,7 +97,7 @@ def record_effects(session: Session, fresh: Sequence[tuple[str, float, bytes]]) 
             },
         )
         return
-    session.execute(
+    conn.execute(
         effects.insert(),
         [{"reply_id": r, "created_at": at, "body": body} for r, at, body in fresh],
     )
@@ -109,6 +114,11 @@ def run_effects(
     An effect that also has a `many(session, [(reply_id, received_at, body)])`
     attribute gets the whole batch in one call, so it can write in bulk.
     """
+    if effect is record_effect:
+        # The reference effect needs no Session: building one per request costs more
+        # than the insert itself.
+        _insert_effects(conn, fresh)
+        return
     session = Session(bind=conn)
     try:
         many = getattr(effect, "many", None)
@@ -139,7 +149,12 @@ def _unreachable(exc: sa.exc.DBAPIError) -> bool:
 
 
 def _retryable(exc: sa.exc.DBAPIError) -> bool:
-    """A serialization failure or deadlock: the same transaction may well pass next time."""
+    """A dropped connection, serialization failure or deadlock: a second try may well pass.
+
+    Retrying after a COMMIT that failed is safe: the receipt makes the resend a duplicate.
+    """
+    if exc.connection_invalidated:
+        return True
     try:
         from psycopg import errors as pg_errors
     except ImportError:  # pragma: no cover - psycopg is a dependency
@@ -180,7 +195,9 @@ class ReceiptStore(DatabaseHandle):
         self.clock = clock
         self.retention = float(retention)
         self.effect = effect
-        self._open(url_or_engine, RECEIVER_BRANCH)
+        # No ping per checkout (a round trip per request): a connection found dropped
+        # fails its statement, and accept and the reads retry on a fresh one.
+        self._open(url_or_engine, RECEIVER_BRANCH, pool_pre_ping=False)
 
     def _check_schema(self, branch: str) -> None:
         with self._translated():
@@ -318,29 +335,33 @@ class ReceiptStore(DatabaseHandle):
 
     def lookup(self, reply_id: str) -> Receipt | None:
         """The stored receipt of `reply_id` (duplicate=True: it predates this call), or None."""
-        with (
-            self._translated(),
-            self._engine.connect().execution_options(**{READ_ONLY: True}) as conn,
-        ):
-            row = conn.execute(
-                sa.select(receipts.c.content_hash, receipts.c.received_at).where(
-                    receipts.c.reply_id == reply_id
-                )
-            ).first()
+        row = self._read_one(
+            sa.select(receipts.c.content_hash, receipts.c.received_at).where(
+                receipts.c.reply_id == reply_id
+            )
+        )
         if row is None:
             return None
         return Receipt(reply_id, row.content_hash, float(row.received_at), duplicate=True)
 
     def body(self, reply_id: str) -> bytes | None:
         """The exact body stored for `reply_id`, or None."""
-        with (
-            self._translated(),
-            self._engine.connect().execution_options(**{READ_ONLY: True}) as conn,
-        ):
-            value = conn.execute(
-                sa.select(receipts.c.body).where(receipts.c.reply_id == reply_id)
-            ).scalar()
-        return None if value is None else bytes(value)
+        row = self._read_one(sa.select(receipts.c.body).where(receipts.c.reply_id == reply_id))
+        return None if row is None else bytes(row.body)
+
+    def _read_one(self, query: sa.Select[Any]) -> Any:
+        """The first row of a read; a connection found dropped is replaced once."""
+        for attempt in range(1, _ATTEMPTS + 1):
+            try:
+                with (
+                    self._translated(retry=True),
+                    self._engine.connect().execution_options(**{READ_ONLY: True}) as conn,
+                ):
+                    return conn.execute(query).first()
+            except _Retry as exc:
+                if attempt == _ATTEMPTS:
+                    raise StoreUnavailable("receipt database unavailable") from exc.__cause__
+        raise AssertionError("unreachable")  # pragma: no cover
 
     def purge(self, older_than: float, *, batch: int = PURGE_BATCH) -> int:
         """Delete receipts older than `older_than` seconds (never under the retention); count."""

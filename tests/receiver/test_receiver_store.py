@@ -10,6 +10,7 @@ import psycopg
 import pytest
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
+from support.db_faults import terminate_other_sessions
 from support.receiver_helpers import count_effects, stored_receipts
 
 import outbox
@@ -172,3 +173,22 @@ def test_unreachable_database_is_store_unavailable(db_url: str, backend: str) ->
         assert store.accept("r-1", b"{}").duplicate is False
     finally:
         engine.dispose()
+
+
+@pytest.mark.parametrize("backend", ["postgresql"], indirect=True)
+def test_pooled_connections_dropped_under_the_store_are_replaced(
+    store: ReceiptStore, db_url: str
+) -> None:
+    # The store does not ping each connection it checks out; a dropped one must cost a
+    # retry, not a failed request.
+    store.accept("r-1", b'{"a":1}')
+    assert store.lookup("r-1") is not None
+    assert terminate_other_sessions(db_url) >= 1
+    assert store.accept("r-2", b'{"a":2}').duplicate is False
+    assert terminate_other_sessions(db_url) >= 1
+    found = store.lookup("r-1")
+    assert found is not None
+    assert found.content_hash == sha256_hex(b'{"a":1}')
+    assert terminate_other_sessions(db_url) >= 1
+    assert store.body("r-2") == b'{"a":2}'
+    assert (count_effects(db_url, "r-1"), count_effects(db_url, "r-2")) == (1, 1)
