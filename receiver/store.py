@@ -176,6 +176,15 @@ _INSERT_RECEIPTS_POSTGRESQL = (
     ") AS t(reply_id, content_hash, body) "
     "ON CONFLICT (reply_id) DO NOTHING RETURNING reply_id, received_at"
 )
+# The reference effect rides on the same statement: the rows the receipt insert returns
+# (first receipts only) are its effect rows. One round trip and one parse fewer per
+# request than running it after the insert.
+_INSERT_RECEIPTS_AND_EFFECTS_POSTGRESQL = (
+    f"WITH new AS ({_INSERT_RECEIPTS_POSTGRESQL}, body), "
+    "effect AS (INSERT INTO receiver_effects (reply_id, created_at, body) "
+    "SELECT reply_id, received_at, body FROM new) "
+    "SELECT reply_id, received_at FROM new"
+)
 
 
 class ReceiptStore(DatabaseHandle):
@@ -266,9 +275,12 @@ class ReceiptStore(DatabaseHandle):
         first: dict[str, int] = {}
         for index, (reply_id, _) in enumerate(items):
             first.setdefault(reply_id, index)
+        # On PostgreSQL the reference effect is written by the insert itself.
+        fused = effect is record_effect and self._dialect == "postgresql"
         inserted = self._insert_new(
             conn,
             [(reply_id, digests[i], items[i][1]) for reply_id, i in first.items()],
+            with_reference_effect=fused,
         )
         missing = [reply_id for reply_id in first if reply_id not in inserted]
         held = (
@@ -306,17 +318,22 @@ class ReceiptStore(DatabaseHandle):
                         f"this body hashes to {digest}"
                     )
                 )
-        if effect is not None and fresh:
+        if effect is not None and fresh and not fused:
             run_effects(conn, effect, fresh)
         return results
 
     def _insert_new(
-        self, conn: sa.Connection, rows: Sequence[tuple[str, str, bytes]]
+        self,
+        conn: sa.Connection,
+        rows: Sequence[tuple[str, str, bytes]],
+        with_reference_effect: bool = False,
     ) -> dict[str, float]:
         """Insert receipts unless stored; returns reply_id -> received_at of the new ones."""
         if self._dialect == "postgresql":
             result = conn.exec_driver_sql(
-                _INSERT_RECEIPTS_POSTGRESQL,
+                _INSERT_RECEIPTS_AND_EFFECTS_POSTGRESQL
+                if with_reference_effect
+                else _INSERT_RECEIPTS_POSTGRESQL,
                 {
                     "now": None if self.clock is None else float(self.clock()),
                     "ids": [r[0] for r in rows],
