@@ -150,7 +150,9 @@ class Relay(DatabaseHandle):
         self._wake: asyncio.Event | None = None
         self._turn_deadline = 0.0
         self._claim_in_doubt = False
-        self._unsettled: tuple[list[Message], dict[int, Outcome], set[int]] | None = None
+        self._unsettled: Turn | None = None
+        # run() settles a turn while the next one claims (see _claim_and_deliver).
+        self._recording: asyncio.Future[list[tuple[str, Verdict]]] | None = None
         self.listening = threading.Event()
         """Set while a LISTEN connection is up (PostgreSQL), so NOTIFY wakes the loop."""
         self.metrics = RelayMetrics(self._backlog)
@@ -204,7 +206,7 @@ class Relay(DatabaseHandle):
             while not self._stopping.is_set():
                 # Clear before claiming: a NOTIFY that lands mid-dispatch must wake the next turn.
                 self._wake.clear()
-                work = asyncio.ensure_future(self._dispatch())
+                work = asyncio.ensure_future(self._claim_and_deliver())
                 await asyncio.wait({work, stop}, return_when=asyncio.FIRST_COMPLETED)
                 if not work.done():
                     # Draining: give in-flight deliveries the grace period, then abandon
@@ -213,22 +215,31 @@ class Relay(DatabaseHandle):
                     if not done:
                         work.cancel()
                         log.warning("relay %s abandoned in-flight work at shutdown", self.owner)
+                    elif work.exception() is None and (turn := work.result()) is not None:
+                        try:
+                            await self._record(*turn)
+                        except Exception:
+                            log.exception("relay %s could not settle at shutdown", self.owner)
                     break
                 try:
-                    results = work.result()
+                    turn = work.result()
                 except Exception:
                     # A failed turn keeps its outcomes for the next one; the loop goes on.
                     log.exception("relay %s turn failed; trying again next turn", self.owner)
-                    results = []
+                    turn = None
                 self.metrics.last_turn = time.monotonic()
-                if len(results) >= self.batch:
-                    continue  # more is probably waiting
+                if turn is not None:
+                    # Settled while the next turn claims: the two touch different rows.
+                    self._recording = asyncio.ensure_future(self._record(*turn))
+                    if len(turn[0]) >= self.batch:
+                        continue  # more is probably waiting
                 waiter = asyncio.ensure_future(self._wake.wait())
                 await asyncio.wait(
                     {waiter, stop}, timeout=self.poll_interval, return_when=asyncio.FIRST_COMPLETED
                 )
                 waiter.cancel()
         finally:
+            await self._settle_previous()
             stop.cancel()
             if listener is not None:
                 listener.cancel()
@@ -291,13 +302,45 @@ class Relay(DatabaseHandle):
                 )
 
     async def _dispatch(self) -> list[tuple[str, Verdict]]:
+        turn = await self._claim_and_deliver()
+        return [] if turn is None else await self._record(*turn)
+
+    async def _settle_previous(self) -> None:
+        """Wait for the previous turn's settle; a failure leaves its outcomes in _unsettled."""
+        previous, self._recording = self._recording, None
+        if previous is not None:
+            try:
+                await previous
+            except Exception:
+                log.exception("relay %s settle failed; trying again next turn", self.owner)
+
+    async def _claim_and_deliver(self) -> Turn | None:
+        """Claim a batch and deliver it; returns what to settle (None when nothing was due)."""
+        started = time.monotonic()
+
+        def claim() -> Awaitable[tuple[list[Message], list[Message]]]:
+            return asyncio.to_thread(self._retrying, self._claim)
+
+        if self._recording is not None and not self._claim_in_doubt:
+            # The previous turn's settle and this claim touch different rows: overlap them.
+            claimed, _ = await asyncio.gather(
+                claim(), self._settle_previous(), return_exceptions=True
+            )
+            if isinstance(claimed, BaseException):
+                raise claimed
+            deliver, resolve = claimed
+        else:
+            # Adoption re-leases every row this owner holds: nothing may be settling then.
+            await self._settle_previous()
+            deliver, resolve = None, None
         if self._unsettled is not None:
             # Outcomes a failed settle could not record: they are known, never re-sent.
             await self._record(*self._unsettled)
-        started = time.monotonic()
-        deliver, resolve = await asyncio.to_thread(self._retrying, self._claim)
+        if deliver is None or resolve is None:
+            started = time.monotonic()
+            deliver, resolve = await claim()
         if not deliver and not resolve:
-            return []
+            return None
         failpoints.hit("relay.after_claim")
         # The lease runs from the claim: an attempt that could not finish before it ends is
         # not started, or another relay might send the same message at the same time.
@@ -313,7 +356,7 @@ class Relay(DatabaseHandle):
         if spent:
             outcomes.update(await self._resolve(spent, "retry budget exhausted", outcomes))
         failpoints.hit("relay.after_remote_commit")
-        return await self._record(deliver + resolve, outcomes, unattempted)
+        return deliver + resolve, outcomes, unattempted
 
     async def _record(
         self, everything: list[Message], outcomes: dict[int, Outcome], unattempted: set[int]
@@ -584,6 +627,9 @@ class Relay(DatabaseHandle):
             if (row.fence, row.state) == expected[row.id] and row.owner == self.owner
         }
 
+
+Turn = tuple[list[Message], dict[int, Outcome], set[int]]
+"""A delivered turn to settle: its messages, their outcomes, the ids never attempted."""
 
 _TARGET_STATE: dict[type, str] = {Sent: "sent", Retry: "pending", Unsent: "pending", Dead: "dead"}
 

@@ -105,3 +105,66 @@ def test_refuses_to_start_when_receipts_expire_before_the_last_retry(
             relay._loop.run_until_complete(relay.check_retention())  # accepted: no error
         finally:
             relay.close()
+
+
+def _run_in_thread(relay: Relay) -> threading.Thread:
+    runner = threading.Thread(target=relay.run, kwargs={"install_signal_handlers": False})
+    runner.start()
+    return runner
+
+
+def test_run_settles_every_turn_while_the_next_one_claims(
+    db_url: str, engine: sa.Engine, server: ScriptedServer, clock: ManualClock
+) -> None:
+    ids = [f"t-{n}" for n in range(9)]
+    publish_many(engine, ids, clock=clock)
+    relay = Relay(db_url, {"default": Destination(server.url, secret=SECRET)}, clock=clock, batch=2)
+    runner = _run_in_thread(relay)
+    try:
+        assert wait_until(lambda: len(server.received) == len(ids), 10)
+    finally:
+        relay.stop()
+        runner.join(timeout=30)
+        relay.close()
+    assert not runner.is_alive()
+    # The last turn's settle ran before run() returned; nothing was sent twice.
+    assert {row["state"] for row in rows(engine).values()} == {"sent"}
+    assert sorted(server.ids()) == sorted(ids)
+
+
+def test_run_records_a_failed_settles_outcomes_on_a_later_turn(
+    db_url: str,
+    engine: sa.Engine,
+    server: ScriptedServer,
+    clock: ManualClock,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    publish_many(engine, ["f-1", "f-2", "f-3"], clock=clock)
+    relay = Relay(
+        db_url,
+        {"default": Destination(server.url, secret=SECRET)},
+        clock=clock,
+        batch=1,
+        poll_interval=0.01,
+    )
+    real_settle = relay._settle
+    failures = []
+
+    def refuse_the_first(*args: object, **kwargs: object) -> set[int]:
+        if not failures:
+            failures.append(args)
+            raise RuntimeError("database said no")
+        return real_settle(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(relay, "_settle", refuse_the_first)
+    runner = _run_in_thread(relay)
+    try:
+        assert wait_until(lambda: {row["state"] for row in rows(engine).values()} == {"sent"}, 10)
+    finally:
+        relay.stop()
+        runner.join(timeout=30)
+        relay.close()
+    assert len(failures) == 1
+    # The refused settle's outcome was kept and recorded: its reply was never re-sent.
+    assert sorted(server.ids()) == ["f-1", "f-2", "f-3"]
+    assert {row["attempts"] for row in rows(engine).values()} == {1}
