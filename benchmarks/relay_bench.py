@@ -239,7 +239,7 @@ def drain(total: int, mode: str, relays: int, batch: int) -> dict[str, Any]:
                 before = count_sent(engine)
                 deadline = started + 600
                 while undelivered(engine) and time.monotonic() < deadline:
-                    threading.Event().wait(0.02)
+                    threading.Event().wait(0.05)
                 elapsed = time.monotonic() - started
             sent = count_sent(engine)
         engine.dispose()
