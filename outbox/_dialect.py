@@ -16,6 +16,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection, Engine
 
 SQLITE_BUSY_TIMEOUT_MS = 30_000
+# Migration o0002 installs a trigger that notifies this channel on every insert of messages.
 NOTIFY_CHANNEL = "outbox_messages"
 READ_ONLY = "outbox_read_only"
 UNPREPARED = "outbox_unprepared"
@@ -91,12 +92,6 @@ def insert_ignoring_conflicts(table: sa.Table, dialect_name: str) -> Any:
     if dialect_name == "postgresql":
         return postgresql.insert(table).on_conflict_do_nothing()
     return sqlite.insert(table).on_conflict_do_nothing()
-
-
-def notify_messages(conn: Connection) -> None:
-    """Wake listening relays when this transaction commits (PostgreSQL only; SQLite relays poll)."""
-    if conn.dialect.name == "postgresql":
-        conn.execute(sa.select(sa.func.pg_notify(NOTIFY_CHANNEL, "")))
 
 
 def supports_skip_locked(dialect_name: str) -> bool:

@@ -7,11 +7,13 @@ lost its lease. "now" is always a parameter (database clock or manual clock).
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import sqlalchemy as sa
 
 from outbox._dialect import insert_ignoring_conflicts
+from outbox.clock import bound_now
 from outbox.schema import inbox, messages, tasks
 
 Now = sa.ColumnElement[float]
@@ -273,6 +275,17 @@ def insert_messages(now: Now, ignore_conflicts: str | None = None) -> Any:
     else:
         statement = insert_ignoring_conflicts(messages, ignore_conflicts)
     return statement.values(state="pending", attempts=0, fence=0, available_at=now, created_at=now)
+
+
+@functools.cache
+def insert_one_message(dialect_name: str) -> Any:
+    """INSERT one message unless its reply_id exists, RETURNING the row; built once.
+
+    Bind `now` to a manual clock's time, or None for the database's clock.
+    """
+    return insert_messages(bound_now(dialect_name), ignore_conflicts=dialect_name).returning(
+        *messages.c
+    )
 
 
 def select_message(reply_id: str) -> sa.Select[Any]:

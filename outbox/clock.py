@@ -64,3 +64,9 @@ def now_expression(clock: Clock | None, dialect_name: str) -> ColumnElement[floa
     if clock is None:
         return database_now(dialect_name)
     return sa.literal(float(clock()), sa.Double())
+
+
+def bound_now(dialect_name: str) -> ColumnElement[float]:
+    """The "now" of a statement built once: bind `now` to a manual time, or None (database)."""
+    # Read in the statement either way: no extra round trip for the database's clock.
+    return sa.func.coalesce(sa.bindparam("now", type_=sa.Double()), database_now(dialect_name))

@@ -11,10 +11,8 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection, RowMapping
 
 from outbox import _sql
-from outbox._dialect import notify_messages
 from outbox.canonical import NotCanonical, canonical_bytes, sha256_hex
 from outbox.errors import InvalidMessage, PayloadCollision
-from outbox.schema import messages
 
 # Signed as "id.timestamp.body": a '.' in the id would make that string ambiguous.
 REPLY_ID = re.compile(r"[\x21-\x2d\x2f-\x7e]{1,200}")
@@ -140,7 +138,6 @@ def add_task_replies(
             }
         )
     conn.execute(_sql.insert_messages(now), rows)
-    notify_messages(conn)
 
 
 def add_message(
@@ -151,9 +148,12 @@ def add_message(
     body: bytes,
     ordering_key: str | None,
     headers: str,
-    now: sa.ColumnElement[float],
+    now: float | None,
 ) -> dict[str, Any]:
-    """Insert a message unless this reply_id and body exist; joins the caller's transaction."""
+    """Insert a message unless this reply_id and body exist; joins the caller's transaction.
+
+    `now` is a manual clock's time, or None for the database's clock.
+    """
     digest = sha256_hex(body)
     row = {
         "reply_id": reply_id,
@@ -165,15 +165,11 @@ def add_message(
         "headers": headers,
     }
     inserted = (
-        conn.execute(
-            _sql.insert_messages(now, ignore_conflicts=conn.dialect.name).returning(*messages.c),
-            row,
-        )
+        conn.execute(_sql.insert_one_message(conn.dialect.name), {**row, "now": now})
         .mappings()
         .first()
     )
     if inserted is not None:
-        notify_messages(conn)
         return message_dict(inserted)
     existing = conn.execute(_sql.select_message(reply_id)).mappings().one()
     if (

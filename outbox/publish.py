@@ -8,7 +8,7 @@ from typing import Any
 from sqlalchemy.orm import Session
 
 from outbox.canonical import MAX_BYTES
-from outbox.clock import Clock, now_expression
+from outbox.clock import Clock
 from outbox.errors import InvalidMessage
 from outbox.messages import (
     TASK_REPLY_PREFIX,
@@ -55,5 +55,5 @@ def publish(
         body=data,
         ordering_key=ordering_key,
         headers=header_json,
-        now=now_expression(clock, conn.dialect.name),
+        now=None if clock is None else float(clock()),
     )

@@ -15,7 +15,7 @@ from typing import Any
 import sqlalchemy as sa
 
 from outbox._dialect import UNPREPARED
-from outbox.clock import database_now
+from outbox.clock import bound_now, database_now
 from outbox.schema import messages
 
 Now = sa.ColumnElement[float]
@@ -30,12 +30,6 @@ CLAIMED = (
     messages.c.fence,
 )
 """The columns of a claimed row, in order; `previous_attempts` follows them."""
-
-
-def _now(dialect_name: str) -> Now:
-    # One statement serves both clocks: a manual clock binds its time, else NULL picks
-    # the database's (read in the statement, so no extra round trip).
-    return sa.func.coalesce(sa.bindparam("now", type_=sa.Double()), database_now(dialect_name))
 
 
 def _state(name: str) -> sa.ColumnElement[str]:
@@ -74,7 +68,7 @@ def _claim_values(now: Now, attempts: Any) -> dict[str, Any]:
 def _claim_statements(dialect_name: str) -> tuple[Any, Any]:
     """(pick, update) for a dialect, built once: SQLAlchemy then reuses their compiled SQL."""
     m = messages.alias("m")
-    now = _now(dialect_name)
+    now = bound_now(dialect_name)
     pick = (
         sa.select(m.c.id, m.c.attempts)
         .where(
@@ -130,7 +124,7 @@ def claim_messages(
 
 @functools.cache
 def _adopt_statement(dialect_name: str) -> sa.Update:
-    now = _now(dialect_name)
+    now = bound_now(dialect_name)
     return (
         sa.update(messages)
         .where(

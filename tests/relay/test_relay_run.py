@@ -12,6 +12,8 @@ from support.relay_helpers import SECRET, publish_many, rows
 from support.scripted_server import Answer, ScriptedServer
 
 from outbox import ManualClock
+from outbox.canonical import sha256_hex
+from outbox.schema import messages
 from relay import ConfigError, Destination, Relay
 
 
@@ -168,3 +170,37 @@ def test_run_records_a_failed_settles_outcomes_on_a_later_turn(
     # The refused settle's outcome was kept and recorded: its reply was never re-sent.
     assert sorted(server.ids()) == ["f-1", "f-2", "f-3"]
     assert {row["attempts"] for row in rows(engine).values()} == {1}
+
+
+@pytest.mark.parametrize("backend", ["postgresql"], indirect=True)
+def test_a_message_inserted_by_the_applications_own_sql_wakes_the_relay(
+    db_url: str, engine: sa.Engine, server: ScriptedServer
+) -> None:
+    relay = Relay(
+        db_url, {"default": Destination(server.url, secret=SECRET, timeout=2)}, poll_interval=60
+    )
+    runner = _run_in_thread(relay)
+    try:
+        assert relay.listening.wait(10), "relay never started listening"
+        body = b'{"n":1}'
+        with engine.begin() as conn:
+            conn.execute(
+                sa.insert(messages).values(
+                    reply_id="raw-1",
+                    destination="default",
+                    body=body,
+                    content_hash=sha256_hex(body),
+                    headers="{}",
+                    state="pending",
+                    attempts=0,
+                    fence=0,
+                    available_at=0.0,
+                    created_at=0.0,
+                )
+            )
+        # The poll is a minute away: only the insert trigger's NOTIFY delivers this soon.
+        assert wait_until(lambda: server.ids() == ["raw-1"], 5)
+    finally:
+        relay.stop()
+        runner.join(timeout=30)
+        relay.close()
