@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import base64
 import json
+import multiprocessing
 import os
 import signal
 import socket
@@ -40,6 +41,8 @@ from receiver.schema import receipts
 ADMIN_URL = os.environ.get("OUTBOX_BENCH_PG_URL", "postgresql+psycopg://postgres@127.0.0.1/test")
 ROOT = Path(__file__).resolve().parent.parent
 CONCURRENCY = int(os.environ.get("OUTBOX_BENCH_CONCURRENCY", "4"))
+# The reference receiver takes up to 1000 replies per POST: one POST per turn.
+BATCH_ITEMS = int(os.environ.get("OUTBOX_BENCH_BATCH_ITEMS", "1000"))
 SECRET = "whsec_" + base64.b64encode(b"benchmark-secret-0123456789abcdef").decode()
 
 
@@ -147,6 +150,7 @@ def relay_processes(
         f"[relay]\nbatch = {batch}\nlease = 30\npoll_interval = 0.05\nattempts = 5\n"
         f'[destinations.default]\nurl = "{target}"\nsecret_file = "{secret_file}"\n'
         f'mode = "{mode}"\ntimeout = 10\nconcurrency = {CONCURRENCY}\n'
+        f"max_batch_items = {BATCH_ITEMS}\n"
     )
     ports = [free_port() for _ in range(count)]
     procs = [
@@ -252,34 +256,52 @@ def drain(total: int, mode: str, relays: int, batch: int) -> dict[str, Any]:
     }
 
 
+def produce(url: str, index: int, stop: Any, counts: Any) -> None:
+    """A producer process: one publish per transaction until told to stop."""
+    engine = outbox.create_engine(url)
+    n = 0
+    while not stop.is_set():
+        with Session(engine) as session, session.begin():
+            outbox.publish(session, "default", f"live-{index}-{n}", {"n": n})
+        n += 1
+    engine.dispose()
+    counts.put(n)
+
+
+def count_undelivered(engine: sa.Engine) -> int:
+    """Messages still pending or sending."""
+    with engine.connect() as conn:
+        query = sa.select(sa.func.count()).where(messages.c.state.in_(("pending", "sending")))
+        return int(conn.execute(query).scalar_one())
+
+
 def live(duration: float, producers: int) -> dict[str, Any]:
     """Producers commit one row per transaction while 2 relays run: commit-to-receipt latency."""
     with fresh_database() as url, tempfile.TemporaryDirectory() as tmp:
         workdir = Path(tmp)
-        engine = outbox.create_engine(url, pool_size=producers + 2)
-        produced = [0] * producers
-        stop = threading.Event()
-
-        def produce(index: int) -> None:
-            n = 0
-            while not stop.is_set():
-                with Session(engine) as session, session.begin():
-                    outbox.publish(session, "default", f"live-{index}-{n}", {"n": n})
-                n += 1
-            produced[index] = n
-
+        engine = outbox.create_engine(url)
+        # One process per producer, as services would be: threads of one interpreter
+        # would measure its lock, not the outbox.
+        spawn = multiprocessing.get_context("spawn")
+        stop = spawn.Event()
+        counts = spawn.Queue()
         with (
             receiver_process(url, workdir) as target,
             relay_processes(url, target, workdir, 2, "batch", 500),
         ):
-            threads = [threading.Thread(target=produce, args=(i,)) for i in range(producers)]
-            for thread in threads:
-                thread.start()
+            procs = [
+                spawn.Process(target=produce, args=(url, index, stop, counts))
+                for index in range(producers)
+            ]
+            for proc in procs:
+                proc.start()
             stop.wait(duration)
             stop.set()
-            for thread in threads:
-                thread.join()
-            total = sum(produced)
+            total = sum(counts.get(timeout=60) for _ in procs)
+            for proc in procs:
+                proc.join(timeout=60)
+            # The backlog when producers stop: flat means the relays kept up.
+            backlog_at_stop = count_undelivered(engine)
             deadline = time.monotonic() + 60
             while undelivered(engine) and time.monotonic() < deadline:
                 threading.Event().wait(0.1)
@@ -299,6 +321,7 @@ def live(duration: float, producers: int) -> dict[str, Any]:
         "scenario": f"live-{producers}-producers",
         "messages": total,
         "rate": round(total / duration),
+        "backlog_at_stop": backlog_at_stop,
         "p50_ms": round(quantile[49] * 1000, 1),
         "p99_ms": round(quantile[98] * 1000, 1),
     }
@@ -312,7 +335,7 @@ def main() -> int:
     parser.add_argument("--live-seconds", type=float, default=10.0)
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--relays", type=int, default=2)
-    parser.add_argument("--batch", type=int, default=500)
+    parser.add_argument("--batch", type=int, default=1000)
     parser.add_argument("--only", choices=("drain", "single", "live"))
     args = parser.parse_args()
     if args.quick:
