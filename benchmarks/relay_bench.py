@@ -275,7 +275,7 @@ def count_undelivered(engine: sa.Engine) -> int:
         return int(conn.execute(query).scalar_one())
 
 
-def live(duration: float, producers: int) -> dict[str, Any]:
+def live(duration: float, producers: int, relays: int) -> dict[str, Any]:
     """Producers commit one row per transaction while 2 relays run: commit-to-receipt latency."""
     with fresh_database() as url, tempfile.TemporaryDirectory() as tmp:
         workdir = Path(tmp)
@@ -287,7 +287,7 @@ def live(duration: float, producers: int) -> dict[str, Any]:
         counts = spawn.Queue()
         with (
             receiver_process(url, workdir) as target,
-            relay_processes(url, target, workdir, 2, "batch", 500),
+            relay_processes(url, target, workdir, relays, "batch", 500),
         ):
             procs = [
                 spawn.Process(target=produce, args=(url, index, stop, counts))
@@ -336,6 +336,7 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--relays", type=int, default=2)
     parser.add_argument("--batch", type=int, default=1000)
+    parser.add_argument("--live-relays", type=int, default=2)
     parser.add_argument("--only", choices=("drain", "single", "live"))
     args = parser.parse_args()
     if args.quick:
@@ -346,10 +347,10 @@ def main() -> int:
         results.append(drain(args.messages, "batch", args.relays, args.batch))
     if args.only in (None, "single"):
         log("drain (single mode, 1 relay)")
-        results.append(drain(args.single_messages, "single", 1, 100))
+        results.append(drain(args.single_messages, "single", 1, 500))
     if args.only in (None, "live"):
         log("live latency (4 producers)")
-        results.append(live(args.live_seconds, 4))
+        results.append(live(args.live_seconds, 4, args.live_relays))
     for result in results:
         print(json.dumps(result))
     return 0

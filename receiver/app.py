@@ -8,6 +8,7 @@ thread pool, and adds the retention header to every response.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable, Iterable, Mapping
 
 from starlette.applications import Starlette
@@ -18,7 +19,7 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from outbox.signing import DEFAULT_TOLERANCE, parse_secret
-from receiver.handling import Answer, Handler, Store, error, handler
+from receiver.handling import MAX_BATCH_ITEMS, Answer, Handler, Store, error, handler
 from receiver.store import Effect
 
 DEFAULT_MAX_BODY = 1_048_576
@@ -46,6 +47,48 @@ async def _read_limited(request: Request, limit: int) -> bytes:
     if declared is not None and int(declared) != size:
         raise ValueError("body length differs from Content-Length")
     return b"".join(chunks)
+
+
+class _GroupCommit:
+    """Stores the single replies that arrive together in one transaction.
+
+    While one group's transaction runs, new replies queue; the next group takes
+    them all (up to MAX_BATCH_ITEMS). Under load, groups grow by themselves, so
+    commits and thread hand-offs are shared instead of paid per request.
+    """
+
+    def __init__(self, decide: Handler) -> None:
+        self._decide = decide
+        self._queue: list[tuple[tuple[str, bytes], asyncio.Future[Answer]]] = []
+        self._drainer: asyncio.Future[None] | None = None
+
+    async def store(self, item: tuple[str, bytes]) -> Answer:
+        """The answer for one checked reply, once its group has committed."""
+        answer: asyncio.Future[Answer] = asyncio.get_running_loop().create_future()
+        self._queue.append((item, answer))
+        if self._drainer is None:
+            self._drainer = asyncio.ensure_future(self._drain())
+        return await answer
+
+    async def _drain(self) -> None:
+        try:
+            while self._queue:
+                group = self._queue[:MAX_BATCH_ITEMS]
+                del self._queue[:MAX_BATCH_ITEMS]
+                try:
+                    answers = await run_in_threadpool(
+                        self._decide.store_replies, [item for item, _ in group]
+                    )
+                except Exception as exc:  # noqa: BLE001 - every waiting request gets it
+                    for _, future in group:
+                        if not future.done():
+                            future.set_exception(exc)
+                    continue
+                for (_, future), answer in zip(group, answers, strict=True):
+                    if not future.done():
+                        future.set_result(answer)
+        finally:
+            self._drainer = None
 
 
 def _respond(answer: Answer) -> Response:
@@ -89,8 +132,22 @@ def build_app(decide: Handler) -> Starlette:
         answer = await run_in_threadpool(decision, request.headers, body)
         return _respond(answer)
 
+    group = _GroupCommit(decide)
+
     async def post_reply(request: Request) -> Response:
-        return await read_and_decide(request, decide.post_reply)
+        try:
+            body = await _read_limited(request, decide.max_body)
+        except _TooLarge:
+            return _respond(error(413, f"body larger than {decide.max_body} bytes"))
+        except ValueError as exc:
+            return _respond(error(400, str(exc)))
+        except ClientDisconnect:
+            return _respond(error(400, "client disconnected"))  # nobody will read it
+        # The checks need no I/O: they run here; only storing goes to a thread.
+        checked = decide.check_reply(request.headers, body)
+        if isinstance(checked, Answer):
+            return _respond(checked)
+        return _respond(await group.store(checked))
 
     async def post_batch(request: Request) -> Response:
         return await read_and_decide(request, decide.post_batch)

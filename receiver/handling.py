@@ -34,7 +34,6 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from outbox.errors import PayloadCollision
 from outbox.messages import REPLY_ID
 from outbox.signing import SignatureError, SigningKey, verify
 from receiver.store import Effect, Receipt, StoreUnavailable
@@ -49,10 +48,6 @@ class Store(Protocol):
     """What the handlers need from a receipt store."""
 
     retention: float
-
-    def accept(self, reply_id: str, body: bytes, effect: Effect | None = None) -> Receipt:
-        """Store the receipt once; see ReceiptStore.accept."""
-        ...
 
     def accept_many(
         self, items: Sequence[tuple[str, bytes]], effect: Effect | None = None
@@ -211,19 +206,40 @@ class Handler:
 
     def post_reply(self, headers: Mapping[str, str], body: bytes) -> Answer:
         """Decide POST /replies for a body the shell has read within max_body (blocking)."""
+        checked = self.check_reply(headers, body)
+        if isinstance(checked, Answer):
+            return checked
+        [answer] = self.store_replies([checked])
+        return answer
+
+    def check_reply(self, headers: Mapping[str, str], body: bytes) -> tuple[str, bytes] | Answer:
+        """The checks of POST /replies (no I/O): (reply_id, body) to store, or the refusal."""
         checked = self._checked(headers, body)
         if isinstance(checked, Answer):
             return checked
         reply_id, _ = checked
         if not REPLY_ID.fullmatch(reply_id):
             return error(400, "webhook-id is not a valid reply_id")
+        return reply_id, body
+
+    def store_replies(self, items: Sequence[tuple[str, bytes]]) -> list[Answer]:
+        """Store checked single replies in ONE transaction; one answer each (blocking).
+
+        Replies that arrive together share a commit (group commit); each keeps its
+        own outcome, as if stored alone in arrival order.
+        """
         try:
-            receipt = self.store.accept(reply_id, body, self.effect)
-        except PayloadCollision:
-            return error(409, f"reply_id {reply_id!r} was stored with a different body")
+            statuses = self.store.accept_many(items, self.effect)
         except StoreUnavailable:
-            return UNAVAILABLE
-        return Answer(200, {"ack": "stored", "reply_id": reply_id, "duplicate": receipt.duplicate})
+            return [UNAVAILABLE] * len(items)
+        return [
+            error(409, f"reply_id {reply_id!r} was stored with a different body")
+            if status == "conflict"
+            else Answer(
+                200, {"ack": "stored", "reply_id": reply_id, "duplicate": status == "duplicate"}
+            )
+            for (reply_id, _), status in zip(items, statuses, strict=True)
+        ]
 
     def post_batch(self, headers: Mapping[str, str], body: bytes) -> Answer:
         """Decide POST /replies/batch: one transaction, one status per item (blocking)."""
