@@ -3,7 +3,8 @@
 The decisions (and their order) are documented in ``receiver.handling``. This
 module only streams the body with a size cap (so an oversized or chunked body
 is refused before it is buffered), runs the blocking store calls in the
-thread pool, and adds the retention header to every response.
+thread pool (single replies that arrive together in one group commit), and
+adds the retention header to every response.
 """
 
 from __future__ import annotations
