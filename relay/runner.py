@@ -60,6 +60,7 @@ T = TypeVar("T")
 Verdict = Literal["sent", "retry", "dead"]
 RETENTION_HEADER = "outbox-receipt-retention"
 LEASE_MARGIN = 0.5  # seconds: the last attempt of a turn must end this long before the lease
+PIPELINE = 2  # turns delivering at once behind a backlog: one POSTs while the next claims
 
 
 def _new_event_loop() -> asyncio.AbstractEventLoop:
@@ -148,11 +149,10 @@ class Relay(DatabaseHandle):
         self._limits: dict[str, asyncio.Semaphore] = {}
         self._stopping: asyncio.Event | None = None
         self._wake: asyncio.Event | None = None
-        self._turn_deadline = 0.0
         self._claim_in_doubt = False
-        self._unsettled: Turn | None = None
-        # run() settles a turn while the next one claims (see _claim_and_deliver).
-        self._recording: asyncio.Future[list[tuple[str, Verdict]]] | None = None
+        # Turns whose settle failed: their outcomes are known and recorded before the next
+        # claim, never sent again.
+        self._unsettled: list[Turn] = []
         self.listening = threading.Event()
         """Set while a LISTEN connection is up (PostgreSQL), so NOTIFY wakes the loop."""
         self.metrics = RelayMetrics(self._backlog)
@@ -202,44 +202,52 @@ class Relay(DatabaseHandle):
         listener = asyncio.ensure_future(self._listen()) if self._dialect == "postgresql" else None
         log.info("relay %s started", self.owner)
         stop = asyncio.ensure_future(self._stopping.wait())
+        # Turns delivering and settling. Behind a backlog (the last claim was full) the
+        # next claim starts while the previous batch is still being posted; otherwise it
+        # waits for that POST, so messages that trickle in meanwhile go out together
+        # rather than as many tiny turns. Claims skip keys with a message in flight, so
+        # per-key order holds either way.
+        flying: set[asyncio.Future[None]] = set()  # turns delivering or settling
+        posting: set[asyncio.Future[None]] = set()  # the same turns until delivered
+        backlog = False
         try:
             while not self._stopping.is_set():
-                # Clear before claiming: a NOTIFY that lands mid-dispatch must wake the next turn.
+                # Clear before claiming: a NOTIFY that lands mid-claim must wake the next turn.
                 self._wake.clear()
-                work = asyncio.ensure_future(self._claim_and_deliver())
+                flying = {f for f in flying if not f.done()}
+                posting = {p for p in posting if not p.done()}
+                # A settle never holds up the next claim (they touch different rows), but
+                # at most PIPELINE + 1 turns are unfinished at once.
+                if len(posting) >= (PIPELINE if backlog else 1) or len(flying) > PIPELINE:
+                    busy: set[asyncio.Future[Any]] = {*posting, *flying, stop}
+                    await asyncio.wait(busy, return_when=asyncio.FIRST_COMPLETED)
+                    continue
+                work = asyncio.ensure_future(self._claim_next(flying))
                 await asyncio.wait({work, stop}, return_when=asyncio.FIRST_COMPLETED)
                 if not work.done():
-                    # Draining: give in-flight deliveries the grace period, then abandon
-                    # them; their leases expire and another relay takes them over.
-                    done, _ = await asyncio.wait({work}, timeout=self.grace)
-                    if not done:
-                        work.cancel()
-                        log.warning("relay %s abandoned in-flight work at shutdown", self.owner)
-                    elif work.exception() is None and (turn := work.result()) is not None:
-                        try:
-                            await self._record(*turn)
-                        except Exception:
-                            log.exception("relay %s could not settle at shutdown", self.owner)
+                    flying.add(asyncio.ensure_future(self._finish_claim(work)))
                     break
                 try:
-                    turn = work.result()
+                    claimed = work.result()
                 except Exception:
-                    # A failed turn keeps its outcomes for the next one; the loop goes on.
+                    # A failed claim leased nothing, or is adopted next time; go on.
                     log.exception("relay %s turn failed; trying again next turn", self.owner)
-                    turn = None
+                    claimed = None
                 self.metrics.last_turn = time.monotonic()
-                if turn is not None:
-                    # Settled while the next turn claims: the two touch different rows.
-                    self._recording = asyncio.ensure_future(self._record(*turn))
-                    if len(turn[0]) >= self.batch:
-                        continue  # more is probably waiting
+                backlog = claimed is not None and len(claimed[0]) + len(claimed[1]) >= self.batch
+                if claimed is not None:
+                    delivered: asyncio.Future[None] = self._loop.create_future()
+                    posting.add(delivered)
+                    flying.add(asyncio.ensure_future(self._deliver_and_record(claimed, delivered)))
+                if backlog:
+                    continue  # more is probably waiting
                 waiter = asyncio.ensure_future(self._wake.wait())
                 await asyncio.wait(
                     {waiter, stop}, timeout=self.poll_interval, return_when=asyncio.FIRST_COMPLETED
                 )
                 waiter.cancel()
         finally:
-            await self._settle_previous()
+            await self._land(flying)
             stop.cancel()
             if listener is not None:
                 listener.cancel()
@@ -302,70 +310,101 @@ class Relay(DatabaseHandle):
                 )
 
     async def _dispatch(self) -> list[tuple[str, Verdict]]:
-        turn = await self._claim_and_deliver()
-        return [] if turn is None else await self._record(*turn)
+        await self._record_unsettled()
+        claimed = await self._claim_batch()
+        if claimed is None:
+            return []
+        return await self._record(await self._deliver_batch(*claimed))
 
-    async def _settle_previous(self) -> None:
-        """Wait for the previous turn's settle; a failure leaves its outcomes in _unsettled."""
-        previous, self._recording = self._recording, None
-        if previous is not None:
-            try:
-                await previous
-            except Exception:
-                log.exception("relay %s settle failed; trying again next turn", self.owner)
+    async def _claim_next(self, flying: set[asyncio.Future[None]]) -> Claimed | None:
+        """run()'s claim: first record what failed to settle; adopt only with nothing in flight."""
+        if self._claim_in_doubt and flying:
+            # Adoption re-leases every row this owner holds, in-flight turns' rows included.
+            await asyncio.wait(flying)
+        await self._record_unsettled()
+        return await self._claim_batch()
 
-    async def _claim_and_deliver(self) -> Turn | None:
-        """Claim a batch and deliver it; returns what to settle (None when nothing was due)."""
+    async def _finish_claim(self, work: asyncio.Future[Claimed | None]) -> None:
+        """At shutdown: a claim still running is delivered and settled if it lands in time."""
+        try:
+            claimed = await work
+        except Exception:
+            log.exception("relay %s claim failed at shutdown", self.owner)
+            return
+        if claimed is not None:
+            await self._deliver_and_record(claimed, self._loop.create_future())
+
+    async def _deliver_and_record(self, claimed: Claimed, delivered: asyncio.Future[None]) -> None:
+        try:
+            turn = await self._deliver_batch(*claimed)
+        except Exception:
+            # Nothing known to settle: the rows' leases expire and they are taken again.
+            log.exception("relay %s delivery failed; its leases will expire", self.owner)
+            return
+        finally:
+            if not delivered.done():
+                delivered.set_result(None)
+        try:
+            await self._record(turn)
+        except Exception:
+            log.exception("relay %s settle failed; trying again next turn", self.owner)
+
+    async def _land(self, flying: set[asyncio.Future[None]]) -> None:
+        """Give in-flight turns the grace period, then abandon them to lease expiry."""
+        if not flying:
+            return
+        _, late = await asyncio.wait(flying, timeout=self.grace)
+        for future in late:
+            future.cancel()
+        if late:
+            await asyncio.wait(late)
+            log.warning("relay %s abandoned in-flight work at shutdown", self.owner)
+
+    async def _record_unsettled(self) -> None:
+        for turn in list(self._unsettled):
+            await self._record(turn)
+
+    async def _claim_batch(self) -> Claimed | None:
+        """Lease a batch: (messages to deliver, messages to resolve, the turn's deadline)."""
         started = time.monotonic()
-
-        def claim() -> Awaitable[tuple[list[Message], list[Message]]]:
-            return asyncio.to_thread(self._retrying, self._claim)
-
-        if self._recording is not None and not self._claim_in_doubt:
-            # The previous turn's settle and this claim touch different rows: overlap them.
-            claimed, _ = await asyncio.gather(
-                claim(), self._settle_previous(), return_exceptions=True
-            )
-            if isinstance(claimed, BaseException):
-                raise claimed
-            deliver, resolve = claimed
-        else:
-            # Adoption re-leases every row this owner holds: nothing may be settling then.
-            await self._settle_previous()
-            deliver, resolve = None, None
-        if self._unsettled is not None:
-            # Outcomes a failed settle could not record: they are known, never re-sent.
-            await self._record(*self._unsettled)
-        if deliver is None or resolve is None:
-            started = time.monotonic()
-            deliver, resolve = await claim()
+        deliver, resolve = await asyncio.to_thread(self._retrying, self._claim)
         if not deliver and not resolve:
             return None
         failpoints.hit("relay.after_claim")
         # The lease runs from the claim: an attempt that could not finish before it ends is
         # not started, or another relay might send the same message at the same time.
-        self._turn_deadline = started + self.lease - LEASE_MARGIN
-        outcomes = await self._deliver(deliver)
+        return deliver, resolve, started + self.lease - LEASE_MARGIN
+
+    async def _deliver_batch(
+        self, deliver: list[Message], resolve: list[Message], deadline: float
+    ) -> Turn:
+        """Deliver one claimed batch and resolve what may not be sent; returns what to settle."""
+        outcomes = await self._deliver(deliver, deadline)
         # Only a delivery that never started gives its attempt back; a later lookup that
         # ran out of lease time does not (the attempt was made).
         unattempted = {i for i, outcome in outcomes.items() if isinstance(outcome, Unsent)}
-        outcomes.update(await self._resolve(resolve, "lease expired while sending"))
+        outcomes.update(await self._resolve(resolve, "lease expired while sending", deadline))
         spent = [
             m for m in deliver if isinstance(outcomes[m.id], Retry) and m.attempts >= self.attempts
         ]
         if spent:
-            outcomes.update(await self._resolve(spent, "retry budget exhausted", outcomes))
+            outcomes.update(
+                await self._resolve(spent, "retry budget exhausted", deadline, outcomes)
+            )
         failpoints.hit("relay.after_remote_commit")
         return deliver + resolve, outcomes, unattempted
 
-    async def _record(
-        self, everything: list[Message], outcomes: dict[int, Outcome], unattempted: set[int]
-    ) -> list[tuple[str, Verdict]]:
-        self._unsettled = (everything, outcomes, unattempted)
-        settled = await asyncio.to_thread(
-            self._retrying, lambda: self._settle(everything, outcomes, unattempted)
-        )
-        self._unsettled = None
+    async def _record(self, turn: Turn) -> list[tuple[str, Verdict]]:
+        everything, outcomes, unattempted = turn
+        try:
+            settled = await asyncio.to_thread(
+                self._retrying, lambda: self._settle(everything, outcomes, unattempted)
+            )
+        except BaseException:
+            if not any(kept is turn for kept in self._unsettled):
+                self._unsettled.append(turn)
+            raise
+        self._unsettled = [kept for kept in self._unsettled if kept is not turn]
         verdicts: list[tuple[str, Verdict]] = []
         # Counted per kind, not per message: a batch is mostly one kind.
         kinds: Counter[tuple[str, Verdict, int | None]] = Counter()
@@ -405,7 +444,7 @@ class Relay(DatabaseHandle):
             count, age = conn.execute(_sql.backlog(self._now())).one()
         return int(count), None if age is None else float(age)
 
-    async def _deliver(self, messages: Sequence[Message]) -> dict[int, Outcome]:
+    async def _deliver(self, messages: Sequence[Message], deadline: float) -> dict[int, Outcome]:
         outcomes: dict[int, Outcome] = {}
         by_destination: dict[str, list[Message]] = defaultdict(list)
         for message in messages:
@@ -428,6 +467,7 @@ class Relay(DatabaseHandle):
                         name,
                         chunk,
                         partial(post_batch, client, destination, chunk, body),
+                        deadline,
                     )
                     for chunk, body in packed
                 )
@@ -437,6 +477,7 @@ class Relay(DatabaseHandle):
                         name,
                         [message],
                         partial(self._one, client, destination, message),
+                        deadline,
                     )
                     for message in group
                 )
@@ -454,12 +495,13 @@ class Relay(DatabaseHandle):
         name: str,
         messages: Sequence[Message],
         attempt: Callable[[], Awaitable[dict[int, Outcome]]],
+        deadline: float,
     ) -> dict[int, Outcome]:
         """Run one request under the destination's concurrency limit, if the lease allows it."""
         destination = self.destinations[name]
         self._client(name)  # creates the destination's limit with its client
         async with self._limits[name]:
-            if time.monotonic() + destination.timeout > self._turn_deadline:
+            if time.monotonic() + destination.timeout > deadline:
                 return dict.fromkeys((m.id for m in messages), Unsent())
             started = time.monotonic()
             try:
@@ -472,6 +514,7 @@ class Relay(DatabaseHandle):
         self,
         messages: Sequence[Message],
         why: str,
+        deadline: float,
         last: Mapping[int, Outcome] | None = None,
     ) -> dict[int, Outcome]:
         """Settle messages that may not be sent again: a matching receipt means sent, else dead."""
@@ -489,6 +532,7 @@ class Relay(DatabaseHandle):
                         message.destination,
                         [message],
                         partial(lookup, message, destination),
+                        deadline,
                     )
                 )
         # A lookup answers Sent, nothing (no matching receipt), or Unsent (no lease time left).
@@ -630,6 +674,8 @@ class Relay(DatabaseHandle):
 
 Turn = tuple[list[Message], dict[int, Outcome], set[int]]
 """A delivered turn to settle: its messages, their outcomes, the ids never attempted."""
+Claimed = tuple[list[Message], list[Message], float]
+"""A claimed batch: messages to deliver, messages to resolve, the monotonic deadline."""
 
 _TARGET_STATE: dict[type, str] = {Sent: "sent", Retry: "pending", Unsent: "pending", Dead: "dead"}
 

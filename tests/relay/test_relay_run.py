@@ -204,3 +204,30 @@ def test_a_message_inserted_by_the_applications_own_sql_wakes_the_relay(
         relay.stop()
         runner.join(timeout=30)
         relay.close()
+
+
+def test_behind_a_backlog_the_next_claim_does_not_wait_for_a_slow_post(
+    db_url: str, engine: sa.Engine, server: ScriptedServer, clock: ManualClock
+) -> None:
+    publish_many(engine, ["slow-1", "quick-2"], clock=clock)
+    server.script("slow-1", Answer(stall=3))
+    relay = Relay(
+        db_url,
+        {"default": Destination(server.url, secret=SECRET, timeout=10)},
+        clock=clock,
+        batch=1,  # a full claim each turn: a backlog
+        poll_interval=60,
+    )
+    started = time.monotonic()
+    runner = _run_in_thread(relay)
+    try:
+        # slow-1's POST holds its turn for 3 s; the next turn claims and sends meanwhile.
+        assert wait_until(lambda: "quick-2" in server.ids(), 2)
+        assert time.monotonic() - started < 2.5
+        assert server.ids()[0] == "slow-1"
+        assert wait_until(lambda: {row["state"] for row in rows(engine).values()} == {"sent"}, 10)
+    finally:
+        relay.stop()
+        runner.join(timeout=30)
+        relay.close()
+    assert sorted(server.ids()) == ["quick-2", "slow-1"]
