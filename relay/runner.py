@@ -143,6 +143,7 @@ class Relay(DatabaseHandle):
         # settle retries handle on a fresh one; a ping would cost a round trip per turn.
         self._open(url_or_engine, pool_pre_ping=False)
         self._next_reap = float("-inf")
+        self._autocommit = self._engine.execution_options(isolation_level="AUTOCOMMIT")
         self._skip_locked = supports_skip_locked(self._dialect)
         self._loop = _new_event_loop()
         self._clients: dict[str, HttpClient] = {}
@@ -591,7 +592,7 @@ class Relay(DatabaseHandle):
 
     def _claim_rows(self) -> list[tuple[Any, ...]]:
         now = None if self.clock is None else float(self.clock())
-        with self._engine.begin() as conn:
+        with self._claim_connection() as conn:
             self._reap_expired_leases(conn, now)
             rows: list[tuple[Any, ...]] = []
             if self._claim_in_doubt:
@@ -606,6 +607,15 @@ class Relay(DatabaseHandle):
             )
         self._claim_in_doubt = False
         return rows
+
+    def _claim_connection(self) -> Any:
+        if self._dialect == "postgresql":
+            # Reap, adopt and claim are each one statement, atomic alone: without BEGIN and
+            # COMMIT the claim costs one round trip instead of three, on the path from a
+            # producer's commit to delivery.
+            return self._autocommit.connect()
+        # SQLite picks, then updates: BEGIN IMMEDIATE holds the write lock between them.
+        return self._engine.begin()
 
     def _reap_expired_leases(self, conn: sa.Connection, now: float | None) -> None:
         # Leases expire on the scale of the lease, not of a turn or a poll: looking every
