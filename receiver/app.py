@@ -10,7 +10,7 @@ adds the retention header to every response.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable
 
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
@@ -119,31 +119,22 @@ class _RetentionHeader:
 def build_app(decide: Handler) -> Starlette:
     """A Starlette app answering with `decide`."""
 
-    async def read_and_decide(
-        request: Request, decision: Callable[[Mapping[str, str], bytes], Answer]
-    ) -> Response:
+    async def read_body(request: Request) -> bytes | Answer:
         try:
-            body = await _read_limited(request, decide.max_body)
+            return await _read_limited(request, decide.max_body)
         except _TooLarge:
-            return _respond(error(413, f"body larger than {decide.max_body} bytes"))
+            return error(413, f"body larger than {decide.max_body} bytes")
         except ValueError as exc:
-            return _respond(error(400, str(exc)))
+            return error(400, str(exc))
         except ClientDisconnect:
-            return _respond(error(400, "client disconnected"))  # nobody will read it
-        answer = await run_in_threadpool(decision, request.headers, body)
-        return _respond(answer)
+            return error(400, "client disconnected")  # nobody will read it
 
     group = _GroupCommit(decide)
 
     async def post_reply(request: Request) -> Response:
-        try:
-            body = await _read_limited(request, decide.max_body)
-        except _TooLarge:
-            return _respond(error(413, f"body larger than {decide.max_body} bytes"))
-        except ValueError as exc:
-            return _respond(error(400, str(exc)))
-        except ClientDisconnect:
-            return _respond(error(400, "client disconnected"))  # nobody will read it
+        body = await read_body(request)
+        if isinstance(body, Answer):
+            return _respond(body)
         # The checks need no I/O: they run here; only storing goes to a thread.
         checked = decide.check_reply(request.headers, body)
         if isinstance(checked, Answer):
@@ -151,7 +142,10 @@ def build_app(decide: Handler) -> Starlette:
         return _respond(await group.store(checked))
 
     async def post_batch(request: Request) -> Response:
-        return await read_and_decide(request, decide.post_batch)
+        body = await read_body(request)
+        if isinstance(body, Answer):
+            return _respond(body)
+        return _respond(await run_in_threadpool(decide.post_batch, request.headers, body))
 
     async def get_reply(request: Request) -> Response:
         reply_id = request.path_params["reply_id"]

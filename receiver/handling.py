@@ -13,6 +13,9 @@ POST /replies, in this order (the first failure decides the status):
 5. dedupe: 200 ``{"ack": "stored", "reply_id", "duplicate"}``, 409 on a
    collision, 503 when the store is unavailable (the relay retries).
 
+Checks 1-4 (``check_reply``) need no I/O; ``store_replies`` stores replies
+that arrived together in one transaction, each with its own answer.
+
 POST /replies/batch takes the same checks 1-4 for the whole request, whose
 JSON is ``{"replies": [{"reply_id": str, "body": str}, ...]}`` (each body is
 the exact stored text of one reply, at most ``MAX_BATCH_ITEMS`` items), then
@@ -203,14 +206,6 @@ class Handler:
             return webhook_id, parse_strict_json(body)
         except InvalidJSON as exc:
             return error(400, f"invalid JSON: {exc}")
-
-    def post_reply(self, headers: Mapping[str, str], body: bytes) -> Answer:
-        """Decide POST /replies for a body the shell has read within max_body (blocking)."""
-        checked = self.check_reply(headers, body)
-        if isinstance(checked, Answer):
-            return checked
-        [answer] = self.store_replies([checked])
-        return answer
 
     def check_reply(self, headers: Mapping[str, str], body: bytes) -> tuple[str, bytes] | Answer:
         """The checks of POST /replies (no I/O): (reply_id, body) to store, or the refusal."""

@@ -143,9 +143,9 @@ def adopt_messages(
 ) -> list[tuple[Any, ...]]:
     """Re-lease this owner's messages still marked sending, under a new fence.
 
-    Run only after a claim whose COMMIT raised: a relay runs one turn at a time,
-    so such rows were leased by that claim. Their counted attempt is the one
-    about to be made. Rows are shaped as claim_messages returns them.
+    Run only after a claim whose COMMIT raised, with no turn of this relay in
+    flight, so such rows were leased by that claim. Their counted attempt is the
+    one about to be made. Rows are shaped as claim_messages returns them.
     """
     params = {"now": now, "claim_owner": owner, "lease": lease}
     return [tuple(row) for row in conn.execute(_adopt_statement(conn.dialect.name), params)]
@@ -167,8 +167,8 @@ _SETTLE_SET = """
 _SETTLE_WHERE = """
     {m}.id = v.id AND {m}.fence = v.fence AND {m}.state = 'sending' AND {m}.owner = {owner}
 """
-# Driver SQL for psycopg: %(name)b sends an array in binary. %(now)s is a manual clock's
-# time, or NULL for the database's (read in the statement: no extra round trip).
+# Driver SQL for psycopg: %(name)b sends an array in binary. In both statements `now` is
+# a manual clock's time, or NULL for the database's (read in the statement itself).
 SETTLE_POSTGRESQL = (
     "UPDATE outbox_messages AS m SET"
     + _SETTLE_SET.format(m="m", now=f"COALESCE(%(now)s::float8, {database_now('postgresql')})")
@@ -189,7 +189,7 @@ SETTLE_POSTGRESQL = (
 )
 SETTLE_SQLITE = sa.text(
     "UPDATE outbox_messages SET"
-    + _SETTLE_SET.format(m="outbox_messages", now=":now")
+    + _SETTLE_SET.format(m="outbox_messages", now=f"COALESCE(:now, {database_now('sqlite')})")
     + """FROM (
         SELECT json_extract(value, '$[0]') AS id, json_extract(value, '$[1]') AS fence,
                json_extract(value, '$[2]') AS state, json_extract(value, '$[3]') AS status,
@@ -240,8 +240,6 @@ def settle(
             SETTLE_POSTGRESQL, params, execution_options={UNPREPARED: True}
         )
     else:
-        if now is None:
-            now = float(conn.execute(sa.select(database_now(conn.dialect.name))).scalar_one())
         result = conn.execute(SETTLE_SQLITE, {"rows": json.dumps(rows), "owner": owner, "now": now})
     return set(result.scalars().all())
 

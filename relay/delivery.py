@@ -18,7 +18,6 @@ from relay.policy import Dead, Outcome, Retry, Sent, classify, truncate
 
 USER_AGENT = "outbox-relay/0.1"
 BATCH_ID_PREFIX = "batch:"
-ITEM_OUTCOMES = {"stored", "duplicate", "conflict", "invalid"}
 
 
 class Message(NamedTuple):

@@ -283,64 +283,63 @@ def wait_for_dead_transactions(queue: TaskQueue) -> None:
         )
 
 
+def crashed_child(
+    db_url: str, queue: TaskQueue, clock: ManualClock, point: str, tmp_path: Path
+) -> str | None:
+    """Run a child that exits at `point`; the id of the task it left, if any."""
+    run_child(db_url, clock, point, tmp_path)
+    wait_for_dead_transactions(queue)
+    return task_id_of(queue)
+
+
+def parent_finishes(queue: TaskQueue, task_id: str, fence: int, attempt: int) -> None:
+    """The parent claims the task with this fence and attempt, finishes it, and only once."""
+    held = queue.claim("parent")
+    assert held is not None
+    assert (held.task_id, held.fence, held.attempt) == (task_id, fence, attempt)
+    queue.finish(held, {"from": "parent"})
+    assert_done_once(queue, task_id, {"from": "parent"})
+
+
 def test_child_intake_before_commit(
     db_url: str, queue: TaskQueue, clock: ManualClock, tmp_path: Path
 ) -> None:
-    run_child(db_url, clock, "intake.before_commit", tmp_path)
-    wait_for_dead_transactions(queue)
+    assert crashed_child(db_url, queue, clock, "intake.before_commit", tmp_path) is None
     assert (count(queue, "outbox_inbox"), count(queue, "outbox_tasks")) == (0, 0)
     assert queue.replies() == []
     ack = queue.receive(A, the_envelope(clock()))
     assert not ack.duplicate
-    held = queue.claim("parent")
-    assert held is not None
-    assert held.fence == 1
-    queue.finish(held, {"from": "parent"})
-    assert_done_once(queue, ack.task_id, {"from": "parent"})
+    parent_finishes(queue, ack.task_id, fence=1, attempt=1)
 
 
 def test_child_intake_after_commit(
     db_url: str, queue: TaskQueue, clock: ManualClock, tmp_path: Path
 ) -> None:
-    run_child(db_url, clock, "intake.after_commit", tmp_path)
-    wait_for_dead_transactions(queue)
-    task_id = task_id_of(queue)
+    task_id = crashed_child(db_url, queue, clock, "intake.after_commit", tmp_path)
     assert task_id is not None
     row = queue.task(task_id)
     assert row is not None
     assert (row["state"], row["fence"]) == ("pending", 0)
     ack = queue.receive(A, the_envelope(clock()))
     assert (ack.task_id, ack.duplicate) == (task_id, True)
-    held = queue.claim("parent")
-    assert held is not None
-    assert held.fence == 1
-    queue.finish(held, {"from": "parent"})
-    assert_done_once(queue, task_id, {"from": "parent"})
+    parent_finishes(queue, task_id, fence=1, attempt=1)
 
 
 def test_child_claim_before_commit(
     db_url: str, queue: TaskQueue, clock: ManualClock, tmp_path: Path
 ) -> None:
-    run_child(db_url, clock, "claim.before_commit", tmp_path)
-    wait_for_dead_transactions(queue)
-    task_id = task_id_of(queue)
+    task_id = crashed_child(db_url, queue, clock, "claim.before_commit", tmp_path)
     assert task_id is not None
     row = queue.task(task_id)
     assert row is not None
     assert (row["state"], row["fence"], row["attempts"], row["owner"]) == ("pending", 0, 0, None)
-    held = queue.claim("parent")
-    assert held is not None
-    assert (held.task_id, held.fence, held.attempt) == (task_id, 1, 1)
-    queue.finish(held, {"from": "parent"})
-    assert_done_once(queue, task_id, {"from": "parent"})
+    parent_finishes(queue, task_id, fence=1, attempt=1)
 
 
 def test_child_claim_after_commit(
     db_url: str, queue: TaskQueue, clock: ManualClock, tmp_path: Path
 ) -> None:
-    run_child(db_url, clock, "claim.after_commit", tmp_path)
-    wait_for_dead_transactions(queue)
-    task_id = task_id_of(queue)
+    task_id = crashed_child(db_url, queue, clock, "claim.after_commit", tmp_path)
     assert task_id is not None
     row = queue.task(task_id)
     assert row is not None
@@ -353,19 +352,13 @@ def test_child_claim_after_commit(
     assert row["lease_until"] == clock() + LEASE  # the child ran on the same manual time
     assert queue.claim("parent") is None
     clock.advance(LEASE + 1)
-    held = queue.claim("parent")
-    assert held is not None
-    assert (held.task_id, held.fence, held.attempt) == (task_id, 2, 2)
-    queue.finish(held, {"from": "parent"})
-    assert_done_once(queue, task_id, {"from": "parent"})
+    parent_finishes(queue, task_id, fence=2, attempt=2)
 
 
 def test_child_finish_before_commit(
     db_url: str, queue: TaskQueue, clock: ManualClock, tmp_path: Path
 ) -> None:
-    run_child(db_url, clock, "finish.before_commit", tmp_path)
-    wait_for_dead_transactions(queue)
-    task_id = task_id_of(queue)
+    task_id = crashed_child(db_url, queue, clock, "finish.before_commit", tmp_path)
     assert task_id is not None
     row = queue.task(task_id)
     assert row is not None
@@ -378,19 +371,13 @@ def test_child_finish_before_commit(
     assert queue.replies() == []
     assert queue.claim("parent") is None
     clock.advance(LEASE + 1)
-    held = queue.claim("parent")
-    assert held is not None
-    assert (held.task_id, held.fence, held.attempt) == (task_id, 2, 2)
-    queue.finish(held, {"from": "parent"})
-    assert_done_once(queue, task_id, {"from": "parent"})
+    parent_finishes(queue, task_id, fence=2, attempt=2)
 
 
 def test_child_finish_after_commit(
     db_url: str, queue: TaskQueue, clock: ManualClock, tmp_path: Path
 ) -> None:
-    run_child(db_url, clock, "finish.after_commit", tmp_path)
-    wait_for_dead_transactions(queue)
-    task_id = task_id_of(queue)
+    task_id = crashed_child(db_url, queue, clock, "finish.after_commit", tmp_path)
     assert task_id is not None
     assert_done_once(queue, task_id, {"from": "child"})
     ack = queue.receive(A, the_envelope(clock()))

@@ -5,6 +5,8 @@ from __future__ import annotations
 import statistics
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import pytest
 import sqlalchemy as sa
@@ -28,6 +30,19 @@ def wait_until(condition: object, seconds: float) -> bool:
     return bool(condition())  # type: ignore[operator]
 
 
+@contextmanager
+def running(relay: Relay) -> Iterator[threading.Thread]:
+    """relay.run() in a thread; stopped, joined and closed on the way out."""
+    runner = threading.Thread(target=relay.run, kwargs={"install_signal_handlers": False})
+    runner.start()
+    try:
+        yield runner
+    finally:
+        relay.stop()
+        runner.join(timeout=30)
+        relay.close()
+
+
 def test_notify_wakes_the_relay_without_waiting_for_the_poll(
     backend: str, db_url: str, engine: sa.Engine, server: ScriptedServer
 ) -> None:
@@ -36,9 +51,7 @@ def test_notify_wakes_the_relay_without_waiting_for_the_poll(
     relay = Relay(
         db_url, {"default": Destination(server.url, secret=SECRET, timeout=2)}, poll_interval=60
     )
-    runner = threading.Thread(target=relay.run, kwargs={"install_signal_handlers": False})
-    runner.start()
-    try:
+    with running(relay) as runner:
         assert relay.listening.wait(10), "relay never started listening"
         latencies = []
         for n in range(5):
@@ -50,10 +63,6 @@ def test_notify_wakes_the_relay_without_waiting_for_the_poll(
             latencies.append(time.monotonic() - committed)
         # The median, so one scheduling hiccup on a loaded machine does not decide.
         assert statistics.median(latencies) < 0.1, latencies
-    finally:
-        relay.stop()
-        runner.join(timeout=30)
-        relay.close()
     assert not runner.is_alive()
 
 
@@ -109,25 +118,14 @@ def test_refuses_to_start_when_receipts_expire_before_the_last_retry(
             relay.close()
 
 
-def _run_in_thread(relay: Relay) -> threading.Thread:
-    runner = threading.Thread(target=relay.run, kwargs={"install_signal_handlers": False})
-    runner.start()
-    return runner
-
-
 def test_run_settles_every_turn_while_the_next_one_claims(
     db_url: str, engine: sa.Engine, server: ScriptedServer, clock: ManualClock
 ) -> None:
     ids = [f"t-{n}" for n in range(9)]
     publish_many(engine, ids, clock=clock)
     relay = Relay(db_url, {"default": Destination(server.url, secret=SECRET)}, clock=clock, batch=2)
-    runner = _run_in_thread(relay)
-    try:
+    with running(relay) as runner:
         assert wait_until(lambda: len(server.received) == len(ids), 10)
-    finally:
-        relay.stop()
-        runner.join(timeout=30)
-        relay.close()
     assert not runner.is_alive()
     # The last turn's settle ran before run() returned; nothing was sent twice.
     assert {row["state"] for row in rows(engine).values()} == {"sent"}
@@ -159,13 +157,8 @@ def test_run_records_a_failed_settles_outcomes_on_a_later_turn(
         return real_settle(*args, **kwargs)  # type: ignore[arg-type]
 
     monkeypatch.setattr(relay, "_settle", refuse_the_first)
-    runner = _run_in_thread(relay)
-    try:
+    with running(relay):
         assert wait_until(lambda: {row["state"] for row in rows(engine).values()} == {"sent"}, 10)
-    finally:
-        relay.stop()
-        runner.join(timeout=30)
-        relay.close()
     assert len(failures) == 1
     # The refused settle's outcome was kept and recorded: its reply was never re-sent.
     assert sorted(server.ids()) == ["f-1", "f-2", "f-3"]
@@ -179,8 +172,7 @@ def test_a_message_inserted_by_the_applications_own_sql_wakes_the_relay(
     relay = Relay(
         db_url, {"default": Destination(server.url, secret=SECRET, timeout=2)}, poll_interval=60
     )
-    runner = _run_in_thread(relay)
-    try:
+    with running(relay):
         assert relay.listening.wait(10), "relay never started listening"
         body = b'{"n":1}'
         with engine.begin() as conn:
@@ -200,10 +192,6 @@ def test_a_message_inserted_by_the_applications_own_sql_wakes_the_relay(
             )
         # The poll is a minute away: only the insert trigger's NOTIFY delivers this soon.
         assert wait_until(lambda: server.ids() == ["raw-1"], 5)
-    finally:
-        relay.stop()
-        runner.join(timeout=30)
-        relay.close()
 
 
 def test_behind_a_backlog_the_next_claim_does_not_wait_for_a_slow_post(
@@ -219,15 +207,10 @@ def test_behind_a_backlog_the_next_claim_does_not_wait_for_a_slow_post(
         poll_interval=60,
     )
     started = time.monotonic()
-    runner = _run_in_thread(relay)
-    try:
+    with running(relay):
         # slow-1's POST holds its turn for 3 s; the next turn claims and sends meanwhile.
         assert wait_until(lambda: "quick-2" in server.ids(), 2)
         assert time.monotonic() - started < 2.5
         assert server.ids()[0] == "slow-1"
         assert wait_until(lambda: {row["state"] for row in rows(engine).values()} == {"sent"}, 10)
-    finally:
-        relay.stop()
-        runner.join(timeout=30)
-        relay.close()
     assert sorted(server.ids()) == ["quick-2", "slow-1"]
