@@ -36,7 +36,7 @@ from tenacity import (
 
 from outbox import _sql as outbox_sql
 from outbox import failpoints
-from outbox._dialect import NOTIFY_CHANNEL, supports_skip_locked
+from outbox._dialect import supports_skip_locked
 from outbox._handle import DatabaseHandle
 from outbox.clock import Clock, now_expression
 from relay import _sql
@@ -54,6 +54,7 @@ from relay.policy import (
     retry_delay,
     truncate,
 )
+from relay.wakeup import Wakeups
 
 log = logging.getLogger("outbox.relay")
 T = TypeVar("T")
@@ -149,7 +150,6 @@ class Relay(DatabaseHandle):
         self._clients: dict[str, HttpClient] = {}
         self._limits: dict[str, asyncio.Semaphore] = {}
         self._stopping: asyncio.Event | None = None
-        self._wake: asyncio.Event | None = None
         self._claim_in_doubt = False
         # Turns whose settle failed: their outcomes are known and recorded before the next
         # claim, never sent again.
@@ -192,7 +192,6 @@ class Relay(DatabaseHandle):
 
     async def _run(self, install_signal_handlers: bool) -> None:
         self._stopping = asyncio.Event()
-        self._wake = asyncio.Event()
         if self._metrics_port is not None:
             self.metrics_server = MetricsServer(self.metrics, self._metrics_port, self.health)
             self.metrics_server.start()
@@ -200,7 +199,8 @@ class Relay(DatabaseHandle):
             for signum in (signal.SIGTERM, signal.SIGINT):
                 self._loop.add_signal_handler(signum, self._stopping.set)
         await self.check_retention()
-        listener = asyncio.ensure_future(self._listen()) if self._dialect == "postgresql" else None
+        wakeups = self._wakeups()
+        listener = None if wakeups is None else asyncio.ensure_future(wakeups.keep_listening())
         log.info("relay %s started", self.owner)
         stop = asyncio.ensure_future(self._stopping.wait())
         # Turns delivering and settling. Behind a backlog (the last claim was full) the
@@ -213,8 +213,6 @@ class Relay(DatabaseHandle):
         backlog = False
         try:
             while not self._stopping.is_set():
-                # Clear before claiming: a NOTIFY that lands mid-claim must wake the next turn.
-                self._wake.clear()
                 flying = {f for f in flying if not f.done()}
                 posting = {p for p in posting if not p.done()}
                 # A settle never holds up the next claim (they touch different rows), but
@@ -223,6 +221,9 @@ class Relay(DatabaseHandle):
                     busy: set[asyncio.Future[Any]] = {*posting, *flying, stop}
                     await asyncio.wait(busy, return_when=asyncio.FIRST_COMPLETED)
                     continue
+                if wakeups is not None:
+                    # Cleared before claiming: a NOTIFY that lands mid-claim wakes the next turn.
+                    await wakeups.clear()
                 work = asyncio.ensure_future(self._claim_next(flying))
                 await asyncio.wait({work, stop}, return_when=asyncio.FIRST_COMPLETED)
                 if not work.done():
@@ -242,10 +243,12 @@ class Relay(DatabaseHandle):
                     flying.add(asyncio.ensure_future(self._deliver_and_record(claimed, delivered)))
                 if backlog:
                     continue  # more is probably waiting
-                waiter = asyncio.ensure_future(self._wake.wait())
-                await asyncio.wait(
-                    {waiter, stop}, timeout=self.poll_interval, return_when=asyncio.FIRST_COMPLETED
+                waiter = asyncio.ensure_future(
+                    asyncio.sleep(self.poll_interval)
+                    if wakeups is None
+                    else wakeups.wait(self.poll_interval)
                 )
+                await asyncio.wait({waiter, stop}, return_when=asyncio.FIRST_COMPLETED)
                 waiter.cancel()
         finally:
             await self._land(flying)
@@ -260,26 +263,13 @@ class Relay(DatabaseHandle):
                 self.metrics_server.close()
             log.info("relay %s stopped", self.owner)
 
-    async def _listen(self) -> None:
-        """Wake the loop on NOTIFY; polling covers notifications lost while disconnected."""
-        import psycopg
-
+    def _wakeups(self) -> Wakeups | None:
+        """NOTIFY wake-ups on PostgreSQL; SQLite has none and polls."""
+        if self._dialect != "postgresql":
+            return None
         url = self._engine.url.set(drivername="postgresql")
         conninfo = url.render_as_string(hide_password=False)
-        while True:
-            try:
-                async with await psycopg.AsyncConnection.connect(conninfo, autocommit=True) as conn:
-                    await conn.execute(f"LISTEN {NOTIFY_CHANNEL}")
-                    self.listening.set()
-                    async for _ in conn.notifies():
-                        if self._wake is not None:
-                            self._wake.set()
-            except asyncio.CancelledError:
-                raise
-            except psycopg.Error as exc:
-                self.listening.clear()
-                log.warning("LISTEN connection lost (%s); polling until it is back", exc)
-                await asyncio.sleep(self.poll_interval)
+        return Wakeups(conninfo, self.poll_interval, self.listening)
 
     async def check_retention(self) -> None:
         """Refuse to run when a destination keeps receipts shorter than our retry window."""

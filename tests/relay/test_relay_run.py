@@ -66,6 +66,30 @@ def test_notify_wakes_the_relay_without_waiting_for_the_poll(
     assert not runner.is_alive()
 
 
+@pytest.mark.parametrize("backend", ["postgresql"], indirect=True)
+def test_a_lost_listen_connection_is_replaced_and_notify_wakes_again(
+    db_url: str, engine: sa.Engine, server: ScriptedServer
+) -> None:
+    relay = Relay(
+        db_url, {"default": Destination(server.url, secret=SECRET, timeout=2)}, poll_interval=60
+    )
+
+    def listeners() -> list[int]:
+        with engine.connect() as conn:
+            query = "SELECT pid FROM pg_stat_activity WHERE query LIKE 'LISTEN %'"
+            return list(conn.execute(sa.text(query)).scalars())
+
+    with running(relay):
+        assert relay.listening.wait(10), "relay never started listening"
+        [first] = listeners()
+        with engine.connect() as conn:
+            conn.execute(sa.text("SELECT pg_terminate_backend(:pid)"), {"pid": first})
+        assert wait_until(lambda: listeners() not in ([], [first]), 10), "never listened again"
+        publish_many(engine, ["after-loss"])
+        # The poll is a minute away: only a NOTIFY on the new connection delivers this soon.
+        assert wait_until(lambda: server.ids() == ["after-loss"], 5)
+
+
 def test_stop_drains_then_abandons_stalled_work_to_lease_expiry(
     db_url: str, engine: sa.Engine, server: ScriptedServer, clock: ManualClock
 ) -> None:
