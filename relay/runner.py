@@ -61,7 +61,7 @@ T = TypeVar("T")
 Verdict = Literal["sent", "retry", "dead"]
 RETENTION_HEADER = "outbox-receipt-retention"
 LEASE_MARGIN = 0.5  # seconds: the last attempt of a turn must end this long before the lease
-PIPELINE = 2  # turns delivering at once behind a backlog: one POSTs while the next claims
+PIPELINE = 2  # turns delivering at once: one POSTs while the next claims
 
 
 def _new_event_loop() -> asyncio.AbstractEventLoop:
@@ -203,11 +203,11 @@ class Relay(DatabaseHandle):
         listener = None if wakeups is None else asyncio.ensure_future(wakeups.keep_listening())
         log.info("relay %s started", self.owner)
         stop = asyncio.ensure_future(self._stopping.wait())
-        # Turns delivering and settling. Behind a backlog (the last claim was full) the
-        # next claim starts while the previous batch is still being posted; otherwise it
-        # waits for that POST, so messages that trickle in meanwhile go out together
-        # rather than as many tiny turns. Claims skip keys with a message in flight, so
-        # per-key order holds either way.
+        # Turns delivering and settling. The next claim does not wait for the previous
+        # batch's POST: behind a backlog (the last claim was full) it starts at once,
+        # otherwise at the next NOTIFY or poll. At most PIPELINE batches post at once, so
+        # what arrives while both are out goes in one later turn, not many tiny ones.
+        # Claims skip keys with a message in flight, so per-key order holds.
         flying: set[asyncio.Future[None]] = set()  # turns delivering or settling
         posting: set[asyncio.Future[None]] = set()  # the same turns until delivered
         backlog = False
@@ -217,7 +217,7 @@ class Relay(DatabaseHandle):
                 posting = {p for p in posting if not p.done()}
                 # A settle never holds up the next claim (they touch different rows), but
                 # at most PIPELINE + 1 turns are unfinished at once.
-                if len(posting) >= (PIPELINE if backlog else 1) or len(flying) > PIPELINE:
+                if len(posting) >= PIPELINE or len(flying) > PIPELINE:
                     busy: set[asyncio.Future[Any]] = {*posting, *flying, stop}
                     await asyncio.wait(busy, return_when=asyncio.FIRST_COMPLETED)
                     continue

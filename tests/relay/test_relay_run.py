@@ -218,6 +218,30 @@ def test_a_message_inserted_by_the_applications_own_sql_wakes_the_relay(
         assert wait_until(lambda: server.ids() == ["raw-1"], 5)
 
 
+def test_without_a_backlog_a_woken_relay_claims_while_a_post_is_out(
+    db_url: str, engine: sa.Engine, server: ScriptedServer, clock: ManualClock
+) -> None:
+    publish_many(engine, ["slow-1"], clock=clock)
+    server.script("slow-1", Answer(stall=3))
+    relay = Relay(
+        db_url,
+        {"default": Destination(server.url, secret=SECRET, timeout=10)},
+        clock=clock,
+        batch=10,  # claims are never full: no backlog
+        poll_interval=0.05,
+    )
+    with running(relay):
+        assert wait_until(lambda: "slow-1" in server.ids(), 5)
+        published = time.monotonic()
+        publish_many(engine, ["quick-2"], clock=clock)
+        # slow-1's POST holds its turn for 3 s; quick-2 goes out meanwhile, in its own turn.
+        assert wait_until(lambda: "quick-2" in server.ids(), 2)
+        assert time.monotonic() - published < 2.5
+        assert rows(engine)["slow-1"]["state"] == "sending"
+        assert wait_until(lambda: {row["state"] for row in rows(engine).values()} == {"sent"}, 10)
+    assert server.ids() == ["slow-1", "quick-2"]
+
+
 def test_behind_a_backlog_the_next_claim_does_not_wait_for_a_slow_post(
     db_url: str, engine: sa.Engine, server: ScriptedServer, clock: ManualClock
 ) -> None:
