@@ -101,3 +101,34 @@ def test_queue_refuses_a_revision_it_does_not_know(blank_url: str) -> None:
             ensure_current(engine)
     finally:
         engine.dispose()
+
+
+def test_partial_task_id_index_keeps_rows_and_the_uniqueness_rule(blank_url: str) -> None:
+    # o0003 rebuilds outbox_messages on SQLite: rows written before it must survive.
+    engine = outbox.create_engine(blank_url)
+    columns = (
+        "reply_id, task_id, destination, body, content_hash, headers, state, attempts, fence, "
+        "available_at, created_at"
+    )
+    insert = sa.text(
+        f"INSERT INTO outbox_messages ({columns}) "
+        "VALUES (:reply_id, :task_id, 'd', :body, 'h', '{}', 'pending', 0, 0, 0, 0)"
+    )
+    try:
+        with engine.begin() as conn:
+            command.upgrade(alembic_config(conn), "outbox@o0002")
+            conn.execute(insert, {"reply_id": "r-1", "task_id": "t-1", "body": b"1"})
+            conn.execute(insert, {"reply_id": "r-2", "task_id": None, "body": b"2"})
+        outbox.upgrade(blank_url)
+        with engine.begin() as conn:
+            kept = conn.execute(sa.text("SELECT id, reply_id, task_id, body FROM outbox_messages"))
+            assert sorted((r.id, r.reply_id, r.task_id, bytes(r.body)) for r in kept) == [
+                (1, "r-1", "t-1", b"1"),
+                (2, "r-2", None, b"2"),
+            ]
+            # Messages without a task are as many as you like; a task still has one reply.
+            conn.execute(insert, {"reply_id": "r-3", "task_id": None, "body": b"3"})
+        with pytest.raises(sa.exc.IntegrityError), engine.begin() as conn:
+            conn.execute(insert, {"reply_id": "r-4", "task_id": "t-1", "body": b"4"})
+    finally:
+        engine.dispose()
