@@ -288,7 +288,7 @@ def count_undelivered(engine: sa.Engine) -> int:
 
 
 def live(duration: float, producers: int, relays: int, rate: float = 0) -> dict[str, Any]:
-    """Producers commit one row per transaction while 2 relays run: commit-to-receipt latency."""
+    """Producers commit one row per transaction while `relays` relays run: commit-to-receipt."""
     with fresh_database() as url, tempfile.TemporaryDirectory() as tmp:
         workdir = Path(tmp)
         engine = outbox.create_engine(url)
@@ -341,7 +341,9 @@ def live(duration: float, producers: int, relays: int, rate: float = 0) -> dict[
         from_commit.append(row.received_at - commits[int(index)][int(n)])
         from_insert.append(row.received_at - row.created_at)
     return {
-        "scenario": f"live-{producers}-producers" + (f"-paced-{rate:g}" if rate else ""),
+        "scenario": f"live-{producers}-producers"
+        + (f"-paced-{rate:g}" if rate else "")
+        + f"-{relays}-relay{'s' if relays > 1 else ''}",
         "messages": total,
         "rate": round(total / duration),
         "backlog_at_stop": backlog_at_stop,
@@ -369,7 +371,13 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--relays", type=int, default=2)
     parser.add_argument("--batch", type=int, default=1000)
-    parser.add_argument("--live-relays", type=int, default=2)
+    parser.add_argument(
+        "--live-relays",
+        type=lambda text: [int(n) for n in text.split(",")],
+        default=[1, 2],
+        help="relay counts for the full-rate live runs, comma-separated (the first is also "
+        "used paced)",
+    )
     parser.add_argument(
         "--live-paced", type=float, default=250, help="commits/s per producer; 0 skips the run"
     )
@@ -385,11 +393,13 @@ def main() -> int:
         log("drain (single mode, 1 relay)")
         results.append(drain(args.single_messages, "single", 1, 500))
     if args.only in (None, "live"):
-        log("live latency (4 producers)")
-        results.append(live(args.live_seconds, 4, args.live_relays))
+        for relays in args.live_relays:
+            log(f"live latency (4 producers, {relays} relay(s))")
+            results.append(live(args.live_seconds, 4, relays))
         if args.live_paced:
-            log(f"live latency (4 producers, {args.live_paced:g} commits/s each)")
-            results.append(live(args.live_seconds, 4, args.live_relays, args.live_paced))
+            relays = args.live_relays[0]
+            log(f"live latency (4 producers at {args.live_paced:g}/s each, {relays} relay(s))")
+            results.append(live(args.live_seconds, 4, relays, args.live_paced))
     for result in results:
         print(json.dumps(result))
     return 0
