@@ -4,8 +4,8 @@ Every committing transaction that adds a message notifies every listening relay.
 Reading each notification as it arrives would wake a busy relay once per such
 commit, for nothing: a busy relay claims again as soon as it can anyway. So the
 loop reads them at two moments only: it discards what arrived before a claim
-(that claim sees those rows), and when it has nothing to do it waits for the
-next one. Notifications are not durable; the loop also polls.
+(that claim sees those rows), and after a claim that found no backlog it waits
+for the next one. Notifications are not durable; the loop also polls.
 """
 
 from __future__ import annotations
