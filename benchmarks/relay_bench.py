@@ -37,10 +37,12 @@ import receiver
 from outbox.canonical import canonical_bytes, sha256_hex
 from outbox.schema import messages
 from receiver.schema import receipts
+from relay.config import Destination
 
 ADMIN_URL = os.environ.get("OUTBOX_BENCH_PG_URL", "postgresql+psycopg://postgres@127.0.0.1/test")
 ROOT = Path(__file__).resolve().parent.parent
-CONCURRENCY = int(os.environ.get("OUTBOX_BENCH_CONCURRENCY", "4"))
+# Requests in flight per destination: the relay's default unless overridden.
+CONCURRENCY = int(os.environ.get("OUTBOX_BENCH_CONCURRENCY", Destination.concurrency))
 WARMUP_SECONDS = 1.0
 # The reference receiver takes up to 1000 replies per POST: one POST per turn.
 BATCH_ITEMS = int(os.environ.get("OUTBOX_BENCH_BATCH_ITEMS", "1000"))

@@ -32,7 +32,7 @@ class Destination:
     secret: str | None = field(default=None, repr=False)
     timeout: float = 10.0
     mode: Mode = "single"
-    concurrency: int = 4
+    concurrency: int = 8
     receipt_lookup: bool = False
     batch_url: str | None = None
     max_batch_items: int = 500
@@ -120,7 +120,7 @@ def load_toml(path: str | Path) -> tuple[dict[str, Any], dict[str, Destination]]
             secret=secret,
             timeout=float(table.get("timeout", 10.0)),
             mode=table.get("mode", "single"),
-            concurrency=int(table.get("concurrency", 4)),
+            concurrency=int(table.get("concurrency", Destination.concurrency)),
             receipt_lookup=bool(table.get("receipt_lookup", False)),
             batch_url=table.get("batch_url"),
             max_batch_items=int(table.get("max_batch_items", 500)),
