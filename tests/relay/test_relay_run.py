@@ -43,14 +43,19 @@ def running(relay: Relay) -> Iterator[threading.Thread]:
         relay.close()
 
 
+def notify_only_relay(db_url: str, server: ScriptedServer) -> Relay:
+    """A relay whose poll is a minute away: within a test, only NOTIFY wakes it."""
+    return Relay(
+        db_url, {"default": Destination(server.url, secret=SECRET, timeout=2)}, poll_interval=60
+    )
+
+
 def test_notify_wakes_the_relay_without_waiting_for_the_poll(
     backend: str, db_url: str, engine: sa.Engine, server: ScriptedServer
 ) -> None:
     if backend != "postgresql":
         pytest.skip("LISTEN/NOTIFY is PostgreSQL's; SQLite relays poll")
-    relay = Relay(
-        db_url, {"default": Destination(server.url, secret=SECRET, timeout=2)}, poll_interval=60
-    )
+    relay = notify_only_relay(db_url, server)
     with running(relay) as runner:
         assert relay.listening.wait(10), "relay never started listening"
         latencies = []
@@ -70,9 +75,7 @@ def test_notify_wakes_the_relay_without_waiting_for_the_poll(
 def test_a_lost_listen_connection_is_replaced_and_notify_wakes_again(
     db_url: str, engine: sa.Engine, server: ScriptedServer
 ) -> None:
-    relay = Relay(
-        db_url, {"default": Destination(server.url, secret=SECRET, timeout=2)}, poll_interval=60
-    )
+    relay = notify_only_relay(db_url, server)
 
     def listeners() -> list[int]:
         with engine.connect() as conn:
@@ -193,9 +196,7 @@ def test_run_records_a_failed_settles_outcomes_on_a_later_turn(
 def test_a_message_inserted_by_the_applications_own_sql_wakes_the_relay(
     db_url: str, engine: sa.Engine, server: ScriptedServer
 ) -> None:
-    relay = Relay(
-        db_url, {"default": Destination(server.url, secret=SECRET, timeout=2)}, poll_interval=60
-    )
+    relay = notify_only_relay(db_url, server)
     with running(relay):
         assert relay.listening.wait(10), "relay never started listening"
         body = b'{"n":1}'
