@@ -7,8 +7,9 @@ import importlib
 import os
 import sys
 from collections.abc import Sequence
+from typing import NoReturn
 
-from outbox import migrations
+from outbox import cli_operations, migrations
 from outbox.errors import OutboxError
 
 DEFAULT_DB = "sqlite:///outbox.db"
@@ -26,9 +27,17 @@ def _db_argument(parser: argparse.ArgumentParser) -> None:
     )
 
 
+class OneLineErrors(argparse.ArgumentParser):
+    """Bad arguments: one line on stderr and exit status 2, without the usage block."""
+
+    def error(self, message: str) -> NoReturn:
+        """Print `prog: error: message` and exit 2."""
+        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser for every subcommand."""
-    parser = argparse.ArgumentParser(prog="outbox", description=__doc__)
+    parser = OneLineErrors(prog="outbox", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
 
     db = commands.add_parser("db", help="schema migrations")
@@ -42,6 +51,7 @@ def build_parser() -> argparse.ArgumentParser:
     _db_argument(current)
 
     commands.add_parser("demo", help="run the end-to-end story on a temporary SQLite database")
+    cli_operations.add_parsers(commands, _db_argument)
     # Imported here, not at module level: the outbox package never imports its sidecars.
     for module in PLUGINS.values():
         importlib.import_module(module).add_parser(commands)
@@ -58,6 +68,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             from outbox.demo import main as demo
 
             return demo()
+        if args.command in ("status", "dead", "purge"):
+            return cli_operations.run(args)
         if args.command in PLUGINS:
             status: int = importlib.import_module(PLUGINS[args.command]).run(args)
             return status

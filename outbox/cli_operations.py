@@ -1,0 +1,162 @@
+"""`outbox status`, `outbox dead list|show` and `outbox purge`: readable, or JSON with --json."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from outbox.operations import PURGE_BATCH, Operations
+
+DURATION = re.compile(r"(?P<amount>\d+(?:\.\d+)?)(?P<unit>[smhd]?)")
+SECONDS_PER = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
+ERROR_WIDTH = 60
+
+
+def parse_duration(text: str) -> float:
+    """Seconds in "90", "90s", "15m", "12h" or "7d" (argparse type: bad input exits 2)."""
+    match = DURATION.fullmatch(text.strip())
+    if match is None:
+        raise argparse.ArgumentTypeError(
+            f"invalid duration {text!r}: use a number with s, m, h or d (e.g. 7d)"
+        )
+    return float(match["amount"]) * SECONDS_PER[match["unit"]]
+
+
+def positive_int(text: str) -> int:
+    """An int >= 1 (argparse type)."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {text!r}")
+    return value
+
+
+def add_parsers(commands: Any, db_argument: Callable[[argparse.ArgumentParser], None]) -> None:
+    """Register status, dead and purge."""
+    status = commands.add_parser("status", help="tasks and replies per state, oldest pending")
+    db_argument(status)
+    _json_flag(status)
+
+    dead = commands.add_parser("dead", help="replies that will not be delivered")
+    dead_commands = dead.add_subparsers(dest="dead_command", required=True)
+    listing = dead_commands.add_parser("list", help="dead replies, oldest first")
+    db_argument(listing)
+    listing.add_argument("--limit", type=positive_int, default=100)
+    _json_flag(listing)
+    show = dead_commands.add_parser("show", help="one reply's last error, status and attempts")
+    db_argument(show)
+    show.add_argument("reply_id")
+    _json_flag(show)
+
+    purge = commands.add_parser("purge", help="delete replies sent long ago, in batches")
+    db_argument(purge)
+    purge.add_argument(
+        "--sent-older-than",
+        type=parse_duration,
+        required=True,
+        metavar="DURATION",
+        help="e.g. 30d, 12h, 90m",
+    )
+    purge.add_argument("--batch", type=positive_int, default=PURGE_BATCH)
+    _json_flag(purge)
+
+
+def _json_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--json", action="store_true", help="print JSON instead of text")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run status, dead or purge; returns the exit status."""
+    with Operations(args.db) as ops:
+        if args.command == "status":
+            return _status(ops, args.json)
+        if args.command == "purge":
+            return _purge(ops, args.sent_older_than, args.batch, args.json)
+        if args.dead_command == "list":
+            return _dead_list(ops, args.limit, args.json)
+        return _dead_show(ops, args.reply_id, args.json)
+
+
+def _print_json(document: Any) -> None:
+    print(json.dumps(document, indent=2, sort_keys=True))
+
+
+def _status(ops: Operations, as_json: bool) -> int:
+    status = ops.status()
+    if as_json:
+        _print_json(status)
+        return 0
+    for kind in ("tasks", "replies"):
+        counts = "  ".join(f"{state} {count}" for state, count in status[kind].items())
+        print(f"{kind:<8} {counts}")
+    print(f"oldest pending task:  {_age(status['oldest_pending_task_age'])}")
+    print(f"oldest pending reply: {_age(status['oldest_pending_reply_age'])}")
+    if status["dead"]:
+        print(f"{status['dead']} dead: see `outbox dead list`")
+    return 0
+
+
+def _age(seconds: float | None) -> str:
+    if seconds is None:
+        return "none"
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{seconds / size:.1f}{unit}"
+    return f"{seconds:.1f}s"
+
+
+def _dead_list(ops: Operations, limit: int, as_json: bool) -> int:
+    rows = ops.dead(limit)
+    if as_json:
+        _print_json(rows)
+        return 0
+    if not rows:
+        print("no dead replies")
+        return 0
+    print(f"{'reply_id':<40} {'destination':<16} {'attempts':>8} {'status':>6}  last error")
+    for row in rows:
+        error = (row["last_error"] or "").replace("\n", " ")
+        if len(error) > ERROR_WIDTH:
+            error = error[: ERROR_WIDTH - 1] + "…"
+        status = "" if row["last_status"] is None else str(row["last_status"])
+        print(
+            f"{row['reply_id']:<40} {row['destination']:<16} {row['attempts']:>8} "
+            f"{status:>6}  {error}"
+        )
+    if len(rows) == limit:
+        print(f"(first {limit}; --limit shows more)")
+    return 0
+
+
+def _dead_show(ops: Operations, reply_id: str, as_json: bool) -> int:
+    reply = ops.reply(reply_id)
+    if reply is None or reply["state"] != "dead":
+        found = "no reply" if reply is None else f"reply is {reply['state']}, not dead:"
+        print(f"outbox: {found} {reply_id!r}", file=sys.stderr)
+        return 1
+    if as_json:
+        _print_json(reply)
+        return 0
+    for name, value in reply.items():
+        print(f"{name:<13} {'' if value is None else value}")
+    return 0
+
+
+def _purge(ops: Operations, older_than: float, batch: int, as_json: bool) -> int:
+    def progress(removed: int) -> None:
+        print(f"\rpurged {removed}", end="", file=sys.stderr, flush=True)
+
+    removed = ops.purge_sent(older_than, batch, progress if sys.stderr.isatty() else None)
+    if sys.stderr.isatty() and removed:
+        print(file=sys.stderr)
+    if as_json:
+        _print_json({"purged": removed, "sent_older_than_seconds": older_than})
+    else:
+        print(f"purged {removed} sent replies older than {_age(older_than)}")
+    return 0

@@ -1,0 +1,202 @@
+"""`outbox status`, `outbox dead list|show` and `outbox purge` against seeded states."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+
+import pytest
+import sqlalchemy as sa
+from sqlalchemy.orm import Session
+
+import outbox
+from outbox import AuthContext, Envelope, ManualClock, TaskQueue
+from outbox.cli import main
+from outbox.operations import Operations
+from outbox.schema import messages, tasks
+from relay import Destination, Relay
+
+SOURCE = AuthContext("agent-a")
+DAY = 86400.0
+# Nothing listens on the discard port: deliveries there fail fast and are retried.
+NOWHERE = "http://127.0.0.1:9/replies"
+
+
+@pytest.fixture
+def engine(db_url: str) -> Iterator[sa.Engine]:
+    """An engine on the test database."""
+    created = outbox.create_engine(db_url)
+    yield created
+    created.dispose()
+
+
+@pytest.fixture
+def seeded(db_url: str, engine: sa.Engine, clock: ManualClock) -> str:
+    """Tasks pending, running and done; replies pending (one retried) and dead."""
+    with TaskQueue(db_url, clock=clock, allowed_sources=("agent-a",)) as queue:
+        for n in range(4):
+            queue.receive(SOURCE, Envelope(f"m-{n}", "agent-a", {"n": n}, clock() + 3600))
+        done = queue.claim("worker-1")
+        assert done is not None
+        queue.finish(done, {"ok": True})  # commits the task's reply with it
+        assert queue.claim("worker-1") is not None  # and this one stays running
+    with Session(engine) as session, session.begin():
+        outbox.publish(session, "nowhere", "to-nowhere", {"n": 1}, clock=clock)
+    # The relay knows only "default": the message for "nowhere" is dead at once, the
+    # task's reply fails to connect and waits for a retry.
+    with Relay(db_url, {"default": Destination(NOWHERE, timeout=2)}, clock=clock) as relay:
+        assert sorted(relay.dispatch_once()) == [
+            (f"reply:{done.task_id}", "retry"),
+            ("to-nowhere", "dead"),
+        ]
+    clock.advance(30)
+    return db_url
+
+
+def state_counts(engine: sa.Engine, table: sa.Table) -> dict[str, int]:
+    """Rows per state, straight from the database."""
+    with engine.connect() as conn:
+        query = sa.select(table.c.state, sa.func.count()).group_by(table.c.state)
+        return {state: int(count) for state, count in conn.execute(query)}
+
+
+def run_json(capsys: pytest.CaptureFixture[str], *argv: str) -> object:
+    """`outbox ARGV --json`, which must exit 0; its decoded output."""
+    assert main([*argv, "--json"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_status_counts_every_state_as_the_database_holds_them(
+    seeded: str, engine: sa.Engine, capsys: pytest.CaptureFixture[str]
+) -> None:
+    status = run_json(capsys, "status", "--db", seeded)
+    assert isinstance(status, dict)
+    assert {k: v for k, v in status["tasks"].items() if v} == state_counts(engine, tasks)
+    assert {k: v for k, v in status["replies"].items() if v} == state_counts(engine, messages)
+    assert status["tasks"] == {
+        "pending": 2,
+        "running": 1,
+        "done": 1,
+        "failed": 0,
+        "cancelled": 0,
+        "expired": 0,
+        "hop_limit": 0,
+    }
+    assert status["replies"] == {"pending": 1, "sending": 0, "sent": 0, "dead": 1}
+    assert status["dead"] == 1
+    assert main(["status", "--db", seeded]) == 0
+    text = capsys.readouterr().out
+    assert "replies  pending 1  sending 0  sent 0  dead 1" in text
+    assert "1 dead: see `outbox dead list`" in text
+
+
+def test_status_ages_run_on_the_database_clock(seeded: str, clock: ManualClock) -> None:
+    # Tasks arrived at START, the published message and retried reply right after;
+    # the seed then moved the clock 30 s on.
+    with Operations(seeded, clock=clock) as ops:
+        status = ops.status()
+        assert status["oldest_pending_task_age"] == 30.0
+        assert status["oldest_pending_reply_age"] == 30.0
+        clock.advance(12.5)
+        assert ops.status()["oldest_pending_task_age"] == 42.5
+
+
+def test_dead_list_and_show_explain_why(seeded: str, capsys: pytest.CaptureFixture[str]) -> None:
+    [dead] = run_json(capsys, "dead", "list", "--db", seeded)  # type: ignore[misc]
+    assert dead["reply_id"] == "to-nowhere"
+    assert dead["destination"] == "nowhere"
+    assert "unknown destination 'nowhere'" in dead["last_error"]
+    shown = run_json(capsys, "dead", "show", "to-nowhere", "--db", seeded)
+    assert isinstance(shown, dict)
+    assert shown["state"] == "dead"
+    assert shown["last_error"] == dead["last_error"]
+    assert shown["body_bytes"] == len(b'{"n":1}')
+    assert main(["dead", "list", "--db", seeded]) == 0
+    assert "to-nowhere" in capsys.readouterr().out
+
+
+def test_dead_show_of_a_missing_or_live_reply_is_a_one_line_error(
+    seeded: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["dead", "show", "no-such-reply", "--db", seeded]) == 1
+    assert capsys.readouterr().err == "outbox: no reply 'no-such-reply'\n"
+    [waiting] = [r for r in state_rows(seeded) if r["state"] == "pending"]
+    assert main(["dead", "show", waiting["reply_id"], "--db", seeded]) == 1
+    err = capsys.readouterr().err
+    assert "reply is pending, not dead" in err
+    assert err.count("\n") == 1
+
+
+def state_rows(db_url: str) -> list[dict[str, object]]:
+    """Every message's reply_id and state."""
+    engine = outbox.create_engine(db_url)
+    try:
+        with engine.connect() as conn:
+            query = sa.select(messages.c.reply_id, messages.c.state)
+            return [dict(row) for row in conn.execute(query).mappings()]
+    finally:
+        engine.dispose()
+
+
+def mark_sent(engine: sa.Engine, sent_at: dict[str, float]) -> None:
+    """Seed: these messages were sent at these times."""
+    with engine.begin() as conn:
+        for reply_id, moment in sent_at.items():
+            conn.execute(
+                messages.update()
+                .where(messages.c.reply_id == reply_id)
+                .values(state="sent", sent_at=moment)
+            )
+
+
+def test_purge_deletes_only_sent_replies_past_the_age_in_batches(
+    db_url: str, engine: sa.Engine, clock: ManualClock
+) -> None:
+    ids = [f"p-{n}" for n in range(6)]
+    for reply_id in ids:
+        with Session(engine) as session, session.begin():
+            outbox.publish(session, "default", reply_id, {"id": reply_id}, clock=clock)
+    now = clock()
+    # Three sent long ago, one sent recently, two never sent.
+    mark_sent(engine, {"p-0": now - 3 * DAY, "p-1": now - 2 * DAY, "p-2": now - 2 * DAY})
+    mark_sent(engine, {"p-3": now - 60})
+    seen: list[int] = []
+    with Operations(db_url, clock=clock) as ops:
+        assert ops.purge_sent(DAY, batch=2, progress=seen.append) == 3
+    assert seen == [2, 3]
+    assert sorted(r["reply_id"] for r in state_rows(db_url)) == ["p-3", "p-4", "p-5"]
+
+
+def test_purge_command_uses_the_database_clock(
+    db_url: str, engine: sa.Engine, clock: ManualClock, capsys: pytest.CaptureFixture[str]
+) -> None:
+    for reply_id in ("old", "new"):
+        with Session(engine) as session, session.begin():
+            outbox.publish(session, "default", reply_id, {"id": reply_id}, clock=clock)
+    mark_sent(engine, {"old": time.time() - 8 * DAY, "new": time.time()})
+    result = run_json(capsys, "purge", "--sent-older-than", "7d", "--db", db_url)
+    assert result == {"purged": 1, "sent_older_than_seconds": 7 * DAY}
+    assert [r["reply_id"] for r in state_rows(db_url)] == ["new"]
+
+
+@pytest.mark.parametrize(
+    ("argv", "complaint"),
+    [
+        (["purge", "--sent-older-than", "7x"], "invalid duration '7x'"),
+        (["purge", "--sent-older-than=-1d"], "invalid duration '-1d'"),
+        (["purge"], "the following arguments are required: --sent-older-than"),
+        (["dead", "list", "--limit", "0"], "expected a whole number >= 1, got '0'"),
+        (["dead", "frob"], "invalid choice: 'frob'"),
+        (["status", "--verbose"], "unrecognized arguments: --verbose"),
+    ],
+)
+def test_bad_arguments_are_a_one_line_error_and_exit_2(
+    argv: list[str], complaint: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(argv)
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert complaint in err
+    assert err.count("\n") == 1
