@@ -1,15 +1,17 @@
-"""`outbox status`, `outbox dead list|show` and `outbox purge`: readable, or JSON with --json."""
+"""`outbox status`, `outbox dead list|show|requeue`, `outbox purge`: readable, or JSON (--json)."""
 
 from __future__ import annotations
 
 import argparse
+import getpass
 import json
+import os
 import re
 import sys
 from collections.abc import Callable
 from typing import Any
 
-from outbox.operations import PURGE_BATCH, Operations
+from outbox.operations import PURGE_BATCH, Operations, RequeueRefused
 
 DURATION = re.compile(r"(?P<amount>\d+(?:\.\d+)?)(?P<unit>[smhd]?)")
 SECONDS_PER = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
@@ -37,6 +39,13 @@ def positive_int(text: str) -> int:
     return value
 
 
+def _non_empty(text: str) -> str:
+    """A non-blank string (argparse type)."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("must not be empty")
+    return text
+
+
 def add_parsers(commands: Any, db_argument: Callable[[argparse.ArgumentParser], None]) -> None:
     """Register status, dead and purge."""
     status = commands.add_parser("status", help="tasks and replies per state, oldest pending")
@@ -53,6 +62,27 @@ def add_parsers(commands: Any, db_argument: Callable[[argparse.ArgumentParser], 
     db_argument(show)
     show.add_argument("reply_id")
     _json_flag(show)
+    requeue = dead_commands.add_parser(
+        "requeue", help="send a dead reply again (same reply_id and body), audited"
+    )
+    db_argument(requeue)
+    requeue.add_argument("reply_id")
+    requeue.add_argument("--reason", required=True, type=_non_empty, help="kept in the audit")
+    requeue.add_argument(
+        "--by", type=_non_empty, default=None, help="who decides (default: the login name)"
+    )
+    requeue.add_argument(
+        "--config",
+        default=os.environ.get("OUTBOX_RELAY_CONFIG"),
+        help="the relay's TOML file, to ask the destination's receipt lookup first "
+        "(env OUTBOX_RELAY_CONFIG)",
+    )
+    requeue.add_argument(
+        "--force",
+        action="store_true",
+        help="requeue even when the destination holds the reply or cannot be asked",
+    )
+    _json_flag(requeue)
 
     purge = commands.add_parser("purge", help="delete replies sent long ago, in batches")
     db_argument(purge)
@@ -80,6 +110,8 @@ def run(args: argparse.Namespace) -> int:
             return _purge(ops, args.sent_older_than, args.batch, args.json)
         if args.dead_command == "list":
             return _dead_list(ops, args.limit, args.json)
+        if args.dead_command == "requeue":
+            return _dead_requeue(ops, args)
         return _dead_show(ops, args.reply_id, args.json)
 
 
@@ -134,11 +166,19 @@ def _dead_list(ops: Operations, limit: int, as_json: bool) -> int:
     return 0
 
 
-def _dead_show(ops: Operations, reply_id: str, as_json: bool) -> int:
+def _dead_reply(ops: Operations, reply_id: str) -> dict[str, Any] | None:
+    """The dead reply, or None after saying on stderr why there is none."""
     reply = ops.reply(reply_id)
     if reply is None or reply["state"] != "dead":
         found = "no reply" if reply is None else f"reply is {reply['state']}, not dead:"
         print(f"outbox: {found} {reply_id!r}", file=sys.stderr)
+        return None
+    return reply
+
+
+def _dead_show(ops: Operations, reply_id: str, as_json: bool) -> int:
+    reply = _dead_reply(ops, reply_id)
+    if reply is None:
         return 1
     if as_json:
         _print_json(reply)
@@ -146,6 +186,66 @@ def _dead_show(ops: Operations, reply_id: str, as_json: bool) -> int:
     for name, value in reply.items():
         print(f"{name:<13} {'' if value is None else value}")
     return 0
+
+
+def _dead_requeue(ops: Operations, args: argparse.Namespace) -> int:
+    reply = _dead_reply(ops, args.reply_id)
+    if reply is None:
+        return 1
+    receipt = _ask_receipt(args.config, reply)
+    if receipt in ("received", "unknown") and not args.force:
+        why = (
+            "the destination already holds this exact reply"
+            if receipt == "received"
+            else "the destination's receipt lookup did not answer"
+        )
+        print(f"outbox: not requeued: {why}; --force to send it anyway", file=sys.stderr)
+        return 1
+    try:
+        audit = ops.requeue(
+            args.reply_id,
+            reason=args.reason,
+            by=args.by or getpass.getuser(),
+            receipt=receipt,
+            forced=args.force,
+        )
+    except RequeueRefused as exc:
+        print(f"outbox: {exc}", file=sys.stderr)
+        return 1
+    if args.json:
+        _print_json(audit)
+    else:
+        print(
+            f"requeued {args.reply_id!r} with a fresh budget (audit #{audit['id']}, "
+            f"receipt: {receipt})"
+        )
+    return 0
+
+
+def _ask_receipt(config: str | None, reply: dict[str, Any]) -> str:
+    """What the destination's receipt lookup says of this reply (see RECEIPT_ANSWERS)."""
+    if config is None:
+        print(
+            "outbox: receipt not checked: no relay configuration (--config) to find the "
+            "destination's lookup",
+            file=sys.stderr,
+        )
+        return "not checked"
+    # The relay is a sidecar package: imported only when a lookup is asked for.
+    from relay.config import load_toml
+    from relay.delivery import ask_receipt
+
+    _, destinations = load_toml(config)
+    destination = destinations.get(reply["destination"])
+    if destination is None or not destination.receipt_lookup:
+        print(
+            f"outbox: receipt not checked: destination {reply['destination']!r} has no "
+            f"receipt lookup in {config}",
+            file=sys.stderr,
+        )
+        return "not checked"
+    found = ask_receipt(destination, reply["reply_id"], reply["content_hash"])
+    return {True: "received", False: "not received", None: "unknown"}[found]
 
 
 def _purge(ops: Operations, older_than: float, batch: int, as_json: bool) -> int:

@@ -1,8 +1,10 @@
-"""Operating a running outbox: counts per state, dead replies, purging old sent replies.
+"""Operating a running outbox: counts per state, dead replies, requeues, purges.
 
-Read-mostly queries for the `outbox status`, `outbox dead` and `outbox purge`
-commands. Ages are measured against the database's clock (or a manual clock in
-tests), never the operator's.
+The queries behind `outbox status`, `outbox dead` and `outbox purge`. Ages are
+measured against the database's clock (or a manual clock in tests), never the
+operator's. A requeue is an explicit, audited decision: the same reply_id and
+body go out again, and `outbox_requeues` keeps who, when, why and what the
+destination's receipt lookup said.
 """
 
 from __future__ import annotations
@@ -15,9 +17,11 @@ from sqlalchemy.engine import Engine
 
 from outbox._handle import DatabaseHandle
 from outbox.clock import Clock, now_expression
-from outbox.schema import MESSAGE_STATES, TASK_STATES, messages, tasks
+from outbox.errors import OutboxError
+from outbox.schema import MESSAGE_STATES, TASK_STATES, messages, requeues, tasks
 
 PURGE_BATCH = 1000
+RECEIPT_ANSWERS = ("received", "not received", "unknown", "not checked")
 DEAD_FIELDS = (
     messages.c.reply_id,
     messages.c.destination,
@@ -27,6 +31,10 @@ DEAD_FIELDS = (
     messages.c.last_error,
     messages.c.created_at,
 )
+
+
+class RequeueRefused(OutboxError):
+    """The reply is missing or not dead (perhaps requeued meanwhile): nothing was changed."""
 
 
 class Operations(DatabaseHandle):
@@ -73,6 +81,7 @@ class Operations(DatabaseHandle):
         query = sa.select(
             *DEAD_FIELDS,
             messages.c.state,
+            messages.c.content_hash,
             messages.c.ordering_key,
             messages.c.sent_at,
             sa.func.length(messages.c.body).label("body_bytes"),
@@ -80,6 +89,66 @@ class Operations(DatabaseHandle):
         with self._engine.connect() as conn:
             row = conn.execute(query).mappings().first()
         return None if row is None else dict(row)
+
+    def requeue(
+        self, reply_id: str, *, reason: str, by: str, receipt: str, forced: bool
+    ) -> dict[str, Any]:
+        """Make a dead reply pending again with a fresh budget, and record why; the audit row.
+
+        `receipt` is what the destination's lookup said (one of RECEIPT_ANSWERS);
+        the caller decides beforehand whether that allows a requeue.
+        """
+        if not reason.strip():
+            raise ValueError("a reason is required: it is kept in the audit table")
+        if not by.strip():
+            raise ValueError("who requeues must be named")
+        if receipt not in RECEIPT_ANSWERS:
+            raise ValueError(f"receipt must be one of {RECEIPT_ANSWERS}, got {receipt!r}")
+        with self._engine.begin() as conn:
+            dead = conn.execute(
+                sa.select(
+                    messages.c.id,
+                    messages.c.attempts,
+                    messages.c.last_status,
+                    messages.c.last_error,
+                ).where(messages.c.reply_id == reply_id, messages.c.state == "dead")
+            ).first()
+            # Guarded by state: of two operators requeueing at once, one changes the row.
+            changed = (
+                0
+                if dead is None
+                else conn.execute(
+                    messages.update()
+                    .where(messages.c.id == dead.id, messages.c.state == "dead")
+                    .values(
+                        state="pending",
+                        attempts=0,
+                        available_at=self._now(),
+                        owner=None,
+                        lease_until=None,
+                        last_status=None,
+                        last_error=None,
+                    )
+                ).rowcount
+            )
+            if dead is None or changed != 1:
+                raise RequeueRefused(f"reply {reply_id!r} is not dead; nothing requeued")
+            audit = conn.execute(
+                requeues.insert()
+                .values(
+                    reply_id=reply_id,
+                    requested_by=by,
+                    reason=reason,
+                    requested_at=self._now(),
+                    receipt=receipt,
+                    forced=forced,
+                    previous_attempts=dead.attempts,
+                    previous_status=dead.last_status,
+                    previous_error=dead.last_error,
+                )
+                .returning(*requeues.c)
+            )
+            return dict(audit.mappings().one())
 
     def purge_sent(
         self,

@@ -130,3 +130,21 @@ messages = sa.Table(
         **_partial("state IN ('pending', 'sending') AND ordering_key IS NOT NULL"),
     ),
 )
+
+requeues = sa.Table(
+    "outbox_requeues",
+    metadata,
+    # Every `outbox dead requeue`: who sent a dead reply again, when, why, and what the
+    # destination's receipt lookup said first. Kept, never updated.
+    sa.Column("id", BigIdentity, primary_key=True, autoincrement=True),
+    sa.Column("reply_id", sa.String(200), nullable=False),
+    sa.Column("requested_by", sa.String(200), nullable=False),
+    sa.Column("reason", sa.Text(), nullable=False),
+    sa.Column("requested_at", Epoch(), nullable=False),
+    sa.Column("receipt", sa.String(16), nullable=False),
+    sa.Column("forced", sa.Boolean(), nullable=False),
+    sa.Column("previous_attempts", sa.Integer(), nullable=False),
+    sa.Column("previous_status", sa.Integer()),
+    sa.Column("previous_error", sa.Text()),
+    sa.Index("ix_outbox_requeues_reply_id", "reply_id"),
+)

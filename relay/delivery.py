@@ -7,6 +7,7 @@ operators never include headers or secrets.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Mapping, Sequence
 from json.encoder import encode_basestring
 from typing import NamedTuple
@@ -139,11 +140,11 @@ def _per_item(response: Response, batch: Sequence[Message]) -> dict[int, Outcome
 
 
 async def receipt_matches(
-    client: HttpClient, destination: Destination, message: Message
+    client: HttpClient, destination: Destination, reply_id: str, content_hash: str
 ) -> bool | None:
     """Ask the destination whether it holds this exact reply: True, False, or None (unknown)."""
-    headers = _request_headers(destination, message.reply_id, b"")
-    url = destination.lookup_url(message.reply_id)
+    headers = _request_headers(destination, reply_id, b"")
+    url = destination.lookup_url(reply_id)
     try:
         response = await client.request("GET", url, headers=headers, seconds=destination.timeout)
     except (TimeoutError, TransportError):
@@ -153,9 +154,22 @@ async def receipt_matches(
     if response.status != 200:
         return None
     try:
-        return bool(response.json().get("content_hash") == message.content_hash)
+        return bool(response.json().get("content_hash") == content_hash)
     except (ValueError, AttributeError):
         return None
+
+
+def ask_receipt(destination: Destination, reply_id: str, content_hash: str) -> bool | None:
+    """receipt_matches for command-line tools: blocking, on a client of its own."""
+
+    async def ask() -> bool | None:
+        client = HttpClient(1)
+        try:
+            return await receipt_matches(client, destination, reply_id, content_hash)
+        finally:
+            await client.close()
+
+    return asyncio.run(ask())
 
 
 def _snippet(response: Response) -> str:

@@ -511,7 +511,10 @@ class Relay(DatabaseHandle):
         """Settle messages that may not be sent again: a matching receipt means sent, else dead."""
 
         async def lookup(message: Message, destination: Destination) -> dict[int, Outcome]:
-            found = await receipt_matches(self._client(message.destination), destination, message)
+            client = self._client(message.destination)
+            found = await receipt_matches(
+                client, destination, message.reply_id, message.content_hash
+            )
             return {message.id: Sent(None)} if found else {}
 
         jobs: list[Awaitable[dict[int, Outcome]]] = []

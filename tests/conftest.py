@@ -28,6 +28,7 @@ ALL_TABLES = (
     "outbox_inbox",
     "outbox_tasks",
     "outbox_messages",
+    "outbox_requeues",
     "receiver_receipts",
     "receiver_effects",
 )

@@ -5,16 +5,20 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
+from support.receiver_helpers import SECRET, ReceiverProcess
+from support.relay_helpers import publish_many, rows
 
 import outbox
 from outbox import AuthContext, Envelope, ManualClock, TaskQueue
 from outbox.cli import main
 from outbox.operations import Operations
-from outbox.schema import messages, tasks
+from outbox.schema import messages, requeues, tasks
+from receiver import ReceiptStore
 from relay import Destination, Relay
 
 SOURCE = AuthContext("agent-a")
@@ -192,6 +196,134 @@ def test_purge_command_uses_the_database_clock(
     ],
 )
 def test_bad_arguments_are_a_one_line_error_and_exit_2(
+    argv: list[str], complaint: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(argv)
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert complaint in err
+    assert err.count("\n") == 1
+
+
+# --- requeue -------------------------------------------------------------------------
+
+
+def mark_dead(engine: sa.Engine, reply_id: str, attempts: int = 3) -> None:
+    """Seed: this message died after `attempts` attempts."""
+    with engine.begin() as conn:
+        conn.execute(
+            messages.update()
+            .where(messages.c.reply_id == reply_id)
+            .values(state="dead", attempts=attempts, last_status=503, last_error="HTTP 503")
+        )
+
+
+def audit_rows(engine: sa.Engine) -> list[dict[str, object]]:
+    """The requeue audit, oldest first."""
+    with engine.connect() as conn:
+        query = sa.select(requeues).order_by(requeues.c.id)
+        return [dict(row) for row in conn.execute(query).mappings()]
+
+
+@pytest.fixture
+def relay_config(tmp_path: Path, db_url: str) -> Iterator[Path]:
+    """A relay TOML whose destination is a real receiver process with a receipt lookup."""
+    secret_file = tmp_path / "secret"
+    secret_file.write_text(SECRET + "\n", encoding="utf-8")
+    process = ReceiverProcess(db_url, secret_file).wait_ready()
+    config = tmp_path / "relay.toml"
+    config.write_text(
+        f'[destinations.default]\nurl = "{process.base}/replies"\n'
+        f'secret_file = "{secret_file}"\nreceipt_lookup = true\n',
+        encoding="utf-8",
+    )
+    yield config
+    process.stop()
+
+
+def test_requeue_sends_the_same_reply_again_and_keeps_an_audit(
+    db_url: str,
+    engine: sa.Engine,
+    clock: ManualClock,
+    relay_config: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    publish_many(engine, ["lost-1"], clock=clock)
+    before = rows(engine)["lost-1"]
+    mark_dead(engine, "lost-1")
+    audit = run_json(
+        capsys,
+        *("dead", "requeue", "lost-1", "--reason", "receiver was down", "--by", "ops-anna"),
+        *("--config", str(relay_config), "--db", db_url),
+    )
+    assert isinstance(audit, dict)
+    assert audit["receipt"] == "not received"
+    assert audit["forced"] is False
+    after = rows(engine)["lost-1"]
+    assert (after["state"], after["attempts"], after["last_error"]) == ("pending", 0, None)
+    # The same reply: id, body and hash untouched.
+    assert (after["id"], after["body"], after["content_hash"]) == (
+        before["id"],
+        before["body"],
+        before["content_hash"],
+    )
+    [kept] = audit_rows(engine)
+    assert kept["reply_id"] == "lost-1"
+    assert kept["requested_by"] == "ops-anna"
+    assert kept["reason"] == "receiver was down"
+    assert (kept["previous_attempts"], kept["previous_status"]) == (3, 503)
+    assert kept["previous_error"] == "HTTP 503"
+    # Requeued once: a second request finds nothing dead and changes nothing.
+    assert main(["dead", "requeue", "lost-1", "--reason", "again", "--db", db_url]) == 1
+    assert "not dead" in capsys.readouterr().err
+    assert len(audit_rows(engine)) == 1
+
+
+def test_requeue_refuses_what_the_destination_already_holds_unless_forced(
+    db_url: str,
+    engine: sa.Engine,
+    clock: ManualClock,
+    relay_config: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    publish_many(engine, ["acked-lost"], clock=clock)
+    mark_dead(engine, "acked-lost")
+    # The receiver committed it; only the ACK was lost.
+    with ReceiptStore(db_url) as store:
+        store.accept("acked-lost", bytes(rows(engine)["acked-lost"]["body"]))
+    argv = ["dead", "requeue", "acked-lost", "--reason", "check", "--config", str(relay_config)]
+    assert main([*argv, "--db", db_url]) == 1
+    assert "already holds this exact reply" in capsys.readouterr().err
+    assert rows(engine)["acked-lost"]["state"] == "dead"
+    assert audit_rows(engine) == []
+    audit = run_json(capsys, *argv, "--force", "--db", db_url)
+    assert isinstance(audit, dict)
+    assert (audit["receipt"], audit["forced"]) == ("received", True)
+    assert rows(engine)["acked-lost"]["state"] == "pending"
+
+
+def test_requeue_without_a_relay_config_says_it_could_not_check(
+    db_url: str, engine: sa.Engine, clock: ManualClock, capsys: pytest.CaptureFixture[str]
+) -> None:
+    publish_many(engine, ["d-1"], clock=clock)
+    mark_dead(engine, "d-1")
+    assert main(["dead", "requeue", "d-1", "--reason", "replay", "--db", db_url]) == 0
+    captured = capsys.readouterr()
+    assert "receipt not checked" in captured.err
+    assert "requeued 'd-1'" in captured.out
+    [kept] = audit_rows(engine)
+    assert kept["receipt"] == "not checked"
+
+
+@pytest.mark.parametrize(
+    ("argv", "complaint"),
+    [
+        (["dead", "requeue", "x"], "the following arguments are required: --reason"),
+        (["dead", "requeue", "x", "--reason", "  "], "argument --reason: must not be empty"),
+    ],
+)
+def test_requeue_needs_a_reason(
     argv: list[str], complaint: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     with pytest.raises(SystemExit) as exited:

@@ -15,7 +15,7 @@ from alembic import command
 from outbox import SchemaNotReady, TaskQueue
 from outbox.migrations import alembic_config, ensure_current
 
-OUTBOX_TABLES = {"outbox_inbox", "outbox_tasks", "outbox_messages"}
+OUTBOX_TABLES = {"outbox_inbox", "outbox_tasks", "outbox_messages", "outbox_requeues"}
 RECEIVER_TABLES = {"receiver_receipts", "receiver_effects"}
 
 
