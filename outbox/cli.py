@@ -9,7 +9,7 @@ import sys
 from collections.abc import Sequence
 from typing import NoReturn
 
-from outbox import cli_operations, migrations
+from outbox import cli_operations, cli_worker, migrations
 from outbox.errors import OutboxError
 
 DEFAULT_DB = "sqlite:///outbox.db"
@@ -52,6 +52,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     commands.add_parser("demo", help="run the end-to-end story on a temporary SQLite database")
     cli_operations.add_parsers(commands, _db_argument)
+    cli_worker.add_parser(commands, _db_argument)
     # Imported here, not at module level: the outbox package never imports its sidecars.
     for module in PLUGINS.values():
         importlib.import_module(module).add_parser(commands)
@@ -68,6 +69,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             from outbox.demo import main as demo
 
             return demo()
+        if args.command == "worker":
+            return cli_worker.run(args)
         if args.command in ("status", "dead", "purge"):
             return cli_operations.run(args)
         if args.command in PLUGINS:

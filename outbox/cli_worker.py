@@ -1,0 +1,92 @@
+"""`outbox worker`: run a handler (module:function) over claimed tasks until SIGTERM."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import os
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from outbox.tasks import TaskQueue
+from outbox.worker import Handler, Worker
+
+
+def load_handler(spec: str) -> Handler:
+    """The callable named by "package.module:function" (argparse type: bad names exit 2)."""
+    module_name, _, attribute = spec.partition(":")
+    if not module_name or not attribute:
+        raise argparse.ArgumentTypeError(f"expected module:function, got {spec!r}")
+    # As uvicorn and gunicorn do: the application's modules are found from where it runs.
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        target: Any = importlib.import_module(module_name)
+        for part in attribute.split("."):
+            target = getattr(target, part)
+    except (ImportError, AttributeError) as exc:
+        raise argparse.ArgumentTypeError(f"cannot load {spec!r}: {exc}") from exc
+    if not callable(target):
+        raise argparse.ArgumentTypeError(f"{spec!r} is not callable")
+    handler: Handler = target
+    return handler
+
+
+def positive(kind: Callable[[str], Any]) -> Callable[[str], Any]:
+    """An argparse type: `kind` of the text, which must be > 0."""
+
+    def parse(text: str) -> Any:
+        try:
+            value = kind(text)
+        except ValueError:
+            value = 0
+        if not value > 0:
+            raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
+        return value
+
+    return parse
+
+
+def add_parser(commands: Any, db_argument: Callable[[argparse.ArgumentParser], None]) -> None:
+    """Register `outbox worker`."""
+    parser = commands.add_parser("worker", help="run a handler over claimed tasks")
+    db_argument(parser)
+    parser.add_argument(
+        "--handler",
+        required=True,
+        type=load_handler,
+        metavar="MODULE:FUNCTION",
+        help="called as handler(claim, stop) for each task; returns the result",
+    )
+    parser.add_argument("--concurrency", type=positive(int), default=1)
+    parser.add_argument("--owner", default=None, help="lease owner (default: host and pid)")
+    parser.add_argument("--lease", type=positive(float), default=30.0, help="seconds")
+    parser.add_argument("--poll-interval", type=positive(float), default=1.0, help="seconds")
+    parser.add_argument(
+        "--grace", type=positive(float), default=None, help="SIGTERM drain (default: the lease)"
+    )
+    parser.add_argument("--reply-destination", default="default")
+    parser.add_argument("--log-level", default="INFO")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the worker until SIGTERM/SIGINT; 0 after a clean drain."""
+    logging.basicConfig(
+        stream=sys.stderr,
+        level=args.log_level.upper(),
+        format="%(asctime)s %(levelname)s %(name)s %(message)s",
+    )
+    with TaskQueue(args.db, lease=args.lease, reply_destination=args.reply_destination) as queue:
+        worker = Worker(
+            queue,
+            args.handler,
+            owner=args.owner,
+            concurrency=args.concurrency,
+            poll_interval=args.poll_interval,
+            grace=args.grace,
+        )
+        logging.getLogger("outbox.worker").info("worker %s started", worker.owner)
+        worker.run()
+    return 0

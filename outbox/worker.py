@@ -1,0 +1,209 @@
+"""Run a handler over claimed tasks: heartbeats, fenced finish, retries, graceful stop.
+
+The handler is called as `handler(claim, stop)` on a worker thread. It returns
+the result (committed with the task's reply in one transaction), raises
+PermanentFailure to fail the task at once, or raises anything else to fail this
+attempt (retried with backoff while attempts remain). A heartbeat thread renews
+every running lease; when a renewal is refused (the lease was lost, the task
+cancelled or past its deadline) it sets that task's `stop` event, and the
+handler should stop its side effects: its result would be refused anyway.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+import threading
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Any
+
+import sqlalchemy as sa
+
+from outbox.errors import Fenced, OutboxError
+from outbox.tasks import Claim, TaskQueue
+
+log = logging.getLogger("outbox.worker")
+Handler = Callable[[Claim, threading.Event], Any]
+FINISH_ATTEMPTS = 3
+
+
+class PermanentFailure(OutboxError):
+    """Raised by a handler: fail the task now, without further attempts."""
+
+
+@dataclass
+class _Running:
+    claim: Claim
+    stop: threading.Event = field(default_factory=threading.Event)
+    lost: bool = False
+
+
+class Worker:
+    """Claims tasks and runs `handler` on up to `concurrency` of them at once."""
+
+    def __init__(
+        self,
+        queue: TaskQueue,
+        handler: Handler,
+        *,
+        owner: str | None = None,
+        concurrency: int = 1,
+        poll_interval: float = 1.0,
+        heartbeat: float | None = None,
+        grace: float | None = None,
+    ) -> None:
+        """Heartbeat defaults to a third of the lease; grace (the SIGTERM drain) to the lease."""
+        if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
+            raise ValueError(f"concurrency must be an int >= 1, got {concurrency!r}")
+        self.heartbeat = queue.lease / 3 if heartbeat is None else heartbeat
+        self.grace = queue.lease if grace is None else grace
+        for name, value in (
+            ("poll_interval", poll_interval),
+            ("heartbeat", self.heartbeat),
+            ("grace", self.grace),
+        ):
+            if not value > 0:
+                raise ValueError(f"{name} must be a positive number of seconds, got {value!r}")
+        if not self.heartbeat < queue.lease:
+            raise ValueError("heartbeat must be shorter than the lease, or leases would lapse")
+        self.queue = queue
+        self.handler = handler
+        self.owner = owner or f"worker-{socket.gethostname()}-{os.getpid()}"
+        self.concurrency = concurrency
+        self.poll_interval = poll_interval
+        self._running: dict[str, _Running] = {}
+        self._lock = threading.Lock()
+        self._stopping = threading.Event()
+        self._wake = threading.Event()
+        self._beats_end = threading.Event()
+
+    def stop(self) -> None:
+        """Stop claiming; running handlers finish within the grace period. Any thread."""
+        self._stopping.set()
+        self._wake.set()
+
+    def run(self, install_signal_handlers: bool = True) -> None:
+        """Claim and handle tasks until stop() or SIGTERM/SIGINT, then drain and return."""
+        if install_signal_handlers:
+            for signum in (signal.SIGTERM, signal.SIGINT):
+                signal.signal(signum, lambda *_: self.stop())
+        beat = threading.Thread(target=self._heartbeats, name="outbox-heartbeat", daemon=True)
+        beat.start()
+        pool = ThreadPoolExecutor(self.concurrency, thread_name_prefix="outbox-handler")
+        futures: set[Future[None]] = set()
+        try:
+            while not self._stopping.is_set():
+                self._wake.clear()
+                futures = {f for f in futures if not f.done()}
+                free = self.concurrency - len(futures)
+                claims = self._claim(free) if free else []
+                for claim in claims:
+                    running = _Running(claim)
+                    with self._lock:
+                        self._running[claim.task_id] = running
+                    futures.add(pool.submit(self._handle, running))
+                if not claims or len(futures) == self.concurrency:
+                    # Wait for a free slot, new work (the poll) or stop.
+                    self._wake.wait(self.poll_interval)
+        finally:
+            self._drain(futures)
+            pool.shutdown(wait=False, cancel_futures=True)
+            self._beats_end.set()
+            beat.join()
+
+    def _claim(self, limit: int) -> list[Claim]:
+        try:
+            return self.queue.claim_many(self.owner, limit)
+        except sa.exc.DBAPIError as exc:
+            # Nothing was leased, or the leases expire and are taken again.
+            log.warning("worker %s: claim failed (%s); trying again", self.owner, exc)
+            return []
+
+    def _drain(self, futures: set[Future[None]]) -> None:
+        """Let running handlers finish within the grace period, then tell them to stop."""
+        pending = {f for f in futures if not f.done()}
+        if not pending:
+            return
+        log.info("worker %s: draining %d running tasks", self.owner, len(pending))
+        done = threading.Event()
+        remaining = [len(pending)]
+
+        def finished(_: Future[None]) -> None:
+            with self._lock:
+                remaining[0] -= 1
+                if remaining[0] == 0:
+                    done.set()
+
+        for future in pending:
+            future.add_done_callback(finished)
+        if not done.wait(self.grace):
+            with self._lock:
+                for running in self._running.values():
+                    running.stop.set()
+            log.warning("worker %s: abandoned running tasks to lease expiry", self.owner)
+
+    def _handle(self, running: _Running) -> None:
+        claim = running.claim
+        try:
+            result = self.handler(claim, running.stop)
+        except Exception as exc:  # noqa: BLE001 - any handler error fails the attempt
+            self._settle(running, partial(self._fail, claim, exc))
+        else:
+            self._settle(running, partial(self.queue.finish, claim, result))
+        finally:
+            with self._lock:
+                self._running.pop(claim.task_id, None)
+            self._wake.set()
+
+    def _fail(self, claim: Claim, exc: Exception) -> None:
+        reason = f"{type(exc).__name__}: {exc}"
+        state = self.queue.fail(claim, reason, permanent=isinstance(exc, PermanentFailure))
+        log.info("task %s attempt %d failed (%s): %s", claim.task_id, claim.attempt, state, reason)
+
+    def _settle(self, running: _Running, write: Callable[[], None]) -> None:
+        """Commit the handler's outcome unless the lease is gone; re-read after an error."""
+        if running.lost:
+            log.warning("task %s: lease lost; outcome discarded", running.claim.task_id)
+            return
+        for _ in range(FINISH_ATTEMPTS):
+            try:
+                write()
+                return
+            except Fenced as exc:
+                log.warning("task %s: %s; outcome discarded", running.claim.task_id, exc)
+                return
+            except sa.exc.DBAPIError as exc:
+                # The COMMIT may have happened: read before writing again.
+                if self._settled(running.claim):
+                    return
+                log.warning("task %s: write failed (%s)", running.claim.task_id, exc)
+        log.error("task %s: outcome not recorded; its lease will expire", running.claim.task_id)
+
+    def _settled(self, claim: Claim) -> bool:
+        try:
+            task = self.queue.task(claim.task_id)
+        except sa.exc.DBAPIError:
+            return False
+        # Ours moved on (finished, failed or back to pending under our fence) or is gone.
+        return task is None or not (task["state"] == "running" and task["fence"] == claim.fence)
+
+    def _heartbeats(self) -> None:
+        while not self._beats_end.wait(self.heartbeat):
+            with self._lock:
+                running = [r for r in self._running.values() if not r.lost]
+            for entry in running:
+                task_id = entry.claim.task_id
+                try:
+                    self.queue.renew(entry.claim)
+                except Fenced as exc:
+                    entry.lost = True
+                    entry.stop.set()
+                    log.warning("task %s: renewal refused (%s); stopping it", task_id, exc)
+                except sa.exc.DBAPIError as exc:
+                    # The lease may still hold: the next beat tries again.
+                    log.warning("task %s: renewal failed (%s)", task_id, exc)

@@ -1,0 +1,28 @@
+"""Handlers for `outbox worker` run as a real process in tests."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from outbox import Claim
+
+
+def double(claim: Claim, stop: threading.Event) -> dict[str, Any]:
+    """Doubles payload["n"]."""
+    return {"n": claim.payload["n"] * 2}
+
+
+def gated(claim: Claim, stop: threading.Event) -> dict[str, Any]:
+    """Marks that it started, then holds until the release file exists (test-controlled)."""
+    folder = Path(os.environ["OUTBOX_TEST_GATE"])
+    (folder / f"started-{claim.task_id}").touch()
+    deadline = time.monotonic() + 30
+    while not (folder / "release").exists():
+        if time.monotonic() > deadline:
+            raise TimeoutError("never released")
+        stop.wait(0.01)
+    return {"n": claim.payload["n"]}

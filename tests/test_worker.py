@@ -1,0 +1,197 @@
+"""`Worker` and `outbox worker`: results committed with replies, failures, lost leases, SIGTERM."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from outbox import AuthContext, Claim, Envelope, TaskQueue
+from outbox.cli import main
+from outbox.worker import PermanentFailure, Worker
+
+SOURCE = AuthContext("agent-a")
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def wait_until(condition: Callable[[], bool], seconds: float = 15) -> bool:
+    """Poll `condition()` until true or the deadline passes."""
+    deadline = time.monotonic() + seconds
+    pause = threading.Event()
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        pause.wait(0.01)
+    return condition()
+
+
+@pytest.fixture
+def queue(db_url: str) -> Iterator[TaskQueue]:
+    """A queue on the database clock: the worker's heartbeats run in real time."""
+    q = TaskQueue(db_url, allowed_sources=("agent-a",), lease=2, backoff=60, backoff_cap=60)
+    yield q
+    q.close()
+
+
+def submit(queue: TaskQueue, count: int) -> list[str]:
+    """`count` tasks with payload {"n": i}; their ids."""
+    deadline = time.time() + 3600
+    return [
+        queue.receive(SOURCE, Envelope(f"m-{n}", "agent-a", {"n": n}, deadline)).task_id
+        for n in range(count)
+    ]
+
+
+@contextmanager
+def working(worker: Worker) -> Iterator[threading.Thread]:
+    """worker.run() in a thread, stopped and joined on the way out."""
+    thread = threading.Thread(target=worker.run, kwargs={"install_signal_handlers": False})
+    thread.start()
+    try:
+        yield thread
+    finally:
+        worker.stop()
+        thread.join(timeout=30)
+        assert not thread.is_alive()
+
+
+def states(queue: TaskQueue, ids: list[str]) -> list[str]:
+    """Each task's state."""
+    return [queue.task(task_id)["state"] for task_id in ids]  # type: ignore[index]
+
+
+def test_results_commit_with_their_replies(queue: TaskQueue) -> None:
+    ids = submit(queue, 5)
+    seen: list[str] = []
+
+    def handler(claim: Claim, stop: threading.Event) -> dict[str, Any]:
+        seen.append(threading.current_thread().name)
+        return {"doubled": claim.payload["n"] * 2}
+
+    with working(Worker(queue, handler, concurrency=2, poll_interval=0.05)):
+        assert wait_until(lambda: states(queue, ids) == ["done"] * 5)
+    results = [queue.task(task_id)["result"] for task_id in ids]  # type: ignore[index]
+    assert results == [{"doubled": 2 * n} for n in range(5)]
+    replies = {r["task_id"]: json.loads(r["body"]) for r in queue.replies()}
+    assert {task_id: replies[task_id]["status"] for task_id in ids} == dict.fromkeys(ids, "done")
+    assert all(name.startswith("outbox-handler") for name in seen)
+
+
+def test_an_error_fails_the_attempt_and_a_permanent_failure_ends_the_task(
+    queue: TaskQueue,
+) -> None:
+    flaky, broken = submit(queue, 2)
+
+    def handler(claim: Claim, stop: threading.Event) -> None:
+        if claim.task_id == broken:
+            raise PermanentFailure("bad input")
+        raise RuntimeError("database of the service is down")
+
+    with working(Worker(queue, handler, poll_interval=0.05)):
+        assert wait_until(lambda: states(queue, [flaky, broken]) == ["pending", "failed"])
+    retried = queue.task(flaky)
+    assert retried is not None
+    assert retried["attempts"] == 1
+    assert retried["last_error"] == "RuntimeError: database of the service is down"
+    failed = queue.task(broken)
+    assert failed is not None
+    assert failed["last_error"] == "PermanentFailure: bad input"
+    assert [r["task_id"] for r in queue.replies()] == [broken]  # the failed task's reply
+
+
+def test_a_refused_renewal_stops_the_handler_and_its_result_is_discarded(
+    queue: TaskQueue,
+) -> None:
+    [task_id] = submit(queue, 1)
+    started, stopped = threading.Event(), threading.Event()
+
+    def handler(claim: Claim, stop: threading.Event) -> dict[str, Any]:
+        started.set()
+        if stop.wait(15):
+            stopped.set()
+        return {"late": True}
+
+    with working(Worker(queue, handler, poll_interval=0.05, heartbeat=0.05)):
+        assert started.wait(15)
+        assert queue.cancel(task_id)
+        # The next heartbeat's renewal is refused: the handler is told to stop.
+        assert stopped.wait(15)
+    task = queue.task(task_id)
+    assert task is not None
+    assert (task["state"], task["result"]) == ("cancelled", None)
+    [reply] = queue.replies()
+    assert json.loads(reply["body"])["status"] == "cancelled"
+
+
+def test_heartbeats_keep_a_long_task_leased(queue: TaskQueue) -> None:
+    [task_id] = submit(queue, 1)
+    lease_ends: list[float] = []
+
+    def handler(claim: Claim, stop: threading.Event) -> str:
+        # Outlive the 2 s lease several times over, watching it move forward.
+        deadline = time.monotonic() + 15
+        while len(set(lease_ends)) < 3 and time.monotonic() < deadline:
+            lease_ends.append(queue.task(task_id)["lease_until"])  # type: ignore[index]
+            stop.wait(0.05)
+        return "ok"
+
+    with working(Worker(queue, handler, poll_interval=0.05, heartbeat=0.2)):
+        assert wait_until(lambda: states(queue, [task_id]) == ["done"])
+    assert len(set(lease_ends)) >= 3
+    assert lease_ends == sorted(lease_ends)
+
+
+def test_sigterm_lets_the_running_task_finish_and_claims_nothing_more(
+    db_url: str, queue: TaskQueue, tmp_path: Path
+) -> None:
+    first, second = submit(queue, 2)
+    env = {
+        **os.environ,
+        "OUTBOX_TEST_GATE": str(tmp_path),
+        "PYTHONPATH": str(ROOT / "tests"),
+    }
+    proc = subprocess.Popen(
+        [
+            *(sys.executable, "-m", "outbox.cli", "worker", "--db", db_url),
+            *("--handler", "support.worker_handlers:gated", "--poll-interval", "0.05"),
+        ],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        assert wait_until(lambda: (tmp_path / f"started-{first}").exists())
+        proc.send_signal(signal.SIGTERM)
+        (tmp_path / "release").touch()
+        _, err = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, err.decode()
+    assert states(queue, [first, second]) == ["done", "pending"]
+
+
+def test_a_handler_that_cannot_be_loaded_is_a_one_line_error(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    for spec, complaint in (
+        ("no_colon", "expected module:function"),
+        ("no_such_module_xyz:run", "cannot load 'no_such_module_xyz:run'"),
+        ("json:no_such_function", "cannot load 'json:no_such_function'"),
+    ):
+        with pytest.raises(SystemExit) as exited:
+            main(["worker", "--handler", spec])
+        assert exited.value.code == 2
+        err = capsys.readouterr().err
+        assert complaint in err
+        assert err.count("\n") == 1
