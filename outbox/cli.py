@@ -50,7 +50,11 @@ def build_parser() -> argparse.ArgumentParser:
     current = db_commands.add_parser("current", help="show the schema revisions in the database")
     _db_argument(current)
 
-    commands.add_parser("demo", help="run the end-to-end story on a temporary SQLite database")
+    demo = commands.add_parser("demo", help="the end-to-end story, on SQLite files by default")
+    # Imported here: the demo pulls in the relay and receiver sidecars.
+    from outbox.demo import add_arguments
+
+    add_arguments(demo)
     cli_operations.add_parsers(commands, _db_argument)
     cli_worker.add_parser(commands, _db_argument)
     # Imported here, not at module level: the outbox package never imports its sidecars.
@@ -66,9 +70,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "db":
             return _db(args)
         if args.command == "demo":
-            from outbox.demo import main as demo
+            from outbox.demo import run as demo
 
-            return demo()
+            return demo(args)
         if args.command == "worker":
             return cli_worker.run(args)
         if args.command in ("status", "dead", "purge"):

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -29,15 +27,3 @@ def test_unsupported_database_is_a_one_line_error(capsys: pytest.CaptureFixture[
     err = capsys.readouterr().err
     assert err.startswith("outbox: error: unsupported database 'mysql'")
     assert err.count("\n") == 1
-
-
-def test_demo_runs_its_story_and_exits_zero() -> None:
-    done = subprocess.run(
-        [sys.executable, "-m", "outbox.cli", "demo"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr
-    assert "all invariants held" in done.stdout
