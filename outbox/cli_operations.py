@@ -6,44 +6,14 @@ import argparse
 import getpass
 import json
 import os
-import re
 import sys
 from collections.abc import Callable
 from typing import Any
 
+from outbox.cli_types import non_empty, parse_duration, positive_int
 from outbox.operations import PURGE_BATCH, Operations, RequeueRefused
 
-DURATION = re.compile(r"(?P<amount>\d+(?:\.\d+)?)(?P<unit>[smhd]?)")
-SECONDS_PER = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
 ERROR_WIDTH = 60
-
-
-def parse_duration(text: str) -> float:
-    """Seconds in "90", "90s", "15m", "12h" or "7d" (argparse type: bad input exits 2)."""
-    match = DURATION.fullmatch(text.strip())
-    if match is None:
-        raise argparse.ArgumentTypeError(
-            f"invalid duration {text!r}: use a number with s, m, h or d (e.g. 7d)"
-        )
-    return float(match["amount"]) * SECONDS_PER[match["unit"]]
-
-
-def positive_int(text: str) -> int:
-    """An int >= 1 (argparse type)."""
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {text!r}")
-    return value
-
-
-def _non_empty(text: str) -> str:
-    """A non-blank string (argparse type)."""
-    if not text.strip():
-        raise argparse.ArgumentTypeError("must not be empty")
-    return text
 
 
 def add_parsers(commands: Any, db_argument: Callable[[argparse.ArgumentParser], None]) -> None:
@@ -67,9 +37,9 @@ def add_parsers(commands: Any, db_argument: Callable[[argparse.ArgumentParser], 
     )
     db_argument(requeue)
     requeue.add_argument("reply_id")
-    requeue.add_argument("--reason", required=True, type=_non_empty, help="kept in the audit")
+    requeue.add_argument("--reason", required=True, type=non_empty, help="kept in the audit")
     requeue.add_argument(
-        "--by", type=_non_empty, default=None, help="who decides (default: the login name)"
+        "--by", type=non_empty, default=None, help="who decides (default: the login name)"
     )
     requeue.add_argument(
         "--config",

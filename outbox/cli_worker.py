@@ -10,6 +10,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+from outbox.cli_types import positive_float, positive_int
 from outbox.tasks import TaskQueue
 from outbox.worker import Handler, Worker
 
@@ -34,21 +35,6 @@ def load_handler(spec: str) -> Handler:
     return handler
 
 
-def positive(kind: Callable[[str], Any]) -> Callable[[str], Any]:
-    """An argparse type: `kind` of the text, which must be > 0."""
-
-    def parse(text: str) -> Any:
-        try:
-            value = kind(text)
-        except ValueError:
-            value = 0
-        if not value > 0:
-            raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
-        return value
-
-    return parse
-
-
 def add_parser(commands: Any, db_argument: Callable[[argparse.ArgumentParser], None]) -> None:
     """Register `outbox worker`."""
     parser = commands.add_parser("worker", help="run a handler over claimed tasks")
@@ -60,12 +46,12 @@ def add_parser(commands: Any, db_argument: Callable[[argparse.ArgumentParser], N
         metavar="MODULE:FUNCTION",
         help="called as handler(claim, stop) for each task; returns the result",
     )
-    parser.add_argument("--concurrency", type=positive(int), default=1)
+    parser.add_argument("--concurrency", type=positive_int, default=1)
     parser.add_argument("--owner", default=None, help="lease owner (default: host and pid)")
-    parser.add_argument("--lease", type=positive(float), default=30.0, help="seconds")
-    parser.add_argument("--poll-interval", type=positive(float), default=1.0, help="seconds")
+    parser.add_argument("--lease", type=positive_float, default=30.0, help="seconds")
+    parser.add_argument("--poll-interval", type=positive_float, default=1.0, help="seconds")
     parser.add_argument(
-        "--grace", type=positive(float), default=None, help="SIGTERM drain (default: the lease)"
+        "--grace", type=positive_float, default=None, help="SIGTERM drain (default: the lease)"
     )
     parser.add_argument("--reply-destination", default="default")
     parser.add_argument("--log-level", default="INFO")

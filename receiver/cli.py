@@ -14,25 +14,14 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 import sys
 from pathlib import Path
 from typing import Any
 
+from outbox.cli_types import parse_duration
+
 SECRETS_ENV = "OUTBOX_RECEIVER_SECRETS"
 DEFAULT_DB = "sqlite:///outbox.db"
-_DURATION = re.compile(r"(\d+)([dhms]?)")
-_UNIT_SECONDS = {"d": 86_400, "h": 3_600, "m": 60, "s": 1, "": 1}
-
-
-def parse_duration(text: str) -> float:
-    """Seconds in a duration like 30d, 12h, 90m, 45s (a bare number is seconds)."""
-    match = _DURATION.fullmatch(text.strip())
-    if not match or int(match.group(1)) <= 0:
-        raise argparse.ArgumentTypeError(
-            f"invalid duration {text!r}: use a positive number with d, h, m or s (e.g. 30d)"
-        )
-    return float(int(match.group(1)) * _UNIT_SECONDS[match.group(2)])
 
 
 def load_secrets(secret_file: str | None) -> list[str]:

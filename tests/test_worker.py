@@ -10,14 +10,13 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import pytest
+from support.cli_helpers import one_line_error, running_in_thread
 
 from outbox import AuthContext, Claim, Envelope, TaskQueue
-from outbox.cli import main
 from outbox.worker import PermanentFailure, Worker
 
 SOURCE = AuthContext("agent-a")
@@ -52,19 +51,6 @@ def submit(queue: TaskQueue, count: int) -> list[str]:
     ]
 
 
-@contextmanager
-def working(worker: Worker) -> Iterator[threading.Thread]:
-    """worker.run() in a thread, stopped and joined on the way out."""
-    thread = threading.Thread(target=worker.run, kwargs={"install_signal_handlers": False})
-    thread.start()
-    try:
-        yield thread
-    finally:
-        worker.stop()
-        thread.join(timeout=30)
-        assert not thread.is_alive()
-
-
 def states(queue: TaskQueue, ids: list[str]) -> list[str]:
     """Each task's state."""
     return [queue.task(task_id)["state"] for task_id in ids]  # type: ignore[index]
@@ -78,7 +64,7 @@ def test_results_commit_with_their_replies(queue: TaskQueue) -> None:
         seen.append(threading.current_thread().name)
         return {"doubled": claim.payload["n"] * 2}
 
-    with working(Worker(queue, handler, concurrency=2, poll_interval=0.05)):
+    with running_in_thread(Worker(queue, handler, concurrency=2, poll_interval=0.05)):
         assert wait_until(lambda: states(queue, ids) == ["done"] * 5)
     results = [queue.task(task_id)["result"] for task_id in ids]  # type: ignore[index]
     assert results == [{"doubled": 2 * n} for n in range(5)]
@@ -97,7 +83,7 @@ def test_an_error_fails_the_attempt_and_a_permanent_failure_ends_the_task(
             raise PermanentFailure("bad input")
         raise RuntimeError("database of the service is down")
 
-    with working(Worker(queue, handler, poll_interval=0.05)):
+    with running_in_thread(Worker(queue, handler, poll_interval=0.05)):
         assert wait_until(lambda: states(queue, [flaky, broken]) == ["pending", "failed"])
     retried = queue.task(flaky)
     assert retried is not None
@@ -121,7 +107,7 @@ def test_a_refused_renewal_stops_the_handler_and_its_result_is_discarded(
             stopped.set()
         return {"late": True}
 
-    with working(Worker(queue, handler, poll_interval=0.05, heartbeat=0.05)):
+    with running_in_thread(Worker(queue, handler, poll_interval=0.05, heartbeat=0.05)):
         assert started.wait(15)
         assert queue.cancel(task_id)
         # The next heartbeat's renewal is refused: the handler is told to stop.
@@ -145,7 +131,7 @@ def test_heartbeats_keep_a_long_task_leased(queue: TaskQueue) -> None:
             stop.wait(0.05)
         return "ok"
 
-    with working(Worker(queue, handler, poll_interval=0.05, heartbeat=0.2)):
+    with running_in_thread(Worker(queue, handler, poll_interval=0.05, heartbeat=0.2)):
         assert wait_until(lambda: states(queue, [task_id]) == ["done"])
     assert len(set(lease_ends)) >= 3
     assert lease_ends == sorted(lease_ends)
@@ -189,9 +175,4 @@ def test_a_handler_that_cannot_be_loaded_is_a_one_line_error(
         ("no_such_module_xyz:run", "cannot load 'no_such_module_xyz:run'"),
         ("json:no_such_function", "cannot load 'json:no_such_function'"),
     ):
-        with pytest.raises(SystemExit) as exited:
-            main(["worker", "--handler", spec])
-        assert exited.value.code == 2
-        err = capsys.readouterr().err
-        assert complaint in err
-        assert err.count("\n") == 1
+        assert complaint in one_line_error(["worker", "--handler", spec], capsys)

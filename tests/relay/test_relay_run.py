@@ -10,6 +10,7 @@ from contextlib import contextmanager
 
 import pytest
 import sqlalchemy as sa
+from support.cli_helpers import running_in_thread
 from support.relay_helpers import SECRET, publish_many, rows
 from support.scripted_server import Answer, ScriptedServer
 
@@ -33,13 +34,10 @@ def wait_until(condition: object, seconds: float) -> bool:
 @contextmanager
 def running(relay: Relay) -> Iterator[threading.Thread]:
     """relay.run() in a thread; stopped, joined and closed on the way out."""
-    runner = threading.Thread(target=relay.run, kwargs={"install_signal_handlers": False})
-    runner.start()
     try:
-        yield runner
+        with running_in_thread(relay) as thread:
+            yield thread
     finally:
-        relay.stop()
-        runner.join(timeout=30)
         relay.close()
 
 
