@@ -4,26 +4,31 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import os
 import sys
 from collections.abc import Sequence
 from typing import NoReturn
 
-from outbox import cli_operations, cli_worker, migrations
+from outbox import cli_operations, cli_worker, migrations, settings
 from outbox.errors import OutboxError
 
-DEFAULT_DB = "sqlite:///outbox.db"
+DEFAULT_DB = settings.DEFAULT_DB
+# Settings each command resolves from flag, environment, config file and default.
+OPTIONS = {"worker": (settings.DB, *cli_worker.OPTIONS)}
 # Subcommands that live with the component they run: name -> module with add_parser/run.
 PLUGINS = {"receiver": "receiver.cli", "relay": "relay.cli"}
 
 
 def _db_argument(parser: argparse.ArgumentParser) -> None:
+    """--db and --config: every command that opens the database takes both."""
     parser.add_argument(
         "--db",
         "--url",
         dest="db",
-        default=os.environ.get("OUTBOX_DB", DEFAULT_DB),
-        help="database URL (env OUTBOX_DB; default %(default)s)",
+        default=None,
+        help=f"database URL (env OUTBOX_DB, or `db` in the config file; default {DEFAULT_DB})",
+    )
+    parser.add_argument(
+        "--config", default=None, help=f"TOML config file (env {settings.CONFIG_ENV})"
     )
 
 
@@ -67,6 +72,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the exit status."""
     args = build_parser().parse_args(argv)
     try:
+        if args.command != "demo":  # the demo makes its own databases unless given --db
+            settings.resolve(args, OPTIONS.get(args.command, (settings.DB,)))
         if args.command == "db":
             return _db(args)
         if args.command == "demo":

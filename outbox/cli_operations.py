@@ -12,6 +12,7 @@ from typing import Any
 
 from outbox.cli_types import non_empty, parse_duration, positive_int
 from outbox.operations import PURGE_BATCH, Operations, RequeueRefused
+from outbox.settings import CONFIG_ENV
 
 ERROR_WIDTH = 60
 
@@ -40,12 +41,6 @@ def add_parsers(commands: Any, db_argument: Callable[[argparse.ArgumentParser], 
     requeue.add_argument("--reason", required=True, type=non_empty, help="kept in the audit")
     requeue.add_argument(
         "--by", type=non_empty, default=None, help="who decides (default: the login name)"
-    )
-    requeue.add_argument(
-        "--config",
-        default=os.environ.get("OUTBOX_RELAY_CONFIG"),
-        help="the relay's TOML file, to ask the destination's receipt lookup first "
-        "(env OUTBOX_RELAY_CONFIG)",
     )
     requeue.add_argument(
         "--force",
@@ -162,7 +157,7 @@ def _dead_requeue(ops: Operations, args: argparse.Namespace) -> int:
     reply = _dead_reply(ops, args.reply_id)
     if reply is None:
         return 1
-    receipt = _ask_receipt(args.config, reply)
+    receipt = _ask_receipt(args.config or os.environ.get(CONFIG_ENV), reply)
     if receipt in ("received", "unknown") and not args.force:
         why = (
             "the destination already holds this exact reply"
@@ -196,8 +191,8 @@ def _ask_receipt(config: str | None, reply: dict[str, Any]) -> str:
     """What the destination's receipt lookup says of this reply (see RECEIPT_ANSWERS)."""
     if config is None:
         print(
-            "outbox: receipt not checked: no relay configuration (--config) to find the "
-            "destination's lookup",
+            "outbox: receipt not checked: no config file (--config) names the "
+            "destination's receipt lookup",
             file=sys.stderr,
         )
         return "not checked"

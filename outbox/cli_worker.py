@@ -11,6 +11,7 @@ from collections.abc import Callable
 from typing import Any
 
 from outbox.cli_types import positive_float, positive_int
+from outbox.settings import Option
 from outbox.tasks import TaskQueue
 from outbox.worker import Handler, Worker
 
@@ -35,26 +36,45 @@ def load_handler(spec: str) -> Handler:
     return handler
 
 
+def _option(dest: str, parse: Callable[[str], Any] = str, default: Any = None) -> Option:
+    return Option(dest, f"OUTBOX_WORKER_{dest.upper()}", f"worker.{dest}", parse, default)
+
+
+OPTIONS = (
+    Option("handler", "OUTBOX_WORKER_HANDLER", "worker.handler", load_handler, required=True),
+    _option("concurrency", positive_int, 1),
+    _option("owner"),
+    _option("lease", positive_float, 30.0),
+    _option("poll_interval", positive_float, 1.0),
+    _option("grace", positive_float),
+    _option("reply_destination", default="default"),
+    _option("log_level", default="INFO"),
+)
+"""The worker's settings: each a flag, an OUTBOX_WORKER_* variable, or worker.* in the file."""
+
+HELP = {
+    "handler": "MODULE:FUNCTION, called as handler(claim, stop) for each task",
+    "concurrency": "tasks at once (default 1)",
+    "owner": "lease owner (default: host and pid)",
+    "lease": "seconds (default 30)",
+    "poll_interval": "seconds between looks for work (default 1)",
+    "grace": "SIGTERM drain in seconds (default: the lease)",
+    "reply_destination": "destination of task replies (default: default)",
+    "log_level": "default INFO",
+}
+
+
 def add_parser(commands: Any, db_argument: Callable[[argparse.ArgumentParser], None]) -> None:
-    """Register `outbox worker`."""
+    """Register `outbox worker`; defaults are filled in later (see outbox.settings)."""
     parser = commands.add_parser("worker", help="run a handler over claimed tasks")
     db_argument(parser)
-    parser.add_argument(
-        "--handler",
-        required=True,
-        type=load_handler,
-        metavar="MODULE:FUNCTION",
-        help="called as handler(claim, stop) for each task; returns the result",
-    )
-    parser.add_argument("--concurrency", type=positive_int, default=1)
-    parser.add_argument("--owner", default=None, help="lease owner (default: host and pid)")
-    parser.add_argument("--lease", type=positive_float, default=30.0, help="seconds")
-    parser.add_argument("--poll-interval", type=positive_float, default=1.0, help="seconds")
-    parser.add_argument(
-        "--grace", type=positive_float, default=None, help="SIGTERM drain (default: the lease)"
-    )
-    parser.add_argument("--reply-destination", default="default")
-    parser.add_argument("--log-level", default="INFO")
+    for option in OPTIONS:
+        parser.add_argument(
+            option.flag,
+            type=option.parse,
+            default=None,
+            help=f"{HELP[option.dest]} (env {option.env})",
+        )
 
 
 def run(args: argparse.Namespace) -> int:

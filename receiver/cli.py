@@ -21,7 +21,6 @@ from typing import Any
 from outbox.cli_types import parse_duration
 
 SECRETS_ENV = "OUTBOX_RECEIVER_SECRETS"
-DEFAULT_DB = "sqlite:///outbox.db"
 
 
 def load_secrets(secret_file: str | None) -> list[str]:
@@ -47,7 +46,7 @@ def _db_argument(parser: argparse.ArgumentParser, default: Any) -> None:
         "--url",
         dest="db",
         default=default,
-        help="database URL (env OUTBOX_DB; default sqlite:///outbox.db)",
+        help="database URL (env OUTBOX_DB, or `db` in the config file; default sqlite:///outbox.db)",
     )
 
 
@@ -62,7 +61,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    _db_argument(parser, os.environ.get("OUTBOX_DB", DEFAULT_DB))
+    _db_argument(parser, None)  # resolved later: flag, OUTBOX_DB, config file, default
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (%(default)s)")
     parser.add_argument("--port", type=int, default=8000, help="port to bind (%(default)s)")
     parser.add_argument(

@@ -61,15 +61,13 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         "relay", help="deliver outbox messages over signed HTTP until SIGTERM"
     )
     parser.add_argument(
-        "--db",
-        default=os.environ.get("OUTBOX_DB", "sqlite:///outbox.db"),
-        help="database URL (env OUTBOX_DB)",
+        "--db", default=None, help="database URL (env OUTBOX_DB, or `db` in the config file)"
     )
     parser.add_argument(
         "--config",
-        default=os.environ.get("OUTBOX_RELAY_CONFIG"),
-        help="relay TOML file with [relay] settings and [destinations.NAME] tables "
-        "(env OUTBOX_RELAY_CONFIG)",
+        default=os.environ.get("OUTBOX_RELAY_CONFIG") or os.environ.get("OUTBOX_CONFIG"),
+        help="TOML file with [relay] settings and [destinations.NAME] tables "
+        "(env OUTBOX_RELAY_CONFIG or OUTBOX_CONFIG)",
     )
     parser.add_argument("--owner", help="this relay's lease owner name (overrides the file)")
     parser.add_argument(
@@ -100,7 +98,7 @@ def relay_options(settings: dict[str, Any]) -> dict[str, Any]:
 def run(args: argparse.Namespace) -> int:
     """Run the relay until SIGTERM; exit 0 after draining."""
     if not args.config:
-        raise ConfigError("--config (or OUTBOX_RELAY_CONFIG) is required")
+        raise ConfigError("--config (or OUTBOX_RELAY_CONFIG, or OUTBOX_CONFIG) is required")
     configure_logging(args.log_format, args.log_level)
     settings, destinations = load_toml(args.config)
     options = relay_options(settings)

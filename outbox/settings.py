@@ -1,0 +1,82 @@
+"""Settings of the `outbox` commands: flag, then environment, then config file, then default.
+
+The config file is TOML, named by `--config` or OUTBOX_CONFIG. It holds `db` at the
+top and a table per command: `[worker]` here; the relay reads its `[relay]` and
+`[destinations.NAME]` tables from the same file. Every setting also has an
+OUTBOX_* environment variable, for containers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import tomllib
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+CONFIG_ENV = "OUTBOX_CONFIG"
+DEFAULT_DB = "sqlite:///outbox.db"
+
+
+@dataclass(frozen=True)
+class Option:
+    """One setting: where a command finds it when its flag is not given."""
+
+    dest: str  # the argparse destination; the flag is --dest with dashes
+    env: str
+    key: str  # "db", or "table.name" in the config file
+    parse: Callable[[str], Any] = str
+    default: Any = None
+    required: bool = False
+
+    @property
+    def flag(self) -> str:
+        """The command-line flag."""
+        return "--" + self.dest.replace("_", "-")
+
+
+DB = Option("db", "OUTBOX_DB", "db", default=DEFAULT_DB)
+
+
+def resolve(args: argparse.Namespace, options: Sequence[Option]) -> None:
+    """Fill each option missing from the command line; ValueError names a bad source."""
+    path = getattr(args, "config", None) or os.environ.get(CONFIG_ENV)
+    document = load(path) if path else {}
+    for option in options:
+        if getattr(args, option.dest, None) is not None:
+            continue  # given as a flag
+        value, source = _lookup(option, document, path)
+        if value is None:
+            if option.required:
+                raise ValueError(
+                    f"{option.flag} is required (or {option.env}, or {option.key} in the "
+                    f"config file)"
+                )
+            setattr(args, option.dest, option.default)
+            continue
+        try:
+            setattr(args, option.dest, option.parse(str(value)))
+        except (argparse.ArgumentTypeError, ValueError) as exc:
+            raise ValueError(f"{source}: {exc}") from exc
+
+
+def load(path: str) -> dict[str, Any]:
+    """The config file as a dict; ValueError when it cannot be read or parsed."""
+    try:
+        return tomllib.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise ValueError(f"cannot read config file {path}: {exc}") from exc
+
+
+def _lookup(option: Option, document: dict[str, Any], path: str | None) -> tuple[Any, str]:
+    """(value, where it came from), or (None, "") when neither environment nor file has it."""
+    if os.environ.get(option.env):
+        return os.environ[option.env], option.env
+    table: Any = document
+    for part in option.key.split("."):
+        table = table.get(part) if isinstance(table, dict) else None
+    if table is None:
+        return None, ""
+    return table, f"{path}: {option.key}"

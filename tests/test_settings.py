@@ -1,0 +1,110 @@
+"""Settings precedence: flag, then OUTBOX_* environment, then the config file, then default."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import pytest
+
+import outbox
+from outbox.cli import main
+from outbox.cli_worker import OPTIONS
+from outbox.settings import DB, DEFAULT_DB, resolve
+
+
+def worker_args(**given: object) -> argparse.Namespace:
+    """A worker's parsed arguments: the flags in `given`, every other one absent."""
+    names = {"config": None, "db": None, **{o.dest: None for o in OPTIONS}}
+    return argparse.Namespace(**{**names, **given})
+
+
+def write_config(tmp_path: Path, text: str) -> Path:
+    """A TOML config file with `text`."""
+    path = tmp_path / "outbox.toml"
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def test_flag_beats_environment_beats_file_beats_default(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    config = write_config(
+        tmp_path,
+        'db = "sqlite:///from-file.db"\n[worker]\nhandler = "json:dumps"\n'
+        "concurrency = 3\nlease = 12\npoll_interval = 0.5\n",
+    )
+    monkeypatch.delenv("OUTBOX_DB", raising=False)
+    monkeypatch.setenv("OUTBOX_WORKER_LEASE", "20")
+    monkeypatch.setenv("OUTBOX_WORKER_POLL_INTERVAL", "0.25")
+    args = worker_args(config=str(config), poll_interval=0.1)
+    resolve(args, (DB, *OPTIONS))
+    assert args.poll_interval == 0.1  # flag
+    assert args.lease == 20.0  # environment over file
+    assert args.concurrency == 3  # file
+    assert args.db == "sqlite:///from-file.db"
+    assert (args.grace, args.log_level) == (None, "INFO")  # defaults
+    assert args.handler is json.dumps  # parsed from the file like a flag
+
+
+def test_config_file_named_by_the_environment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    config = write_config(tmp_path, '[worker]\nhandler = "json:dumps"\n')
+    monkeypatch.setenv("OUTBOX_CONFIG", str(config))
+    monkeypatch.delenv("OUTBOX_DB", raising=False)
+    args = worker_args()
+    resolve(args, (DB, *OPTIONS))
+    assert args.db == DEFAULT_DB
+    assert args.handler is not None
+
+
+@pytest.mark.parametrize(
+    ("env", "file_text", "complaint"),
+    [
+        (
+            {"OUTBOX_WORKER_CONCURRENCY": "many", "OUTBOX_WORKER_HANDLER": "json:dumps"},
+            "",
+            "OUTBOX_WORKER_CONCURRENCY: expected a whole",
+        ),
+        (
+            {},
+            '[worker]\nhandler = "json:dumps"\nconcurrency = 0\n',
+            "outbox.toml: worker.concurrency: expected a whole",
+        ),
+        ({}, '[worker]\nhandler = "nope:nothing"\n', "worker.handler: cannot load 'nope:nothing'"),
+        ({}, "", "--handler is required (or OUTBOX_WORKER_HANDLER, or worker.handler"),
+        ({}, "not toml [", "cannot read config file"),
+    ],
+)
+def test_a_bad_setting_names_where_it_came_from(
+    env: dict[str, str],
+    file_text: str,
+    complaint: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    config = write_config(tmp_path, file_text)
+    args = worker_args(config=str(config))
+    with pytest.raises(ValueError, match=complaint.replace("(", r"\(").replace("[", r"\[")):
+        resolve(args, (DB, *OPTIONS))
+
+
+def test_commands_take_the_database_from_the_config_file_unless_the_environment_says(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    ready = f"sqlite:///{tmp_path / 'ready.db'}"
+    outbox.upgrade(ready)
+    config = write_config(tmp_path, f'db = "{ready}"\n')
+    monkeypatch.delenv("OUTBOX_DB", raising=False)
+    assert main(["status", "--json", "--config", str(config)]) == 0
+    assert '"dead": 0' in capsys.readouterr().out
+    blank = f"sqlite:///{tmp_path / 'blank.db'}"
+    monkeypatch.setenv("OUTBOX_DB", blank)
+    assert main(["status", "--config", str(config)]) == 2
+    err = capsys.readouterr().err
+    assert f"database {blank} has no outbox schema" in err
+    assert err.count("\n") == 1
