@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import json
 import sys
 from collections.abc import Sequence
 from typing import NoReturn
@@ -54,6 +55,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     current = db_commands.add_parser("current", help="show the schema revisions in the database")
     _db_argument(current)
+    for parser_ in (upgrade, current):
+        parser_.add_argument("--json", action="store_true", help="print JSON instead of text")
 
     demo = commands.add_parser("demo", help="the end-to-end story, on SQLite files by default")
     # Imported here: the demo pulls in the relay and receiver sidecars.
@@ -98,9 +101,13 @@ def _db(args: argparse.Namespace) -> int:
         migrations.upgrade(args.db)
         if args.receiver:
             migrations.upgrade_branch(args.db, migrations.RECEIVER_BRANCH)
-        print(f"schema is up to date: {', '.join(migrations.heads_of(args.db)) or 'nothing'}")
-        return 0
-    print(", ".join(migrations.heads_of(args.db)) or "no schema")
+    revisions = migrations.heads_of(args.db)
+    if args.json:
+        print(json.dumps({"revisions": revisions}))
+    elif args.db_command == "upgrade":
+        print(f"schema is up to date: {', '.join(revisions) or 'nothing'}")
+    else:
+        print(", ".join(revisions) or "no schema")
     return 0
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -27,3 +28,12 @@ def test_unsupported_database_is_a_one_line_error(capsys: pytest.CaptureFixture[
     err = capsys.readouterr().err
     assert err.startswith("outbox: error: unsupported database 'mysql'")
     assert err.count("\n") == 1
+
+
+def test_db_commands_speak_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    url = f"sqlite:///{tmp_path / 'cli.db'}"
+    assert main(["db", "current", "--json", "--db", url]) == 0
+    assert json.loads(capsys.readouterr().out) == {"revisions": []}
+    assert main(["db", "upgrade", "--receiver", "--json", "--db", url]) == 0
+    revisions = json.loads(capsys.readouterr().out)["revisions"]
+    assert sorted(revisions) == sorted([required_head("outbox"), required_head("receiver")])
