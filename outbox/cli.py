@@ -14,7 +14,7 @@ from outbox.errors import OutboxError
 
 DEFAULT_DB = settings.DEFAULT_DB
 # Settings each command resolves from flag, environment, config file and default.
-OPTIONS = {"worker": (settings.DB, *cli_worker.OPTIONS)}
+OPTIONS = {"worker": cli_worker.OPTIONS}
 # Subcommands that live with the component they run: name -> module with add_parser/run.
 PLUGINS = {"receiver": "receiver.cli", "relay": "relay.cli"}
 
@@ -76,7 +76,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         if args.command != "demo":  # the demo makes its own databases unless given --db
-            settings.resolve(args, OPTIONS.get(args.command, (settings.DB,)))
+            settings.resolve(args, command_options(args.command))
         if args.command == "db":
             return _db(args)
         if args.command == "demo":
@@ -94,6 +94,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"outbox: error: {exc}", file=sys.stderr)
         return 2
     raise AssertionError(f"unhandled command {args.command!r}")
+
+
+def command_options(command: str) -> tuple[settings.Option, ...]:
+    """The settings `command` resolves: the database, and its own when it declares them."""
+    own = OPTIONS.get(command, ())
+    if command in PLUGINS:
+        own = getattr(importlib.import_module(PLUGINS[command]), "OPTIONS", ())
+    return (settings.DB, *own)
 
 
 def _db(args: argparse.Namespace) -> int:

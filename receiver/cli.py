@@ -18,7 +18,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from outbox.cli_types import parse_duration
+from outbox.cli_types import parse_duration, positive_int
+from outbox.settings import Option
+from outbox.signing import DEFAULT_TOLERANCE
+from receiver.app import DEFAULT_MAX_BODY
 
 SECRETS_ENV = "OUTBOX_RECEIVER_SECRETS"
 
@@ -50,11 +53,32 @@ def _db_argument(parser: argparse.ArgumentParser, default: Any) -> None:
     )
 
 
+def _option(dest: str, parse: Any = str, default: Any = None) -> Option:
+    return Option(dest, f"OUTBOX_RECEIVER_{dest.upper()}", f"receiver.{dest}", parse, default)
+
+
+OPTIONS = (
+    _option("host", default="127.0.0.1"),
+    _option("port", int, 8000),
+    _option("secret_file"),
+    _option("tolerance", parse_duration, float(DEFAULT_TOLERANCE)),
+    _option("max_body", positive_int, DEFAULT_MAX_BODY),
+    _option("retention", parse_duration),
+)
+"""Serving settings: each a flag, an OUTBOX_RECEIVER_* variable, or receiver.* in the file."""
+
+HELP = {
+    "host": "address to bind (default 127.0.0.1)",
+    "port": "port to bind (default 8000)",
+    "secret_file": f"file with one whsec_ secret per line (else env {SECRETS_ENV})",
+    "tolerance": "signature timestamp tolerance (default 300s)",
+    "max_body": "largest body in bytes (default 1 MiB)",
+    "retention": "receipt retention to publish (default 30d)",
+}
+
+
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Register the `receiver` subcommand on the `outbox` command's subparsers."""
-    from outbox.signing import DEFAULT_TOLERANCE
-    from receiver.app import DEFAULT_MAX_BODY
-
     parser: argparse.ArgumentParser = subparsers.add_parser(
         "receiver",
         help="run the reference receiver (or: receiver upgrade | receiver purge)",
@@ -62,26 +86,18 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     _db_argument(parser, None)  # resolved later: flag, OUTBOX_DB, config file, default
-    parser.add_argument("--host", default="127.0.0.1", help="address to bind (%(default)s)")
-    parser.add_argument("--port", type=int, default=8000, help="port to bind (%(default)s)")
     parser.add_argument(
-        "--secret-file", help=f"file with one whsec_ secret per line (else env {SECRETS_ENV})"
-    )
-    parser.add_argument(
-        "--tolerance",
-        type=parse_duration,
-        default=float(DEFAULT_TOLERANCE),
-        help="signature timestamp tolerance (default 300s)",
-    )
-    parser.add_argument(
-        "--max-body", type=int, default=DEFAULT_MAX_BODY, help="largest body in bytes"
-    )
-    parser.add_argument(
-        "--retention",
-        type=parse_duration,
+        "--config",
         default=None,
-        help="receipt retention to publish (default 30d)",
+        help="TOML config file with a [receiver] table (env OUTBOX_CONFIG)",
     )
+    for option in OPTIONS:
+        parser.add_argument(
+            option.flag,
+            type=option.parse,
+            default=None,
+            help=f"{HELP[option.dest]} (env {option.env})",
+        )
     actions = parser.add_subparsers(dest="receiver_command", metavar="{upgrade,purge}")
     # SUPPRESS: an option given before the action ("receiver --db X purge") must survive.
     upgrade = actions.add_parser("upgrade", help="create or upgrade the receiver tables")

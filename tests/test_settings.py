@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 import outbox
-from outbox.cli import main
+from outbox.cli import build_parser, command_options, main
 from outbox.cli_worker import OPTIONS
 from outbox.settings import DB, DEFAULT_DB, resolve
 
@@ -108,3 +108,20 @@ def test_commands_take_the_database_from_the_config_file_unless_the_environment_
     err = capsys.readouterr().err
     assert f"database {blank} has no outbox schema" in err
     assert err.count("\n") == 1
+
+
+def test_the_receiver_reads_its_table_of_the_same_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    config = write_config(
+        tmp_path,
+        'db = "sqlite:///shared.db"\n[receiver]\nport = 9100\ntolerance = "10m"\n'
+        'secret_file = "/run/secrets/webhook"\n',
+    )
+    monkeypatch.delenv("OUTBOX_DB", raising=False)
+    monkeypatch.setenv("OUTBOX_RECEIVER_PORT", "9200")
+    args = build_parser().parse_args(["receiver", "--config", str(config)])
+    resolve(args, command_options("receiver"))
+    assert (args.db, args.port, args.tolerance) == ("sqlite:///shared.db", 9200, 600.0)
+    assert args.secret_file == "/run/secrets/webhook"
+    assert (args.host, args.retention) == ("127.0.0.1", None)  # defaults
