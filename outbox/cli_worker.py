@@ -11,7 +11,7 @@ from collections.abc import Callable
 from typing import Any
 
 from outbox.cli_types import positive_float, positive_int
-from outbox.settings import Option
+from outbox.settings import Option, add_flags
 from outbox.tasks import TaskQueue
 from outbox.worker import Handler, Worker
 
@@ -36,19 +36,15 @@ def load_handler(spec: str) -> Handler:
     return handler
 
 
-def _option(dest: str, parse: Callable[[str], Any] = str, default: Any = None) -> Option:
-    return Option(dest, f"OUTBOX_WORKER_{dest.upper()}", f"worker.{dest}", parse, default)
-
-
 OPTIONS = (
-    Option("handler", "OUTBOX_WORKER_HANDLER", "worker.handler", load_handler, required=True),
-    _option("concurrency", positive_int, 1),
-    _option("owner"),
-    _option("lease", positive_float, 30.0),
-    _option("poll_interval", positive_float, 1.0),
-    _option("grace", positive_float),
-    _option("reply_destination", default="default"),
-    _option("log_level", default="INFO"),
+    Option.of("worker", "handler", load_handler, required=True),
+    Option.of("worker", "concurrency", positive_int, 1),
+    Option.of("worker", "owner"),
+    Option.of("worker", "lease", positive_float, 30.0),
+    Option.of("worker", "poll_interval", positive_float, 1.0),
+    Option.of("worker", "grace", positive_float),
+    Option.of("worker", "reply_destination", default="default"),
+    Option.of("worker", "log_level", default="INFO"),
 )
 """The worker's settings: each a flag, an OUTBOX_WORKER_* variable, or worker.* in the file."""
 
@@ -68,13 +64,7 @@ def add_parser(commands: Any, db_argument: Callable[[argparse.ArgumentParser], N
     """Register `outbox worker`; defaults are filled in later (see outbox.settings)."""
     parser = commands.add_parser("worker", help="run a handler over claimed tasks")
     db_argument(parser)
-    for option in OPTIONS:
-        parser.add_argument(
-            option.flag,
-            type=option.parse,
-            default=None,
-            help=f"{HELP[option.dest]} (env {option.env})",
-        )
+    add_flags(parser, OPTIONS, HELP)
 
 
 def run(args: argparse.Namespace) -> int:

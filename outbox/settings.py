@@ -36,6 +36,32 @@ class Option:
         """The command-line flag."""
         return "--" + self.dest.replace("_", "-")
 
+    @classmethod
+    def of(
+        cls,
+        command: str,
+        dest: str,
+        parse: Callable[[str], Any] = str,
+        default: Any = None,
+        required: bool = False,
+    ) -> Option:
+        """A setting of `command`: variable OUTBOX_COMMAND_DEST, key command.dest in the file."""
+        env = f"OUTBOX_{command.upper()}_{dest.upper()}"
+        return cls(dest, env, f"{command}.{dest}", parse, default, required)
+
+
+def add_flags(
+    parser: argparse.ArgumentParser, options: Sequence[Option], helps: dict[str, str]
+) -> None:
+    """A flag per option, absent unless given: resolve() fills in the rest after parsing."""
+    for option in options:
+        parser.add_argument(
+            option.flag,
+            type=option.parse,
+            default=None,
+            help=f"{helps[option.dest]} (env {option.env})",
+        )
+
 
 DB = Option("db", "OUTBOX_DB", "db", default=DEFAULT_DB)
 

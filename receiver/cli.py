@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from outbox.cli_types import parse_duration, positive_int
-from outbox.settings import Option
+from outbox.settings import Option, add_flags
 from outbox.signing import DEFAULT_TOLERANCE
 from receiver.app import DEFAULT_MAX_BODY
 
@@ -53,17 +53,13 @@ def _db_argument(parser: argparse.ArgumentParser, default: Any) -> None:
     )
 
 
-def _option(dest: str, parse: Any = str, default: Any = None) -> Option:
-    return Option(dest, f"OUTBOX_RECEIVER_{dest.upper()}", f"receiver.{dest}", parse, default)
-
-
 OPTIONS = (
-    _option("host", default="127.0.0.1"),
-    _option("port", int, 8000),
-    _option("secret_file"),
-    _option("tolerance", parse_duration, float(DEFAULT_TOLERANCE)),
-    _option("max_body", positive_int, DEFAULT_MAX_BODY),
-    _option("retention", parse_duration),
+    Option.of("receiver", "host", default="127.0.0.1"),
+    Option.of("receiver", "port", int, 8000),
+    Option.of("receiver", "secret_file"),
+    Option.of("receiver", "tolerance", parse_duration, float(DEFAULT_TOLERANCE)),
+    Option.of("receiver", "max_body", positive_int, DEFAULT_MAX_BODY),
+    Option.of("receiver", "retention", parse_duration),
 )
 """Serving settings: each a flag, an OUTBOX_RECEIVER_* variable, or receiver.* in the file."""
 
@@ -91,13 +87,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         default=None,
         help="TOML config file with a [receiver] table (env OUTBOX_CONFIG)",
     )
-    for option in OPTIONS:
-        parser.add_argument(
-            option.flag,
-            type=option.parse,
-            default=None,
-            help=f"{HELP[option.dest]} (env {option.env})",
-        )
+    add_flags(parser, OPTIONS, HELP)
     actions = parser.add_subparsers(dest="receiver_command", metavar="{upgrade,purge}")
     # SUPPRESS: an option given before the action ("receiver --db X purge") must survive.
     upgrade = actions.add_parser("upgrade", help="create or upgrade the receiver tables")
