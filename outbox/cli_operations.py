@@ -158,12 +158,13 @@ def _dead_requeue(ops: Operations, args: argparse.Namespace) -> int:
     if reply is None:
         return 1
     receipt = _ask_receipt(args.config or os.environ.get(CONFIG_ENV), reply)
-    if receipt in ("received", "unknown") and not args.force:
-        why = (
-            "the destination already holds this exact reply"
-            if receipt == "received"
-            else "the destination's receipt lookup did not answer"
-        )
+    refusals = {
+        "received": "the destination already holds this exact reply",
+        "other body": "the destination holds this reply_id with another body (a conflict)",
+        "unknown": "the destination's receipt lookup did not answer",
+    }
+    if receipt in refusals and not args.force:
+        why = refusals[receipt]
         print(f"outbox: not requeued: {why}; --force to send it anyway", file=sys.stderr)
         return 1
     try:
@@ -209,8 +210,10 @@ def _ask_receipt(config: str | None, reply: dict[str, Any]) -> str:
             file=sys.stderr,
         )
         return "not checked"
-    found = ask_receipt(destination, reply["reply_id"], reply["content_hash"])
-    return {True: "received", False: "not received", None: "unknown"}[found]
+    answer = ask_receipt(destination, reply["reply_id"], reply["content_hash"])
+    if answer is None:
+        return "unknown"
+    return {"held": "received", "other body": "other body", "absent": "not received"}[answer]
 
 
 def _purge(ops: Operations, older_than: float, batch: int, as_json: bool) -> int:

@@ -21,7 +21,7 @@ from outbox.errors import OutboxError
 from outbox.schema import MESSAGE_STATES, TASK_STATES, messages, requeues, tasks
 
 PURGE_BATCH = 1000
-RECEIPT_ANSWERS = ("received", "not received", "unknown", "not checked")
+RECEIPT_ANSWERS = ("received", "other body", "not received", "unknown", "not checked")
 DEAD_FIELDS = (
     messages.c.reply_id,
     messages.c.destination,

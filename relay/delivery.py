@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Mapping, Sequence
 from json.encoder import encode_basestring
-from typing import NamedTuple
+from typing import Literal, NamedTuple
 
 from outbox.signing import sign
 from relay.config import Destination
@@ -139,10 +139,22 @@ def _per_item(response: Response, batch: Sequence[Message]) -> dict[int, Outcome
     return {message.id: by_answer.get(answers.get(message.reply_id), omitted) for message in batch}
 
 
+Receipt = Literal["held", "other body", "absent"]
+"""What a destination's receipt lookup says of a reply; None when it did not answer."""
+
+
 async def receipt_matches(
     client: HttpClient, destination: Destination, reply_id: str, content_hash: str
 ) -> bool | None:
     """Ask the destination whether it holds this exact reply: True, False, or None (unknown)."""
+    answer = await lookup_receipt(client, destination, reply_id, content_hash)
+    return None if answer is None else answer == "held"
+
+
+async def lookup_receipt(
+    client: HttpClient, destination: Destination, reply_id: str, content_hash: str
+) -> Receipt | None:
+    """The destination's receipt of `reply_id`: this body, another body, none; None: no answer."""
     headers = _request_headers(destination, reply_id, b"")
     url = destination.lookup_url(reply_id)
     try:
@@ -150,22 +162,23 @@ async def receipt_matches(
     except (TimeoutError, TransportError):
         return None
     if response.status == 404:
-        return False
+        return "absent"
     if response.status != 200:
         return None
     try:
-        return bool(response.json().get("content_hash") == content_hash)
+        held = response.json().get("content_hash")
     except (ValueError, AttributeError):
         return None
+    return "held" if held == content_hash else "other body"
 
 
-def ask_receipt(destination: Destination, reply_id: str, content_hash: str) -> bool | None:
-    """receipt_matches for command-line tools: blocking, on a client of its own."""
+def ask_receipt(destination: Destination, reply_id: str, content_hash: str) -> Receipt | None:
+    """lookup_receipt for command-line tools: blocking, on a client of its own."""
 
-    async def ask() -> bool | None:
+    async def ask() -> Receipt | None:
         client = HttpClient(1)
         try:
-            return await receipt_matches(client, destination, reply_id, content_hash)
+            return await lookup_receipt(client, destination, reply_id, content_hash)
         finally:
             await client.close()
 

@@ -301,6 +301,26 @@ def test_requeue_refuses_what_the_destination_already_holds_unless_forced(
     assert rows(engine)["acked-lost"]["state"] == "pending"
 
 
+def test_requeue_refuses_a_reply_the_destination_holds_with_another_body(
+    db_url: str,
+    engine: sa.Engine,
+    clock: ManualClock,
+    relay_config: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    publish_many(engine, ["clash"], clock=clock)
+    mark_dead(engine, "clash")
+    with ReceiptStore(db_url) as store:
+        store.accept("clash", b'{"someone":"else"}')
+    argv = ["dead", "requeue", "clash", "--reason", "check", "--config", str(relay_config)]
+    assert main([*argv, "--db", db_url]) == 1
+    assert "holds this reply_id with another body" in capsys.readouterr().err
+    assert rows(engine)["clash"]["state"] == "dead"
+    audit = run_json(capsys, *argv, "--force", "--db", db_url)
+    assert isinstance(audit, dict)
+    assert (audit["receipt"], audit["forced"]) == ("other body", True)
+
+
 def test_requeue_without_a_relay_config_says_it_could_not_check(
     db_url: str, engine: sa.Engine, clock: ManualClock, capsys: pytest.CaptureFixture[str]
 ) -> None:
