@@ -16,20 +16,21 @@ import os
 import signal
 import socket
 import threading
+import time
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
 import sqlalchemy as sa
 
-from outbox.errors import Fenced, OutboxError
+from outbox.errors import Fenced, InvalidMessage, OutboxError
 from outbox.tasks import Claim, TaskQueue
 
 log = logging.getLogger("outbox.worker")
 Handler = Callable[[Claim, threading.Event], Any]
 FINISH_ATTEMPTS = 3
+EXIT_FORCED = 1  # a second SIGTERM/SIGINT: exit at once
 
 
 class PermanentFailure(OutboxError):
@@ -88,33 +89,51 @@ class Worker:
         self._wake.set()
 
     def run(self, install_signal_handlers: bool = True) -> None:
-        """Claim and handle tasks until stop() or SIGTERM/SIGINT, then drain and return."""
+        """Claim and handle tasks until stop() or SIGTERM/SIGINT, then drain and return.
+
+        Handlers still running after the grace period are told to stop, and their
+        outcomes are discarded; they run on daemon threads, so the process can exit.
+        """
         if install_signal_handlers:
             for signum in (signal.SIGTERM, signal.SIGINT):
-                signal.signal(signum, lambda *_: self.stop())
+                signal.signal(signum, self._on_signal)
         beat = threading.Thread(target=self._heartbeats, name="outbox-heartbeat", daemon=True)
         beat.start()
-        pool = ThreadPoolExecutor(self.concurrency, thread_name_prefix="outbox-handler")
-        futures: set[Future[None]] = set()
+        handlers: set[threading.Thread] = set()
+        started = 0
         try:
             while not self._stopping.is_set():
                 self._wake.clear()
-                futures = {f for f in futures if not f.done()}
-                free = self.concurrency - len(futures)
+                handlers = {t for t in handlers if t.is_alive()}
+                free = self.concurrency - len(handlers)
                 claims = self._claim(free) if free else []
                 for claim in claims:
                     running = _Running(claim)
                     with self._lock:
                         self._running[claim.task_id] = running
-                    futures.add(pool.submit(self._handle, running))
-                if not claims or len(futures) == self.concurrency:
+                    started += 1
+                    thread = threading.Thread(
+                        target=self._handle,
+                        args=(running,),
+                        name=f"outbox-handler-{started}",
+                        daemon=True,
+                    )
+                    handlers.add(thread)
+                    thread.start()
+                if not claims or len(handlers) == self.concurrency:
                     # Wait for a free slot, new work (the poll) or stop.
                     self._wake.wait(self.poll_interval)
         finally:
-            self._drain(futures)
-            pool.shutdown(wait=False, cancel_futures=True)
+            self._drain(handlers)
             self._beats_end.set()
             beat.join()
+
+    def _on_signal(self, signum: int, frame: object) -> None:
+        if self._stopping.is_set():
+            # A second signal: stop now, as the operator asks; leases expire and are retaken.
+            log.warning("worker %s: second signal, exiting without draining", self.owner)
+            os._exit(EXIT_FORCED)
+        self.stop()
 
     def _claim(self, limit: int) -> list[Claim]:
         try:
@@ -124,41 +143,50 @@ class Worker:
             log.warning("worker %s: claim failed (%s); trying again", self.owner, exc)
             return []
 
-    def _drain(self, futures: set[Future[None]]) -> None:
-        """Let running handlers finish within the grace period, then tell them to stop."""
-        pending = {f for f in futures if not f.done()}
-        if not pending:
+    def _drain(self, handlers: set[threading.Thread]) -> None:
+        """Let running handlers finish within the grace period; then stop and disown them."""
+        if not any(t.is_alive() for t in handlers):
             return
-        log.info("worker %s: draining %d running tasks", self.owner, len(pending))
-        done = threading.Event()
-        remaining = [len(pending)]
-
-        def finished(_: Future[None]) -> None:
-            with self._lock:
-                remaining[0] -= 1
-                if remaining[0] == 0:
-                    done.set()
-
-        for future in pending:
-            future.add_done_callback(finished)
-        if not done.wait(self.grace):
-            with self._lock:
-                for running in self._running.values():
-                    running.stop.set()
-            log.warning("worker %s: abandoned running tasks to lease expiry", self.owner)
+        log.info("worker %s: draining running tasks", self.owner)
+        deadline = time.monotonic() + self.grace
+        for thread in handlers:
+            thread.join(max(0.0, deadline - time.monotonic()))
+        with self._lock:
+            late = list(self._running.values())
+            for running in late:
+                # Heartbeats end now: another worker may take the task, so nothing of
+                # this one's may be written any more.
+                running.lost = True
+                running.stop.set()
+        if late:
+            log.warning(
+                "worker %s: abandoned %d running tasks to lease expiry", self.owner, len(late)
+            )
 
     def _handle(self, running: _Running) -> None:
         claim = running.claim
         try:
-            result = self.handler(claim, running.stop)
-        except Exception as exc:  # noqa: BLE001 - any handler error fails the attempt
-            self._settle(running, partial(self._fail, claim, exc))
-        else:
-            self._settle(running, partial(self.queue.finish, claim, result))
+            try:
+                result = self.handler(claim, running.stop)
+            except Exception as exc:  # noqa: BLE001 - any handler error fails the attempt
+                self._settle(running, partial(self._fail, claim, exc))
+            else:
+                self._settle(running, partial(self._finish, claim, result))
+        except Exception:
+            log.exception("task %s: outcome not recorded; its lease will expire", claim.task_id)
         finally:
             with self._lock:
                 self._running.pop(claim.task_id, None)
             self._wake.set()
+
+    def _finish(self, claim: Claim, result: Any) -> None:
+        try:
+            self.queue.finish(claim, result)
+        except InvalidMessage as exc:
+            # The result cannot be stored (not JSON, too large): running the handler again
+            # would repeat its side effects for the same refusal.
+            self.queue.fail(claim, f"result refused: {exc}", permanent=True)
+            log.error("task %s: result refused (%s); failed", claim.task_id, exc)
 
     def _fail(self, claim: Claim, exc: Exception) -> None:
         reason = f"{type(exc).__name__}: {exc}"

@@ -51,6 +51,11 @@ def submit(queue: TaskQueue, count: int) -> list[str]:
     ]
 
 
+def live() -> list[threading.Thread]:
+    """The threads still running."""
+    return [t for t in threading.enumerate() if t.is_alive()]
+
+
 def states(queue: TaskQueue, ids: list[str]) -> list[str]:
     """Each task's state."""
     return [queue.task(task_id)["state"] for task_id in ids]  # type: ignore[index]
@@ -107,11 +112,20 @@ def test_a_refused_renewal_stops_the_handler_and_its_result_is_discarded(
             stopped.set()
         return {"late": True}
 
+    finishes: list[str] = []
+    real_finish = queue.finish
+
+    def counting_finish(claim: Claim, result: Any, effect: Any = None) -> None:
+        finishes.append(claim.task_id)
+        real_finish(claim, result, effect)
+
+    queue.finish = counting_finish  # type: ignore[method-assign]
     with running_in_thread(Worker(queue, handler, poll_interval=0.05, heartbeat=0.05)):
         assert started.wait(15)
         assert queue.cancel(task_id)
         # The next heartbeat's renewal is refused: the handler is told to stop.
         assert stopped.wait(15)
+    assert finishes == []  # discarded, not even tried
     task = queue.task(task_id)
     assert task is not None
     assert (task["state"], task["result"]) == ("cancelled", None)
@@ -176,3 +190,48 @@ def test_a_handler_that_cannot_be_loaded_is_a_one_line_error(
         ("json:no_such_function", "cannot load 'json:no_such_function'"),
     ):
         assert complaint in one_line_error(["worker", "--handler", spec], capsys)
+
+
+def test_a_result_that_cannot_be_stored_fails_the_task_instead_of_running_it_again(
+    queue: TaskQueue,
+) -> None:
+    [task_id] = submit(queue, 1)
+    calls: list[int] = []
+
+    def handler(claim: Claim, stop: threading.Event) -> dict[str, Any]:
+        calls.append(claim.attempt)
+        return {"value": float("nan")}  # not JSON: finish refuses it
+
+    with running_in_thread(Worker(queue, handler, poll_interval=0.05)):
+        assert wait_until(lambda: states(queue, [task_id]) == ["failed"])
+    task = queue.task(task_id)
+    assert task is not None
+    assert task["last_error"].startswith("result refused:")
+    assert calls == [1]
+
+
+def test_after_the_grace_period_run_returns_and_a_late_outcome_is_discarded(
+    queue: TaskQueue,
+) -> None:
+    [task_id] = submit(queue, 1)
+    started, release, returned = threading.Event(), threading.Event(), threading.Event()
+
+    def handler(claim: Claim, stop: threading.Event) -> str:
+        started.set()
+        release.wait(30)  # ignores `stop`, as badly behaved handlers do
+        returned.set()
+        return "late"
+
+    worker = Worker(queue, handler, poll_interval=0.05, grace=0.2)
+    with running_in_thread(worker) as thread:
+        assert started.wait(15)
+        worker.stop()
+        thread.join(15)
+        assert not thread.is_alive()  # run() returned though the handler has not
+    release.set()
+    assert returned.wait(15)
+    assert wait_until(lambda: not any(t.name.startswith("outbox-handler") for t in live()))
+    # Its lease is left to expire: the late result is never written.
+    task = queue.task(task_id)
+    assert task is not None
+    assert (task["state"], task["result"]) == ("running", None)
