@@ -73,7 +73,7 @@ class Setting:
     outbox_url: str
     receiver_url: str
     folder: Path
-    run: str  # a token in every id, so a shared PostgreSQL database can hold several runs
+    run: str  # a token in the demo's ids, so runs on one kept database stay apart
 
 
 def free_port() -> int:
@@ -123,7 +123,11 @@ def receiver_process(
     finally:
         if proc.poll() is None:
             proc.terminate()
-        proc.communicate(timeout=WAIT)
+        try:
+            proc.communicate(timeout=WAIT)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.communicate()
 
 
 def story(setting: Setting) -> None:
@@ -132,6 +136,7 @@ def story(setting: Setting) -> None:
     import receiver
 
     receiver.upgrade(setting.receiver_url)
+    refuse_a_database_in_use(setting.outbox_url)
     queue = TaskQueue(setting.outbox_url, allowed_sources=(SOURCE,), lease=LEASE)
     try:
         task_ids = intake(queue, setting.run)
@@ -142,6 +147,29 @@ def story(setting: Setting) -> None:
         summary(setting, task_ids, reply_ids)
     finally:
         queue.close()
+
+
+class DatabaseInUse(Exception):
+    """The demo was pointed at a database that already holds tasks or messages."""
+
+
+def refuse_a_database_in_use(url: str) -> None:
+    """The demo's workers and relay take any pending work: they must find only their own."""
+    engine = outbox.create_engine(url)
+    try:
+        with engine.connect() as conn:
+            found = [
+                table.name
+                for table in (tasks, messages)
+                if conn.execute(sa.select(sa.literal(1)).select_from(table).limit(1)).first()
+            ]
+    finally:
+        engine.dispose()
+    if found:
+        raise DatabaseInUse(
+            f"{url} already holds rows in {' and '.join(found)}: the demo's workers and relay "
+            "would take that work too; give it an empty database"
+        )
 
 
 def intake(queue: TaskQueue, run: str) -> list[str]:
@@ -167,7 +195,12 @@ def crash_a_worker(queue: TaskQueue, setting: Setting) -> dict[str, Any]:
         *("--owner", f"{setting.run}-worker-1", "--lease", str(LEASE), "--poll-interval", "0.05"),
         failpoint="finish.before_commit",
     )
-    _, err = proc.communicate(timeout=WAIT)
+    try:
+        _, err = proc.communicate(timeout=WAIT)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.communicate()
+        raise InvariantFailed("worker-1 never reached its failpoint") from None
     if proc.returncode != failpoints.EXIT_CODE:
         print(err.decode(), file=sys.stderr)
     check(proc.returncode == failpoints.EXIT_CODE, "worker-1 died at finish.before_commit")
@@ -377,7 +410,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--db",
         default=None,
-        help="run on this database (e.g. postgresql://...) instead of "
+        help="run on this empty database (e.g. postgresql://...) instead of "
         "SQLite files in a temporary folder",
     )
     parser.add_argument("--keep", action="store_true", help="keep the SQLite files afterwards")
@@ -400,6 +433,9 @@ def run(args: argparse.Namespace) -> int:
     print(f"receiver database: {setting.receiver_url}")
     try:
         story(setting)
+    except DatabaseInUse as exc:
+        print(f"outbox demo: {exc}", file=sys.stderr)
+        return 2
     except InvariantFailed as exc:
         print(f"FAILED: {exc}", file=sys.stderr)
         return 1

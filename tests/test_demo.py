@@ -9,8 +9,10 @@ from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
+from sqlalchemy.orm import Session
 
 import outbox
+from outbox.cli import main
 from outbox.schema import messages, tasks
 from receiver.schema import effects, receipts
 
@@ -90,3 +92,20 @@ def test_demo_cleans_up_after_itself_without_keep() -> None:
     [line] = [line for line in output.splitlines() if line.startswith("outbox database:")]
     folder = Path(line.removeprefix("outbox database:").strip().removeprefix("sqlite:///")).parent
     assert not folder.exists()
+
+
+def test_demo_refuses_a_database_that_already_holds_work(
+    db_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Its workers and relay would take that work too: a real application's replies
+    # would go to the demo's throwaway receiver.
+    engine = outbox.create_engine(db_url)
+    try:
+        with Session(engine) as session, session.begin():
+            outbox.publish(session, "billing", "app-reply-1", {"n": 1})
+    finally:
+        engine.dispose()
+    assert main(["demo", "--db", db_url]) == 2
+    assert "already holds rows in outbox_messages" in capsys.readouterr().err
+    [row] = rows(db_url, sa.select(messages.c.reply_id, messages.c.state, messages.c.attempts))
+    assert tuple(row) == ("app-reply-1", "pending", 0)
