@@ -15,6 +15,7 @@ from outbox.operations import PURGE_BATCH, Operations, RequeueRefused
 from outbox.settings import CONFIG_ENV
 
 ERROR_WIDTH = 60
+RELAY_CONFIG_ENV = "OUTBOX_RELAY_CONFIG"  # the relay's own variable names the same file
 
 
 def add_parsers(commands: Any, db_argument: Callable[[argparse.ArgumentParser], None]) -> None:
@@ -157,11 +158,13 @@ def _dead_requeue(ops: Operations, args: argparse.Namespace) -> int:
     reply = _dead_reply(ops, args.reply_id)
     if reply is None:
         return 1
-    receipt = _ask_receipt(args.config or os.environ.get(CONFIG_ENV), reply)
+    config = args.config or os.environ.get(CONFIG_ENV) or os.environ.get(RELAY_CONFIG_ENV)
+    receipt = _ask_receipt(config, reply)
     refusals = {
         "received": "the destination already holds this exact reply",
         "other body": "the destination holds this reply_id with another body (a conflict)",
         "unknown": "the destination's receipt lookup did not answer",
+        "not checked": "nothing could be asked whether the destination holds it",
     }
     if receipt in refusals and not args.force:
         why = refusals[receipt]

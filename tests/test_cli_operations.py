@@ -321,14 +321,24 @@ def test_requeue_refuses_a_reply_the_destination_holds_with_another_body(
     assert (audit["receipt"], audit["forced"]) == ("other body", True)
 
 
-def test_requeue_without_a_relay_config_says_it_could_not_check(
-    db_url: str, engine: sa.Engine, clock: ManualClock, capsys: pytest.CaptureFixture[str]
+def test_requeue_without_a_receipt_lookup_needs_force(
+    db_url: str,
+    engine: sa.Engine,
+    clock: ManualClock,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    for name in ("OUTBOX_CONFIG", "OUTBOX_RELAY_CONFIG"):
+        monkeypatch.delenv(name, raising=False)
     publish_many(engine, ["d-1"], clock=clock)
     mark_dead(engine, "d-1")
-    assert main(["dead", "requeue", "d-1", "--reason", "replay", "--db", db_url]) == 0
-    captured = capsys.readouterr()
-    assert "receipt not checked" in captured.err
-    assert "requeued 'd-1'" in captured.out
+    argv = ["dead", "requeue", "d-1", "--reason", "replay", "--db", db_url]
+    assert main(argv) == 1
+    err = capsys.readouterr().err
+    assert "receipt not checked" in err
+    assert "--force to send it anyway" in err
+    assert rows(engine)["d-1"]["state"] == "dead"
+    assert main([*argv, "--force"]) == 0
+    assert "requeued 'd-1'" in capsys.readouterr().out
     [kept] = audit_rows(engine)
-    assert kept["receipt"] == "not checked"
+    assert (kept["receipt"], kept["forced"]) == ("not checked", True)
