@@ -278,47 +278,37 @@ def test_requeue_sends_the_same_reply_again_and_keeps_an_audit(
     assert len(audit_rows(engine)) == 1
 
 
+@pytest.mark.parametrize(
+    ("other_body", "complaint", "answer"),
+    [
+        # The receiver committed it; only the ACK was lost.
+        (None, "already holds this exact reply", "received"),
+        (b'{"someone":"else"}', "holds this reply_id with another body", "other body"),
+    ],
+)
 def test_requeue_refuses_what_the_destination_already_holds_unless_forced(
+    other_body: bytes | None,
+    complaint: str,
+    answer: str,
     db_url: str,
     engine: sa.Engine,
     clock: ManualClock,
     relay_config: Path,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    publish_many(engine, ["acked-lost"], clock=clock)
-    mark_dead(engine, "acked-lost")
-    # The receiver committed it; only the ACK was lost.
+    publish_many(engine, ["held"], clock=clock)
+    mark_dead(engine, "held")
     with ReceiptStore(db_url) as store:
-        store.accept("acked-lost", bytes(rows(engine)["acked-lost"]["body"]))
-    argv = ["dead", "requeue", "acked-lost", "--reason", "check", "--config", str(relay_config)]
+        store.accept("held", other_body or bytes(rows(engine)["held"]["body"]))
+    argv = ["dead", "requeue", "held", "--reason", "check", "--config", str(relay_config)]
     assert main([*argv, "--db", db_url]) == 1
-    assert "already holds this exact reply" in capsys.readouterr().err
-    assert rows(engine)["acked-lost"]["state"] == "dead"
+    assert complaint in capsys.readouterr().err
+    assert rows(engine)["held"]["state"] == "dead"
     assert audit_rows(engine) == []
     audit = run_json(capsys, *argv, "--force", "--db", db_url)
     assert isinstance(audit, dict)
-    assert (audit["receipt"], audit["forced"]) == ("received", True)
-    assert rows(engine)["acked-lost"]["state"] == "pending"
-
-
-def test_requeue_refuses_a_reply_the_destination_holds_with_another_body(
-    db_url: str,
-    engine: sa.Engine,
-    clock: ManualClock,
-    relay_config: Path,
-    capsys: pytest.CaptureFixture[str],
-) -> None:
-    publish_many(engine, ["clash"], clock=clock)
-    mark_dead(engine, "clash")
-    with ReceiptStore(db_url) as store:
-        store.accept("clash", b'{"someone":"else"}')
-    argv = ["dead", "requeue", "clash", "--reason", "check", "--config", str(relay_config)]
-    assert main([*argv, "--db", db_url]) == 1
-    assert "holds this reply_id with another body" in capsys.readouterr().err
-    assert rows(engine)["clash"]["state"] == "dead"
-    audit = run_json(capsys, *argv, "--force", "--db", db_url)
-    assert isinstance(audit, dict)
-    assert (audit["receipt"], audit["forced"]) == ("other body", True)
+    assert (audit["receipt"], audit["forced"]) == (answer, True)
+    assert rows(engine)["held"]["state"] == "pending"
 
 
 def test_requeue_without_a_receipt_lookup_needs_force(
