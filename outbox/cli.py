@@ -7,7 +7,10 @@ import importlib
 import json
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 from typing import NoReturn
+
+import sqlalchemy as sa
 
 from outbox import cli_operations, cli_worker, migrations, settings
 from outbox.errors import OutboxError
@@ -77,6 +80,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command != "demo":  # the demo makes its own databases unless given --db
             settings.resolve(args, command_options(args.command))
+            missing = None if _creates_schema(args) else _missing_sqlite_file(args.db)
+            if missing is not None:
+                if args.command == "db":  # `db current`: nothing there, so no schema
+                    return _print_revisions(args, [])
+                upgrade = "receiver upgrade" if args.command == "receiver" else "db upgrade"
+                raise ValueError(
+                    f"no SQLite database at {missing}; create it with: "
+                    f"outbox {upgrade} --db {args.db}"
+                )
         if args.command == "db":
             return _db(args)
         if args.command == "demo":
@@ -104,12 +116,31 @@ def command_options(command: str) -> tuple[settings.Option, ...]:
     return (settings.DB, *own)
 
 
+def _creates_schema(args: argparse.Namespace) -> bool:
+    """Only the upgrade commands may create a database."""
+    return (args.command, getattr(args, "db_command", None)) == ("db", "upgrade") or (
+        args.command,
+        getattr(args, "receiver_command", None),
+    ) == ("receiver", "upgrade")
+
+
+def _missing_sqlite_file(url: str) -> str | None:
+    """The path of a SQLite database file that does not exist (a typo, not a new database)."""
+    parsed = sa.make_url(url)
+    if parsed.get_backend_name() != "sqlite" or not parsed.database:
+        return None
+    return None if Path(parsed.database).exists() else parsed.database
+
+
 def _db(args: argparse.Namespace) -> int:
     if args.db_command == "upgrade":
         migrations.upgrade(args.db)
         if args.receiver:
             migrations.upgrade_branch(args.db, migrations.RECEIVER_BRANCH)
-    revisions = migrations.heads_of(args.db)
+    return _print_revisions(args, migrations.heads_of(args.db))
+
+
+def _print_revisions(args: argparse.Namespace, revisions: Sequence[str]) -> int:
     if args.json:
         print(json.dumps({"revisions": revisions}))
     elif args.db_command == "upgrade":

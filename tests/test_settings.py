@@ -103,6 +103,7 @@ def test_commands_take_the_database_from_the_config_file_unless_the_environment_
     assert main(["status", "--json", "--config", str(config)]) == 0
     assert '"dead": 0' in capsys.readouterr().out
     blank = f"sqlite:///{tmp_path / 'blank.db'}"
+    outbox.create_engine(blank).connect().close()  # an empty database file
     monkeypatch.setenv("OUTBOX_DB", blank)
     assert main(["status", "--config", str(config)]) == 2
     err = capsys.readouterr().err
@@ -125,3 +126,19 @@ def test_the_receiver_reads_its_table_of_the_same_file(
     assert (args.db, args.port, args.tolerance) == ("sqlite:///shared.db", 9200, 600.0)
     assert args.secret_file == "/run/secrets/webhook"
     assert (args.host, args.retention) == ("127.0.0.1", None)  # defaults
+
+
+def test_a_missing_sqlite_file_is_a_typo_not_a_new_database(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    missing = tmp_path / "typo.db"
+    for argv in (["status"], ["dead", "list"], ["worker", "--handler", "json:dumps"]):
+        assert main([*argv, "--db", f"sqlite:///{missing}"]) == 2
+        err = capsys.readouterr().err
+        assert f"no SQLite database at {missing}" in err
+        assert err.count("\n") == 1
+    assert main(["db", "current", "--db", f"sqlite:///{missing}"]) == 0
+    assert capsys.readouterr().out == "no schema\n"
+    assert not missing.exists()
+    assert main(["db", "upgrade", "--db", f"sqlite:///{missing}"]) == 0
+    assert missing.exists()
