@@ -1,0 +1,37 @@
+"""The benchmark suite's --quick form runs end to end (a smoke test: no targets asserted)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import sqlalchemy as sa
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_quick_suite_runs_and_writes_its_table(pg_server: sa.Engine, tmp_path: Path) -> None:
+    out = tmp_path / "results.json"
+    admin_url = pg_server.url.set(drivername="postgresql+psycopg")
+    done = subprocess.run(
+        [sys.executable, "-m", "benchmarks.suite", "--quick", "--runs", "1", "--json", str(out)],
+        cwd=ROOT,
+        env={**os.environ, "OUTBOX_BENCH_PG_URL": admin_url.render_as_string(hide_password=False)},
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    document = json.loads(out.read_text(encoding="utf-8"))
+    assert [row["scenario"] for row in document["rows"]] == [
+        "publish vs bare insert",
+        "drain vs naive relay",
+    ]
+    for row in document["rows"]:
+        assert row["ours"] > 0
+        assert row["baseline"] > 0
+        assert row["scenario"] in done.stdout
