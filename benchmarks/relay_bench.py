@@ -79,26 +79,29 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+def pending_row(reply_id: str, body: bytes, available_at: float = 0.0) -> dict[str, Any]:
+    """An outbox_messages row as publish() would write it, for bare inserts."""
+    return {
+        "reply_id": reply_id,
+        "destination": "default",
+        "body": body,
+        "content_hash": sha256_hex(body),
+        "headers": "{}",
+        "state": "pending",
+        "attempts": 0,
+        "fence": 0,
+        "available_at": available_at,
+        "created_at": time.time(),
+    }
+
+
 def prefill(url: str, count: int) -> None:
     """Insert `count` pending messages in large batches (setup, not measured)."""
     engine = outbox.create_engine(url)
-    rows = []
-    for n in range(count):
-        body = canonical_bytes({"kind": "result", "n": n, "payload": "x" * 64})
-        rows.append(
-            {
-                "reply_id": f"bench-{n}",
-                "destination": "default",
-                "body": body,
-                "content_hash": sha256_hex(body),
-                "headers": "{}",
-                "state": "pending",
-                "attempts": 0,
-                "fence": 0,
-                "available_at": 0.0,
-                "created_at": time.time(),
-            }
-        )
+    rows = [
+        pending_row(f"bench-{n}", canonical_bytes({"kind": "result", "n": n, "payload": "x" * 64}))
+        for n in range(count)
+    ]
     with engine.begin() as conn:
         for start in range(0, count, 20_000):
             conn.execute(sa.insert(messages), rows[start : start + 20_000])

@@ -34,11 +34,12 @@ from benchmarks.relay_bench import (
     drain,
     fresh_database,
     log,
+    pending_row,
     prefill,
     receiver_process,
     undelivered,
 )
-from outbox.canonical import canonical_bytes, sha256_hex
+from outbox.canonical import canonical_bytes
 from outbox.schema import messages
 
 
@@ -87,23 +88,9 @@ def publish_overhead(transactions: int) -> dict[str, float]:
         try:
 
             def bare(n: int) -> None:
-                body = canonical_bytes({"n": n})
+                row = pending_row(f"bare-{n}", canonical_bytes({"n": n}), time.time())
                 with Session(engine) as session, session.begin():
-                    session.execute(
-                        sa.insert(messages),
-                        {
-                            "reply_id": f"bare-{n}",
-                            "destination": "default",
-                            "body": body,
-                            "content_hash": sha256_hex(body),
-                            "headers": "{}",
-                            "state": "pending",
-                            "attempts": 0,
-                            "fence": 0,
-                            "available_at": time.time(),
-                            "created_at": time.time(),
-                        },
-                    )
+                    session.execute(sa.insert(messages), row)
 
             def published(n: int) -> None:
                 with Session(engine) as session, session.begin():
