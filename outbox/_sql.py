@@ -86,6 +86,15 @@ def _picked_once(pick: sa.Select[Any], skip_locked: bool) -> Any:
     return sa.select(*picked.c)
 
 
+def state_literal(name: str) -> sa.ColumnElement[str]:
+    """A state name written into the SQL rather than bound as a parameter."""
+    # A prepared statement's generic plan can then still prove a partial index's
+    # `state = '...'` predicate and use it (tests/test_claim_plans.py).
+    if not name.isidentifier():
+        raise ValueError(f"not a state name: {name!r}")
+    return sa.literal_column(f"'{name}'", sa.String())
+
+
 def claim_tasks(
     *, owner: str, now: Now, lease: float, limit: int, skip_locked: bool, tenant_cap: int | None
 ) -> sa.Update:
@@ -94,7 +103,7 @@ def claim_tasks(
     pick = (
         sa.select(candidate.c.task_id)
         .where(
-            candidate.c.state == "pending",
+            candidate.c.state == state_literal("pending"),
             candidate.c.available_at <= now,
             candidate.c.cancel_requested_at.is_(None),
             candidate.c.deadline > now,
@@ -106,7 +115,10 @@ def claim_tasks(
         pick = pick.where(candidate.c.tenant_id.not_in(_running_tenants_at_cap(tenant_cap)))
     return (
         sa.update(tasks)
-        .where(tasks.c.task_id.in_(_picked_once(pick, skip_locked)), tasks.c.state == "pending")
+        .where(
+            tasks.c.task_id.in_(_picked_once(pick, skip_locked)),
+            tasks.c.state == state_literal("pending"),
+        )
         .values(
             state="running",
             owner=owner,

@@ -15,6 +15,7 @@ from typing import Any
 import sqlalchemy as sa
 
 from outbox._dialect import UNPREPARED
+from outbox._sql import state_literal
 from outbox.clock import bound_now, database_now
 from outbox.schema import messages
 
@@ -32,12 +33,6 @@ CLAIMED = (
 """The columns of a claimed row, in order; `previous_attempts` follows them."""
 
 
-def _state(name: str) -> sa.ColumnElement[str]:
-    # Written into the SQL, not bound: a prepared statement's generic plan can then still
-    # prove the partial indexes' `state = '...'` predicates and use them.
-    return sa.literal_column(f"'{name}'", sa.String())
-
-
 def _first_undelivered_of_its_key(m: Any) -> sa.ColumnElement[bool]:
     earlier = messages.alias("earlier")
     return sa.or_(
@@ -45,7 +40,7 @@ def _first_undelivered_of_its_key(m: Any) -> sa.ColumnElement[bool]:
         ~sa.exists().where(
             earlier.c.destination == m.c.destination,
             earlier.c.ordering_key == m.c.ordering_key,
-            earlier.c.state.in_((_state("pending"), _state("sending"))),
+            earlier.c.state.in_((state_literal("pending"), state_literal("sending"))),
             earlier.c.id < m.c.id,
         ),
     )
@@ -56,7 +51,7 @@ def _claim_values(now: Now, attempts: Any) -> dict[str, Any]:
     # their attempt count stays as it is.
     budget = sa.bindparam("budget", type_=sa.Integer())
     return {
-        "state": _state("sending"),
+        "state": state_literal("sending"),
         "owner": sa.bindparam("claim_owner", type_=sa.String()),
         "lease_until": now + sa.bindparam("lease", type_=sa.Double()),
         "fence": messages.c.fence + 1,
@@ -72,7 +67,7 @@ def _claim_statements(dialect_name: str) -> tuple[Any, Any]:
     pick = (
         sa.select(m.c.id, m.c.attempts)
         .where(
-            m.c.state == _state("pending"),
+            m.c.state == state_literal("pending"),
             m.c.available_at <= now,
             _first_undelivered_of_its_key(m),
         )
@@ -85,7 +80,7 @@ def _claim_statements(dialect_name: str) -> tuple[Any, Any]:
         picked = pick.with_for_update(skip_locked=True).cte("picked").prefix_with("MATERIALIZED")
         update = (
             sa.update(messages)
-            .where(messages.c.id == picked.c.id, messages.c.state == _state("pending"))
+            .where(messages.c.id == picked.c.id, messages.c.state == state_literal("pending"))
             .values(**_claim_values(now, picked.c.attempts))
             .returning(*CLAIMED, picked.c.attempts.label("previous_attempts"))
         )
@@ -128,7 +123,7 @@ def _adopt_statement(dialect_name: str) -> sa.Update:
     return (
         sa.update(messages)
         .where(
-            messages.c.state == _state("sending"),
+            messages.c.state == state_literal("sending"),
             messages.c.owner == sa.bindparam("claim_owner", type_=sa.String()),
         )
         .values(

@@ -1,0 +1,116 @@
+"""EXPLAIN guard: the claim statements walk their partial indexes, even as generic plans.
+
+psycopg prepares a statement after five runs, and PostgreSQL may then switch to
+a generic plan, planned without the parameters' values. A partial index whose
+predicate names a bound parameter cannot be proven usable then, and the claim
+would scan every finished row. These tests force the generic plan.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+from psycopg import sql as psycopg_sql
+
+from outbox import _sql as outbox_sql
+from outbox.clock import database_now
+from relay import _sql as relay_sql
+
+PARAMETER = re.compile(r"%\((\w+)\)s")
+
+
+def generic_plan(conn: sa.Connection, statement: Any, values: dict[str, Any]) -> str:
+    """EXPLAIN of `statement` as PostgreSQL plans it once for any parameter values."""
+    compiled = statement.compile(dialect=conn.dialect, compile_kwargs={"render_postcompile": True})
+    order: list[str] = []
+
+    def number(match: re.Match[str]) -> str:
+        if match[1] not in order:
+            order.append(match[1])
+        return f"${order.index(match[1]) + 1}"
+
+    sql = PARAMETER.sub(number, str(compiled))
+    params = {**compiled.params, **values}
+    types = [
+        conn.dialect.type_compiler_instance.process(compiled.binds[name].type) for name in order
+    ]
+    cursor = conn.connection.dbapi_connection.cursor()  # type: ignore[union-attr]
+    try:
+        cursor.execute("SET plan_cache_mode = force_generic_plan")
+        cursor.execute(f"PREPARE guarded ({', '.join(types)}) AS {sql}")
+        # Literal arguments: EXECUTE cannot infer the types of bound ones.
+        arguments = psycopg_sql.SQL(", ").join(psycopg_sql.Literal(params[n]) for n in order)
+        cursor.execute(psycopg_sql.SQL("EXPLAIN EXECUTE guarded({})").format(arguments))
+        plan = "\n".join(row[0] for row in cursor.fetchall())
+        cursor.execute("DEALLOCATE guarded")
+        cursor.execute("RESET plan_cache_mode")
+    finally:
+        cursor.close()
+    return plan
+
+
+HISTORY = 20_000  # finished rows, so that a scan would cost what it does in production
+
+
+def with_history(db_url: str) -> sa.Engine:
+    """An engine on the test database, holding HISTORY finished tasks and sent messages."""
+    engine = sa.create_engine(sa.make_url(db_url).set(drivername="postgresql+psycopg"))
+    with engine.begin() as conn:
+        conn.execute(
+            sa.text(
+                "INSERT INTO outbox_tasks (task_id, tenant_id, payload, priority, deadline, hops, "
+                "state, attempts, max_attempts, available_at, fence, created_at, updated_at) "
+                "SELECT 't-' || n, 'a', '{}', 0, 1e12, 0, CASE WHEN n % 1000 = 0 THEN "
+                "'pending' ELSE 'done' END, 1, 3, 0, 1, n, n FROM generate_series(1, :n) n"
+            ),
+            {"n": HISTORY},
+        )
+        conn.execute(
+            sa.text(
+                "INSERT INTO outbox_messages (reply_id, destination, body, content_hash, "
+                "headers, state, attempts, fence, available_at, created_at) "
+                "SELECT 'm-' || n, 'default', '\\x7b7d', 'h', '{}', CASE WHEN n % 1000 = 0 "
+                "THEN 'pending' ELSE 'sent' END, 1, 1, 0, n FROM generate_series(1, :n) n"
+            ),
+            {"n": HISTORY},
+        )
+    with engine.connect() as conn:
+        conn.execution_options(isolation_level="AUTOCOMMIT").exec_driver_sql(
+            "ANALYZE outbox_tasks, outbox_messages"
+        )
+    return engine
+
+
+@pytest.mark.parametrize("backend", ["postgresql"], indirect=True)
+def test_the_relay_claim_uses_the_deliverable_index(db_url: str) -> None:
+    engine = with_history(db_url)
+    try:
+        with engine.connect() as conn:
+            _, update = relay_sql._claim_statements("postgresql")
+            values = {"now": None, "claim_owner": "r", "lease": 30.0, "limit": 100, "budget": 3}
+            plan = generic_plan(conn, update, values)
+    finally:
+        engine.dispose()
+    assert "ix_outbox_messages_deliverable" in plan, plan
+
+
+@pytest.mark.parametrize("backend", ["postgresql"], indirect=True)
+def test_the_task_claim_uses_the_claimable_index(db_url: str) -> None:
+    engine = with_history(db_url)
+    try:
+        with engine.connect() as conn:
+            update = outbox_sql.claim_tasks(
+                owner="w",
+                now=database_now("postgresql"),
+                lease=30.0,
+                limit=10,
+                skip_locked=True,
+                tenant_cap=None,
+            )
+            plan = generic_plan(conn, update, {})
+    finally:
+        engine.dispose()
+    assert "ix_outbox_tasks_claimable" in plan, plan
