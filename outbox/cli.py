@@ -118,10 +118,8 @@ def command_options(command: str) -> tuple[settings.Option, ...]:
 
 def _creates_schema(args: argparse.Namespace) -> bool:
     """Only the upgrade commands may create a database."""
-    return (args.command, getattr(args, "db_command", None)) == ("db", "upgrade") or (
-        args.command,
-        getattr(args, "receiver_command", None),
-    ) == ("receiver", "upgrade")
+    action = getattr(args, "db_command", None) or getattr(args, "receiver_command", None)
+    return args.command in ("db", "receiver") and action == "upgrade"
 
 
 def _missing_sqlite_file(url: str) -> str | None:

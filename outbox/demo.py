@@ -76,6 +76,17 @@ class Setting:
     run: str  # a token in the demo's ids, so runs on one kept database stay apart
 
 
+@contextlib.contextmanager
+def reading(url: str) -> Iterator[sa.Connection]:
+    """A connection to `url` on an engine of its own, disposed afterwards."""
+    engine = outbox.create_engine(url)
+    try:
+        with engine.connect() as conn:
+            yield conn
+    finally:
+        engine.dispose()
+
+
 def free_port() -> int:
     """A free loopback port."""
     with socket.socket() as sock:
@@ -155,16 +166,12 @@ class DatabaseInUse(Exception):
 
 def refuse_a_database_in_use(url: str) -> None:
     """The demo's workers and relay take any pending work: they must find only their own."""
-    engine = outbox.create_engine(url)
-    try:
-        with engine.connect() as conn:
-            found = [
-                table.name
-                for table in (tasks, messages)
-                if conn.execute(sa.select(sa.literal(1)).select_from(table).limit(1)).first()
-            ]
-    finally:
-        engine.dispose()
+    with reading(url) as conn:
+        found = [
+            table.name
+            for table in (tasks, messages)
+            if conn.execute(sa.select(sa.literal(1)).select_from(table).limit(1)).first()
+        ]
     if found:
         raise DatabaseInUse(
             f"{url} already holds rows in {' and '.join(found)}: the demo's workers and relay "
@@ -315,28 +322,18 @@ def receipt_hashes(setting: Setting, reply_ids: list[str]) -> dict[str, str]:
     """reply_id -> content hash of what the receiver holds."""
     from receiver.schema import receipts
 
-    engine = outbox.create_engine(setting.receiver_url)
-    try:
-        with engine.connect() as conn:
-            query = sa.select(receipts.c.reply_id, receipts.c.content_hash).where(
-                receipts.c.reply_id.in_(reply_ids)
-            )
-            return {row.reply_id: row.content_hash for row in conn.execute(query)}
-    finally:
-        engine.dispose()
+    query = sa.select(receipts.c.reply_id, receipts.c.content_hash).where(
+        receipts.c.reply_id.in_(reply_ids)
+    )
+    with reading(setting.receiver_url) as conn:
+        return {row.reply_id: row.content_hash for row in conn.execute(query)}
 
 
 def delivered(setting: Setting, reply_ids: list[str]) -> bool:
     """Whether every reply is sent."""
-    engine = outbox.create_engine(setting.outbox_url)
-    try:
-        with engine.connect() as conn:
-            states = conn.execute(
-                sa.select(messages.c.state).where(messages.c.reply_id.in_(reply_ids))
-            ).scalars()
-            return all(state == "sent" for state in states)
-    finally:
-        engine.dispose()
+    query = sa.select(messages.c.state).where(messages.c.reply_id.in_(reply_ids))
+    with reading(setting.outbox_url) as conn:
+        return all(state == "sent" for state in conn.execute(query).scalars())
 
 
 def summary(setting: Setting, task_ids: list[str], reply_ids: list[str]) -> None:
@@ -344,38 +341,32 @@ def summary(setting: Setting, task_ids: list[str], reply_ids: list[str]) -> None
     from receiver.schema import effects
 
     held = receipt_hashes(setting, reply_ids)
-    outbox_engine = outbox.create_engine(setting.outbox_url)
-    receiver_engine = outbox.create_engine(setting.receiver_url)
-    try:
-        with outbox_engine.connect() as conn:
-            sent = {
-                row.reply_id: row
-                for row in conn.execute(
-                    sa.select(
-                        messages.c.reply_id,
-                        messages.c.task_id,
-                        messages.c.state,
-                        messages.c.attempts,
-                        messages.c.content_hash,
-                    ).where(messages.c.reply_id.in_(reply_ids))
-                )
-            }
-            task_states = dict(
-                conn.execute(
-                    sa.select(tasks.c.task_id, tasks.c.state).where(tasks.c.task_id.in_(task_ids))
-                ).all()
+    with reading(setting.outbox_url) as conn:
+        sent = {
+            row.reply_id: row
+            for row in conn.execute(
+                sa.select(
+                    messages.c.reply_id,
+                    messages.c.task_id,
+                    messages.c.state,
+                    messages.c.attempts,
+                    messages.c.content_hash,
+                ).where(messages.c.reply_id.in_(reply_ids))
             )
-        with receiver_engine.connect() as conn:
-            effect_counts: dict[str, int] = dict(
-                conn.execute(
-                    sa.select(effects.c.reply_id, sa.func.count())
-                    .where(effects.c.reply_id.in_(reply_ids))
-                    .group_by(effects.c.reply_id)
-                ).all()
-            )
-    finally:
-        outbox_engine.dispose()
-        receiver_engine.dispose()
+        }
+        task_states = dict(
+            conn.execute(
+                sa.select(tasks.c.task_id, tasks.c.state).where(tasks.c.task_id.in_(task_ids))
+            ).all()
+        )
+    with reading(setting.receiver_url) as conn:
+        effect_counts: dict[str, int] = dict(
+            conn.execute(
+                sa.select(effects.c.reply_id, sa.func.count())
+                .where(effects.c.reply_id.in_(reply_ids))
+                .group_by(effects.c.reply_id)
+            ).all()
+        )
     print("8. final states")
     print(f"   {'reply_id':<44} {'task':<6} {'reply':<6} {'attempts':>8} {'effects':>8}")
     for reply_id in reply_ids:
