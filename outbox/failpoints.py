@@ -2,19 +2,24 @@
 
 A process started with ``OUTBOX_FAILPOINT=name`` exits at once with
 ``EXIT_CODE`` (``os._exit``: no cleanup, no rollback by us, just like a kill)
-when it reaches that point. In-process, ``arm(name, skip=n)`` makes the
-(n+1)-th arrival raise ``Crash``, a BaseException so ``except Exception``
-cannot swallow it. Unarmed, ``hit`` is one dict lookup.
+when it reaches that point. With ``OUTBOX_FAILPOINT_ACTION=stop`` it instead
+stops itself with SIGSTOP the first time it gets there (POSIX only), so a test
+can hold a process at an exact step and resume it with SIGCONT. In-process,
+``arm(name, skip=n)`` makes the (n+1)-th arrival raise ``Crash``, a
+BaseException so ``except Exception`` cannot swallow it. Unarmed, ``hit`` is one dict lookup.
 """
 
 from __future__ import annotations
 
 import os
+import signal
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 
 ENV_VAR = "OUTBOX_FAILPOINT"
+ACTION_VAR = "OUTBOX_FAILPOINT_ACTION"
+ACTIONS = ("exit", "stop")
 EXIT_CODE = 86
 
 POINTS = frozenset(
@@ -41,13 +46,26 @@ class Crash(BaseException):
 
 _lock = threading.Lock()
 _armed: dict[str, int] = {}
-_exit_at = os.environ.get(ENV_VAR) or None
+_exit_at: str | None = None
+_action = "exit"
+
+
+def read_environment() -> None:
+    """Take the process's failpoint from the environment (done at import; again after a fork)."""
+    global _exit_at, _action
+    point = os.environ.get(ENV_VAR) or None
+    action = os.environ.get(ACTION_VAR) or "exit"
+    if point is not None and point not in POINTS:
+        raise ValueError(f"{ENV_VAR}: unknown failpoint {point!r}")
+    if action not in ACTIONS:
+        raise ValueError(f"{ACTION_VAR} must be one of {ACTIONS}, got {action!r}")
+    _exit_at, _action = point, action
 
 
 def hit(name: str) -> None:
-    """Mark arrival at failpoint `name`: exit or raise when it is armed."""
+    """Mark arrival at failpoint `name`: exit, stop or raise when it is armed."""
     if _exit_at == name:
-        os._exit(EXIT_CODE)
+        _reached()
     if not _armed:
         return
     with _lock:
@@ -59,6 +77,18 @@ def hit(name: str) -> None:
             return
         del _armed[name]
     raise Crash(name)
+
+
+def _reached() -> None:
+    global _exit_at
+    if _action == "stop":
+        _exit_at = None  # one stop per process: after SIGCONT it runs on normally
+        os.kill(os.getpid(), signal.SIGSTOP)
+        return
+    os._exit(EXIT_CODE)
+
+
+read_environment()
 
 
 @contextmanager

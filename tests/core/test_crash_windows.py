@@ -83,6 +83,21 @@ def test_arm_validates_and_counts_arrivals() -> None:
     failpoints.hit("claim.after_commit")
 
 
+def test_the_environment_names_a_known_point_and_action(monkeypatch: pytest.MonkeyPatch) -> None:
+    try:
+        monkeypatch.setenv(failpoints.ENV_VAR, "no.such.point")
+        with pytest.raises(ValueError, match="unknown failpoint"):
+            failpoints.read_environment()
+        monkeypatch.setenv(failpoints.ENV_VAR, "claim.after_commit")
+        monkeypatch.setenv(failpoints.ACTION_VAR, "pause")
+        with pytest.raises(ValueError, match="OUTBOX_FAILPOINT_ACTION"):
+            failpoints.read_environment()
+    finally:
+        monkeypatch.undo()
+        failpoints.read_environment()
+    failpoints.hit("claim.after_commit")  # back to unarmed
+
+
 # --- in-process ----------------------------------------------------------------------
 
 
