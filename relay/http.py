@@ -69,10 +69,7 @@ class HttpClient:
                     method, url, data=body, headers=dict(headers), allow_redirects=False
                 ) as answer,
             ):
-                data = await answer.content.read(MAX_ANSWER_BYTES + 1)
-                if len(data) > MAX_ANSWER_BYTES:
-                    raise TransportError(f"answer larger than {MAX_ANSWER_BYTES} bytes")
-                return Response(answer.status, answer.headers, data)
+                return Response(answer.status, answer.headers, await _whole(answer))
         except aiohttp.ClientError as exc:
             raise TransportError(_describe(exc)) from exc
 
@@ -93,6 +90,21 @@ class HttpClient:
                 skip_auto_headers=("User-Agent",),
             )
         return self._session
+
+
+async def _whole(answer: aiohttp.ClientResponse) -> bytes:
+    """The whole body, up to MAX_ANSWER_BYTES; TransportError beyond that."""
+    too_large = TransportError(f"answer larger than {MAX_ANSWER_BYTES} bytes")
+    if (answer.content_length or 0) > MAX_ANSWER_BYTES:
+        raise too_large
+    # content.read(n) returns what is buffered so far, not n bytes: an answer that
+    # arrives in several segments must be read to its end.
+    data = bytearray()
+    async for chunk in answer.content.iter_any():
+        data += chunk
+        if len(data) > MAX_ANSWER_BYTES:
+            raise too_large
+    return bytes(data)
 
 
 def _describe(exc: aiohttp.ClientError) -> str:

@@ -12,6 +12,7 @@ from support.scripted_server import Answer, ScriptedServer
 
 from outbox import ManualClock
 from relay import Destination, Relay
+from relay import http as relay_http
 from relay.delivery import Message, pack_batches
 
 
@@ -142,3 +143,21 @@ def test_relays_without_an_owner_name_get_distinct_ones(
     with Relay(db_url, destination) as first, Relay(db_url, destination) as second:
         assert first.owner != second.owner
         assert first.owner.startswith("relay-")
+
+
+def test_an_answer_over_the_size_limit_is_a_transport_error(
+    db_url: str,
+    engine: sa.Engine,
+    server: ScriptedServer,
+    clock: ManualClock,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(relay_http, "MAX_ANSWER_BYTES", 4096)
+    publish_many(engine, ["small", "huge"], clock=clock)
+    server.script("small", Answer(body=b"x" * 4096))
+    server.script("huge", Answer(body=b"x" * 4097))
+    target = Destination(server.url, secret=SECRET, timeout=5)
+    with Relay(db_url, {"default": target}, clock=clock) as relay:
+        verdicts = dict(relay.dispatch_once())
+    assert verdicts == {"small": "sent", "huge": "retry"}
+    assert "answer larger than 4096 bytes" in rows(engine)["huge"]["last_error"]
