@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import sqlalchemy as sa
+from sqlalchemy.dialects import postgresql
 
 from outbox._dialect import UNPREPARED
 from outbox._sql import state_literal
@@ -59,6 +60,15 @@ def _claim_values(now: Now, attempts: Any) -> dict[str, Any]:
     }
 
 
+def _not_skipped(m: Any, dialect_name: str) -> sa.ColumnElement[bool]:
+    destination: sa.ColumnElement[str] = m.c.destination
+    if dialect_name == "postgresql":
+        # One array parameter: the same prepared statement for any number of skipped names.
+        names = sa.bindparam("skip_destinations", type_=postgresql.ARRAY(sa.String()))
+        return destination != sa.all_(names)
+    return destination.not_in(sa.bindparam("skip_destinations", expanding=True))
+
+
 @functools.cache
 def _claim_statements(dialect_name: str) -> tuple[Any, Any]:
     """(pick, update) for a dialect, built once: SQLAlchemy then reuses their compiled SQL."""
@@ -69,6 +79,8 @@ def _claim_statements(dialect_name: str) -> tuple[Any, Any]:
         .where(
             m.c.state == state_literal("pending"),
             m.c.available_at <= now,
+            # Destinations with a full pipeline wait (a hung one must not stall the rest).
+            _not_skipped(m, dialect_name),
             _first_undelivered_of_its_key(m),
         )
         .order_by(m.c.available_at, m.c.id)
@@ -95,7 +107,14 @@ def _claim_statements(dialect_name: str) -> tuple[Any, Any]:
 
 
 def claim_messages(
-    conn: sa.Connection, *, owner: str, now: float | None, lease: float, limit: int, budget: int
+    conn: sa.Connection,
+    *,
+    owner: str,
+    now: float | None,
+    lease: float,
+    limit: int,
+    budget: int,
+    skip_destinations: Sequence[str] = (),
 ) -> list[tuple[Any, ...]]:
     """Lease up to `limit` due messages (oldest first, the first undelivered of each key).
 
@@ -105,7 +124,14 @@ def claim_messages(
     manual clock's time, or None for the database's clock.
     """
     pick, update = _claim_statements(conn.dialect.name)
-    params = {"now": now, "claim_owner": owner, "lease": lease, "limit": limit, "budget": budget}
+    params = {
+        "now": now,
+        "claim_owner": owner,
+        "lease": lease,
+        "limit": limit,
+        "budget": budget,
+        "skip_destinations": list(skip_destinations),
+    }
     if pick is None:
         return [tuple(row) for row in conn.execute(update, params).all()]
     # SQLite: the transaction holds the write lock (BEGIN IMMEDIATE), so reading the

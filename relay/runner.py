@@ -20,7 +20,7 @@ import sqlite3
 import threading
 import time
 from collections import Counter, defaultdict
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from functools import partial
 from types import MappingProxyType
 from typing import Any, Literal, TypeVar
@@ -203,28 +203,31 @@ class Relay(DatabaseHandle):
         listener = None if wakeups is None else asyncio.ensure_future(wakeups.keep_listening())
         log.info("relay %s started", self.owner)
         stop = asyncio.ensure_future(self._stopping.wait())
-        # Turns delivering and settling. The next claim does not wait for the previous
-        # batch's POST: behind a backlog (the last claim was full) it starts at once,
-        # otherwise at the next NOTIFY or poll. At most PIPELINE batches post at once, so
-        # what arrives while both are out goes in one later turn, not many tiny ones.
-        # Claims skip keys with a message in flight, so per-key order holds.
-        flying: set[asyncio.Future[None]] = set()  # turns delivering or settling
-        posting: set[asyncio.Future[None]] = set()  # the same turns until delivered
+        # A claimed batch is split by destination, and each part is delivered and settled
+        # on its own, so a destination that hangs holds up only its own replies. The next
+        # claim does not wait for the previous POST: behind a backlog (the last claim was
+        # full) it starts at once, otherwise at the next NOTIFY or poll. A destination
+        # with PIPELINE parts posting is left out of claims, so what arrives while both
+        # are out goes in one later part, not many tiny ones, and a hung destination
+        # cannot stop the others' claims. Claims skip keys with a message in flight, so
+        # per-key order holds.
+        flying: set[asyncio.Future[None]] = set()  # parts delivering or settling
+        pipelines: dict[str, Pipeline] = defaultdict(Pipeline)
         backlog = False
         try:
             while not self._stopping.is_set():
                 flying = {f for f in flying if not f.done()}
-                posting = {p for p in posting if not p.done()}
-                # A settle never holds up the next claim (they touch different rows), but
-                # at most PIPELINE + 1 turns are unfinished at once.
-                if len(posting) >= PIPELINE or len(flying) > PIPELINE:
-                    busy: set[asyncio.Future[Any]] = {*posting, *flying, stop}
-                    await asyncio.wait(busy, return_when=asyncio.FIRST_COMPLETED)
+                busy = {name for name in self.destinations if pipelines[name].full()}
+                if busy == set(self.destinations):
+                    waits: set[asyncio.Future[Any]] = {*flying, stop}
+                    for pipeline in pipelines.values():
+                        waits |= pipeline.posting
+                    await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
                     continue
                 if wakeups is not None:
                     # Cleared before claiming: a NOTIFY that lands mid-claim wakes the next turn.
                     await wakeups.clear()
-                work = asyncio.ensure_future(self._claim_next(flying))
+                work = asyncio.ensure_future(self._claim_next(flying, busy))
                 await asyncio.wait({work, stop}, return_when=asyncio.FIRST_COMPLETED)
                 if not work.done():
                     flying.add(asyncio.ensure_future(self._finish_claim(work)))
@@ -237,10 +240,11 @@ class Relay(DatabaseHandle):
                     claimed = None
                 self.metrics.last_turn = time.monotonic()
                 backlog = claimed is not None and len(claimed[0]) + len(claimed[1]) >= self.batch
-                if claimed is not None:
+                for name, part in [] if claimed is None else by_destination(claimed):
                     delivered: asyncio.Future[None] = self._loop.create_future()
-                    posting.add(delivered)
-                    flying.add(asyncio.ensure_future(self._deliver_and_record(claimed, delivered)))
+                    turn = asyncio.ensure_future(self._deliver_and_record(part, delivered))
+                    pipelines[name].add(delivered, turn)
+                    flying.add(turn)
                 if backlog:
                     continue  # more is probably waiting
                 waiter = asyncio.ensure_future(
@@ -307,13 +311,15 @@ class Relay(DatabaseHandle):
             return []
         return await self._record(await self._deliver_batch(*claimed))
 
-    async def _claim_next(self, flying: set[asyncio.Future[None]]) -> Claimed | None:
-        """run()'s claim: first record what failed to settle; adopt only with nothing in flight."""
+    async def _claim_next(
+        self, flying: set[asyncio.Future[None]], busy: set[str]
+    ) -> Claimed | None:
+        """run()'s claim, without `busy` destinations; adopt only with nothing in flight."""
         if self._claim_in_doubt and flying:
             # Adoption re-leases every row this owner holds, in-flight turns' rows included.
             await asyncio.wait(flying)
         await self._record_unsettled()
-        return await self._claim_batch()
+        return await self._claim_batch(busy)
 
     async def _finish_claim(self, work: asyncio.Future[Claimed | None]) -> None:
         """At shutdown: a claim still running is delivered and settled if it lands in time."""
@@ -355,10 +361,10 @@ class Relay(DatabaseHandle):
         for turn in list(self._unsettled):
             await self._record(turn)
 
-    async def _claim_batch(self) -> Claimed | None:
+    async def _claim_batch(self, busy: Collection[str] = ()) -> Claimed | None:
         """Lease a batch: (messages to deliver, messages to resolve, the turn's deadline)."""
         started = time.monotonic()
-        deliver, resolve = await asyncio.to_thread(self._retrying, self._claim)
+        deliver, resolve = await asyncio.to_thread(self._retrying, lambda: self._claim(busy))
         if not deliver and not resolve:
             return None
         failpoints.hit("relay.after_claim")
@@ -569,10 +575,10 @@ class Relay(DatabaseHandle):
     def _now(self) -> sa.ColumnElement[float]:
         return now_expression(self.clock, self._dialect)
 
-    def _claim(self) -> tuple[list[Message], list[Message]]:
+    def _claim(self, busy: Collection[str] = ()) -> tuple[list[Message], list[Message]]:
         """Lease a batch: (messages to deliver, messages whose attempts are spent to resolve)."""
         try:
-            rows = self._claim_rows()
+            rows = self._claim_rows(busy)
         except sa.exc.DBAPIError:
             # The COMMIT may have happened: the rows it leased are adopted next time.
             self._claim_in_doubt = True
@@ -583,7 +589,7 @@ class Relay(DatabaseHandle):
             (resolve if row[-1] >= self.attempts else deliver).append(_message(row))
         return deliver, resolve
 
-    def _claim_rows(self) -> list[tuple[Any, ...]]:
+    def _claim_rows(self, busy: Collection[str]) -> list[tuple[Any, ...]]:
         now = None if self.clock is None else float(self.clock())
         with self._claim_connection() as conn:
             self._reap_expired_leases(conn, now)
@@ -597,6 +603,7 @@ class Relay(DatabaseHandle):
                 lease=self.lease,
                 limit=max(self.batch - len(rows), 0),
                 budget=self.attempts,
+                skip_destinations=sorted(busy),
             )
         self._claim_in_doubt = False
         return rows
@@ -678,6 +685,41 @@ class Relay(DatabaseHandle):
 Turn = tuple[list[Message], dict[int, Outcome], set[int]]
 """A delivered turn to settle: its messages, their outcomes, the ids never attempted."""
 Claimed = tuple[list[Message], list[Message], float]
+
+
+def by_destination(claimed: Claimed) -> list[tuple[str, Claimed]]:
+    """Split a claimed batch into one part per destination, each with the batch's deadline."""
+    deliver, resolve, deadline = claimed
+    parts: dict[str, tuple[list[Message], list[Message]]] = defaultdict(lambda: ([], []))
+    for message in deliver:
+        parts[message.destination][0].append(message)
+    for message in resolve:
+        parts[message.destination][1].append(message)
+    return [(name, (d, r, deadline)) for name, (d, r) in parts.items()]
+
+
+class Pipeline:
+    """One destination's parts in run(): posting until delivered, unfinished until settled."""
+
+    def __init__(self) -> None:
+        """Nothing in flight."""
+        self.posting: set[asyncio.Future[None]] = set()
+        self.unfinished: set[asyncio.Future[None]] = set()
+
+    def add(self, delivered: asyncio.Future[None], turn: asyncio.Future[None]) -> None:
+        """Track a part: `delivered` resolves after its POSTs, `turn` after its settle."""
+        self.posting.add(delivered)
+        self.unfinished.add(turn)
+
+    def full(self) -> bool:
+        """PIPELINE parts posting, or more than PIPELINE not yet settled: claim none now."""
+        self.posting = {f for f in self.posting if not f.done()}
+        self.unfinished = {f for f in self.unfinished if not f.done()}
+        # A settle never holds up the next claim (they touch different rows), but at most
+        # PIPELINE + 1 parts per destination are unfinished at once.
+        return len(self.posting) >= PIPELINE or len(self.unfinished) > PIPELINE
+
+
 """A claimed batch: messages to deliver, messages to resolve, the monotonic deadline."""
 
 _TARGET_STATE: dict[type, str] = {Sent: "sent", Retry: "pending", Unsent: "pending", Dead: "dead"}

@@ -4,6 +4,7 @@ or the database refuses a settle: nothing sent twice while a lease holds, nothin
 from __future__ import annotations
 
 import time
+from collections.abc import Collection
 
 import pytest
 import sqlalchemy as sa
@@ -124,9 +125,9 @@ def test_rows_a_failed_looking_claim_leased_are_adopted_not_left_to_expire(
     with Relay(db_url, {"default": Destination(server.url, secret=SECRET)}, clock=clock) as relay:
         real_claim_rows = relay._claim_rows
 
-        def commit_then_lose_the_answer() -> list[object]:
+        def commit_then_lose_the_answer(busy: Collection[str]) -> list[object]:
             monkeypatch.setattr(relay, "_claim_rows", real_claim_rows)
-            real_claim_rows()  # committed: the rows are now 'sending' under this relay
+            real_claim_rows(busy)  # committed: the rows are now 'sending' under this relay
             raise sa.exc.OperationalError("COMMIT", {}, Exception("connection lost"), True)
 
         monkeypatch.setattr(relay, "_claim_rows", commit_then_lose_the_answer)

@@ -261,3 +261,34 @@ def test_behind_a_backlog_the_next_claim_does_not_wait_for_a_slow_post(
         assert server.ids()[0] == "slow-1"
         assert wait_until(lambda: {row["state"] for row in rows(engine).values()} == {"sent"}, 10)
     assert sorted(server.ids()) == ["quick-2", "slow-1"]
+
+
+def test_a_destination_with_a_full_pipeline_does_not_stop_claims_for_the_others(
+    db_url: str, engine: sa.Engine, server: ScriptedServer, clock: ManualClock
+) -> None:
+    # Two turns' POSTs to "stuck" hang: its pipeline is full. "ok" must still be claimed,
+    # delivered and recorded while they hang, in turns of its own.
+    server.script("stuck-1", Answer(stall=4))
+    server.script("stuck-2", Answer(stall=4))
+    relay = Relay(
+        db_url,
+        {
+            "stuck": Destination(server.url, secret=SECRET, timeout=10),
+            "ok": Destination(server.url, secret=SECRET, timeout=10),
+        },
+        clock=clock,
+        batch=10,
+        poll_interval=0.05,
+    )
+    with running(relay):
+        for n in (1, 2):
+            publish_many(engine, [f"stuck-{n}"], destination="stuck", clock=clock)
+            assert wait_until(lambda: f"stuck-{n}" in server.ids(), 2)  # noqa: B023
+        publish_many(engine, ["ok-1", "ok-2"], destination="ok", clock=clock)
+        published = time.monotonic()
+        assert wait_until(
+            lambda: {rows(engine)[i]["state"] for i in ("ok-1", "ok-2")} == {"sent"}, 3
+        )
+        assert time.monotonic() - published < 3
+        assert {rows(engine)[i]["state"] for i in ("stuck-1", "stuck-2")} == {"sending"}
+        assert wait_until(lambda: {row["state"] for row in rows(engine).values()} == {"sent"}, 10)
