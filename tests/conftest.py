@@ -35,6 +35,22 @@ ALL_TABLES = (
 START = 1_000_000.0
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    """`--soak`: fault scenarios run their long form (100+ runs per failpoint)."""
+    parser.addoption(
+        "--soak",
+        action="store_true",
+        default=False,
+        help="run the fault scenarios in their long form (tests/faults)",
+    )
+
+
+@pytest.fixture(scope="session")
+def soak(request: pytest.FixtureRequest) -> bool:
+    """Whether the fault scenarios run in their long form."""
+    return bool(request.config.getoption("--soak"))
+
+
 def upgrade_all(url: str) -> None:
     """Apply both migration branches."""
     outbox.upgrade(url)

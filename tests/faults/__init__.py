@@ -1,0 +1,1 @@
+"""Proof under faults: real processes killed at failpoints, database and network faults."""

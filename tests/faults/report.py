@@ -1,0 +1,119 @@
+"""Run the fault scenarios and write docs/faults.md from what they recorded.
+
+    .venv/bin/python tests/faults/report.py            # the CI form
+    .venv/bin/python tests/faults/report.py --soak     # the long form
+
+The tests append their figures to a JSON-lines file (faults.figures); this
+script runs them, and only when every test passed does it replace the table,
+so the document always shows a real, green run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+TARGET = ROOT / "docs" / "faults.md"
+REPORT_VAR = "OUTBOX_FAULTS_REPORT"
+COUNTS = ("runs", "kills", "messages", "lost", "duplicated", "stuck", "unexpected", "dead")
+SCENARIOS = {
+    "crash matrix": "a process of the role exits at the failpoint (os._exit), a replacement "
+    "starts without it",
+    "stale lease": "paused by SIGSTOP right after claiming, taken over, resumed by SIGCONT",
+    "database": "PostgreSQL sessions terminated, or the test-owned cluster restarted in "
+    "immediate mode",
+    "network": "a TCP proxy between relay and receiver breaks the connection",
+    "model": "Hypothesis state machine against an in-memory model",
+    "soak": "random SIGKILL every 0.5-2 s, each process restarted",
+}
+
+
+def run_tests(soak: bool, extra: list[str], figures: Path) -> int:
+    """Run tests/faults with the figures file set; returns pytest's exit status."""
+    command = [sys.executable, "-m", "pytest", "tests/faults", "-q", "-p", "no:cacheprovider"]
+    command += (["--soak"] if soak else []) + extra
+    env = {**os.environ, REPORT_VAR: str(figures)}
+    return subprocess.call(command, cwd=ROOT, env=env)
+
+
+def read_figures(figures: Path) -> list[dict[str, Any]]:
+    """The recorded lines, in the order the tests wrote them."""
+    if not figures.exists():
+        return []
+    return [json.loads(line) for line in figures.read_text(encoding="utf-8").splitlines()]
+
+
+def render(lines: list[dict[str, Any]], command: str) -> str:
+    """The Markdown document: how it was made, one row per case, totals per backend."""
+    commit = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=False,
+    ).stdout.strip()
+    today = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
+    out = [
+        "# Faults: what was broken, and what was lost",
+        "",
+        f"Written by `{command}` on {today} at commit `{commit or 'unknown'}`.",
+        "Do not edit by hand: run the command again.",
+        "",
+        "Every row ends with the invariant checker (`tests/faults/invariants.py`) reading",
+        "the outbox and the receiver after the drain. *lost*: an acknowledged task or",
+        "committed reply with no outcome, or sent but not received; *duplicated*: more than",
+        "one receiver effect for a reply_id; *stuck*: neither finished nor dead after the",
+        "drain; *unexpected*: a receipt the outbox never sent. *dead* replies are counted",
+        "apart; no scenario here allows one.",
+        "",
+        "| scenario | case | backend | " + " | ".join(COUNTS) + " |",
+        "| --- | --- | --- | " + " | ".join("---:" for _ in COUNTS) + " |",
+    ]
+    totals: dict[str, dict[str, int]] = defaultdict(lambda: dict.fromkeys(COUNTS, 0))
+    for line in lines:
+        cells = [line["scenario"], line["case"], line["backend"]] + [str(line[k]) for k in COUNTS]
+        out.append("| " + " | ".join(cells) + " |")
+        for key in COUNTS:
+            totals[line["backend"]][key] += int(line[key])
+    out += ["", "Totals per backend:", "", "| backend | " + " | ".join(COUNTS) + " |"]
+    out.append("| --- | " + " | ".join("---:" for _ in COUNTS) + " |")
+    for backend, sums in sorted(totals.items()):
+        out.append(f"| {backend} | " + " | ".join(str(sums[k]) for k in COUNTS) + " |")
+    out += ["", "Scenarios:", ""]
+    out += [f"- **{name}**: {what}." for name, what in SCENARIOS.items()]
+    return "\n".join(out) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the scenarios; on success rewrite docs/faults.md; returns the exit status."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--soak", action="store_true", help="the long form of every scenario")
+    args, extra = parser.parse_known_args(argv)
+    with tempfile.TemporaryDirectory() as folder:
+        figures = Path(folder) / "figures.jsonl"
+        status = run_tests(args.soak, extra, figures)
+        lines = read_figures(figures)
+    if status != 0:
+        print(f"fault tests failed (pytest exit {status}); {TARGET} left as it was")
+        return 1
+    if not lines:
+        print("no figures were recorded; is tests/faults empty?")
+        return 1
+    command = "python tests/faults/report.py" + (" --soak" if args.soak else "")
+    TARGET.parent.mkdir(exist_ok=True)
+    TARGET.write_text(render(lines, command), encoding="utf-8")
+    print(f"wrote {TARGET} ({len(lines)} rows)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
