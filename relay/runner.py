@@ -319,7 +319,9 @@ class Relay(DatabaseHandle):
             # Adoption re-leases every row this owner holds, in-flight turns' rows included.
             await asyncio.wait(flying)
         await self._record_unsettled()
-        return await self._claim_batch(busy)
+        # Decided now, not when a retry of this claim finds itself in doubt: by then other
+        # turns may be posting rows that adoption would lease again and send twice.
+        return await self._claim_batch(busy, may_adopt=not flying)
 
     async def _finish_claim(self, work: asyncio.Future[Claimed | None]) -> None:
         """At shutdown: a claim still running is delivered and settled if it lands in time."""
@@ -361,10 +363,14 @@ class Relay(DatabaseHandle):
         for turn in list(self._unsettled):
             await self._record(turn)
 
-    async def _claim_batch(self, busy: Collection[str] = ()) -> Claimed | None:
+    async def _claim_batch(
+        self, busy: Collection[str] = (), may_adopt: bool = True
+    ) -> Claimed | None:
         """Lease a batch: (messages to deliver, messages to resolve, the turn's deadline)."""
         started = time.monotonic()
-        deliver, resolve = await asyncio.to_thread(self._retrying, lambda: self._claim(busy))
+        deliver, resolve = await asyncio.to_thread(
+            self._retrying, lambda: self._claim(busy, may_adopt)
+        )
         if not deliver and not resolve:
             return None
         failpoints.hit("relay.after_claim")
@@ -575,10 +581,17 @@ class Relay(DatabaseHandle):
     def _now(self) -> sa.ColumnElement[float]:
         return now_expression(self.clock, self._dialect)
 
-    def _claim(self, busy: Collection[str] = ()) -> tuple[list[Message], list[Message]]:
-        """Lease a batch: (messages to deliver, messages whose attempts are spent to resolve)."""
+    def _claim(
+        self, busy: Collection[str] = (), may_adopt: bool = True
+    ) -> tuple[list[Message], list[Message]]:
+        """Lease a batch: (messages to deliver, messages whose attempts are spent to resolve).
+
+        After a claim whose outcome is unknown, the rows it may have leased are adopted,
+        but only when `may_adopt` (no other turn of this relay is in flight); otherwise
+        the doubt stays for a later claim.
+        """
         try:
-            rows = self._claim_rows(busy)
+            rows = self._claim_rows(busy, may_adopt)
         except sa.exc.DBAPIError:
             # The COMMIT may have happened: the rows it leased are adopted next time.
             self._claim_in_doubt = True
@@ -589,12 +602,13 @@ class Relay(DatabaseHandle):
             (resolve if row[-1] >= self.attempts else deliver).append(_message(row))
         return deliver, resolve
 
-    def _claim_rows(self, busy: Collection[str]) -> list[tuple[Any, ...]]:
+    def _claim_rows(self, busy: Collection[str], may_adopt: bool = True) -> list[tuple[Any, ...]]:
         now = None if self.clock is None else float(self.clock())
+        adopting = self._claim_in_doubt and may_adopt
         with self._claim_connection() as conn:
             self._reap_expired_leases(conn, now)
             rows: list[tuple[Any, ...]] = []
-            if self._claim_in_doubt:
+            if adopting:
                 rows = _sql.adopt_messages(conn, owner=self.owner, now=now, lease=self.lease)
             rows += _sql.claim_messages(
                 conn,
@@ -605,7 +619,8 @@ class Relay(DatabaseHandle):
                 budget=self.attempts,
                 skip_destinations=sorted(busy),
             )
-        self._claim_in_doubt = False
+        if adopting:
+            self._claim_in_doubt = False
         return rows
 
     def _claim_connection(self) -> Any:

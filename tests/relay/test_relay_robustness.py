@@ -125,9 +125,9 @@ def test_rows_a_failed_looking_claim_leased_are_adopted_not_left_to_expire(
     with Relay(db_url, {"default": Destination(server.url, secret=SECRET)}, clock=clock) as relay:
         real_claim_rows = relay._claim_rows
 
-        def commit_then_lose_the_answer(busy: Collection[str]) -> list[object]:
+        def commit_then_lose_the_answer(busy: Collection[str], may_adopt: bool) -> list[object]:
             monkeypatch.setattr(relay, "_claim_rows", real_claim_rows)
-            real_claim_rows(busy)  # committed: the rows are now 'sending' under this relay
+            real_claim_rows(busy, may_adopt)  # committed: the rows are 'sending' under this relay
             raise sa.exc.OperationalError("COMMIT", {}, Exception("connection lost"), True)
 
         monkeypatch.setattr(relay, "_claim_rows", commit_then_lose_the_answer)
