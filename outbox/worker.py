@@ -29,7 +29,9 @@ from outbox.tasks import Claim, TaskQueue
 
 log = logging.getLogger("outbox.worker")
 Handler = Callable[[Claim, threading.Event], Any]
-FINISH_ATTEMPTS = 3
+# Backoff between attempts to write an outcome while the database is away.
+WRITE_RETRY_FIRST = 0.05
+WRITE_RETRY_MAX = 1.0
 EXIT_FORCED = 1  # a second SIGTERM/SIGINT: exit at once
 
 
@@ -105,8 +107,11 @@ class Worker:
             while not self._stopping.is_set():
                 self._wake.clear()
                 handlers = {t for t in handlers if t.is_alive()}
-                free = self.concurrency - len(handlers)
-                claims = self._claim(free) if free else []
+                # Slots are counted by outcome, not by thread: a handler wakes this loop
+                # once its outcome is written, while its thread is still finishing.
+                with self._lock:
+                    free = self.concurrency - len(self._running)
+                claims = self._claim(free) if free > 0 else []
                 for claim in claims:
                     running = _Running(claim)
                     with self._lock:
@@ -120,7 +125,7 @@ class Worker:
                     )
                     handlers.add(thread)
                     thread.start()
-                if not claims or len(handlers) == self.concurrency:
+                if not claims or len(claims) == free:
                     # Wait for a free slot, new work (the poll) or stop.
                     self._wake.wait(self.poll_interval)
         finally:
@@ -198,7 +203,10 @@ class Worker:
         if running.lost:
             log.warning("task %s: lease lost; outcome discarded", running.claim.task_id)
             return
-        for _ in range(FINISH_ATTEMPTS):
+        # Until the lease would have run out: after that, another worker may hold the task.
+        deadline = time.monotonic() + self.queue.lease
+        delay = WRITE_RETRY_FIRST
+        while True:
             try:
                 write()
                 return
@@ -210,6 +218,10 @@ class Worker:
                 if self._settled(running.claim):
                     return
                 log.warning("task %s: write failed (%s)", running.claim.task_id, exc)
+            # A refused renewal or the end of the grace period sets `stop`: give up then.
+            if time.monotonic() + delay > deadline or running.stop.wait(delay):
+                break
+            delay = min(delay * 2, WRITE_RETRY_MAX)
         log.error("task %s: outcome not recorded; its lease will expire", running.claim.task_id)
 
     def _settled(self, claim: Claim) -> bool:

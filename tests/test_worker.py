@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import sqlalchemy as sa
 from support.cli_helpers import one_line_error, running_in_thread
 
 from outbox import AuthContext, Claim, Envelope, TaskQueue
@@ -235,3 +236,46 @@ def test_after_the_grace_period_run_returns_and_a_late_outcome_is_discarded(
     task = queue.task(task_id)
     assert task is not None
     assert (task["state"], task["result"]) == ("running", None)
+
+
+def test_a_freed_slot_takes_the_next_task_without_waiting_for_the_poll(queue: TaskQueue) -> None:
+    ids = submit(queue, 3)
+
+    def handler(claim: Claim, stop: threading.Event) -> dict[str, Any]:
+        return {"n": claim.payload["n"]}
+
+    class SlowToExit(Worker):
+        """Handler threads linger after their outcome is written, as on a busy machine."""
+
+        def _handle(self, running: Any) -> None:
+            super()._handle(running)
+            threading.Event().wait(0.5)
+
+    # One at a time: each task must start when the last one's outcome is written, not at
+    # the next poll a minute later.
+    with running_in_thread(SlowToExit(queue, handler, concurrency=1, poll_interval=60)):
+        assert wait_until(lambda: states(queue, ids) == ["done"] * 3, 10)
+
+
+def test_an_outcome_is_written_once_the_database_answers_again(
+    queue: TaskQueue, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    [task_id] = submit(queue, 1)
+    runs: list[int] = []
+    refusals = iter(range(4))
+    real_finish = queue.finish
+
+    def finish_after_an_outage(claim: Claim, result: Any, **kwargs: Any) -> None:
+        if next(refusals, None) is not None:
+            raise sa.exc.OperationalError("COMMIT", {}, Exception("server closed"), True)
+        real_finish(claim, result, **kwargs)
+
+    monkeypatch.setattr(queue, "finish", finish_after_an_outage)
+
+    def handler(claim: Claim, stop: threading.Event) -> dict[str, Any]:
+        runs.append(claim.attempt)
+        return {"ok": True}
+
+    with running_in_thread(Worker(queue, handler, poll_interval=0.05)):
+        assert wait_until(lambda: states(queue, [task_id]) == ["done"], 10)
+    assert runs == [1]  # written by the first run, after four refused writes
