@@ -64,7 +64,7 @@ class System:
                     'handler = "faults.work:compute"',
                     f"lease = {lease}",
                     f"concurrency = {worker_concurrency}",
-                    "poll_interval = 0.05",
+                    "poll_interval = 0.2",
                     "[relay]",
                     # An attempt (timeout 1 s) must fit in the relay's lease.
                     f"lease = {max(lease, 2.0)}",

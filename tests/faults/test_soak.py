@@ -19,7 +19,7 @@ from faults.figures import record
 from faults.nodes import Node
 from faults.system import System
 
-MESSAGES = {"postgresql": 2_000, "sqlite": 1_000}
+MESSAGES = {"postgresql": 2_000, "sqlite": 500}
 SOAK_MESSAGES = {"postgresql": 10_000, "sqlite": 5_000}
 FEED_CHUNK = 50
 PUBLISH_EVERY = 10  # one published reply per this many tasks
@@ -69,7 +69,9 @@ def test_chaos_kills_lose_and_double_nothing(
     seed = int(os.environ.get("OUTBOX_SOAK_SEED") or time.time_ns() % 2**32)
     rng = random.Random(seed)
     print(f"OUTBOX_SOAK_SEED={seed}")
-    with System(tmp_path, db_url, lease=2.0, relay_batch=100, relay_mode="batch") as system:
+    with System(
+        tmp_path, db_url, lease=2.0, relay_batch=100, relay_mode="batch", worker_concurrency=4
+    ) as system:
         running = [system.start("receiver")]
         running += [system.start(role) for role in ROLES for _ in range(REPLICAS)]
         fed = threading.Event()
