@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint clean
+.PHONY: demo test lint faults-report clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -22,8 +22,14 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 
+# Three test processes on two cores: the fault tests spend most of their time
+# waiting for leases to expire and processes to start, so they overlap well.
 test: lint
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n 3 --dist worksteal $(PYTEST_ARGS)
+
+# Runs tests/faults and writes docs/faults.md from the figures of that run.
+faults-report: $(STAMP)
+	$(BIN)/python tests/faults/report.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
