@@ -1,0 +1,347 @@
+"""Cost growth: claiming and draining with 0 against N finished rows, and the relay's memory.
+
+Run alone: .venv/bin/python -m benchmarks.cost_growth [--quick]
+
+One run measures, each on a fresh PostgreSQL database:
+- the task claim's median latency and the relay's drain rate, first with no
+  history, then with N finished rows (done tasks and their sent replies); the
+  partial indexes should keep history from slowing either
+  (claim_us_history / claim_us_empty <= 1.2, and
+  drain_rate_empty / drain_rate_history <= 1.2);
+- the peak resident memory of one relay process draining a backlog
+  (relay_rss_mb < 150 for 1,000,000 rows).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import sqlalchemy as sa
+
+import outbox
+from benchmarks.relay_bench import (
+    fresh_database,
+    log,
+    receiver_process,
+    relay_processes,
+    undelivered,
+)
+from benchmarks.task_throughput import prefill_tasks
+from outbox.canonical import canonical_bytes
+from outbox.messages import TASK_REPLY_PREFIX, task_reply_body
+from outbox.schema import messages
+from outbox.tasks import TaskQueue
+
+CLAIM_WARMUP = 20  # connection, compiled statements, and psycopg's prepare after 5 runs
+CLAIMS = 300  # timed claims, each taking one of a few hundred pending tasks
+DRAIN_RELAYS, DRAIN_BATCH = 2, 1000  # as the suite's drain against the naive relay
+DRAIN_DEADLINE_SECONDS = 1200.0
+RSS_LIMIT_MB = 150
+RSS_SAMPLE_SECONDS = 0.1
+
+
+@contextmanager
+def timed(step: str) -> Iterator[None]:
+    """Log how long a step took."""
+    started = time.monotonic()
+    yield
+    log(f"  {step}: {time.monotonic() - started:.1f} s")
+
+
+# --- rows ---------------------------------------------------------------------------------
+
+# Finished history as a worker and a relay leave it: done tasks (ids are sha256 hex, as
+# intake derives them, so the primary key is as large and as scattered) and their sent
+# replies. Bodies are built by the server around one that Python formats (see
+# around_marker), so they are the bytes the product would have written.
+HISTORY_TASKS = sa.text(
+    "INSERT INTO outbox_tasks (task_id, tenant_id, payload, priority, deadline, hops, state, "
+    "attempts, max_attempts, available_at, owner, fence, result, created_at, updated_at, "
+    "finished_at) "
+    "SELECT encode(sha256(convert_to('history-' || n, 'UTF8')), 'hex'), 'bench-source', "
+    ":payload_head || n || :payload_tail, 0, :now - n * 0.001 + 86400, 0, 'done', 1, 3, "
+    ":now - n * 0.001, 'bench-worker', 1, 'null', :now - n * 0.001, :now - n * 0.001 + 0.01, "
+    ":now - n * 0.001 + 0.01 "
+    "FROM generate_series(1, :rows) AS n"
+)
+HISTORY_REPLIES = sa.text(
+    "INSERT INTO outbox_messages (reply_id, task_id, destination, body, content_hash, headers, "
+    "state, attempts, available_at, owner, fence, last_status, created_at, sent_at) "
+    "SELECT :reply_prefix || t.task_id, t.task_id, 'default', b.body, "
+    "encode(sha256(b.body), 'hex'), '{}', 'sent', 1, t.finished_at, 'bench-relay', 1, 200, "
+    "t.finished_at, t.finished_at + 0.05 "
+    "FROM outbox_tasks AS t, "
+    "LATERAL (SELECT convert_to(:body_head || t.task_id || :body_tail, 'UTF8') AS body) AS b "
+    "WHERE t.state = 'done'"
+)
+# The rows benchmarks.relay_bench.prefill writes, built by the server: a million of them
+# as Python dicts would take a gigabyte in this process.
+PENDING_MESSAGES = sa.text(
+    "INSERT INTO outbox_messages (reply_id, destination, body, content_hash, headers, state, "
+    "attempts, fence, available_at, created_at) "
+    "SELECT 'bench-' || n, 'default', b.body, encode(sha256(b.body), 'hex'), '{}', 'pending', "
+    "0, 0, 0, :now "
+    "FROM generate_series(0, :rows - 1) AS n, "
+    "LATERAL (SELECT convert_to(:body_head || n || :body_tail, 'UTF8') AS body) AS b"
+)
+MARKER = "987654321"
+
+
+def around_marker(body: bytes) -> tuple[str, str]:
+    """(what comes before, what comes after) MARKER in a body formatted by the product."""
+    head, tail = body.decode("utf-8").split(MARKER)
+    return head, tail
+
+
+def add_history(url: str, rows: int) -> None:
+    """Insert `rows` done tasks and their sent replies (see settle_tables for statistics)."""
+    engine = outbox.create_engine(url)
+    try:
+        with timed(f"history of {rows:,} done tasks and sent replies"), engine.begin() as conn:
+            payload_head, payload_tail = around_marker(canonical_bytes({"n": int(MARKER)}))
+            conn.execute(
+                HISTORY_TASKS,
+                {
+                    "rows": rows,
+                    "now": time.time(),
+                    "payload_head": payload_head,
+                    "payload_tail": payload_tail,
+                },
+            )
+            body_head, body_tail = around_marker(task_reply_body(MARKER, "done", "null"))
+            conn.execute(
+                HISTORY_REPLIES,
+                {"reply_prefix": TASK_REPLY_PREFIX, "body_head": body_head, "body_tail": body_tail},
+            )
+    finally:
+        engine.dispose()
+
+
+def settle_tables(url: str) -> None:
+    """VACUUM ANALYZE, as autovacuum would have left a table that grew over months.
+
+    Run on both sides, so that autovacuum does not wake up in the middle of one of them.
+    """
+    engine = outbox.create_engine(url, isolation_level="AUTOCOMMIT")
+    try:
+        with timed("vacuum analyze"), engine.connect() as conn:
+            conn.exec_driver_sql("VACUUM ANALYZE outbox_tasks, outbox_messages")
+    finally:
+        engine.dispose()
+
+
+def prefill_messages(url: str, rows: int) -> int:
+    """Insert `rows` pending messages as publish() writes them; returns the first one's id."""
+    engine = outbox.create_engine(url)
+    try:
+        with timed(f"prefill {rows:,} pending messages"), engine.begin() as conn:
+            first = conn.execute(sa.select(sa.func.coalesce(sa.func.max(messages.c.id), 0) + 1))
+            first_id = int(first.scalar_one())
+            # The body relay_bench.prefill gives message n.
+            body = canonical_bytes({"kind": "result", "n": int(MARKER), "payload": "x" * 64})
+            head, tail = around_marker(body)
+            conn.execute(
+                PENDING_MESSAGES,
+                {"rows": rows, "now": time.time(), "body_head": head, "body_tail": tail},
+            )
+        with engine.connect() as conn:
+            conn.execution_options(isolation_level="AUTOCOMMIT").exec_driver_sql(
+                "ANALYZE outbox_messages"
+            )
+    finally:
+        engine.dispose()
+    return first_id
+
+
+def sent_since(engine: sa.Engine, first_id: int) -> int:
+    """Messages sent among those with id >= first_id (a primary key range, not the history)."""
+    with engine.connect() as conn:
+        query = sa.select(sa.func.count()).where(
+            messages.c.id >= first_id, messages.c.state == "sent"
+        )
+        return int(conn.execute(query).scalar_one())
+
+
+# --- claim latency ------------------------------------------------------------------------
+
+
+def claim_latency(url: str, claims: int = CLAIMS) -> float:
+    """Median microseconds of TaskQueue.claim (claim_many of one) with a few hundred pending."""
+    prefill_tasks(url, CLAIM_WARMUP + claims)
+    timings: list[float] = []
+    with TaskQueue(url, lease=30) as queue, timed(f"{CLAIM_WARMUP + claims} claims"):
+        for n in range(CLAIM_WARMUP + claims):
+            started = time.perf_counter()
+            claim = queue.claim("bench-claimer")
+            elapsed = time.perf_counter() - started
+            if claim is None:
+                raise RuntimeError(f"claim {n} found no pending task")
+            # Finished, untimed: the queue stays as a live one is, nothing left running.
+            queue.finish(claim, None)
+            if n >= CLAIM_WARMUP:
+                timings.append(elapsed)
+    return statistics.median(timings) * 1e6
+
+
+# --- relay drain --------------------------------------------------------------------------
+
+
+def drain_rate(url: str, total: int) -> float:
+    """Messages per second relays deliver from a backlog of `total` (relay_bench's drain setup).
+
+    As benchmarks.relay_bench.drain, but on a database given here, which may hold
+    history: prefilled rows are counted by id, so history is never scanned.
+    """
+    first_id = prefill_messages(url, total)
+    engine = outbox.create_engine(url)
+    try:
+        with (
+            tempfile.TemporaryDirectory() as tmp,
+            receiver_process(url, Path(tmp)) as target,
+            timed(f"drain {total:,} with {DRAIN_RELAYS} relays"),
+        ):
+            with relay_processes(url, target, Path(tmp), DRAIN_RELAYS, "batch", DRAIN_BATCH):
+                # Timed from when every relay is up; what they sent while the others
+                # started is subtracted.
+                started = time.monotonic()
+                before = sent_since(engine, first_id)
+                wait_drained(engine, started + DRAIN_DEADLINE_SECONDS)
+                elapsed = time.monotonic() - started
+            sent = sent_since(engine, first_id)
+    finally:
+        engine.dispose()
+    if sent != total:
+        raise RuntimeError(f"relays sent {sent} of {total}")
+    return (sent - before) / elapsed
+
+
+def wait_drained(engine: sa.Engine, deadline: float) -> None:
+    """Poll until nothing is pending or sending; RuntimeError at the deadline."""
+    pause = threading.Event()
+    while undelivered(engine):
+        if time.monotonic() > deadline:
+            raise RuntimeError("relays did not drain before the deadline")
+        pause.wait(0.05)
+
+
+# --- relay memory -------------------------------------------------------------------------
+
+
+def relay_pids() -> list[int]:
+    """This process's children that run `outbox.cli relay` (relay_processes keeps no handle)."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue  # ended meanwhile
+        # The command name in parentheses may hold spaces: the parent pid follows it.
+        parent = int(stat.rsplit(")", 1)[1].split()[1])
+        if parent == os.getpid() and b"outbox.cli" in argv and b"relay" in argv:
+            pids.append(int(entry.name))
+    return pids
+
+
+def status_kb(pid: int, field: str) -> int:
+    """One kB figure (VmRSS, VmHWM) from /proc/PID/status."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+    raise RuntimeError(f"/proc/{pid}/status has no {field}")
+
+
+def relay_rss_while_draining(url: str, total: int) -> float:
+    """Peak resident memory (MB) of one relay process while it drains `total` pending rows."""
+    first_id = prefill_messages(url, total)
+    engine = outbox.create_engine(url)
+    try:
+        with (
+            tempfile.TemporaryDirectory() as tmp,
+            receiver_process(url, Path(tmp)) as target,
+            timed(f"drain {total:,} with one relay, sampling its memory"),
+            relay_processes(url, target, Path(tmp), 1, "batch", DRAIN_BATCH),
+        ):
+            pids = relay_pids()
+            if len(pids) != 1:
+                raise RuntimeError(f"expected one relay process, found {pids}")
+            peak_kb = sample_rss(engine, pids[0], time.monotonic() + DRAIN_DEADLINE_SECONDS)
+        sent = sent_since(engine, first_id)
+    finally:
+        engine.dispose()
+    if sent != total:
+        raise RuntimeError(f"the relay sent {sent} of {total}")
+    return peak_kb / 1024
+
+
+def sample_rss(engine: sa.Engine, pid: int, deadline: float) -> int:
+    """Sample VmRSS until the backlog is delivered; the peak in kB (the kernel's VmHWM too)."""
+    pause = threading.Event()
+    peak = 0
+    next_log = time.monotonic() + 10
+    while undelivered(engine):
+        if time.monotonic() > deadline:
+            raise RuntimeError("the relay did not drain before the deadline")
+        peak = max(peak, status_kb(pid, "VmRSS"))
+        if time.monotonic() > next_log:
+            log(f"    relay RSS {status_kb(pid, 'VmRSS') / 1024:.0f} MB, peak {peak / 1024:.0f} MB")
+            next_log += 10
+        pause.wait(RSS_SAMPLE_SECONDS)
+    # The high-water mark catches a peak between two samples; read it before the relay exits.
+    return max(peak, status_kb(pid, "VmHWM"))
+
+
+# --- one run ------------------------------------------------------------------------------
+
+
+def sizes(quick: bool) -> tuple[int, int, int]:
+    """(history rows, messages per drain, messages for the memory drain)."""
+    return (20_000, 5_000, 5_000) if quick else (1_000_000, 100_000, 1_000_000)
+
+
+def run(quick: bool) -> dict[str, float]:
+    """One run: claim latency and drain rate with 0 and N history rows, then the relay's RSS."""
+    history, drained, rss_rows = sizes(quick)
+    figures: dict[str, float] = {"history_rows": history}
+    for label, rows in (("empty", 0), ("history", history)):
+        log(f"  {label}: {rows:,} finished rows")
+        with fresh_database() as url:
+            if rows:
+                add_history(url, rows)
+            settle_tables(url)
+            # Drain first: the claims below leave their pending replies behind.
+            figures[f"drain_rate_{label}"] = drain_rate(url, drained)
+            figures[f"claim_us_{label}"] = claim_latency(url)
+        log(
+            f"  {label}: claim {figures[f'claim_us_{label}']:,.0f} us, "
+            f"drain {figures[f'drain_rate_{label}']:,.0f}/s"
+        )
+    with fresh_database() as url:
+        figures["relay_rss_mb"] = relay_rss_while_draining(url, rss_rows)
+    log(f"  relay peak RSS draining {rss_rows:,}: {figures['relay_rss_mb']:.0f} MB")
+    return figures
+
+
+def main(argv: Iterable[str] | None = None) -> int:
+    """Run once and print the figures as JSON."""
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.cost_growth")
+    parser.add_argument("--quick", action="store_true", help="small sizes: a smoke run")
+    args = parser.parse_args(None if argv is None else list(argv))
+    print(json.dumps(run(args.quick)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
