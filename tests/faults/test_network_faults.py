@@ -46,6 +46,7 @@ LEASE = 5.0
 # The hung destination beside a healthy one: every healthy reply must be sent inside one
 # hung attempt, and a loaded machine needs room for that (up to ~0.8 s seen under load).
 HUNG_TIMEOUT = 2.0
+ROOMY_TIMEOUT = LEASE - 1  # for attempts that must end by the fault, not by a timeout
 
 
 @pytest.fixture
@@ -114,16 +115,18 @@ def proxy(receiver: Receiver) -> Iterator[FaultProxy]:
         yield running
 
 
-def to(base: str) -> Destination:
-    """A signed destination at `base` with the short attempt timeout."""
-    return Destination(base + "/replies", secret=SECRET, timeout=TIMEOUT)
+def to(base: str, timeout: float = TIMEOUT) -> Destination:
+    """A signed destination at `base`, by default with the short attempt timeout."""
+    return Destination(base + "/replies", secret=SECRET, timeout=timeout)
 
 
-def turn_by_turn(db_url: str, proxy: FaultProxy, clock: ManualClock) -> Relay:
+def turn_by_turn(
+    db_url: str, proxy: FaultProxy, clock: ManualClock, timeout: float = TIMEOUT
+) -> Relay:
     """A relay through the proxy, driven by dispatch_once() on the manual clock."""
     return Relay(
         db_url,
-        {"default": to(proxy.url)},
+        {"default": to(proxy.url, timeout)},
         clock=clock,
         lease=LEASE,
         backoff=BACKOFF,
@@ -251,7 +254,9 @@ def test_a_lost_ack_is_resent_unchanged_and_answered_as_a_duplicate(
     ids = publish(engine, "lost", 3, clock)
     stored = {reply_id: row["body"] for reply_id, row in rows(engine).items()}
     proxy.set_mode("lost_ack")
-    with turn_by_turn(db_url, proxy, clock) as relay:
+    # A roomy timeout: the first attempt must end by the lost ACK, never by the relay's
+    # own deadline on a busy machine, or the receiver may not have committed yet.
+    with turn_by_turn(db_url, proxy, clock, timeout=ROOMY_TIMEOUT) as relay:
         assert verdicts(relay.dispatch_once()) == dict.fromkeys(ids, "retry")
         # The receiver committed each one; the relay heard nothing and will retry.
         assert {i: count_effects(receiver.url, i) for i in ids} == dict.fromkeys(ids, 1)

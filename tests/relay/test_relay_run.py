@@ -77,7 +77,10 @@ def test_a_lost_listen_connection_is_replaced_and_notify_wakes_again(
 
     def listeners() -> list[int]:
         with engine.connect() as conn:
-            query = "SELECT pid FROM pg_stat_activity WHERE query LIKE 'LISTEN %'"
+            query = (
+                "SELECT pid FROM pg_stat_activity "
+                "WHERE query LIKE 'LISTEN %' AND datname = current_database()"
+            )
             return list(conn.execute(sa.text(query)).scalars())
 
     with running(relay):
