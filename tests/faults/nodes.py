@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from outbox import failpoints
+from outbox._dialect import SQLITE_BUSY_TIMEOUT_MS
 
 # Everything a node imports, the CLI's lazily imported subcommands included: this
 # environment may not write bytecode, so a module imported after the fork is
@@ -35,6 +36,9 @@ PRELOAD = [
     "uvicorn",
     "faults.work",
 ]
+# A process waiting for SQLite's write lock sees SIGTERM only when the wait ends, which
+# may take the whole busy timeout when many processes share one file on a loaded machine.
+STOP_WITHIN = SQLITE_BUSY_TIMEOUT_MS / 1000 + 15
 _context = multiprocessing.get_context("forkserver")
 _context.set_forkserver_preload(PRELOAD)
 
@@ -134,7 +138,7 @@ class Node:
         self.signal(signal.SIGKILL)
         self.process.join(10)
 
-    def stop(self, timeout: float = 15.0) -> int | None:
+    def stop(self, timeout: float = STOP_WITHIN) -> int | None:
         """SIGTERM, wait for a clean exit, SIGKILL when it does not come."""
         self.retired = True
         self.signal(signal.SIGCONT)

@@ -68,7 +68,7 @@ class System:
                     "[relay]",
                     # An attempt (timeout 1 s) must fit in the relay's lease.
                     f"lease = {max(lease, 2.0)}",
-                    "poll_interval = 0.05",
+                    "poll_interval = 0.1",
                     "backoff = 0.05",
                     "backoff_cap = 0.3",
                     f"attempts = {attempts}",
