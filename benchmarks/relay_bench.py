@@ -242,6 +242,7 @@ def drain(total: int, mode: str, relays: int, batch: int) -> dict[str, Any]:
         prefill(url, total)
         engine = outbox.create_engine(url)
         with receiver_process(url, workdir) as target:
+            launched = time.monotonic()
             with relay_processes(url, target, workdir, relays, mode, batch):
                 # Timed from when every relay is up; what they sent while the others
                 # started is subtracted.
@@ -250,14 +251,21 @@ def drain(total: int, mode: str, relays: int, batch: int) -> dict[str, Any]:
                 deadline = started + 600
                 while undelivered(engine) and time.monotonic() < deadline:
                     threading.Event().wait(0.05)
-                elapsed = time.monotonic() - started
+                finished = time.monotonic()
             sent = count_sent(engine)
         engine.dispose()
+    timed_from = "every relay up"
+    if before > total // 2:
+        # A small backlog on a busy machine: most of it went while the last relay was
+        # still starting, so that window would time almost nothing. Time the whole run.
+        started, before, timed_from = launched, 0, "first relay started"
+    elapsed = finished - started
     return {
         "scenario": f"drain-{mode}",
         "messages": total,
         "seconds": round(elapsed, 2),
         "rate": round((sent - before) / elapsed),
+        "timed_from": timed_from,
         "complete": sent == total,
     }
 
