@@ -700,6 +700,7 @@ class Relay(DatabaseHandle):
 Turn = tuple[list[Message], dict[int, Outcome], set[int]]
 """A delivered turn to settle: its messages, their outcomes, the ids never attempted."""
 Claimed = tuple[list[Message], list[Message], float]
+"""A claimed batch: messages to deliver, messages to resolve, the monotonic deadline."""
 
 
 def by_destination(claimed: Claimed) -> list[tuple[str, Claimed]]:
@@ -734,8 +735,6 @@ class Pipeline:
         # PIPELINE + 1 parts per destination are unfinished at once.
         return len(self.posting) >= PIPELINE or len(self.unfinished) > PIPELINE
 
-
-"""A claimed batch: messages to deliver, messages to resolve, the monotonic deadline."""
 
 _TARGET_STATE: dict[type, str] = {Sent: "sent", Retry: "pending", Unsent: "pending", Dead: "dead"}
 

@@ -64,11 +64,6 @@ class Tally:
         assert not broken, f"invariants broken: {broken}; {self.problems}"
 
 
-def engine_for(url: str) -> sa.Engine:
-    """An engine on `url` the way the product opens one (SQLite busy timeout included)."""
-    return outbox.create_engine(url)
-
-
 def tally(
     outbox_url: str,
     receiver_url: str | None = None,
@@ -78,8 +73,12 @@ def tally(
 ) -> Tally:
     """Count the invariants now; `acknowledged`: (principal, message_id) pairs ACKed."""
     found = Tally()
-    out_engine = engine_for(outbox_url)
-    rec_engine = out_engine if receiver_url in (None, outbox_url) else engine_for(receiver_url)
+    out_engine = outbox.create_engine(outbox_url)
+    rec_engine = (
+        out_engine
+        if receiver_url in (None, outbox_url)
+        else outbox.create_engine(str(receiver_url))
+    )
     try:
         with out_engine.connect() as conn:
             inbox = {
