@@ -8,12 +8,14 @@ lost its lease. "now" is always a parameter (database clock or manual clock).
 from __future__ import annotations
 
 import functools
+import json
+from collections.abc import Sequence
 from typing import Any
 
 import sqlalchemy as sa
 
-from outbox._dialect import insert_ignoring_conflicts
-from outbox.clock import bound_now
+from outbox._dialect import UNPREPARED, insert_ignoring_conflicts, supports_skip_locked
+from outbox.clock import bound_now, database_now
 from outbox.schema import inbox, messages, tasks
 
 Now = sa.ColumnElement[float]
@@ -59,15 +61,20 @@ def insert_task() -> sa.Insert:
 
 
 # --- claiming ---------------------------------------------------------------
+#
+# The statements a worker runs for every task are built once per dialect with bound
+# parameters: SQLAlchemy then reuses their compiled SQL, and building them anew for
+# each call cost more CPU than the database spent running them. Each binds `now` as a
+# manual clock's time, or None for the database's clock (read in the statement).
 
 
-def _running_tenants_at_cap(cap: int) -> sa.Select[Any]:
+def _running_tenants_at_cap() -> sa.Select[Any]:
     running = tasks.alias("running")
     return (
         sa.select(running.c.tenant_id)
         .where(running.c.state == "running")
         .group_by(running.c.tenant_id)
-        .having(sa.func.count() >= cap)
+        .having(sa.func.count() >= sa.bindparam("tenant_cap", type_=sa.Integer()))
     )
 
 
@@ -95,10 +102,21 @@ def state_literal(name: str) -> sa.ColumnElement[str]:
     return sa.literal_column(f"'{name}'", sa.String())
 
 
-def claim_tasks(
-    *, owner: str, now: Now, lease: float, limit: int, skip_locked: bool, tenant_cap: int | None
-) -> sa.Update:
-    """Take the best claimable tasks: pending, due, not cancelled, inside their deadline."""
+def _limit() -> sa.BindParameter[int]:
+    return sa.bindparam("limit", type_=sa.Integer())
+
+
+@functools.cache
+def claim_tasks(dialect_name: str, capped: bool, manual_clock: bool) -> sa.Update:
+    """Take up to :limit best claimable tasks for :claim_owner under a :lease; built once.
+
+    Claimable: pending, due, not cancelled, inside their deadline. When `capped`,
+    tenants already running :tenant_cap tasks are skipped. `now` is bound only
+    for a manual clock: with a bound `now`, PostgreSQL's generic plan walks the
+    deadline index and sorts every unfinished task, where the database's clock
+    written into the SQL keeps the walk in claim order (tests/test_claim_plans.py).
+    """
+    now = sa.bindparam("now", type_=sa.Double()) if manual_clock else database_now(dialect_name)
     candidate = tasks.alias("candidate")
     pick = (
         sa.select(candidate.c.task_id)
@@ -109,20 +127,20 @@ def claim_tasks(
             candidate.c.deadline > now,
         )
         .order_by(candidate.c.priority.desc(), candidate.c.available_at, candidate.c.created_at)
-        .limit(limit)
+        .limit(_limit())
     )
-    if tenant_cap is not None:
-        pick = pick.where(candidate.c.tenant_id.not_in(_running_tenants_at_cap(tenant_cap)))
+    if capped:
+        pick = pick.where(candidate.c.tenant_id.not_in(_running_tenants_at_cap()))
     return (
         sa.update(tasks)
         .where(
-            tasks.c.task_id.in_(_picked_once(pick, skip_locked)),
+            tasks.c.task_id.in_(_picked_once(pick, supports_skip_locked(dialect_name))),
             tasks.c.state == state_literal("pending"),
         )
         .values(
             state="running",
-            owner=owner,
-            lease_until=now + lease,
+            owner=sa.bindparam("claim_owner", type_=sa.String()),
+            lease_until=now + sa.bindparam("lease", type_=sa.Double()),
             fence=tasks.c.fence + 1,
             attempts=tasks.c.attempts + 1,
             updated_at=now,
@@ -139,61 +157,132 @@ def lock_tenant_caps() -> sa.Select[Any]:
 # --- ownership-guarded transitions -------------------------------------------
 
 
-def _held(task_id: str, owner: str, fence: int, now: Now) -> sa.ColumnElement[bool]:
+def _held(now: Now) -> sa.ColumnElement[bool]:
+    """:held_task is running under :holder and :held_fence, inside its lease and deadline."""
     return sa.and_(
-        tasks.c.task_id == task_id,
-        tasks.c.state == "running",
-        tasks.c.owner == owner,
-        tasks.c.fence == fence,
+        tasks.c.task_id == sa.bindparam("held_task", type_=sa.String()),
+        tasks.c.state == state_literal("running"),
+        tasks.c.owner == sa.bindparam("holder", type_=sa.String()),
+        tasks.c.fence == sa.bindparam("held_fence", type_=sa.BigInteger()),
         tasks.c.lease_until > now,
         tasks.c.deadline > now,
     )
 
 
-def renew_lease(task_id: str, owner: str, fence: int, now: Now, lease: float) -> sa.Update:
-    """Extend a lease that still holds."""
+@functools.cache
+def renew_lease(dialect_name: str) -> sa.Update:
+    """Extend a lease that still holds by :lease; built once."""
+    now = bound_now(dialect_name)
     return (
         sa.update(tasks)
-        .where(_held(task_id, owner, fence, now))
-        .values(lease_until=now + lease, updated_at=now)
+        .where(_held(now))
+        .values(lease_until=now + sa.bindparam("lease", type_=sa.Double()), updated_at=now)
         .returning(tasks.c.lease_until)
     )
 
 
-def complete_task(task_id: str, owner: str, fence: int, now: Now, result: str) -> sa.Update:
-    """Mark a held task done with its result."""
-    return (
-        sa.update(tasks)
-        .where(_held(task_id, owner, fence, now))
-        .values(state="done", result=result, lease_until=None, finished_at=now, updated_at=now)
-    )
+# Many tasks finish in one statement: each row is matched by its (task_id, owner, fence)
+# triple and the same lease and deadline guard as _held, so a stale holder's row is left
+# as it is and missing from RETURNING. The rows travel as arrays (PostgreSQL) or as one
+# JSON document (SQLite), so the SQL text is the same whatever the batch size.
+_COMPLETE_SET = """
+    state = 'done', result = v.result, lease_until = NULL, finished_at = {now}, updated_at = {now}
+"""
+_COMPLETE_WHERE = """
+    {t}.task_id = v.task_id AND {t}.state = 'running' AND {t}.owner = v.owner
+    AND {t}.fence = v.fence AND {t}.lease_until > {now} AND {t}.deadline > {now}
+"""
+_PG_NOW = f"COALESCE(%(now)s::float8, {database_now('postgresql')})"
+COMPLETE_POSTGRESQL = (
+    "UPDATE outbox_tasks AS t SET"
+    + _COMPLETE_SET.format(now=_PG_NOW)
+    + """FROM unnest(
+        CAST(%(task_ids)s AS varchar[]), CAST(%(owners)s AS varchar[]),
+        CAST(%(fences)s AS bigint[]), CAST(%(results)s AS text[])
+    ) AS v(task_id, owner, fence, result)
+    WHERE"""
+    + _COMPLETE_WHERE.format(t="t", now=_PG_NOW)
+    + "RETURNING t.task_id"
+)
+_SQLITE_NOW = f"COALESCE(:now, {database_now('sqlite')})"
+COMPLETE_SQLITE = sa.text(
+    "UPDATE outbox_tasks SET"
+    + _COMPLETE_SET.format(now=_SQLITE_NOW)
+    + """FROM (
+        SELECT json_extract(value, '$[0]') AS task_id, json_extract(value, '$[1]') AS owner,
+               json_extract(value, '$[2]') AS fence, json_extract(value, '$[3]') AS result
+        FROM json_each(:rows)
+    ) AS v
+    WHERE"""
+    + _COMPLETE_WHERE.format(t="outbox_tasks", now=_SQLITE_NOW)
+    + "RETURNING outbox_tasks.task_id"
+)
+
+Completion = tuple[str, str, int, str]
+"""(task_id, owner, fence, result as canonical JSON) of a task to mark done."""
 
 
-def fail_task(
-    task_id: str, owner: str, fence: int, now: Now, *, reason: str, permanent: bool, delay: float
-) -> sa.Update:
-    """Send a held task back to pending after `delay`, or to failed when it has no attempts left."""
-    final = sa.or_(sa.literal(permanent), tasks.c.attempts >= tasks.c.max_attempts)
+def complete_tasks(
+    conn: sa.Connection, completions: Sequence[Completion], now: float | None
+) -> set[str]:
+    """Mark held tasks done with their results in one statement; returns the task_ids it changed."""
+    if not completions:
+        return set()
+    if conn.dialect.name == "postgresql":
+        task_ids, owners, fences, results = (list(c) for c in zip(*completions, strict=True))
+        params = {
+            "task_ids": task_ids,
+            "owners": owners,
+            "fences": fences,
+            "results": results,
+            "now": now,
+        }
+        # Planned per run: a generic plan may rescan the arrays once per row (see UNPREPARED).
+        result = conn.exec_driver_sql(
+            COMPLETE_POSTGRESQL, params, execution_options={UNPREPARED: True}
+        )
+    else:
+        result = conn.execute(COMPLETE_SQLITE, {"rows": json.dumps(completions), "now": now})
+    return set(result.scalars().all())
+
+
+@functools.cache
+def fail_task(dialect_name: str) -> sa.Update:
+    """Send a held task back to pending after :delay, or to failed when it has no attempts left.
+
+    :permanent fails it at once; :reason is stored as its last error. Built once.
+    """
+    now = bound_now(dialect_name)
+    permanent = sa.bindparam("permanent", type_=sa.Boolean())
+    final = sa.or_(permanent, tasks.c.attempts >= tasks.c.max_attempts)
     return (
         sa.update(tasks)
-        .where(_held(task_id, owner, fence, now))
+        .where(_held(now))
         .values(
             state=sa.case((final, "failed"), else_="pending"),
-            available_at=sa.case((final, tasks.c.available_at), else_=now + delay),
+            available_at=sa.case(
+                (final, tasks.c.available_at),
+                else_=now + sa.bindparam("delay", type_=sa.Double()),
+            ),
             finished_at=sa.case((final, now), else_=None),
             lease_until=None,
-            last_error=reason,
+            last_error=sa.bindparam("reason", type_=sa.Text()),
             updated_at=now,
         )
         .returning(tasks.c.state)
     )
 
 
-def cancel_task(task_id: str, now: Now) -> sa.Update:
-    """Cancel a pending or running task at once."""
+@functools.cache
+def cancel_task(dialect_name: str) -> sa.Update:
+    """Cancel :cancelled_task at once when it is pending or running; built once."""
+    now = bound_now(dialect_name)
     return (
         sa.update(tasks)
-        .where(tasks.c.task_id == task_id, tasks.c.state.in_(("pending", "running")))
+        .where(
+            tasks.c.task_id == sa.bindparam("cancelled_task", type_=sa.String()),
+            tasks.c.state.in_((state_literal("pending"), state_literal("running"))),
+        )
         .values(
             state="cancelled",
             cancel_requested_at=now,
@@ -212,19 +301,22 @@ def select_task(task_id: str) -> sa.Select[Any]:
 # --- reconciliation -----------------------------------------------------------
 
 
-def expire_past_deadline(now: Now, limit: int, skip_locked: bool) -> sa.Update:
-    """Move pending or running tasks whose deadline has passed to expired."""
+@functools.cache
+def expire_past_deadline(dialect_name: str) -> sa.Update:
+    """Move up to :limit pending or running tasks whose deadline has passed to expired."""
+    now = bound_now(dialect_name)
     pick = tasks.alias("pick")
+    unfinished = (state_literal("pending"), state_literal("running"))
     chosen = (
         sa.select(pick.c.task_id)
-        .where(pick.c.state.in_(("pending", "running")), pick.c.deadline <= now)
-        .limit(limit)
+        .where(pick.c.state.in_(unfinished), pick.c.deadline <= now)
+        .limit(_limit())
     )
     return (
         sa.update(tasks)
         .where(
-            tasks.c.task_id.in_(_picked_once(chosen, skip_locked)),
-            tasks.c.state.in_(("pending", "running")),
+            tasks.c.task_id.in_(_picked_once(chosen, supports_skip_locked(dialect_name))),
+            tasks.c.state.in_(unfinished),
         )
         .values(
             state="expired",
@@ -237,18 +329,24 @@ def expire_past_deadline(now: Now, limit: int, skip_locked: bool) -> sa.Update:
     )
 
 
-def reap_expired_task_leases(now: Now, limit: int, skip_locked: bool) -> sa.Update:
-    """Return running tasks whose lease expired to pending, or fail them when out of attempts."""
+@functools.cache
+def reap_expired_task_leases(dialect_name: str) -> sa.Update:
+    """Return up to :limit running tasks whose lease expired to pending, or fail them when
+    out of attempts."""
+    now = bound_now(dialect_name)
     pick = tasks.alias("pick")
     chosen = (
         sa.select(pick.c.task_id)
-        .where(pick.c.state == "running", pick.c.lease_until <= now)
-        .limit(limit)
+        .where(pick.c.state == state_literal("running"), pick.c.lease_until <= now)
+        .limit(_limit())
     )
     exhausted = tasks.c.attempts >= tasks.c.max_attempts
     return (
         sa.update(tasks)
-        .where(tasks.c.task_id.in_(_picked_once(chosen, skip_locked)), tasks.c.state == "running")
+        .where(
+            tasks.c.task_id.in_(_picked_once(chosen, supports_skip_locked(dialect_name))),
+            tasks.c.state == state_literal("running"),
+        )
         .values(
             state=sa.case((exhausted, "failed"), else_="pending"),
             last_error=sa.case((exhausted, "attempts exhausted"), else_="lease expired"),
@@ -261,17 +359,23 @@ def reap_expired_task_leases(now: Now, limit: int, skip_locked: bool) -> sa.Upda
     )
 
 
-def reap_expired_message_leases(now: Now, limit: int, skip_locked: bool) -> sa.Update:
-    """Return messages whose delivery lease expired to pending; the relay decides their fate."""
+@functools.cache
+def reap_expired_message_leases(dialect_name: str) -> sa.Update:
+    """Return up to :limit messages whose delivery lease expired to pending; the relay then
+    decides their fate."""
+    now = bound_now(dialect_name)
     pick = messages.alias("pick")
     chosen = (
         sa.select(pick.c.id)
-        .where(pick.c.state == "sending", pick.c.lease_until <= now)
-        .limit(limit)
+        .where(pick.c.state == state_literal("sending"), pick.c.lease_until <= now)
+        .limit(_limit())
     )
     return (
         sa.update(messages)
-        .where(messages.c.id.in_(_picked_once(chosen, skip_locked)), messages.c.state == "sending")
+        .where(
+            messages.c.id.in_(_picked_once(chosen, supports_skip_locked(dialect_name))),
+            messages.c.state == state_literal("sending"),
+        )
         .values(state="pending", lease_until=None, available_at=now, last_error="lease expired")
         .returning(messages.c.id)
     )
@@ -287,6 +391,12 @@ def insert_messages(now: Now, ignore_conflicts: str | None = None) -> Any:
     else:
         statement = insert_ignoring_conflicts(messages, ignore_conflicts)
     return statement.values(state="pending", attempts=0, fence=0, available_at=now, created_at=now)
+
+
+@functools.cache
+def insert_task_replies(dialect_name: str) -> Any:
+    """INSERT task replies (one parameter set per row, each binding `now`); built once."""
+    return insert_messages(bound_now(dialect_name))
 
 
 @functools.cache

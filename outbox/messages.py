@@ -7,7 +7,6 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-import sqlalchemy as sa
 from sqlalchemy.engine import Connection, RowMapping
 
 from outbox import _sql
@@ -118,9 +117,12 @@ def add_task_replies(
     conn: Connection,
     replies: Sequence[tuple[str, str, str | None]],
     destination: str,
-    now: sa.ColumnElement[float],
+    now: float | None,
 ) -> None:
-    """Insert the reply of each (task_id, status, result_json); joins the caller's transaction."""
+    """Insert the reply of each (task_id, status, result_json); joins the caller's transaction.
+
+    `now` is a manual clock's time, or None for the database's clock.
+    """
     if not replies:
         return
     rows = []
@@ -135,9 +137,10 @@ def add_task_replies(
                 "body": body,
                 "content_hash": sha256_hex(body),
                 "headers": "{}",
+                "now": now,
             }
         )
-    conn.execute(_sql.insert_messages(now), rows)
+    conn.execute(_sql.insert_task_replies(conn.dialect.name), rows)
 
 
 def add_message(

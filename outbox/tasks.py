@@ -20,11 +20,11 @@ from sqlalchemy.engine import Connection, Engine, RowMapping
 from sqlalchemy.orm import Session
 
 from outbox import _sql, failpoints
-from outbox._dialect import READ_ONLY, supports_skip_locked
+from outbox._dialect import READ_ONLY
 from outbox._handle import DatabaseHandle
 from outbox.canonical import NotCanonical, canonical_bytes
 from outbox.clock import Clock, now_expression
-from outbox.errors import BatchFailed, Fenced, InvalidMessage, PayloadCollision
+from outbox.errors import BatchFailed, Fenced, InvalidMessage, OutboxError, PayloadCollision
 from outbox.intake import Accepted, Ack, AuthContext, Envelope, accept, authorize, check_name
 from outbox.messages import add_task_replies, check_destination, message_dict
 from outbox.schema import inbox
@@ -93,12 +93,15 @@ class TaskQueue(DatabaseHandle):
         self.clock = clock
         self._rng = rng or random.Random()
         self._open(url_or_engine)
-        self._skip_locked = supports_skip_locked(self._dialect)
 
     # --- plumbing -------------------------------------------------------------
 
     def _now(self) -> sa.ColumnElement[float]:
         return now_expression(self.clock, self._dialect)
+
+    def _now_value(self) -> float | None:
+        """The `now` to bind: a manual clock's time, or None for the database's clock."""
+        return None if self.clock is None else float(self.clock())
 
     @contextmanager
     def _reading(self) -> Iterator[Connection]:
@@ -177,9 +180,7 @@ class TaskQueue(DatabaseHandle):
             )
         )
         if terminal:
-            add_task_replies(
-                conn, [(item.task_id, state, None)], self.reply_destination, self._now()
-            )
+            add_task_replies(conn, [(item.task_id, state, None)], self.reply_destination, now)
         return Ack(task_id=item.task_id, duplicate=False)
 
     # --- leases ---------------------------------------------------------------------
@@ -195,8 +196,9 @@ class TaskQueue(DatabaseHandle):
         if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
             raise ValueError(f"limit must be an int >= 1, got {limit!r}")
         with self._engine.begin() as conn:
-            self._reconcile_in(conn)
-            rows = self._claim_rows(conn, owner, limit)
+            now = self._now_value()
+            self._reconcile_in(conn, now)
+            rows = self._claim_rows(conn, owner, limit, now)
             failpoints.hit("claim.before_commit")
         failpoints.hit("claim.after_commit")
         rows.sort(key=lambda r: (-r["priority"], r["available_at"], r["created_at"]))
@@ -213,35 +215,32 @@ class TaskQueue(DatabaseHandle):
             for r in rows
         ]
 
-    def _claim_rows(self, conn: Connection, owner: str, limit: int) -> list[RowMapping]:
-        if self.tenant_cap is None:
-            return list(conn.execute(self._claim_statement(owner, limit)).mappings())
+    def _claim_rows(
+        self, conn: Connection, owner: str, limit: int, now: float | None
+    ) -> list[RowMapping]:
+        capped = self.tenant_cap is not None
+        statement = _sql.claim_tasks(self._dialect, capped, manual_clock=now is not None)
+        params = {"now": now, "claim_owner": owner, "lease": self.lease, "limit": limit}
+        if not capped:
+            return list(conn.execute(statement, params).mappings())
         if self._dialect == "postgresql":
             conn.execute(_sql.lock_tenant_caps())
         # One at a time, so a batch cannot push a tenant past its cap.
         rows: list[RowMapping] = []
         for _ in range(limit):
-            row = conn.execute(self._claim_statement(owner, 1)).mappings().first()
+            one = {**params, "limit": 1, "tenant_cap": self.tenant_cap}
+            row = conn.execute(statement, one).mappings().first()
             if row is None:
                 break
             rows.append(row)
         return rows
 
-    def _claim_statement(self, owner: str, limit: int) -> sa.Update:
-        return _sql.claim_tasks(
-            owner=owner,
-            now=self._now(),
-            lease=self.lease,
-            limit=limit,
-            skip_locked=self._skip_locked,
-            tenant_cap=self.tenant_cap,
-        )
-
     def renew(self, claim: Claim) -> Claim:
         """Extend the lease (heartbeat); Fenced when the task is no longer held by this claim."""
         with self._engine.begin() as conn:
             lease_until = conn.execute(
-                _sql.renew_lease(claim.task_id, claim.owner, claim.fence, self._now(), self.lease)
+                _sql.renew_lease(self._dialect),
+                {**self._holding(claim, self._now_value()), "lease": self.lease},
             ).scalar()
             if lease_until is None:
                 raise self._fenced(conn, claim)
@@ -274,17 +273,48 @@ class TaskQueue(DatabaseHandle):
 
     def finish_in(self, conn: Connection, claim: Claim, result: Any) -> None:
         """Write `done`, the result and its reply on an open connection; never commits."""
-        try:
-            result_json = canonical_bytes(result, max_bytes=MAX_RESULT_BYTES).decode("utf-8")
-        except NotCanonical as exc:
-            raise InvalidMessage(f"result: {exc}") from exc
-        now = self._now()
-        done = conn.execute(
-            _sql.complete_task(claim.task_id, claim.owner, claim.fence, now, result_json)
+        (refused,) = self._complete(conn, [(claim, result)])
+        if refused is not None:
+            raise refused
+
+    def finish_many(self, finished: Sequence[tuple[Claim, Any]]) -> list[OutboxError | None]:
+        """Commit many (claim, result) pairs, each result with its reply, in one transaction.
+
+        Returns, per pair, None when it was committed, or the InvalidMessage or
+        Fenced that kept it out; the others commit regardless. A database error
+        raises and commits none.
+        """
+        with self._engine.begin() as conn:
+            refused = self._complete(conn, finished)
+            failpoints.hit("finish.before_commit")
+        failpoints.hit("finish.after_commit")
+        return refused
+
+    def _complete(
+        self, conn: Connection, finished: Sequence[tuple[Claim, Any]]
+    ) -> list[OutboxError | None]:
+        refused: list[OutboxError | None] = []
+        completions: list[_sql.Completion] = []
+        for claim, result in finished:
+            try:
+                result_json = canonical_bytes(result, max_bytes=MAX_RESULT_BYTES).decode("utf-8")
+            except NotCanonical as exc:
+                refused.append(InvalidMessage(f"result: {exc}"))
+                continue
+            refused.append(None)
+            completions.append((claim.task_id, claim.owner, claim.fence, result_json))
+        now = self._now_value()
+        done = _sql.complete_tasks(conn, completions, now)
+        add_task_replies(
+            conn,
+            [(task_id, "done", result) for task_id, _, _, result in completions if task_id in done],
+            self.reply_destination,
+            now,
         )
-        if done.rowcount != 1:
-            raise self._fenced(conn, claim)
-        add_task_replies(conn, [(claim.task_id, "done", result_json)], self.reply_destination, now)
+        for index, (claim, _) in enumerate(finished):
+            if refused[index] is None and claim.task_id not in done:
+                refused[index] = self._fenced(conn, claim)
+        return refused
 
     def fail(self, claim: Claim, reason: str, permanent: bool = False) -> str:
         """Record a failed attempt: back to pending after backoff, or `failed` with its reply."""
@@ -292,17 +322,15 @@ class TaskQueue(DatabaseHandle):
         reason = str(reason).replace("\x00", "\\x00")[:MAX_REASON_CHARS]
         delay = backoff_delay(claim.attempt, self.backoff, self.backoff_cap, self._rng)
         with self._engine.begin() as conn:
-            now = self._now()
+            now = self._now_value()
             state = conn.execute(
-                _sql.fail_task(
-                    claim.task_id,
-                    claim.owner,
-                    claim.fence,
-                    now,
-                    reason=reason,
-                    permanent=bool(permanent),
-                    delay=delay,
-                )
+                _sql.fail_task(self._dialect),
+                {
+                    **self._holding(claim, now),
+                    "reason": reason,
+                    "permanent": bool(permanent),
+                    "delay": delay,
+                },
             ).scalar()
             if state is None:
                 raise self._fenced(conn, claim)
@@ -315,8 +343,11 @@ class TaskQueue(DatabaseHandle):
     def cancel(self, task_id: str) -> bool:
         """Cancel a pending or running task with its reply; False when it is already final."""
         with self._engine.begin() as conn:
-            now = self._now()
-            if conn.execute(_sql.cancel_task(task_id, now)).rowcount != 1:
+            now = self._now_value()
+            cancelled = conn.execute(
+                _sql.cancel_task(self._dialect), {"cancelled_task": task_id, "now": now}
+            )
+            if cancelled.rowcount != 1:
                 return False
             add_task_replies(conn, [(task_id, "cancelled", None)], self.reply_destination, now)
         return True
@@ -326,12 +357,12 @@ class TaskQueue(DatabaseHandle):
         totals = {"expired": 0, "requeued": 0, "failed": 0, "messages_requeued": 0}
         while True:
             with self._engine.begin() as conn:
-                counts = self._reconcile_in(conn)
+                now = self._now_value()
+                counts = self._reconcile_in(conn, now)
                 counts["messages_requeued"] = len(
                     conn.execute(
-                        _sql.reap_expired_message_leases(
-                            self._now(), RECONCILE_BATCH, self._skip_locked
-                        )
+                        _sql.reap_expired_message_leases(self._dialect),
+                        {"now": now, "limit": RECONCILE_BATCH},
                     ).all()
                 )
             for key, value in counts.items():
@@ -339,16 +370,10 @@ class TaskQueue(DatabaseHandle):
             if max(counts.values()) < RECONCILE_BATCH:
                 return totals
 
-    def _reconcile_in(self, conn: Connection) -> dict[str, int]:
-        now = self._now()
-        expired = (
-            conn.execute(_sql.expire_past_deadline(now, RECONCILE_BATCH, self._skip_locked))
-            .scalars()
-            .all()
-        )
-        reaped = conn.execute(
-            _sql.reap_expired_task_leases(now, RECONCILE_BATCH, self._skip_locked)
-        ).all()
+    def _reconcile_in(self, conn: Connection, now: float | None) -> dict[str, int]:
+        params = {"now": now, "limit": RECONCILE_BATCH}
+        expired = conn.execute(_sql.expire_past_deadline(self._dialect), params).scalars().all()
+        reaped = conn.execute(_sql.reap_expired_task_leases(self._dialect), params).all()
         failed = [task_id for task_id, state in reaped if state == "failed"]
         add_task_replies(
             conn,
@@ -361,6 +386,16 @@ class TaskQueue(DatabaseHandle):
             "expired": len(expired),
             "requeued": len(reaped) - len(failed),
             "failed": len(failed),
+        }
+
+    @staticmethod
+    def _holding(claim: Claim, now: float | None) -> dict[str, Any]:
+        """The parameters naming `claim` in a guarded statement."""
+        return {
+            "held_task": claim.task_id,
+            "holder": claim.owner,
+            "held_fence": claim.fence,
+            "now": now,
         }
 
     def _fenced(self, conn: Connection, claim: Claim) -> Fenced:

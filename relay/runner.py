@@ -36,7 +36,6 @@ from tenacity import (
 
 from outbox import _sql as outbox_sql
 from outbox import failpoints
-from outbox._dialect import supports_skip_locked
 from outbox._handle import DatabaseHandle
 from outbox.clock import Clock, now_expression
 from relay import _sql
@@ -145,7 +144,6 @@ class Relay(DatabaseHandle):
         self._open(url_or_engine, pool_pre_ping=False)
         self._next_reap = float("-inf")
         self._autocommit = self._engine.execution_options(isolation_level="AUTOCOMMIT")
-        self._skip_locked = supports_skip_locked(self._dialect)
         self._loop = _new_event_loop()
         self._clients: dict[str, HttpClient] = {}
         self._limits: dict[str, asyncio.Semaphore] = {}
@@ -639,7 +637,8 @@ class Relay(DatabaseHandle):
         if moment < self._next_reap:
             return
         reaped = conn.execute(
-            outbox_sql.reap_expired_message_leases(self._now(), self.batch, self._skip_locked)
+            outbox_sql.reap_expired_message_leases(self._dialect),
+            {"now": now, "limit": self.batch},
         ).all()
         # A full batch means more may be waiting: look again next turn.
         full = len(reaped) >= self.batch

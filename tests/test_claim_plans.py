@@ -16,7 +16,6 @@ import sqlalchemy as sa
 from psycopg import sql as psycopg_sql
 
 from outbox import _sql as outbox_sql
-from outbox.clock import database_now
 from relay import _sql as relay_sql
 
 PARAMETER = re.compile(r"%\((\w+)\)s")
@@ -103,19 +102,15 @@ def test_the_relay_claim_uses_the_deliverable_index(db_url: str) -> None:
 
 
 @pytest.mark.parametrize("backend", ["postgresql"], indirect=True)
-def test_the_task_claim_uses_the_claimable_index(db_url: str) -> None:
+@pytest.mark.parametrize("capped", [False, True], ids=["uncapped", "tenant-capped"])
+def test_the_task_claim_uses_the_claimable_index(db_url: str, capped: bool) -> None:
     engine = with_history(db_url)
+    values = {"now": None, "claim_owner": "w", "lease": 30.0, "limit": 10, "tenant_cap": 2}
     try:
         with engine.connect() as conn:
-            update = outbox_sql.claim_tasks(
-                owner="w",
-                now=database_now("postgresql"),
-                lease=30.0,
-                limit=10,
-                skip_locked=True,
-                tenant_cap=None,
+            plan = generic_plan(
+                conn, outbox_sql.claim_tasks("postgresql", capped, manual_clock=False), values
             )
-            plan = generic_plan(conn, update, {})
     finally:
         engine.dispose()
     assert "ix_outbox_tasks_claimable" in plan, plan

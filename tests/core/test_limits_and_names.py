@@ -7,7 +7,6 @@ import sqlalchemy as sa
 
 from outbox import AuthContext, Envelope, InvalidEnvelope, ManualClock, TaskQueue
 from outbox._sql import expire_past_deadline, reap_expired_task_leases
-from outbox.clock import now_expression
 
 
 def test_reconcile_steps_take_at_most_their_limit(
@@ -20,16 +19,15 @@ def test_reconcile_steps_take_at_most_their_limit(
     claimed = queue.claim_many("worker-1", 30)
     assert len(claimed) == 30
     clock.advance(queue.lease + 1)  # every lease expired (deadlines still ahead)
-    skip_locked = backend == "postgresql"
     with queue.engine.begin() as conn:
-        now = now_expression(clock, backend)
-        reaped = conn.execute(reap_expired_task_leases(now, 7, skip_locked)).all()
+        params = {"now": clock(), "limit": 7}
+        reaped = conn.execute(reap_expired_task_leases(backend), params).all()
         assert len(reaped) == 7
         conn.rollback()
     clock.advance(10)  # now every deadline has passed too
     with queue.engine.begin() as conn:
-        now = now_expression(clock, backend)
-        expired = conn.execute(expire_past_deadline(now, 11, skip_locked)).all()
+        params = {"now": clock(), "limit": 11}
+        expired = conn.execute(expire_past_deadline(backend), params).all()
         assert len(expired) == 11
         conn.rollback()
 

@@ -774,6 +774,39 @@ def test_finish_with_a_result_that_is_not_json_safe_keeps_the_task_running(
     assert_one_reply(queue, tid, "done", {"fixed": True})
 
 
+def test_finish_many_commits_each_held_claim_and_refuses_the_others_alone(
+    queue: TaskQueue, clock: ManualClock
+) -> None:
+    submit(queue, clock, "m-stale")
+    stale = claim(queue, "w")
+    clock.advance(LEASE + 1)
+    retaken = claim(queue, "w2")  # `stale` lost its lease to w2 under a higher fence
+    assert retaken.task_id == stale.task_id
+    ids = [submit(queue, clock, f"m-{n}") for n in range(3)]
+    held = {c.task_id: c for c in queue.claim_many("w", 3)}
+    good, unstorable, cancelled = (held[tid] for tid in ids)
+    assert queue.cancel(cancelled.task_id)
+    refused = queue.finish_many(
+        [(good, {"ok": 1}), (stale, {"ok": 2}), (unstorable, {"x": float("nan")}), (cancelled, 3)]
+    )
+    assert refused[0] is None
+    assert isinstance(refused[1], Fenced)
+    assert "held by 'w2'" in str(refused[1])
+    assert isinstance(refused[2], InvalidMessage)
+    assert isinstance(refused[3], Fenced)
+    assert "cancelled" in str(refused[3])
+    assert_one_reply(queue, good.task_id, "done", {"ok": 1})
+    assert replies_for(queue, stale.task_id) == []
+    assert task(queue, stale.task_id)["state"] == "running"
+    assert task(queue, unstorable.task_id)["state"] == "running"
+    assert_one_reply(queue, cancelled.task_id, "cancelled")
+
+
+def test_finish_many_of_nothing_writes_nothing(queue: TaskQueue) -> None:
+    assert queue.finish_many([]) == []
+    assert queue.replies() == []
+
+
 @pytest.fixture
 def effects(queue: TaskQueue) -> Iterator[sa.Table]:
     """A business table of the test's own, in the same database as the outbox."""
