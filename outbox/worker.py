@@ -25,6 +25,7 @@ from typing import Any
 import sqlalchemy as sa
 
 from outbox.errors import Fenced, InvalidMessage, OutboxError
+from outbox.group_commit import GroupCommit
 from outbox.tasks import Claim, TaskQueue
 
 log = logging.getLogger("outbox.worker")
@@ -44,6 +45,7 @@ class _Running:
     claim: Claim
     stop: threading.Event = field(default_factory=threading.Event)
     lost: bool = False
+    written: bool = False  # its outcome is committed: a refused renewal is no news
 
 
 class Worker:
@@ -75,6 +77,8 @@ class Worker:
         if not self.heartbeat < queue.lease:
             raise ValueError("heartbeat must be shorter than the lease, or leases would lapse")
         self.queue = queue
+        # Results that finish together commit together: one transaction per batch.
+        self._results = GroupCommit(queue)
         self.handler = handler
         self.owner = owner or f"worker-{socket.gethostname()}-{os.getpid()}"
         self.concurrency = concurrency
@@ -186,7 +190,7 @@ class Worker:
 
     def _finish(self, claim: Claim, result: Any) -> None:
         try:
-            self.queue.finish(claim, result)
+            self._results.finish(claim, result)
         except InvalidMessage as exc:
             # The result cannot be stored (not JSON, too large): running the handler again
             # would repeat its side effects for the same refusal.
@@ -209,6 +213,7 @@ class Worker:
         while True:
             try:
                 write()
+                running.written = True
                 return
             except Fenced as exc:
                 log.warning("task %s: %s; outcome discarded", running.claim.task_id, exc)
@@ -241,6 +246,8 @@ class Worker:
                 try:
                     self.queue.renew(entry.claim)
                 except Fenced as exc:
+                    if entry.written:
+                        continue  # finished since this beat began: refused, but not lost
                     entry.lost = True
                     entry.stop.set()
                     log.warning("task %s: renewal refused (%s); stopping it", task_id, exc)

@@ -114,13 +114,13 @@ def test_a_refused_renewal_stops_the_handler_and_its_result_is_discarded(
         return {"late": True}
 
     finishes: list[str] = []
-    real_finish = queue.finish
+    real_finish_many = queue.finish_many
 
-    def counting_finish(claim: Claim, result: Any, effect: Any = None) -> None:
-        finishes.append(claim.task_id)
-        real_finish(claim, result, effect)
+    def counting_finish_many(finished: Any) -> Any:
+        finishes.extend(claim.task_id for claim, _ in finished)
+        return real_finish_many(finished)
 
-    queue.finish = counting_finish  # type: ignore[method-assign]
+    queue.finish_many = counting_finish_many  # type: ignore[method-assign]
     with running_in_thread(Worker(queue, handler, poll_interval=0.05, heartbeat=0.05)):
         assert started.wait(15)
         assert queue.cancel(task_id)
@@ -132,6 +132,33 @@ def test_a_refused_renewal_stops_the_handler_and_its_result_is_discarded(
     assert (task["state"], task["result"]) == ("cancelled", None)
     [reply] = queue.replies()
     assert json.loads(reply["body"])["status"] == "cancelled"
+
+
+def test_a_renewal_refused_because_the_task_just_finished_is_not_reported(
+    queue: TaskQueue, caplog: pytest.LogCaptureFixture
+) -> None:
+    [task_id] = submit(queue, 1)
+    go, renewing = threading.Event(), threading.Event()
+    real_renew = queue.renew
+
+    def handler(claim: Claim, stop: threading.Event) -> str:
+        assert go.wait(15)
+        return "done"
+
+    worker = Worker(queue, handler, poll_interval=0.05, heartbeat=0.05)
+
+    def renew_after_the_finish(claim: Claim) -> Claim:
+        # The beat read the task as running; the result commits before its renewal lands.
+        renewing.set()
+        go.set()
+        assert wait_until(lambda: task_id not in worker._running)
+        return real_renew(claim)
+
+    queue.renew = renew_after_the_finish  # type: ignore[method-assign]
+    with caplog.at_level("WARNING", logger="outbox.worker"), running_in_thread(worker):
+        assert renewing.wait(15)
+        assert wait_until(lambda: states(queue, [task_id]) == ["done"])
+    assert [r.getMessage() for r in caplog.records if "renewal refused" in r.getMessage()] == []
 
 
 def test_heartbeats_keep_a_long_task_leased(queue: TaskQueue) -> None:
