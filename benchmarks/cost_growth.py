@@ -30,10 +30,13 @@ import sqlalchemy as sa
 
 import outbox
 from benchmarks.relay_bench import (
+    DRAIN_DEADLINE_SECONDS,
+    drain_backlog,
     fresh_database,
     log,
     receiver_process,
     relay_processes,
+    sent_since,
     undelivered,
 )
 from benchmarks.task_throughput import prefill_tasks
@@ -45,7 +48,6 @@ from outbox.tasks import TaskQueue
 CLAIM_WARMUP = 20  # connection, compiled statements, and psycopg's prepare after 5 runs
 CLAIMS = 300  # timed claims, each taking one of a few hundred pending tasks
 DRAIN_RELAYS, DRAIN_BATCH = 2, 1000  # as the suite's drain against the naive relay
-DRAIN_DEADLINE_SECONDS = 1200.0
 RSS_LIMIT_MB = 150
 RSS_SAMPLE_SECONDS = 0.1
 
@@ -163,15 +165,6 @@ def prefill_messages(url: str, rows: int) -> int:
     return first_id
 
 
-def sent_since(engine: sa.Engine, first_id: int) -> int:
-    """Messages sent among those with id >= first_id (a primary key range, not the history)."""
-    with engine.connect() as conn:
-        query = sa.select(sa.func.count()).where(
-            messages.c.id >= first_id, messages.c.state == "sent"
-        )
-        return int(conn.execute(query).scalar_one())
-
-
 # --- claim latency ------------------------------------------------------------------------
 
 
@@ -197,41 +190,13 @@ def claim_latency(url: str, claims: int = CLAIMS) -> float:
 
 
 def drain_rate(url: str, total: int) -> float:
-    """Messages per second relays deliver from a backlog of `total` (relay_bench's drain setup).
-
-    As benchmarks.relay_bench.drain, but on a database given here, which may hold
-    history: prefilled rows are counted by id, so history is never scanned.
-    """
+    """Messages per second relays deliver from a new backlog of `total` (history may be there)."""
     first_id = prefill_messages(url, total)
-    engine = outbox.create_engine(url)
-    try:
-        with (
-            tempfile.TemporaryDirectory() as tmp,
-            receiver_process(url, Path(tmp)) as target,
-            timed(f"drain {total:,} with {DRAIN_RELAYS} relays"),
-        ):
-            with relay_processes(url, target, Path(tmp), DRAIN_RELAYS, "batch", DRAIN_BATCH):
-                # Timed from when every relay is up; what they sent while the others
-                # started is subtracted.
-                started = time.monotonic()
-                before = sent_since(engine, first_id)
-                wait_drained(engine, started + DRAIN_DEADLINE_SECONDS)
-                elapsed = time.monotonic() - started
-            sent = sent_since(engine, first_id)
-    finally:
-        engine.dispose()
-    if sent != total:
-        raise RuntimeError(f"relays sent {sent} of {total}")
-    return (sent - before) / elapsed
-
-
-def wait_drained(engine: sa.Engine, deadline: float) -> None:
-    """Poll until nothing is pending or sending; RuntimeError at the deadline."""
-    pause = threading.Event()
-    while undelivered(engine):
-        if time.monotonic() > deadline:
-            raise RuntimeError("relays did not drain before the deadline")
-        pause.wait(0.05)
+    with timed(f"drain {total:,} with {DRAIN_RELAYS} relays"):
+        result = drain_backlog(url, total, "batch", DRAIN_RELAYS, DRAIN_BATCH, first_id)
+    if not result["complete"]:
+        raise RuntimeError(f"relays did not send all of {total}: {result}")
+    return float(result["rate"])
 
 
 # --- relay memory -------------------------------------------------------------------------

@@ -1,24 +1,30 @@
 """The benchmark suite: each scenario beside its baseline, measured in the same run.
 
-Run: .venv/bin/python -m benchmarks.suite [--quick] [--runs 3] [--json PATH]
+Run: .venv/bin/python -m benchmarks.suite [--quick] [--runs 3] [--json PATH] [--doc PATH]
 
-Every scenario is run `--runs` times; each run measures ours and the baseline
+Every scenario is run `--runs` times; each run measures ours and its baseline
 back to back on fresh databases, so machine noise hits both. The table gives
-medians and the median of the per-run ratios, against the issue's targets.
-Scenarios so far: publish overhead, and relay drain against a naive relay.
+medians and the median of the per-run ratios, against the targets. Scenarios:
+publish overhead, relay drain against a naive relay, live latency, task
+throughput against PGQueuer, cost growth with a large history, and the same
+drain, task throughput and publish on SQLite files beside PostgreSQL (the
+SQLite rows' baseline is our PostgreSQL figure from the same run).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import platform
 import statistics
 import subprocess
 import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -27,12 +33,16 @@ import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
 import outbox
+import receiver
+from benchmarks import cost_growth, task_throughput
 from benchmarks.relay_bench import (
     ROOT,
     SECRET,
     count_sent,
     drain,
+    drain_backlog,
     fresh_database,
+    live,
     log,
     pending_row,
     prefill,
@@ -42,71 +52,116 @@ from benchmarks.relay_bench import (
 from outbox.canonical import canonical_bytes
 from outbox.schema import messages
 
+Run = dict[str, float]
+
 
 @dataclass
 class Row:
-    """One line of the table: ours against the baseline, with the target."""
+    """One line of the table: ours against the baseline (when there is one), with the target."""
 
     scenario: str
+    backend: str
     unit: str
     ours: float
-    baseline: float
-    ratio: float
+    baseline: float | None
+    ratio: float | None
     target: str
-    met: bool
-    runs: list[dict[str, float]]
+    met: bool | None  # None: reported without a target
+    runs: list[Run]
 
 
 def median_row(
     scenario: str,
+    backend: str,
     unit: str,
-    runs: list[dict[str, float]],
-    target: str,
-    met: Callable[[float], bool],
+    runs: list[Run],
+    target: str = "",
+    met: Callable[[float], bool] | None = None,
+    ours: str = "ours",
+    baseline: str | None = "baseline",
+    ratio: Callable[[Run], float] | None = None,
 ) -> Row:
-    """Medians over the runs; the ratio is the median of each run's own ratio."""
-    ratio = statistics.median(r["ours"] / r["baseline"] for r in runs)
+    """Medians over the runs of the figures named `ours` and `baseline`.
+
+    The ratio is the median of each run's own ratio (ours / baseline unless
+    `ratio` says otherwise); `met` judges it, or judges `ours` when there is no
+    baseline.
+    """
+    per_run = ratio or (lambda run: run[ours] / run[baseline or ""])
+    median_ratio = None if baseline is None else round(statistics.median(map(per_run, runs)), 2)
+    ours_median = round(statistics.median(run[ours] for run in runs), 1)
+    judged = median_ratio if median_ratio is not None else ours_median
     return Row(
         scenario,
+        backend,
         unit,
-        round(statistics.median(r["ours"] for r in runs), 1),
-        round(statistics.median(r["baseline"] for r in runs), 1),
-        round(ratio, 2),
+        ours_median,
+        None if baseline is None else round(statistics.median(run[baseline] for run in runs), 1),
+        median_ratio,
         target,
-        met(ratio),
+        None if met is None else met(judged),
         runs,
     )
+
+
+def repeat(label: str, runs: int, measure: Callable[[], Run]) -> list[Run]:
+    """`measure()` `runs` times, with progress on stderr."""
+    results = []
+    for n in range(1, runs + 1):
+        started = time.monotonic()
+        log(f"{label}: run {n}/{runs}")
+        results.append(measure())
+        log(f"{label}: run {n}/{runs} done in {time.monotonic() - started:.0f} s: {results[-1]}")
+    return results
+
+
+@contextmanager
+def sqlite_file(name: str) -> Iterator[str]:
+    """A new, migrated SQLite database file (the embedded default), deleted afterwards."""
+    with tempfile.TemporaryDirectory() as tmp:
+        url = f"sqlite:///{Path(tmp) / name}"
+        outbox.upgrade(url)
+        receiver.upgrade(url)
+        yield url
 
 
 # --- publish overhead ---------------------------------------------------------------
 
 
-def publish_overhead(transactions: int) -> dict[str, float]:
+def publish_overhead(url: str, transactions: int) -> Run:
     """Microseconds per transaction: publish() against a bare INSERT of the same row."""
-    with fresh_database() as url:
-        engine = outbox.create_engine(url)
-        try:
+    engine = outbox.create_engine(url)
+    try:
 
-            def bare(n: int) -> None:
-                row = pending_row(f"bare-{n}", canonical_bytes({"n": n}), time.time())
-                with Session(engine) as session, session.begin():
-                    session.execute(sa.insert(messages), row)
+        def bare(n: int) -> None:
+            row = pending_row(f"bare-{n}", canonical_bytes({"n": n}), time.time())
+            with Session(engine) as session, session.begin():
+                session.execute(sa.insert(messages), row)
 
-            def published(n: int) -> None:
-                with Session(engine) as session, session.begin():
-                    outbox.publish(session, "default", f"pub-{n}", {"n": n})
+        def published(n: int) -> None:
+            with Session(engine) as session, session.begin():
+                outbox.publish(session, "default", f"pub-{n}", {"n": n})
 
-            timings = {}
-            for label, write in (("baseline", bare), ("ours", published)):
-                for n in range(-100, 0):  # warm caches and prepared statements
-                    write(n)
-                started = time.perf_counter()
-                for n in range(transactions):
-                    write(n)
-                timings[label] = (time.perf_counter() - started) / transactions * 1e6
-        finally:
-            engine.dispose()
+        timings = {}
+        for label, write in (("baseline", bare), ("ours", published)):
+            for n in range(-100, 0):  # warm caches and prepared statements
+                write(n)
+            started = time.perf_counter()
+            for n in range(transactions):
+                write(n)
+            timings[label] = (time.perf_counter() - started) / transactions * 1e6
+    finally:
+        engine.dispose()
     return timings
+
+
+def publish_both(transactions: int) -> Run:
+    """Publish overhead on PostgreSQL, then on a SQLite file."""
+    with fresh_database() as url:
+        pg = publish_overhead(url, transactions)
+    with sqlite_file("publish.db") as url:
+        lite = publish_overhead(url, transactions)
+    return {**pg, "sqlite_ours": lite["ours"], "sqlite_baseline": lite["baseline"]}
 
 
 # --- drain against a naive relay --------------------------------------------------------
@@ -144,70 +199,322 @@ def naive_drain(total: int) -> float:
     return total / elapsed
 
 
-def drain_against_naive(ours_total: int, naive_total: int) -> dict[str, float]:
-    """Messages per second: our relay (batch mode, 2 relays) and the naive loop."""
-    ours = drain(ours_total, "batch", 2, 1000)
-    if not ours["complete"]:
-        raise RuntimeError(f"our relay did not drain: {ours}")
-    return {"ours": float(ours["rate"]), "baseline": naive_drain(naive_total)}
+def complete_rate(result: dict[str, Any]) -> float:
+    """The rate of a drain that delivered everything, or RuntimeError."""
+    if not result["complete"]:
+        raise RuntimeError(f"the relays did not drain: {result}")
+    return float(result["rate"])
+
+
+def sqlite_drain(total: int) -> float:
+    """Messages per second two relays deliver from a SQLite file to a receiver on another."""
+    with sqlite_file("outbox.db") as url, sqlite_file("receiver.db") as receiver_url:
+        prefill(url, total)
+        return complete_rate(drain_backlog(url, total, "batch", 2, 1000, 1, receiver_url))
+
+
+def drains(ours_total: int, naive_total: int, sqlite_total: int) -> Run:
+    """Messages per second: our relays (batch mode, 2 relays), the naive loop, ours on SQLite."""
+    return {
+        "ours": complete_rate(drain(ours_total, "batch", 2, 1000)),
+        "baseline": naive_drain(naive_total),
+        "sqlite_ours": sqlite_drain(sqlite_total),
+    }
+
+
+# --- live latency -----------------------------------------------------------------------
+
+
+def live_latency(seconds: float) -> Run:
+    """4 producers at their full rate, one relay: commit-to-receipt quantiles and the backlog."""
+    result = live(seconds, 4, 1)
+    return {
+        "p50_ms": result["p50_ms"],
+        "p99_ms": result["p99_ms"],
+        "rate": float(result["rate"]),
+        "backlog_at_stop": float(result["backlog_at_stop"]),
+        "backlog_share": result["backlog_at_stop"] / max(result["messages"], 1),
+    }
 
 
 # --- the table ----------------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class Sizes:
+    """How much each scenario moves: the issue's sizes, or small ones for --quick."""
+
+    publish_transactions: int
+    drain: int
+    naive: int
+    sqlite_drain: int
+    live_seconds: float
+
+    @classmethod
+    def of(cls, quick: bool) -> Sizes:
+        """The sizes for a full or a quick run."""
+        if quick:
+            return cls(300, 5_000, 200, 2_000, 3.0)
+        return cls(3_000, 200_000, 2_000, 50_000, 10.0)
+
+
+def measure(runs: int, quick: bool) -> list[Row]:
+    """Every scenario, `runs` times each; the table's rows."""
+    size = Sizes.of(quick)
+    rows: list[Row] = []
+    publish = repeat("publish overhead", runs, lambda: publish_both(size.publish_transactions))
+    rows.append(
+        median_row(
+            "publish vs bare insert",
+            "postgresql",
+            "us/transaction",
+            publish,
+            "<= 1.3",
+            lambda r: r <= 1.3,
+        )
+    )
+    flows = repeat(
+        "drain vs naive relay", runs, lambda: drains(size.drain, size.naive, size.sqlite_drain)
+    )
+    rows.append(
+        median_row(
+            "drain vs naive relay", "postgresql", "messages/s", flows, ">= 20x", lambda r: r >= 20
+        )
+    )
+    rows.append(
+        median_row(
+            "drain rate",
+            "postgresql",
+            "messages/s",
+            flows,
+            ">= 30,000",
+            lambda r: r >= 30_000,
+            baseline=None,
+        )
+    )
+    latency = repeat("live latency", runs, lambda: live_latency(size.live_seconds))
+    rows.append(
+        median_row(
+            "live commit-to-receipt p50",
+            "postgresql",
+            "ms",
+            latency,
+            "<= 10 ms",
+            lambda r: r <= 10,
+            ours="p50_ms",
+            baseline=None,
+        )
+    )
+    rows.append(
+        median_row(
+            "live commit-to-receipt p99",
+            "postgresql",
+            "ms",
+            latency,
+            "<= 50 ms",
+            lambda r: r <= 50,
+            ours="p99_ms",
+            baseline=None,
+        )
+    )
+    rows.append(
+        median_row(
+            "live backlog at stop",
+            "postgresql",
+            "messages",
+            latency,
+            "flat: <= 1% of sent",
+            lambda r: r <= 0.01,
+            ours="backlog_at_stop",
+            baseline=None,
+        )
+    )
+    rows[-1].met = statistics.median(run["backlog_share"] for run in latency) <= 0.01
+    task_throughput.require_pgqueuer()  # a missing baseline is an error, not a skip
+    throughput = repeat("task throughput", runs, lambda: task_throughput.run(quick))
+    rows.append(
+        median_row(
+            "tasks vs PGQueuer", "postgresql", "tasks/s", throughput, ">= 1.0", lambda r: r >= 1.0
+        )
+    )
+    growth = repeat("cost growth", runs, lambda: cost_growth.run(quick))
+    history = f"{int(growth[0]['history_rows']):,}"
+    rows.append(
+        median_row(
+            f"claim latency with history ({history} rows)",
+            "postgresql",
+            "us/claim",
+            growth,
+            "<= 1.2",
+            lambda r: r <= 1.2,
+            ours="claim_us_history",
+            baseline="claim_us_empty",
+        )
+    )
+    rows.append(
+        median_row(
+            f"drain slowdown with history ({history} rows)",
+            "postgresql",
+            "messages/s",
+            growth,
+            "<= 1.2",
+            lambda r: r <= 1.2,
+            ours="drain_rate_history",
+            baseline="drain_rate_empty",
+            ratio=lambda run: run["drain_rate_empty"] / run["drain_rate_history"],
+        )
+    )
+    rows.append(
+        median_row(
+            f"relay peak RSS draining ({cost_growth.sizes(quick)[2]:,} rows)",
+            "postgresql",
+            "MB",
+            growth,
+            "< 150 MB",
+            lambda r: r < 150,
+            ours="relay_rss_mb",
+            baseline=None,
+        )
+    )
+    # SQLite, the embedded default: its baseline is our PostgreSQL figure of the same run.
+    rows.append(
+        median_row(
+            "drain vs PostgreSQL",
+            "sqlite",
+            "messages/s",
+            flows,
+            ours="sqlite_ours",
+            baseline="ours",
+        )
+    )
+    rows.append(
+        median_row(
+            "tasks vs PostgreSQL", "sqlite", "tasks/s", throughput, ours="sqlite", baseline="ours"
+        )
+    )
+    rows.append(
+        median_row(
+            "publish vs bare insert",
+            "sqlite",
+            "us/transaction",
+            publish,
+            ours="sqlite_ours",
+            baseline="sqlite_baseline",
+        )
+    )
+    return rows
+
+
+def cell(value: float | None, digits: int = 1) -> str:
+    """A number for the table, or a dash."""
+    return "-" if value is None else f"{value:,.{digits}f}"
+
+
+def verdict(row: Row) -> str:
+    """yes, NO, or a dash when the row is reported without a target."""
+    return "-" if row.met is None else ("yes" if row.met else "NO")
+
+
 def render(rows: list[Row]) -> str:
     """The results as a plain-text table."""
     lines = [
-        f"{'scenario':<26} {'unit':<14} {'ours':>10} {'baseline':>10} {'ratio':>7}  "
-        f"{'target':<12} met"
+        f"{'scenario':<42} {'backend':<10} {'unit':<14} {'ours':>10} {'baseline':>10} "
+        f"{'ratio':>7}  {'target':<20} met"
     ]
     for row in rows:
         lines.append(
-            f"{row.scenario:<26} {row.unit:<14} {row.ours:>10,.1f} {row.baseline:>10,.1f} "
-            f"{row.ratio:>7.2f}  {row.target:<12} {'yes' if row.met else 'NO'}"
+            f"{row.scenario:<42} {row.backend:<10} {row.unit:<14} {cell(row.ours):>10} "
+            f"{cell(row.baseline):>10} {cell(row.ratio, 2):>7}  {row.target or '-':<20} "
+            f"{verdict(row)}"
         )
     return "\n".join(lines)
 
 
+def markdown(rows: list[Row], document: dict[str, Any]) -> str:
+    """docs/performance.md: the table of one run, with its command, date and machine."""
+    lines = [
+        "# Performance",
+        "",
+        "Written by the benchmark suite from one real run; do not edit by hand.",
+        "",
+        f"- command: `{document['command']}`",
+        f"- date: {document['date']}",
+        f"- machine: {document['machine']}",
+        f"- runs per scenario: {document['runs']} (medians; each ratio is the median of the "
+        "runs' own ratios, ours and baseline measured back to back)",
+        "",
+        "| scenario | backend | unit | ours | baseline | ratio | target | met |",
+        "| --- | --- | --- | ---: | ---: | ---: | --- | --- |",
+    ]
+    for row in rows:
+        lines.append(
+            f"| {row.scenario} | {row.backend} | {row.unit} | {cell(row.ours)} | "
+            f"{cell(row.baseline)} | {cell(row.ratio, 2)} | {row.target or '-'} | "
+            f"{verdict(row)} |"
+        )
+    lines += ["", "Baselines:", ""]
+    lines += [f"- {text}" for text in BASELINES]
+    return "\n".join(lines) + "\n"
+
+
+BASELINES = (
+    "publish: a bare INSERT of the same row through the same SQLAlchemy session.",
+    "drain: benchmarks/naive_relay.py, one row per transaction, one POST per message on a "
+    "new connection, 1 s polling; ours is 2 relays in batch mode into the reference receiver.",
+    "live: 4 producer processes committing one row per transaction at their full rate, one "
+    "relay; timestamps from the databases (commit to receipt).",
+    "tasks: PGQueuer (the `bench` extra) draining as many no-op jobs with its own dequeue and "
+    "completion, in as many processes; ours claims in batches and commits each result with "
+    "its reply row.",
+    "cost growth: the same database with no history, then with finished tasks and sent "
+    "replies; the relay's memory is its peak RSS (VmHWM) while draining.",
+    "sqlite rows: our figure on SQLite files against our PostgreSQL figure of the same run.",
+)
+
+
+def machine() -> str:
+    """CPU count and model, for the reader of the results."""
+    model = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return f"{os.cpu_count()} CPUs, {model}, Python {platform.python_version()}"
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Run the scenarios, print the table, write the JSON."""
+    """Run the scenarios, print the table, write the JSON (and the markdown, when asked)."""
     parser = argparse.ArgumentParser(prog="python -m benchmarks.suite")
     parser.add_argument("--quick", action="store_true", help="small sizes: a smoke run")
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--json", default=str(ROOT / "benchmarks" / "last-run.json"))
+    parser.add_argument("--doc", help="also write the results as markdown here")
     args = parser.parse_args(argv)
     if args.runs < 1:
         parser.error("--runs must be >= 1")
-    transactions, ours_total, naive_total = (
-        (300, 5_000, 200) if args.quick else (3_000, 200_000, 2_000)
-    )
-    rows: list[Row] = []
-    runs: list[dict[str, float]] = []
-    for n in range(1, args.runs + 1):
-        log(f"publish overhead, run {n}/{args.runs}")
-        runs.append(publish_overhead(transactions))
-    rows.append(
-        median_row("publish vs bare insert", "us/transaction", runs, "<= 1.3", lambda r: r <= 1.3)
-    )
-    runs = []
-    for n in range(1, args.runs + 1):
-        log(f"drain vs naive relay, run {n}/{args.runs}")
-        runs.append(drain_against_naive(ours_total, naive_total))
-    rows.append(median_row("drain vs naive relay", "messages/s", runs, ">= 20x", lambda r: r >= 20))
-    drain_met = statistics.median(r["ours"] for r in runs) >= 30_000
+    started = time.monotonic()
+    rows = measure(args.runs, args.quick)
     table = render(rows)
     print(table)
-    if not args.quick:
-        print(f"drain >= 30,000 messages/s: {'yes' if drain_met else 'NO'}")
+    if args.quick:
+        print("(--quick: sizes too small to judge the targets)")
     document: dict[str, Any] = {
         "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
         "command": " ".join(["python -m benchmarks.suite", *(argv or sys.argv[1:])]),
+        "machine": machine(),
         "quick": args.quick,
         "runs": args.runs,
+        "seconds": round(time.monotonic() - started),
         "rows": [asdict(row) for row in rows],
     }
     Path(args.json).write_text(json.dumps(document, indent=2) + "\n", encoding="utf-8")
-    log(f"wrote {args.json}")
+    log(f"wrote {args.json} after {document['seconds']} s")
+    if args.doc:
+        Path(args.doc).write_text(markdown(rows, document), encoding="utf-8")
+        log(f"wrote {args.doc}")
     return 0
 
 
