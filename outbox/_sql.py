@@ -193,16 +193,34 @@ _COMPLETE_WHERE = """
     AND {t}.fence = v.fence AND {t}.lease_until > {now} AND {t}.deadline > {now}
 """
 _PG_NOW = f"COALESCE(%(now)s::float8, {database_now('postgresql')})"
+# PostgreSQL writes the replies in the same statement, from the rows the UPDATE changed:
+# one round trip for a whole batch, and atomic alone.
 COMPLETE_POSTGRESQL = (
-    "UPDATE outbox_tasks AS t SET"
+    """WITH v AS (
+        SELECT * FROM unnest(
+            CAST(%(task_ids)s AS varchar[]), CAST(%(owners)s AS varchar[]),
+            CAST(%(fences)s AS bigint[]), CAST(%(results)s AS text[]),
+            CAST(%(reply_ids)s AS varchar[]), CAST(%(destinations)s AS varchar[]),
+            CAST(%(bodies)s AS bytea[]), CAST(%(hashes)s AS varchar[])
+        ) AS v(task_id, owner, fence, result, reply_id, destination, body, content_hash)
+    ), done AS (
+        UPDATE outbox_tasks AS t SET"""
     + _COMPLETE_SET.format(now=_PG_NOW)
-    + """FROM unnest(
-        CAST(%(task_ids)s AS varchar[]), CAST(%(owners)s AS varchar[]),
-        CAST(%(fences)s AS bigint[]), CAST(%(results)s AS text[])
-    ) AS v(task_id, owner, fence, result)
-    WHERE"""
+    + "FROM v WHERE"
     + _COMPLETE_WHERE.format(t="t", now=_PG_NOW)
-    + "RETURNING t.task_id"
+    + """RETURNING t.task_id
+    ), replies AS (
+        INSERT INTO outbox_messages (reply_id, task_id, destination, body, content_hash,
+            headers, state, attempts, fence, available_at, created_at)
+        SELECT v.reply_id, v.task_id, v.destination, v.body,
+            v.content_hash, '{}', 'pending', 0, 0, """
+    + _PG_NOW
+    + ", "
+    + _PG_NOW
+    + """
+        FROM v JOIN done ON done.task_id = v.task_id
+    )
+    SELECT task_id FROM done"""
 )
 _SQLITE_NOW = f"COALESCE(:now, {database_now('sqlite')})"
 COMPLETE_SQLITE = sa.text(
@@ -222,27 +240,41 @@ Completion = tuple[str, str, int, str]
 """(task_id, owner, fence, result as canonical JSON) of a task to mark done."""
 
 
+def complete_tasks_with_replies(
+    conn: sa.Connection,
+    completions: Sequence[Completion],
+    replies: Sequence[dict[str, Any]],
+    now: float | None,
+) -> set[str]:
+    """PostgreSQL: mark held tasks done and insert the replies of those it changed, in one
+    statement; returns their task_ids. `replies` are the completions' reply rows, in order."""
+    if not completions:
+        return set()
+    task_ids, owners, fences, results = (list(c) for c in zip(*completions, strict=True))
+    params = {
+        "task_ids": task_ids,
+        "owners": owners,
+        "fences": fences,
+        "results": results,
+        "reply_ids": [row["reply_id"] for row in replies],
+        "destinations": [row["destination"] for row in replies],
+        "bodies": [row["body"] for row in replies],
+        "hashes": [row["content_hash"] for row in replies],
+        "now": now,
+    }
+    # Planned per run: a generic plan may rescan the arrays once per row (see UNPREPARED).
+    result = conn.exec_driver_sql(COMPLETE_POSTGRESQL, params, execution_options={UNPREPARED: True})
+    return set(result.scalars().all())
+
+
 def complete_tasks(
     conn: sa.Connection, completions: Sequence[Completion], now: float | None
 ) -> set[str]:
-    """Mark held tasks done with their results in one statement; returns the task_ids it changed."""
+    """SQLite: mark held tasks done with their results in one statement; returns the task_ids
+    it changed (their replies are the caller's to insert)."""
     if not completions:
         return set()
-    if conn.dialect.name == "postgresql":
-        task_ids, owners, fences, results = (list(c) for c in zip(*completions, strict=True))
-        params = {
-            "task_ids": task_ids,
-            "owners": owners,
-            "fences": fences,
-            "results": results,
-            "now": now,
-        }
-        # Planned per run: a generic plan may rescan the arrays once per row (see UNPREPARED).
-        result = conn.exec_driver_sql(
-            COMPLETE_POSTGRESQL, params, execution_options={UNPREPARED: True}
-        )
-    else:
-        result = conn.execute(COMPLETE_SQLITE, {"rows": json.dumps(completions), "now": now})
+    result = conn.execute(COMPLETE_SQLITE, {"rows": json.dumps(completions), "now": now})
     return set(result.scalars().all())
 
 

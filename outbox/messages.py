@@ -113,18 +113,10 @@ def task_reply_body(task_id: str, status: str, result_json: str | None) -> bytes
     )
 
 
-def add_task_replies(
-    conn: Connection,
-    replies: Sequence[tuple[str, str, str | None]],
-    destination: str,
-    now: float | None,
-) -> None:
-    """Insert the reply of each (task_id, status, result_json); joins the caller's transaction.
-
-    `now` is a manual clock's time, or None for the database's clock.
-    """
-    if not replies:
-        return
+def task_reply_rows(
+    replies: Sequence[tuple[str, str, str | None]], destination: str
+) -> list[dict[str, Any]]:
+    """The outbox rows of each (task_id, status, result_json)'s reply, bodies encoded."""
     rows = []
     for task_id, status, result_json in replies:
         body = task_reply_body(task_id, status, result_json)
@@ -137,9 +129,24 @@ def add_task_replies(
                 "body": body,
                 "content_hash": sha256_hex(body),
                 "headers": "{}",
-                "now": now,
             }
         )
+    return rows
+
+
+def add_task_replies(
+    conn: Connection,
+    replies: Sequence[tuple[str, str, str | None]],
+    destination: str,
+    now: float | None,
+) -> None:
+    """Insert the reply of each (task_id, status, result_json); joins the caller's transaction.
+
+    `now` is a manual clock's time, or None for the database's clock.
+    """
+    if not replies:
+        return
+    rows = [{**row, "now": now} for row in task_reply_rows(replies, destination)]
     conn.execute(_sql.insert_task_replies(conn.dialect.name), rows)
 
 

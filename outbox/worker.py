@@ -34,6 +34,9 @@ Handler = Callable[[Claim, threading.Event], Any]
 WRITE_RETRY_FIRST = 0.05
 WRITE_RETRY_MAX = 1.0
 EXIT_FORCED = 1  # a second SIGTERM/SIGINT: exit at once
+# A claim reconciles this many times per lease: a task whose lease expired is retaken
+# within a quarter lease of its expiry.
+RECONCILES_PER_LEASE = 4
 
 
 class PermanentFailure(OutboxError):
@@ -88,6 +91,7 @@ class Worker:
         self._stopping = threading.Event()
         self._wake = threading.Event()
         self._beats_end = threading.Event()
+        self._next_reconcile = 0.0  # time.monotonic() of the next claim that reconciles
 
     def stop(self) -> None:
         """Stop claiming; running handlers finish within the grace period. Any thread."""
@@ -145,8 +149,14 @@ class Worker:
         self.stop()
 
     def _claim(self, limit: int) -> list[Claim]:
+        # Expired leases and deadlines matter on the scale of the lease, not of a claim:
+        # reconciling in every claim cost a third of a busy worker's time.
+        reconcile = time.monotonic() >= self._next_reconcile
         try:
-            return self.queue.claim_many(self.owner, limit)
+            claims = self.queue.claim_many(self.owner, limit, reconcile=reconcile)
+            if reconcile:
+                self._next_reconcile = time.monotonic() + self.queue.lease / RECONCILES_PER_LEASE
+            return claims
         except sa.exc.DBAPIError as exc:
             # Nothing was leased, or the leases expire and are taken again.
             log.warning("worker %s: claim failed (%s); trying again", self.owner, exc)

@@ -774,6 +774,18 @@ def test_finish_with_a_result_that_is_not_json_safe_keeps_the_task_running(
     assert_one_reply(queue, tid, "done", {"fixed": True})
 
 
+def test_a_claim_without_reconcile_leaves_expired_leases_to_one_that_reconciles(
+    queue: TaskQueue, clock: ManualClock
+) -> None:
+    tid = submit(queue, clock, "m-1")
+    first = claim(queue, "w1")
+    clock.advance(LEASE + 1)
+    assert queue.claim_many("w2", 1, reconcile=False) == []
+    assert task(queue, tid)["owner"] == "w1"
+    [retaken] = queue.claim_many("w2", 1)
+    assert (retaken.task_id, retaken.owner, retaken.fence) == (tid, "w2", first.fence + 1)
+
+
 def test_finish_many_commits_each_held_claim_and_refuses_the_others_alone(
     queue: TaskQueue, clock: ManualClock
 ) -> None:
