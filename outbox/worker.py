@@ -20,6 +20,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
+from queue import SimpleQueue
 from typing import Any
 
 import sqlalchemy as sa
@@ -109,14 +110,21 @@ class Worker:
                 signal.signal(signum, self._on_signal)
         beat = threading.Thread(target=self._heartbeats, name="outbox-heartbeat", daemon=True)
         beat.start()
-        handlers: set[threading.Thread] = set()
-        started = 0
+        # One thread per slot, started once: a thread per task cost a tenth of a busy
+        # worker's CPU. None tells a thread to end.
+        claimed: SimpleQueue[_Running | None] = SimpleQueue()
+        for n in range(self.concurrency):
+            threading.Thread(
+                target=self._handle_each,
+                args=(claimed,),
+                name=f"outbox-handler-{n + 1}",
+                daemon=True,
+            ).start()
         try:
             while not self._stopping.is_set():
                 self._wake.clear()
-                handlers = {t for t in handlers if t.is_alive()}
-                # Slots are counted by outcome, not by thread: a handler wakes this loop
-                # once its outcome is written, while its thread is still finishing.
+                # Slots are counted by outcome: a handler wakes this loop once its
+                # outcome is written.
                 with self._lock:
                     free = self.concurrency - len(self._running)
                 claims = self._claim(free) if free > 0 else []
@@ -124,20 +132,14 @@ class Worker:
                     running = _Running(claim)
                     with self._lock:
                         self._running[claim.task_id] = running
-                    started += 1
-                    thread = threading.Thread(
-                        target=self._handle,
-                        args=(running,),
-                        name=f"outbox-handler-{started}",
-                        daemon=True,
-                    )
-                    handlers.add(thread)
-                    thread.start()
+                    claimed.put(running)
                 if not claims or len(claims) == free:
                     # Wait for a free slot, new work (the poll) or stop.
                     self._wake.wait(self.poll_interval)
         finally:
-            self._drain(handlers)
+            self._drain()
+            for _ in range(self.concurrency):
+                claimed.put(None)  # idle threads end now, late ones once their handler returns
             self._beats_end.set()
             beat.join()
 
@@ -162,14 +164,23 @@ class Worker:
             log.warning("worker %s: claim failed (%s); trying again", self.owner, exc)
             return []
 
-    def _drain(self, handlers: set[threading.Thread]) -> None:
+    def _drain(self) -> None:
         """Let running handlers finish within the grace period; then stop and disown them."""
-        if not any(t.is_alive() for t in handlers):
-            return
+        with self._lock:
+            if not self._running:
+                return
         log.info("worker %s: draining running tasks", self.owner)
         deadline = time.monotonic() + self.grace
-        for thread in handlers:
-            thread.join(max(0.0, deadline - time.monotonic()))
+        while True:
+            with self._lock:
+                if not self._running:
+                    return
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                break
+            # A handler sets `_wake` once its outcome is written and its slot is free.
+            self._wake.wait(remaining)
+            self._wake.clear()
         with self._lock:
             late = list(self._running.values())
             for running in late:
@@ -181,6 +192,10 @@ class Worker:
             log.warning(
                 "worker %s: abandoned %d running tasks to lease expiry", self.owner, len(late)
             )
+
+    def _handle_each(self, claimed: SimpleQueue[_Running | None]) -> None:
+        while (running := claimed.get()) is not None:
+            self._handle(running)
 
     def _handle(self, running: _Running) -> None:
         claim = running.claim
