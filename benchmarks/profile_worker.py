@@ -1,6 +1,6 @@
 """Where a Worker's time goes: one Worker process draining no-op tasks, sampled by py-spy.
 
-Run: .venv/bin/python -m benchmarks.profile_worker [--tasks 4000] [--out PATH]
+Run: .venv/bin/python -m benchmarks.profile_worker [--tasks 20000] [--out PATH]
 
 py-spy (the `bench` extra) samples every thread of the process, the handler
 threads included, while it drains a prefilled queue on a fresh PostgreSQL
@@ -66,34 +66,42 @@ def summarize(raw: Path, shown: int = SHOWN) -> str:
                 seen.add(key)
                 inclusive[key] += samples
     rows = [f"{samples / total:6.1%}  {key}" for key, samples in inclusive.most_common(shown)]
-    return f"{total} samples (all threads, idle excluded)\n" + "\n".join(rows)
+    header = f"{total} samples of the thread holding the interpreter lock, inclusive"
+    return header + "\n" + "\n".join(rows)
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Prefill, sample one draining Worker with py-spy, print the summary."""
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.profile_worker")
-    parser.add_argument("--tasks", type=int, default=4000)
-    parser.add_argument("--out", help="also write the summary here")
-    parser.add_argument("--drain", help=argparse.SUPPRESS)  # the sampled child's own mode
-    args = parser.parse_args(argv)
-    if args.drain:
-        drain_once(args.drain)
-        return 0
+def profile(tasks: int) -> str:
+    """Prefill `tasks`, sample one Worker draining them with py-spy; the summary."""
     spy = shutil.which("py-spy", path=str(Path(sys.executable).parent))
     if spy is None:
-        raise SystemExit("py-spy is missing: run `.venv/bin/pip install -e '.[dev,bench]'`")
+        raise RuntimeError("py-spy is missing: run `.venv/bin/pip install -e '.[dev,bench]'`")
     with fresh_database() as url, tempfile.TemporaryDirectory() as tmp:
-        prefill_tasks(url, args.tasks)
+        prefill_tasks(url, tasks)
         raw = Path(tmp) / "samples.txt"
-        command = [sys.executable, "-m", "benchmarks.profile_worker", "--drain", url]
         sampling = ["--format", "raw", "--rate", str(SAMPLES_PER_SECOND), "--output", str(raw)]
+        # Only the thread holding the interpreter lock: where the CPU goes, not who waits.
+        sampling += ["--gil", "--nonblocking"]
+        command = [sys.executable, "-m", "benchmarks.profile_worker", "--drain", url]
         subprocess.run(
             [spy, "record", *sampling, "--", *command],
             cwd=ROOT,
             check=True,
             stdout=subprocess.DEVNULL,
         )
-        summary = summarize(raw)
+        return summarize(raw)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Profile one draining Worker and print the summary."""
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.profile_worker")
+    parser.add_argument("--tasks", type=int, default=20_000)
+    parser.add_argument("--out", help="also write the summary here")
+    parser.add_argument("--drain", help=argparse.SUPPRESS)  # the sampled child's own mode
+    args = parser.parse_args(argv)
+    if args.drain:
+        drain_once(args.drain)
+        return 0
+    summary = profile(args.tasks)
     print(summary)
     if args.out:
         Path(args.out).write_text(summary + "\n", encoding="utf-8")

@@ -34,7 +34,7 @@ from sqlalchemy.orm import Session
 
 import outbox
 import receiver
-from benchmarks import cost_growth, task_throughput
+from benchmarks import cost_growth, profile_worker, task_throughput
 from benchmarks.relay_bench import (
     ROOT,
     SECRET,
@@ -454,7 +454,23 @@ def markdown(rows: list[Row], document: dict[str, Any]) -> str:
         )
     lines += ["", "Baselines:", ""]
     lines += [f"- {text}" for text in BASELINES]
+    if document.get("worker_profile"):
+        lines += [
+            "",
+            "## Where a Worker's time goes",
+            "",
+            f"Task throughput missed its target. `{PROFILE_COMMAND}` in the same run: one "
+            f"Worker process draining {PROFILE_TASKS:,} no-op tasks, sampled by py-spy.",
+            "",
+            "```",
+            document["worker_profile"],
+            "```",
+        ]
     return "\n".join(lines) + "\n"
+
+
+PROFILE_TASKS = 20_000
+PROFILE_COMMAND = f"python -m benchmarks.profile_worker --tasks {PROFILE_TASKS}"
 
 
 BASELINES = (
@@ -513,6 +529,11 @@ def main(argv: list[str] | None = None) -> int:
     Path(args.json).write_text(json.dumps(document, indent=2) + "\n", encoding="utf-8")
     log(f"wrote {args.json} after {document['seconds']} s")
     if args.doc:
+        tasks = next(row for row in rows if row.scenario == "tasks vs PGQueuer")
+        if tasks.met is False and not args.quick:
+            log("task throughput missed its target: profiling one Worker")
+            document["worker_profile"] = profile_worker.profile(PROFILE_TASKS)
+            Path(args.json).write_text(json.dumps(document, indent=2) + "\n", encoding="utf-8")
         Path(args.doc).write_text(markdown(rows, document), encoding="utf-8")
         log(f"wrote {args.doc}")
     return 0
