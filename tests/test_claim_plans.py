@@ -114,3 +114,31 @@ def test_the_task_claim_uses_the_claimable_index(db_url: str, capped: bool) -> N
     finally:
         engine.dispose()
     assert "ix_outbox_tasks_claimable" in plan, plan
+
+
+@pytest.mark.parametrize("backend", ["postgresql"], indirect=True)
+@pytest.mark.parametrize(
+    ("statement", "index"),
+    [
+        (outbox_sql.expire_past_deadline, "ix_outbox_tasks_deadline"),
+        (outbox_sql.reap_expired_task_leases, "ix_outbox_tasks_"),
+        (outbox_sql.reap_expired_message_leases, "ix_outbox_messages_lease"),
+    ],
+    ids=["expire", "reap-tasks", "reap-messages"],
+)
+def test_the_reconcile_steps_of_a_claim_walk_partial_indexes(
+    db_url: str, statement: Any, index: str
+) -> None:
+    engine = with_history(db_url)
+    try:
+        with engine.connect() as conn:
+            plan = generic_plan(conn, statement("postgresql"), {"now": None, "limit": 100})
+    finally:
+        engine.dispose()
+    # Every scan of the table is of a partial index (over unfinished rows), never the
+    # primary key or the heap, which would read the whole history.
+    scans = [line for line in plan.splitlines() if "Scan" in line and "CTE Scan" not in line]
+    assert scans, plan
+    assert any(index in line for line in scans), plan
+    for line in scans:
+        assert "Seq Scan" not in line, plan
