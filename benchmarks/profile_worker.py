@@ -55,6 +55,8 @@ def summarize(raw: Path, shown: int = SHOWN) -> str:
     total = 0
     for line in raw.read_text().splitlines():
         stack, _, count = line.rpartition(" ")
+        if "importlib._bootstrap" in stack:
+            continue  # the interpreter starting, not the Worker
         samples = int(count)
         total += samples
         seen = set()
@@ -66,7 +68,7 @@ def summarize(raw: Path, shown: int = SHOWN) -> str:
                 seen.add(key)
                 inclusive[key] += samples
     rows = [f"{samples / total:6.1%}  {key}" for key, samples in inclusive.most_common(shown)]
-    header = f"{total} samples of the thread holding the interpreter lock, inclusive"
+    header = f"{total} samples of the thread holding the interpreter lock (imports left out)"
     return header + "\n" + "\n".join(rows)
 
 

@@ -418,12 +418,12 @@ def verdict(row: Row) -> str:
 def render(rows: list[Row]) -> str:
     """The results as a plain-text table."""
     lines = [
-        f"{'scenario':<42} {'backend':<10} {'unit':<14} {'ours':>10} {'baseline':>10} "
+        f"{'scenario':<46} {'backend':<10} {'unit':<14} {'ours':>10} {'baseline':>10} "
         f"{'ratio':>7}  {'target':<20} met"
     ]
     for row in rows:
         lines.append(
-            f"{row.scenario:<42} {row.backend:<10} {row.unit:<14} {cell(row.ours):>10} "
+            f"{row.scenario:<46} {row.backend:<10} {row.unit:<14} {cell(row.ours):>10} "
             f"{cell(row.baseline):>10} {cell(row.ratio, 2):>7}  {row.target or '-':<20} "
             f"{verdict(row)}"
         )
