@@ -314,15 +314,27 @@ class TaskQueue(DatabaseHandle):
     def _complete(
         self, conn: Connection, finished: Sequence[tuple[Claim, Any]]
     ) -> list[OutboxError | None]:
-        refused: list[OutboxError | None] = []
+        refused: list[OutboxError | None] = [None] * len(finished)
+        # One claim per task: of two claims of one task (a lost lease taken again by the
+        # same worker), only the newer can hold it, and one reply row per task may exist.
+        newest: dict[str, int] = {}
+        for index, (claim, _) in enumerate(finished):
+            other = newest.get(claim.task_id)
+            if other is None or finished[other][0].fence < claim.fence:
+                newest[claim.task_id] = index
         completions: list[_sql.Completion] = []
-        for claim, result in finished:
+        for index, (claim, result) in enumerate(finished):
+            if newest[claim.task_id] != index:
+                refused[index] = Fenced(
+                    f"task {claim.task_id}: fence {claim.fence} of {claim.owner!r} is finished "
+                    "by another claim of the same task in this batch"
+                )
+                continue
             try:
                 result_json = canonical_bytes(result, max_bytes=MAX_RESULT_BYTES).decode("utf-8")
             except NotCanonical as exc:
-                refused.append(InvalidMessage(f"result: {exc}"))
+                refused[index] = InvalidMessage(f"result: {exc}")
                 continue
-            refused.append(None)
             completions.append((claim.task_id, claim.owner, claim.fence, result_json))
         now = self._now_value()
         if self._dialect == "postgresql":
@@ -345,8 +357,19 @@ class TaskQueue(DatabaseHandle):
             )
         for index, (claim, _) in enumerate(finished):
             if refused[index] is None and claim.task_id not in done:
-                refused[index] = self._fenced(conn, claim)
+                refused[index] = self._fenced_after_write(conn, claim)
         return refused
+
+    def _fenced_after_write(self, conn: Connection, claim: Claim) -> Fenced:
+        """Why a claim was refused, when the database still says; on PostgreSQL the batch
+        is committed by now, so failing to read the reason must not fail the batch."""
+        try:
+            return self._fenced(conn, claim)
+        except sa.exc.DBAPIError as exc:
+            return Fenced(
+                f"task {claim.task_id} is no longer held by {claim.owner!r} fence {claim.fence} "
+                f"(why could not be read: {type(exc).__name__})"
+            )
 
     def fail(self, claim: Claim, reason: str, permanent: bool = False) -> str:
         """Record a failed attempt: back to pending after backoff, or `failed` with its reply."""

@@ -25,8 +25,8 @@ from typing import Any
 
 import sqlalchemy as sa
 
+from outbox._group_commit import GroupCommit
 from outbox.errors import Fenced, InvalidMessage, OutboxError
-from outbox.group_commit import GroupCommit
 from outbox.tasks import Claim, TaskQueue
 
 log = logging.getLogger("outbox.worker")
@@ -50,6 +50,11 @@ class _Running:
     stop: threading.Event = field(default_factory=threading.Event)
     lost: bool = False
     written: bool = False  # its outcome is committed: a refused renewal is no news
+
+    @property
+    def key(self) -> tuple[str, int]:
+        """Each claim its own entry: a task lost and claimed again is held twice, briefly."""
+        return (self.claim.task_id, self.claim.fence)
 
 
 class Worker:
@@ -87,7 +92,7 @@ class Worker:
         self.owner = owner or f"worker-{socket.gethostname()}-{os.getpid()}"
         self.concurrency = concurrency
         self.poll_interval = poll_interval
-        self._running: dict[str, _Running] = {}
+        self._running: dict[tuple[str, int], _Running] = {}
         self._lock = threading.Lock()
         self._stopping = threading.Event()
         self._wake = threading.Event()
@@ -131,7 +136,7 @@ class Worker:
                 for claim in claims:
                     running = _Running(claim)
                     with self._lock:
-                        self._running[claim.task_id] = running
+                        self._running[running.key] = running
                     claimed.put(running)
                 if not claims or len(claims) == free:
                     # Wait for a free slot, new work (the poll) or stop.
@@ -153,16 +158,22 @@ class Worker:
     def _claim(self, limit: int) -> list[Claim]:
         # Expired leases and deadlines matter on the scale of the lease, not of a claim:
         # reconciling in every claim cost a third of a busy worker's time.
-        reconcile = time.monotonic() >= self._next_reconcile
+        moment = self._moment()
+        reconcile = moment >= self._next_reconcile
         try:
             claims = self.queue.claim_many(self.owner, limit, reconcile=reconcile)
             if reconcile:
-                self._next_reconcile = time.monotonic() + self.queue.lease / RECONCILES_PER_LEASE
+                self._next_reconcile = moment + self.queue.lease / RECONCILES_PER_LEASE
             return claims
         except sa.exc.DBAPIError as exc:
             # Nothing was leased, or the leases expire and are taken again.
             log.warning("worker %s: claim failed (%s); trying again", self.owner, exc)
             return []
+
+    def _moment(self) -> float:
+        """Seconds on the queue's clock when it has a manual one (leases run on it), else
+        on the monotonic clock."""
+        return self.queue.clock() if self.queue.clock is not None else time.monotonic()
 
     def _drain(self) -> None:
         """Let running handlers finish within the grace period; then stop and disown them."""
@@ -195,7 +206,13 @@ class Worker:
 
     def _handle_each(self, claimed: SimpleQueue[_Running | None]) -> None:
         while (running := claimed.get()) is not None:
-            self._handle(running)
+            try:
+                self._handle(running)
+            except BaseException:
+                # This thread is a slot: ending it would leave later claims unrun.
+                log.exception(
+                    "task %s: handler raised; its lease will expire", running.claim.task_id
+                )
 
     def _handle(self, running: _Running) -> None:
         claim = running.claim
@@ -210,7 +227,7 @@ class Worker:
             log.exception("task %s: outcome not recorded; its lease will expire", claim.task_id)
         finally:
             with self._lock:
-                self._running.pop(claim.task_id, None)
+                self._running.pop(running.key, None)
             self._wake.set()
 
     def _finish(self, claim: Claim, result: Any) -> None:

@@ -17,7 +17,7 @@ import pytest
 import sqlalchemy as sa
 from support.cli_helpers import one_line_error, running_in_thread
 
-from outbox import AuthContext, Claim, Envelope, TaskQueue
+from outbox import AuthContext, Claim, Envelope, ManualClock, TaskQueue
 from outbox.worker import PermanentFailure, Worker
 
 SOURCE = AuthContext("agent-a")
@@ -151,7 +151,7 @@ def test_a_renewal_refused_because_the_task_just_finished_is_not_reported(
         # The beat read the task as running; the result commits before its renewal lands.
         renewing.set()
         go.set()
-        assert wait_until(lambda: task_id not in worker._running)
+        assert wait_until(lambda: all(key[0] != task_id for key in worker._running))
         return real_renew(claim)
 
     queue.renew = renew_after_the_finish  # type: ignore[method-assign]
@@ -159,6 +159,43 @@ def test_a_renewal_refused_because_the_task_just_finished_is_not_reported(
         assert renewing.wait(15)
         assert wait_until(lambda: states(queue, [task_id]) == ["done"])
     assert [r.getMessage() for r in caplog.records if "renewal refused" in r.getMessage()] == []
+
+
+def test_a_handler_that_raises_system_exit_does_not_cost_the_worker_its_slot(
+    queue: TaskQueue,
+) -> None:
+    first, second = submit(queue, 2)
+
+    def handler(claim: Claim, stop: threading.Event) -> str:
+        if claim.task_id == first:
+            raise SystemExit(3)
+        return "done"
+
+    with running_in_thread(Worker(queue, handler, concurrency=1, poll_interval=0.05)):
+        assert wait_until(lambda: states(queue, [second]) == ["done"])
+    assert states(queue, [first]) == ["running"]  # left to its lease, nothing written
+
+
+def test_with_a_manual_clock_an_expired_lease_is_retaken_once_that_clock_says_so(
+    db_url: str,
+) -> None:
+    clock = ManualClock(1_000_000.0)
+    # A long lease: on the real clock a quarter of it would outlast the wait below.
+    with TaskQueue(db_url, clock=clock, allowed_sources=("agent-a",), lease=120) as manual:
+        [task_id] = submit(manual, 1)
+        assert manual.claim("gone-worker") is not None
+        done = threading.Event()
+
+        def handler(claim: Claim, stop: threading.Event) -> str:
+            done.set()
+            return "retaken"
+
+        worker = Worker(manual, handler, poll_interval=0.05, heartbeat=30)
+        with running_in_thread(worker):
+            assert wait_until(lambda: worker._next_reconcile > 0)  # its first claim ran
+            clock.advance(121)  # the gone worker's lease has expired
+            assert done.wait(10)
+            assert wait_until(lambda: states(manual, [task_id]) == ["done"])
 
 
 def test_heartbeats_keep_a_long_task_leased(queue: TaskQueue) -> None:

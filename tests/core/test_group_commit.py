@@ -10,8 +10,8 @@ from typing import Any
 import sqlalchemy as sa
 
 from outbox import AuthContext, Claim, Envelope, Fenced, ManualClock, TaskQueue
+from outbox._group_commit import GroupCommit
 from outbox.errors import OutboxError
-from outbox.group_commit import GroupCommit
 
 A = AuthContext("agent-a")
 WAIT = 10.0  # seconds: a deadline for what should take milliseconds

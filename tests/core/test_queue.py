@@ -814,6 +814,47 @@ def test_finish_many_commits_each_held_claim_and_refuses_the_others_alone(
     assert_one_reply(queue, cancelled.task_id, "cancelled")
 
 
+@pytest.mark.parametrize("stale_first", [True, False], ids=["stale-first", "fresh-first"])
+def test_finish_many_with_two_claims_of_one_task_commits_only_the_newer(
+    queue: TaskQueue, clock: ManualClock, stale_first: bool
+) -> None:
+    tid = submit(queue, clock, "m-1")
+    stale = claim(queue, "w")
+    clock.advance(LEASE + 1)
+    fresh = claim(queue, "w")  # the same worker took its lost task again
+    assert fresh.fence == stale.fence + 1
+    pairs = [(stale, {"from": "stale"}), (fresh, {"from": "fresh"})]
+    refused = queue.finish_many(pairs if stale_first else pairs[::-1])
+    by_fence = dict(
+        zip([c.fence for c, _ in (pairs if stale_first else pairs[::-1])], refused, strict=True)
+    )
+    assert by_fence[fresh.fence] is None
+    assert isinstance(by_fence[stale.fence], Fenced)
+    assert_one_reply(queue, tid, "done", {"from": "fresh"})
+
+
+def test_finish_many_reports_a_refusal_even_when_its_reason_cannot_be_read(
+    queue: TaskQueue, clock: ManualClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    tid = submit(queue, clock, "m-1")
+    stale = claim(queue, "w")
+    clock.advance(LEASE + 1)
+    claim(queue, "w2")
+    good_id = submit(queue, clock, "m-2")
+    good = claim(queue, "w")
+
+    def unreadable(conn: Any, held: Claim) -> Fenced:
+        raise sa.exc.OperationalError("SELECT", {}, Exception("connection lost"))
+
+    monkeypatch.setattr(queue, "_fenced", unreadable)
+    refused = queue.finish_many([(stale, "late"), (good, "ok")])
+    assert isinstance(refused[0], Fenced)
+    assert "could not be read" in str(refused[0])
+    assert refused[1] is None
+    assert_one_reply(queue, good_id, "done", "ok")
+    assert replies_for(queue, tid) == []
+
+
 def test_finish_many_of_nothing_writes_nothing(queue: TaskQueue) -> None:
     assert queue.finish_many([]) == []
     assert queue.replies() == []

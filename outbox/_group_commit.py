@@ -7,6 +7,10 @@ waiting thread, if any, and returns. Each result is still committed with its
 reply and checked against its own lease and fence; only the COMMIT is shared.
 Under load this turns one transaction per task into one per batch; alone, a
 result is written at once, as TaskQueue.finish would.
+
+For Worker's handler threads: a thread waiting here must not be interrupted
+(a signal handler raising in the main thread, say), since the next batch may
+be its to write.
 """
 
 from __future__ import annotations
