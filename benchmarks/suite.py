@@ -34,7 +34,7 @@ from sqlalchemy.orm import Session
 
 import outbox
 import receiver
-from benchmarks import cost_growth, profile_worker, task_throughput
+from benchmarks import cost_growth, profiles, task_throughput
 from benchmarks.relay_bench import (
     ROOT,
     SECRET,
@@ -439,23 +439,39 @@ def markdown(rows: list[Row], document: dict[str, Any]) -> str:
         )
     lines += ["", "Baselines:", ""]
     lines += [f"- {text}" for text in BASELINES]
-    if document.get("worker_profile"):
-        lines += [
-            "",
-            "## Where a Worker's time goes",
-            "",
-            f"Task throughput missed its target. `{PROFILE_COMMAND}` in the same run: one "
-            f"Worker process draining {PROFILE_TASKS:,} no-op tasks, sampled by py-spy.",
-            "",
-            "```",
-            document["worker_profile"],
-            "```",
-        ]
+    for key, title, command, what in PROFILES:
+        if document.get(key):
+            lines += [
+                "",
+                f"## {title}",
+                "",
+                f"A target was missed; `{command}` in the same run: {what}, sampled by py-spy "
+                "(the thread holding the interpreter lock, inclusive shares).",
+                "",
+                "```",
+                document[key],
+                "```",
+            ]
     return "\n".join(lines) + "\n"
 
 
 PROFILE_TASKS = 20_000
-PROFILE_COMMAND = f"python -m benchmarks.profile_worker --tasks {PROFILE_TASKS}"
+PROFILE_MESSAGES = 200_000
+PROFILES = (
+    (
+        "worker_profile",
+        "Where a Worker's time goes",
+        f"python -m benchmarks.profiles worker --tasks {PROFILE_TASKS}",
+        f"one Worker process draining {PROFILE_TASKS:,} no-op tasks",
+    ),
+    (
+        "drain_profile",
+        "Where a drain's time goes",
+        f"python -m benchmarks.profiles drain --messages {PROFILE_MESSAGES}",
+        f"a relay and the receiver for {profiles.DRAIN_SAMPLE_SECONDS} s in the middle of a "
+        f"drain of {PROFILE_MESSAGES:,} replies by two relays",
+    ),
+)
 
 
 BASELINES = (
@@ -514,11 +530,14 @@ def main(argv: list[str] | None = None) -> int:
     Path(args.json).write_text(json.dumps(document, indent=2) + "\n", encoding="utf-8")
     log(f"wrote {args.json} after {document['seconds']} s")
     if args.doc:
-        tasks = next(row for row in rows if row.scenario == "tasks vs PGQueuer")
-        if tasks.met is False and not args.quick:
+        missed = {row.scenario for row in rows if row.met is False}
+        if not args.quick and "tasks vs PGQueuer" in missed:
             log("task throughput missed its target: profiling one Worker")
-            document["worker_profile"] = profile_worker.profile(PROFILE_TASKS)
-            Path(args.json).write_text(json.dumps(document, indent=2) + "\n", encoding="utf-8")
+            document["worker_profile"] = profiles.worker(PROFILE_TASKS)
+        if not args.quick and missed & {"drain rate", "drain vs naive relay"}:
+            log("the drain missed its target: profiling a relay and the receiver")
+            document["drain_profile"] = profiles.drain(PROFILE_MESSAGES)
+        Path(args.json).write_text(json.dumps(document, indent=2) + "\n", encoding="utf-8")
         Path(args.doc).write_text(markdown(rows, document), encoding="utf-8")
         log(f"wrote {args.doc}")
     return 0
