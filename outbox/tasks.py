@@ -333,7 +333,9 @@ class TaskQueue(DatabaseHandle):
             try:
                 result_json = canonical_bytes(result, max_bytes=MAX_RESULT_BYTES).decode("utf-8")
             except NotCanonical as exc:
-                refused[index] = InvalidMessage(f"result: {exc}")
+                invalid = InvalidMessage(f"result: {exc}")
+                invalid.__cause__ = exc
+                refused[index] = invalid
                 continue
             completions.append((claim.task_id, claim.owner, claim.fence, result_json))
         now = self._now_value()

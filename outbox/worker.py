@@ -97,7 +97,7 @@ class Worker:
         self._stopping = threading.Event()
         self._wake = threading.Event()
         self._beats_end = threading.Event()
-        self._next_reconcile = 0.0  # time.monotonic() of the next claim that reconciles
+        self._next_reconcile = 0.0  # the _moment() of the next claim that reconciles
 
     def stop(self) -> None:
         """Stop claiming; running handlers finish within the grace period. Any thread."""
