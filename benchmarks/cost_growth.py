@@ -2,10 +2,11 @@
 
 Run alone: .venv/bin/python -m benchmarks.cost_growth [--quick]
 
-One run measures, each on a fresh PostgreSQL database:
-- the task claim's median latency and the relay's drain rate, first with no
-  history, then with N finished rows (done tasks and their sent replies); the
-  partial indexes should keep history from slowing either
+One run measures, on fresh PostgreSQL databases:
+- the task claim's median latency and the relay's drain rate on a database
+  with no history and on one with N finished rows (done tasks and their sent
+  replies), claims alternating between the two; the partial indexes should
+  keep history from slowing either
   (claim_us_history / claim_us_empty <= 1.2, and
   drain_rate_empty / drain_rate_history <= 1.2);
 - the peak resident memory of one relay process draining a backlog
@@ -14,16 +15,13 @@ One run measures, each on a fresh PostgreSQL database:
 
 from __future__ import annotations
 
-import argparse
-import json
-import os
 import statistics
 import sys
 import tempfile
 import threading
 import time
 from collections.abc import Iterable, Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 import sqlalchemy as sa
@@ -31,11 +29,13 @@ import sqlalchemy as sa
 import outbox
 from benchmarks.relay_bench import (
     DRAIN_DEADLINE_SECONDS,
+    children_running,
     drain_backlog,
     fresh_database,
     log,
     receiver_process,
     relay_processes,
+    run_alone,
     sent_since,
     undelivered,
 )
@@ -168,22 +168,31 @@ def prefill_messages(url: str, rows: int) -> int:
 # --- claim latency ------------------------------------------------------------------------
 
 
-def claim_latency(url: str, claims: int = CLAIMS) -> float:
-    """Median microseconds of TaskQueue.claim (claim_many of one) with a few hundred pending."""
-    prefill_tasks(url, CLAIM_WARMUP + claims)
-    timings: list[float] = []
-    with TaskQueue(url, lease=30) as queue, timed(f"{CLAIM_WARMUP + claims} claims"):
+def claim_latencies(urls: dict[str, str], claims: int = CLAIMS) -> dict[str, float]:
+    """Median microseconds of TaskQueue.claim (claim_many of one) on each database.
+
+    The claims alternate between the databases, one each in turn, so that noise
+    on the machine falls on every side alike.
+    """
+    for url in urls.values():
+        prefill_tasks(url, CLAIM_WARMUP + claims)
+    timings: dict[str, list[float]] = {label: [] for label in urls}
+    with ExitStack() as stack, timed(f"{CLAIM_WARMUP + claims} claims on each database"):
+        queues = {
+            label: stack.enter_context(TaskQueue(url, lease=30)) for label, url in urls.items()
+        }
         for n in range(CLAIM_WARMUP + claims):
-            started = time.perf_counter()
-            claim = queue.claim("bench-claimer")
-            elapsed = time.perf_counter() - started
-            if claim is None:
-                raise RuntimeError(f"claim {n} found no pending task")
-            # Finished, untimed: the queue stays as a live one is, nothing left running.
-            queue.finish(claim, None)
-            if n >= CLAIM_WARMUP:
-                timings.append(elapsed)
-    return statistics.median(timings) * 1e6
+            for label, queue in queues.items():
+                started = time.perf_counter()
+                claim = queue.claim("bench-claimer")
+                elapsed = time.perf_counter() - started
+                if claim is None:
+                    raise RuntimeError(f"claim {n} found no pending task ({label})")
+                # Finished, untimed: the queue stays as a live one is, nothing left running.
+                queue.finish(claim, None)
+                if n >= CLAIM_WARMUP:
+                    timings[label].append(elapsed)
+    return {label: statistics.median(times) * 1e6 for label, times in timings.items()}
 
 
 # --- relay drain --------------------------------------------------------------------------
@@ -200,24 +209,6 @@ def drain_rate(url: str, total: int) -> float:
 
 
 # --- relay memory -------------------------------------------------------------------------
-
-
-def relay_pids() -> list[int]:
-    """This process's children that run `outbox.cli relay` (relay_processes keeps no handle)."""
-    pids = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-            argv = (entry / "cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue  # ended meanwhile
-        # The command name in parentheses may hold spaces: the parent pid follows it.
-        parent = int(stat.rsplit(")", 1)[1].split()[1])
-        if parent == os.getpid() and b"outbox.cli" in argv and b"relay" in argv:
-            pids.append(int(entry.name))
-    return pids
 
 
 def status_kb(pid: int, field: str) -> int:
@@ -239,7 +230,7 @@ def relay_rss_while_draining(url: str, total: int) -> float:
             timed(f"drain {total:,} with one relay, sampling its memory"),
             relay_processes(url, target, Path(tmp), 1, "batch", DRAIN_BATCH),
         ):
-            pids = relay_pids()
+            pids = children_running("relay")
             if len(pids) != 1:
                 raise RuntimeError(f"expected one relay process, found {pids}")
             peak_kb = sample_rss(engine, pids[0], time.monotonic() + DRAIN_DEADLINE_SECONDS)
@@ -280,15 +271,17 @@ def run(quick: bool) -> dict[str, float]:
     """One run: claim latency and drain rate with 0 and N history rows, then the relay's RSS."""
     history, drained, rss_rows = sizes(quick)
     figures: dict[str, float] = {"history_rows": history}
-    for label, rows in (("empty", 0), ("history", history)):
-        log(f"  {label}: {rows:,} finished rows")
-        with fresh_database() as url:
-            if rows:
-                add_history(url, rows)
+    with fresh_database() as empty, fresh_database() as full:
+        urls = {"empty": empty, "history": full}
+        add_history(full, history)
+        for url in urls.values():
             settle_tables(url)
-            # Drain first: the claims below leave their pending replies behind.
+        for label, url in urls.items():
+            # Before the claims, which leave their pending replies behind.
             figures[f"drain_rate_{label}"] = drain_rate(url, drained)
-            figures[f"claim_us_{label}"] = claim_latency(url)
+        for label, latency in claim_latencies(urls).items():
+            figures[f"claim_us_{label}"] = latency
+    for label in urls:
         log(
             f"  {label}: claim {figures[f'claim_us_{label}']:,.0f} us, "
             f"drain {figures[f'drain_rate_{label}']:,.0f}/s"
@@ -301,11 +294,7 @@ def run(quick: bool) -> dict[str, float]:
 
 def main(argv: Iterable[str] | None = None) -> int:
     """Run once and print the figures as JSON."""
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.cost_growth")
-    parser.add_argument("--quick", action="store_true", help="small sizes: a smoke run")
-    args = parser.parse_args(None if argv is None else list(argv))
-    print(json.dumps(run(args.quick)))
-    return 0
+    return run_alone("python -m benchmarks.cost_growth", run, argv)
 
 
 if __name__ == "__main__":

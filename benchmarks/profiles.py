@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import os
 import shutil
 import subprocess
 import sys
@@ -28,6 +27,7 @@ from pathlib import Path
 import outbox
 from benchmarks.relay_bench import (
     ROOT,
+    children_running,
     fresh_database,
     log,
     prefill,
@@ -119,23 +119,6 @@ def worker(tasks: int) -> str:
         return summarize(raw)
 
 
-def child_running(word: str) -> int:
-    """The pid of this process's child running `outbox.cli <word>`."""
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-            argv = (entry / "cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue  # ended meanwhile
-        # The command name in parentheses may hold spaces: the parent pid follows it.
-        parent = int(stat.rsplit(")", 1)[1].split()[1])
-        if parent == os.getpid() and b"outbox.cli" in argv and word.encode() in argv:
-            return int(entry.name)
-    raise RuntimeError(f"no `outbox.cli {word}` process among this one's children")
-
-
 def attach(pid: int) -> list[str]:
     """py-spy's options to sample a running process for DRAIN_SAMPLE_SECONDS."""
     return ["--pid", str(pid), "--duration", str(DRAIN_SAMPLE_SECONDS)]
@@ -155,7 +138,7 @@ def drain(messages: int) -> str:
                 raws = {name: Path(tmp) / f"{name}.txt" for name in ("relay", "receiver")}
                 samplers = [
                     subprocess.Popen(
-                        [spy, "record", *sampling(raw), *attach(child_running(name))],
+                        [spy, "record", *sampling(raw), *attach(children_running(name)[0])],
                         stdout=subprocess.DEVNULL,
                         stderr=subprocess.DEVNULL,
                     )

@@ -23,7 +23,7 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -194,6 +194,33 @@ def relay_processes(
             proc.send_signal(signal.SIGTERM)
         for proc in procs:
             proc.wait(timeout=60)
+
+
+def children_running(word: str) -> list[int]:
+    """Pids of this process's children running `outbox.cli <word>` (relay, receiver)."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue  # ended meanwhile
+        # The command name in parentheses may hold spaces: the parent pid follows it.
+        parent = int(stat.rsplit(")", 1)[1].split()[1])
+        if parent == os.getpid() and b"outbox.cli" in argv and word.encode() in argv:
+            pids.append(int(entry.name))
+    return pids
+
+
+def run_alone(prog: str, run: Callable[[bool], dict[str, float]], argv: Any = None) -> int:
+    """The main() of a scenario module run by itself: one run, its figures as JSON."""
+    parser = argparse.ArgumentParser(prog=prog)
+    parser.add_argument("--quick", action="store_true", help="small sizes: a smoke run")
+    args = parser.parse_args(None if argv is None else list(argv))
+    print(json.dumps(run(args.quick)))
+    return 0
 
 
 def wait_healthy(url: str, seconds: float = 30) -> None:

@@ -14,9 +14,7 @@ to the moment none is left. The SQLite figure is ours again, on a file.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
-import json
 import multiprocessing
 import sys
 import tempfile
@@ -31,7 +29,7 @@ import sqlalchemy as sa
 import uvloop
 
 import outbox
-from benchmarks.relay_bench import fresh_database, log
+from benchmarks.relay_bench import fresh_database, log, run_alone
 from outbox.canonical import canonical_bytes
 from outbox.intake import AuthContext, Envelope, accept
 from outbox.schema import inbox, messages, tasks
@@ -458,11 +456,7 @@ def run(quick: bool) -> dict[str, float]:
 
 def main(argv: Iterable[str] | None = None) -> int:
     """Run once and print the figures as JSON."""
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.task_throughput")
-    parser.add_argument("--quick", action="store_true", help="small sizes: a smoke run")
-    args = parser.parse_args(None if argv is None else list(argv))
-    print(json.dumps(run(args.quick)))
-    return 0
+    return run_alone("python -m benchmarks.task_throughput", run, argv)
 
 
 if __name__ == "__main__":
