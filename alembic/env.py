@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from alembic import context
-from outbox._dialect import create_engine
+from outbox.db.dialect import create_engine
 from outbox.migrations import VERSION_TABLE
 from outbox.schema import metadata as outbox_metadata
 from receiver.schema import metadata as receiver_metadata

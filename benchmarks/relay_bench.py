@@ -154,7 +154,7 @@ def relay_processes(
     secret_file = workdir / "secret"
     config = workdir / f"relay-{mode}.toml"
     config.write_text(
-        f"[relay]\nbatch = {batch}\nlease = 30\npoll_interval = 0.05\nattempts = 5\n"
+        f"[relay]\nbatch = {batch}\nlease = 30\npoll_interval = 0.05\nmax_attempts = 5\n"
         f'[destinations.default]\nurl = "{target}"\nsecret_file = "{secret_file}"\n'
         f'mode = "{mode}"\ntimeout = 10\nconcurrency = {CONCURRENCY}\n'
         f"max_batch_items = {BATCH_ITEMS}\n"

@@ -1,10 +1,13 @@
-"""Transactional outbox: results leave the database exactly when they commit."""
+"""Transactional outbox: results leave the database exactly when they commit.
+
+What a service touches: publish() inside its own transaction, TaskQueue and
+Worker for tasks, the schema upgrade, and the errors (outbox.errors). Tests
+take ManualClock and failpoints from outbox.testing.
+"""
 
 from __future__ import annotations
 
-from outbox import failpoints
-from outbox._dialect import create_engine
-from outbox.clock import ManualClock
+from outbox.db.dialect import create_engine
 from outbox.errors import (
     BatchFailed,
     Fenced,
@@ -12,13 +15,16 @@ from outbox.errors import (
     InvalidMessage,
     OutboxError,
     PayloadCollision,
+    PermanentFailure,
     SchemaNotReady,
     Unauthorized,
 )
 from outbox.intake import Ack, AuthContext, Envelope
 from outbox.migrations import upgrade
 from outbox.publish import publish
+from outbox.states import MessageState, TaskState
 from outbox.tasks import Claim, TaskQueue
+from outbox.worker import Worker
 
 __all__ = [
     "Ack",
@@ -29,14 +35,16 @@ __all__ = [
     "Fenced",
     "InvalidEnvelope",
     "InvalidMessage",
-    "ManualClock",
+    "MessageState",
     "OutboxError",
     "PayloadCollision",
+    "PermanentFailure",
     "SchemaNotReady",
     "TaskQueue",
+    "TaskState",
     "Unauthorized",
+    "Worker",
     "create_engine",
-    "failpoints",
     "publish",
     "upgrade",
 ]

@@ -1,13 +1,19 @@
-"""The errors the outbox raises; each docstring is the meaning of its message.
+"""Every public exception of the toolkit; each docstring is the meaning of its message.
 
 OutboxError
 ├── Unauthorized          the caller is not an allowed, authenticated source
 ├── InvalidEnvelope       (also ValueError) an intake envelope breaks a rule
-├── InvalidMessage        (also ValueError) a publish() argument breaks a rule
+├── InvalidMessage        (also ValueError) a publish() argument or a task result breaks a rule
 ├── PayloadCollision      one identity, two different contents
 ├── Fenced                the caller's lease is gone: a newer owner or a final state
 ├── BatchFailed           receive_batch stopped; carries the committed prefix
-└── SchemaNotReady        the database schema is missing or older than the code
+├── SchemaNotReady        the database schema is missing or older than the code
+├── PermanentFailure      raised by a worker's handler: fail the task now, no retry
+├── RequeueRefused        a requeue found the message missing or not dead
+├── ConfigError           (also ValueError) the relay's configuration is unusable
+├── TransportError        the relay's request failed below HTTP
+├── SignatureError        a request is not signed by a current secret in time
+└── StoreUnavailable      the receipt database cannot be reached or stays busy
 """
 
 from __future__ import annotations
@@ -55,3 +61,27 @@ class BatchFailed(OutboxError):
 
 class SchemaNotReady(OutboxError):
     """The database schema is missing or older than this code; run the upgrade command."""
+
+
+class PermanentFailure(OutboxError):
+    """Raised by a handler: fail the task now, without further attempts."""
+
+
+class RequeueRefused(OutboxError):
+    """The message is missing or not dead (perhaps requeued meanwhile): nothing was changed."""
+
+
+class ConfigError(OutboxError, ValueError):
+    """The relay configuration is unusable; the message says which setting and why."""
+
+
+class TransportError(OutboxError):
+    """The request failed below HTTP: no connection, reset, malformed or oversized answer."""
+
+
+class SignatureError(OutboxError):
+    """The request is not signed by a current secret within the timestamp tolerance."""
+
+
+class StoreUnavailable(OutboxError):
+    """The receipt database is unreachable or busy; nothing is known to be stored: retry."""

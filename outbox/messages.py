@@ -9,8 +9,8 @@ from typing import Any
 
 from sqlalchemy.engine import Connection, RowMapping
 
-from outbox import _sql
 from outbox.canonical import NotCanonical, canonical_bytes, sha256_hex
+from outbox.db import message_sql
 from outbox.errors import InvalidMessage, PayloadCollision
 
 # Signed as "id.timestamp.body": a '.' in the id would make that string ambiguous.
@@ -147,7 +147,7 @@ def add_task_replies(
     if not replies:
         return
     rows = [{**row, "now": now} for row in task_reply_rows(replies, destination)]
-    conn.execute(_sql.insert_task_replies(conn.dialect.name), rows)
+    conn.execute(message_sql.insert_task_replies(conn.dialect.name), rows)
 
 
 def add_message(
@@ -175,13 +175,13 @@ def add_message(
         "headers": headers,
     }
     inserted = (
-        conn.execute(_sql.insert_one_message(conn.dialect.name), {**row, "now": now})
+        conn.execute(message_sql.insert_one_message(conn.dialect.name), {**row, "now": now})
         .mappings()
         .first()
     )
     if inserted is not None:
         return message_dict(inserted)
-    existing = conn.execute(_sql.select_message(reply_id)).mappings().one()
+    existing = conn.execute(message_sql.select_message(reply_id)).mappings().one()
     if (
         existing["content_hash"] != digest
         or existing["destination"] != destination

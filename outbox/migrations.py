@@ -13,7 +13,7 @@ from alembic.script.revision import RevisionError
 from sqlalchemy.engine import Engine
 
 from alembic import command
-from outbox._dialect import create_engine, prepare_engine
+from outbox.db.dialect import create_engine, prepare_engine
 from outbox.errors import SchemaNotReady
 
 # Our own version table, so a host application's alembic_version is never touched.

@@ -15,9 +15,10 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
-from outbox._handle import DatabaseHandle
-from outbox.clock import Clock, now_expression
-from outbox.errors import OutboxError
+from outbox.clock import Clock
+from outbox.db.dialect import now_expression
+from outbox.db.handle import DatabaseHandle
+from outbox.errors import RequeueRefused
 from outbox.schema import MESSAGE_STATES, TASK_STATES, messages, requeues, tasks
 
 PURGE_BATCH = 1000
@@ -31,10 +32,6 @@ DEAD_FIELDS = (
     messages.c.last_error,
     messages.c.created_at,
 )
-
-
-class RequeueRefused(OutboxError):
-    """The reply is missing or not dead (perhaps requeued meanwhile): nothing was changed."""
 
 
 class Operations(DatabaseHandle):

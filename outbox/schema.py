@@ -11,6 +11,8 @@ from typing import Any
 
 import sqlalchemy as sa
 
+from outbox.states import MessageState, TaskState
+
 NAMING_CONVENTION = {
     "ix": "ix_%(column_0_label)s",
     "uq": "uq_%(table_name)s_%(column_0_name)s",
@@ -19,9 +21,8 @@ NAMING_CONVENTION = {
     "pk": "pk_%(table_name)s",
 }
 
-TASK_STATES = ("pending", "running", "done", "failed", "cancelled", "expired", "hop_limit")
-TERMINAL_TASK_STATES = ("done", "failed", "cancelled", "expired", "hop_limit")
-MESSAGE_STATES = ("pending", "sending", "sent", "dead")
+TASK_STATES = tuple(str(state) for state in TaskState)
+MESSAGE_STATES = tuple(str(state) for state in MessageState)
 
 metadata = sa.MetaData(naming_convention=NAMING_CONVENTION)
 

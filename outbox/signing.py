@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 from standardwebhooks.webhooks import hmac_data
 
-from outbox.errors import OutboxError
+from outbox.errors import SignatureError
 
 SECRET_PREFIX = "whsec_"  # noqa: S105 - a format prefix, not a secret
 ID_HEADER = "webhook-id"
@@ -43,10 +43,6 @@ _MSG_ID = re.compile(r"[\x21-\x2d\x2f-\x7e]{1,200}")
 # Whole seconds only: a fraction or exponent would be re-rendered differently by each side.
 _TIMESTAMP = re.compile(r"[1-9][0-9]{0,11}")
 _MAX_SIGNATURES = 16
-
-
-class SignatureError(OutboxError):
-    """The request is not signed by a current secret within the timestamp tolerance."""
 
 
 @dataclass(frozen=True, repr=False)

@@ -19,11 +19,13 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine, RowMapping
 from sqlalchemy.orm import Session
 
-from outbox import _sql, failpoints
-from outbox._dialect import READ_ONLY
-from outbox._handle import DatabaseHandle
+from outbox import failpoints
 from outbox.canonical import NotCanonical, canonical_bytes
-from outbox.clock import Clock, now_expression
+from outbox.clock import Clock
+from outbox.db import message_sql, task_sql
+from outbox.db import sql as db_sql
+from outbox.db.dialect import READ_ONLY, now_expression
+from outbox.db.handle import DatabaseHandle
 from outbox.errors import BatchFailed, Fenced, InvalidMessage, OutboxError, PayloadCollision
 from outbox.intake import Accepted, Ack, AuthContext, Envelope, accept, authorize, check_name
 from outbox.messages import add_task_replies, check_destination, message_dict, task_reply_rows
@@ -132,9 +134,9 @@ class TaskQueue(DatabaseHandle):
         return acks
 
     def _store(self, conn: Connection, item: Accepted) -> Ack:
-        now = float(conn.execute(_sql.select_now(self._now())).scalar_one())
+        now = float(conn.execute(db_sql.select_now(self._now())).scalar_one())
         inserted = conn.execute(
-            _sql.insert_inbox(self._dialect)
+            task_sql.insert_inbox(self._dialect)
             .values(
                 principal=item.principal,
                 message_id=item.message_id,
@@ -147,7 +149,7 @@ class TaskQueue(DatabaseHandle):
         ).first()
         if inserted is None:
             stored_hash, task_id = conn.execute(
-                _sql.select_inbox_hash(item.principal, item.message_id)
+                task_sql.select_inbox_hash(item.principal, item.message_id)
             ).one()
             if stored_hash != item.content_hash:
                 raise PayloadCollision(
@@ -162,7 +164,7 @@ class TaskQueue(DatabaseHandle):
             state, error = "hop_limit", f"hops {item.hops} >= max_hops {self.max_hops}"
         terminal = state != "pending"
         conn.execute(
-            _sql.insert_task().values(
+            task_sql.insert_task().values(
                 task_id=item.task_id,
                 tenant_id=item.tenant_id,
                 payload=item.payload,
@@ -233,12 +235,12 @@ class TaskQueue(DatabaseHandle):
         self, conn: Connection, owner: str, limit: int, now: float | None
     ) -> list[RowMapping]:
         capped = self.tenant_cap is not None
-        statement = _sql.claim_tasks(self._dialect, capped, manual_clock=now is not None)
+        statement = task_sql.claim_tasks(self._dialect, capped, manual_clock=now is not None)
         params = {"now": now, "claim_owner": owner, "lease": self.lease, "limit": limit}
         if not capped:
             return list(conn.execute(statement, params).mappings())
         if self._dialect == "postgresql":
-            conn.execute(_sql.lock_tenant_caps())
+            conn.execute(task_sql.lock_tenant_caps())
         # One at a time, so a batch cannot push a tenant past its cap.
         rows: list[RowMapping] = []
         for _ in range(limit):
@@ -253,7 +255,7 @@ class TaskQueue(DatabaseHandle):
         """Extend the lease (heartbeat); Fenced when the task is no longer held by this claim."""
         with self._engine.begin() as conn:
             lease_until = conn.execute(
-                _sql.renew_lease(self._dialect),
+                task_sql.renew_lease(self._dialect),
                 {**self._holding(claim, self._now_value()), "lease": self.lease},
             ).scalar()
             if lease_until is None:
@@ -322,7 +324,7 @@ class TaskQueue(DatabaseHandle):
             other = newest.get(claim.task_id)
             if other is None or finished[other][0].fence < claim.fence:
                 newest[claim.task_id] = index
-        completions: list[_sql.Completion] = []
+        completions: list[task_sql.Completion] = []
         for index, (claim, result) in enumerate(finished):
             if newest[claim.task_id] != index:
                 refused[index] = Fenced(
@@ -344,9 +346,9 @@ class TaskQueue(DatabaseHandle):
                 [(task_id, "done", result) for task_id, _, _, result in completions],
                 self.reply_destination,
             )
-            done = _sql.complete_tasks_with_replies(conn, completions, replies, now)
+            done = task_sql.complete_tasks_with_replies(conn, completions, replies, now)
         else:
-            done = _sql.complete_tasks(conn, completions, now)
+            done = task_sql.complete_tasks(conn, completions, now)
             add_task_replies(
                 conn,
                 [
@@ -381,7 +383,7 @@ class TaskQueue(DatabaseHandle):
         with self._engine.begin() as conn:
             now = self._now_value()
             state = conn.execute(
-                _sql.fail_task(self._dialect),
+                task_sql.fail_task(self._dialect),
                 {
                     **self._holding(claim, now),
                     "reason": reason,
@@ -402,7 +404,7 @@ class TaskQueue(DatabaseHandle):
         with self._engine.begin() as conn:
             now = self._now_value()
             cancelled = conn.execute(
-                _sql.cancel_task(self._dialect), {"cancelled_task": task_id, "now": now}
+                task_sql.cancel_task(self._dialect), {"cancelled_task": task_id, "now": now}
             )
             if cancelled.rowcount != 1:
                 return False
@@ -418,7 +420,7 @@ class TaskQueue(DatabaseHandle):
                 counts = self._reconcile_in(conn, now)
                 counts["messages_requeued"] = len(
                     conn.execute(
-                        _sql.reap_expired_message_leases(self._dialect),
+                        message_sql.reap_expired_message_leases(self._dialect),
                         {"now": now, "limit": RECONCILE_BATCH},
                     ).all()
                 )
@@ -429,8 +431,8 @@ class TaskQueue(DatabaseHandle):
 
     def _reconcile_in(self, conn: Connection, now: float | None) -> dict[str, int]:
         params = {"now": now, "limit": RECONCILE_BATCH}
-        expired = conn.execute(_sql.expire_past_deadline(self._dialect), params).scalars().all()
-        reaped = conn.execute(_sql.reap_expired_task_leases(self._dialect), params).all()
+        expired = conn.execute(task_sql.expire_past_deadline(self._dialect), params).scalars().all()
+        reaped = conn.execute(task_sql.reap_expired_task_leases(self._dialect), params).all()
         failed = [task_id for task_id, state in reaped if state == "failed"]
         add_task_replies(
             conn,
@@ -456,7 +458,7 @@ class TaskQueue(DatabaseHandle):
         }
 
     def _fenced(self, conn: Connection, claim: Claim) -> Fenced:
-        row = conn.execute(_sql.select_task(claim.task_id)).mappings().first()
+        row = conn.execute(task_sql.select_task(claim.task_id)).mappings().first()
         if row is None:
             why = "no such task"
         elif row["state"] != "running":
@@ -474,7 +476,7 @@ class TaskQueue(DatabaseHandle):
     def task(self, task_id: str) -> dict[str, Any] | None:
         """One task as a dict (payload and result decoded), or None."""
         with self._reading() as conn:
-            row = conn.execute(_sql.select_task(task_id)).mappings().first()
+            row = conn.execute(task_sql.select_task(task_id)).mappings().first()
         if row is None:
             return None
         task = dict(row)
@@ -485,5 +487,5 @@ class TaskQueue(DatabaseHandle):
     def replies(self, state: str | None = None, limit: int | None = None) -> list[dict[str, Any]]:
         """Outbox messages in sequence order, optionally of one state."""
         with self._reading() as conn:
-            rows = conn.execute(_sql.select_messages(state, limit)).mappings().all()
+            rows = conn.execute(message_sql.select_messages(state, limit)).mappings().all()
         return [message_dict(row) for row in rows]

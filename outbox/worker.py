@@ -25,23 +25,17 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from outbox._group_commit import GroupCommit
-from outbox.errors import Fenced, InvalidMessage, OutboxError
+from outbox.db import retry
+from outbox.errors import Fenced, InvalidMessage, PermanentFailure
+from outbox.result_group_commit import ResultGroupCommit
 from outbox.tasks import Claim, TaskQueue
 
 log = logging.getLogger("outbox.worker")
 Handler = Callable[[Claim, threading.Event], Any]
-# Backoff between attempts to write an outcome while the database is away.
-WRITE_RETRY_FIRST = 0.05
-WRITE_RETRY_MAX = 1.0
 EXIT_FORCED = 1  # a second SIGTERM/SIGINT: exit at once
 # A claim reconciles this many times per lease: a task whose lease expired is retaken
 # within a quarter lease of its expiry.
 RECONCILES_PER_LEASE = 4
-
-
-class PermanentFailure(OutboxError):
-    """Raised by a handler: fail the task now, without further attempts."""
 
 
 @dataclass
@@ -87,7 +81,7 @@ class Worker:
             raise ValueError("heartbeat must be shorter than the lease, or leases would lapse")
         self.queue = queue
         # Results that finish together commit together: one transaction per batch.
-        self._results = GroupCommit(queue)
+        self._results = ResultGroupCommit(queue)
         self.handler = handler
         self.owner = owner or f"worker-{socket.gethostname()}-{os.getpid()}"
         self.concurrency = concurrency
@@ -249,27 +243,25 @@ class Worker:
         if running.lost:
             log.warning("task %s: lease lost; outcome discarded", running.claim.task_id)
             return
-        # Until the lease would have run out: after that, another worker may hold the task.
-        deadline = time.monotonic() + self.queue.lease
-        delay = WRITE_RETRY_FIRST
-        while True:
-            try:
-                write()
-                running.written = True
-                return
-            except Fenced as exc:
-                log.warning("task %s: %s; outcome discarded", running.claim.task_id, exc)
-                return
-            except sa.exc.DBAPIError as exc:
+        task_id = running.claim.task_id
+        try:
+            # Until the lease would have run out: after that, another worker may hold the
+            # task. A refused renewal or the end of the grace period sets `stop`: give up.
+            retry.until(
+                write,
+                seconds=self.queue.lease,
+                stop=running.stop,
                 # The COMMIT may have happened: read before writing again.
-                if self._settled(running.claim):
-                    return
-                log.warning("task %s: write failed (%s)", running.claim.task_id, exc)
-            # A refused renewal or the end of the grace period sets `stop`: give up then.
-            if time.monotonic() + delay > deadline or running.stop.wait(delay):
-                break
-            delay = min(delay * 2, WRITE_RETRY_MAX)
-        log.error("task %s: outcome not recorded; its lease will expire", running.claim.task_id)
+                done_despite=lambda exc: self._settled(running.claim),
+                on_retry=lambda exc: log.warning("task %s: write failed (%s)", task_id, exc),
+            )
+        except Fenced as exc:
+            log.warning("task %s: %s; outcome discarded", task_id, exc)
+            return
+        except sa.exc.DBAPIError as exc:
+            log.error("task %s: outcome not recorded (%s); its lease will expire", task_id, exc)
+            return
+        running.written = True
 
     def _settled(self, claim: Claim) -> bool:
         try:

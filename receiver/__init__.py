@@ -9,9 +9,10 @@ from __future__ import annotations
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
+from outbox.errors import StoreUnavailable
 from outbox.migrations import RECEIVER_BRANCH, upgrade_branch
 from receiver.app import create_app
-from receiver.store import Receipt, ReceiptStore, StoreUnavailable
+from receiver.store import Receipt, ReceiptStore
 
 __all__ = ["Receipt", "ReceiptStore", "StoreUnavailable", "create_app", "upgrade"]
 

@@ -1,6 +1,6 @@
-"""The thin ASGI shell around receiver.handling: read the body within its limit, answer.
+"""The thin ASGI shell around receiver.rules: read the body within its limit, answer.
 
-The decisions (and their order) are documented in ``receiver.handling``. This
+The decisions (and their order) are documented in ``receiver.rules``. This
 module only streams the body with a size cap (so an oversized or chunked body
 is refused before it is buffered), runs the blocking store calls in the
 thread pool (single replies that arrive together in one group commit), and
@@ -20,7 +20,7 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from outbox.signing import DEFAULT_TOLERANCE, parse_secret
-from receiver.handling import MAX_BATCH_ITEMS, Answer, Handler, Store, error, handler
+from receiver.rules import MAX_BATCH_ITEMS, Answer, ReceiverRules, Store, error, receiver_rules
 from receiver.store import Effect
 
 DEFAULT_MAX_BODY = 1_048_576
@@ -50,7 +50,7 @@ async def _read_limited(request: Request, limit: int) -> bytes:
     return b"".join(chunks)
 
 
-class _GroupCommit:
+class ReceiptGroupCommit:
     """Stores the single replies that arrive together in one transaction.
 
     While one group's transaction runs, new replies queue; the next group takes
@@ -58,7 +58,7 @@ class _GroupCommit:
     commits and thread hand-offs are shared instead of paid per request.
     """
 
-    def __init__(self, decide: Handler) -> None:
+    def __init__(self, decide: ReceiverRules) -> None:
         self._decide = decide
         self._queue: list[tuple[tuple[str, bytes], asyncio.Future[Answer]]] = []
         self._drainer: asyncio.Future[None] | None = None
@@ -116,7 +116,7 @@ class _RetentionHeader:
         await self.app(scope, receive, send_with_header)
 
 
-def build_app(decide: Handler) -> Starlette:
+def build_app(decide: ReceiverRules) -> Starlette:
     """A Starlette app answering with `decide`."""
 
     async def read_body(request: Request) -> bytes | Answer:
@@ -129,7 +129,7 @@ def build_app(decide: Handler) -> Starlette:
         except ClientDisconnect:
             return error(400, "client disconnected")  # nobody will read it
 
-    group = _GroupCommit(decide)
+    group = ReceiptGroupCommit(decide)
 
     async def post_reply(request: Request) -> Response:
         body = await read_body(request)
@@ -184,7 +184,7 @@ def create_app(
     """
     if isinstance(secrets, str | bytes):
         raise TypeError("secrets must be a list of secrets, not one secret")
-    decide = handler(
+    decide = receiver_rules(
         store,
         [parse_secret(secret) for secret in secrets],
         tolerance=tolerance,

@@ -27,11 +27,11 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session
 
 from outbox import failpoints
-from outbox._dialect import READ_ONLY, insert_ignoring_conflicts
-from outbox._handle import DatabaseHandle
 from outbox.canonical import sha256_hex
-from outbox.clock import Clock, database_now, now_expression
-from outbox.errors import OutboxError, PayloadCollision
+from outbox.clock import Clock
+from outbox.db.dialect import READ_ONLY, database_now, insert_ignoring_conflicts, now_expression
+from outbox.db.handle import DatabaseHandle
+from outbox.errors import PayloadCollision, StoreUnavailable
 from outbox.messages import check_reply_id
 from outbox.migrations import RECEIVER_BRANCH
 from receiver.schema import effects, receipts
@@ -46,10 +46,6 @@ REPLY_ID_KEY = "receiver.reply_id"
 RECEIVED_AT_KEY = "receiver.received_at"
 
 Effect = Callable[[Session, bytes], None]
-
-
-class StoreUnavailable(OutboxError):
-    """The receipt database is unreachable or busy; nothing is known to be stored: retry."""
 
 
 class _Retry(Exception):

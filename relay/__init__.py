@@ -1,8 +1,13 @@
-"""The relay sidecar: leases outbox messages and delivers them over signed HTTP."""
+"""The relay sidecar: leases outbox messages and delivers them through their transports.
+
+relay.loop runs the turns; relay.leases is the database work; relay.dispatch
+fans a turn out to relay.transport implementations (HTTP single and batch).
+"""
 
 from __future__ import annotations
 
-from relay.config import ConfigError, Destination
-from relay.runner import Relay
+from outbox.errors import ConfigError
+from relay.config import Destination
+from relay.loop import Relay
 
 __all__ = ["ConfigError", "Destination", "Relay"]

@@ -15,13 +15,10 @@ from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import quote, urlsplit
 
+from outbox.errors import ConfigError
 from outbox.messages import check_destination
 
 Mode = Literal["single", "batch"]
-
-
-class ConfigError(ValueError):
-    """The relay configuration is unusable; the message says which setting and why."""
 
 
 @dataclass(frozen=True)
@@ -87,23 +84,31 @@ def read_secret(path: str | Path) -> str:
     raise ConfigError(f"secret file {path} is empty")
 
 
-def load_toml(path: str | Path) -> tuple[dict[str, Any], dict[str, Destination]]:
-    """Read `[relay]` settings and `[destinations.NAME]` tables from a TOML file."""
+def load_destinations(path: str | Path) -> dict[str, Destination]:
+    """The `[destinations.NAME]` tables of a TOML config file."""
     try:
         document = tomllib.loads(Path(path).read_text(encoding="utf-8"))
     except (OSError, tomllib.TOMLDecodeError) as exc:
         raise ConfigError(f"cannot read relay config {path}: {exc}") from exc
-    settings = dict(document.get("relay", {}))
+    return destinations_from(document, path)
+
+
+DESTINATION_KEYS = frozenset(
+    {"url", "secret_file", "secret_env", "timeout", "mode", "concurrency"}
+    | {"receipt_lookup", "batch_url", "max_batch_items", "max_batch_bytes"}
+)
+
+
+def destinations_from(document: Mapping[str, Any], path: str | Path) -> dict[str, Destination]:
+    """The destinations of a parsed config file (`path` names it in errors)."""
     tables = document.get("destinations")
     if not isinstance(tables, dict) or not tables:
         raise ConfigError(f"{path}: at least one [destinations.NAME] table is required")
     destinations: dict[str, Destination] = {}
-    known = {"url", "secret_file", "secret_env", "timeout", "mode", "concurrency"}
-    known |= {"receipt_lookup", "batch_url", "max_batch_items", "max_batch_bytes"}
     for name, table in tables.items():
         if not isinstance(table, dict):
             raise ConfigError(f"{path}: destinations.{name} must be a table")
-        unknown = set(table) - known
+        unknown = set(table) - DESTINATION_KEYS
         if unknown:
             raise ConfigError(f"{path}: destinations.{name}: unknown keys {sorted(unknown)}")
         if "url" not in table:
@@ -126,4 +131,4 @@ def load_toml(path: str | Path) -> tuple[dict[str, Any], dict[str, Destination]]
             max_batch_items=int(table.get("max_batch_items", 500)),
             max_batch_bytes=int(table.get("max_batch_bytes", 1_000_000)),
         )
-    return settings, check_destinations(destinations)
+    return check_destinations(destinations)

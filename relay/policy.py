@@ -1,6 +1,6 @@
 """Delivery policy without I/O: what an HTTP outcome means and when to try again.
 
-Classification (SPEC section 6): 2xx is sent; 408, 425, 429 and 5xx, timeouts
+Classification (docs/contract.md#delivery): 2xx is sent; 408, 425, 429 and 5xx, timeouts
 and connection errors are worth retrying; 409 (same id, other body) and every
 other status are permanent and the reply goes dead at once.
 """
@@ -12,7 +12,9 @@ import math
 import random
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import Literal
 
+from outbox.states import MessageState
 from outbox.tasks import backoff_delay
 
 RETRYABLE_STATUSES = frozenset({408, 425, 429})
@@ -113,3 +115,25 @@ def truncate(text: str, limit: int = MAX_ERROR_CHARS) -> str:
     """Keep stored errors short, on one line, and printable (a peer's body may hold a NUL)."""
     flat = "".join(c if c.isprintable() else "?" for c in " ".join(text.split()))
     return flat if len(flat) <= limit else flat[: limit - 1] + "…"
+
+
+Verdict = Literal["sent", "retry", "dead"]
+"""What a turn did with a message, as logs and metrics name it."""
+
+
+def verdict(outcome: Outcome) -> Verdict:
+    """The verdict of an outcome: an unsent message is retried later."""
+    if isinstance(outcome, Sent):
+        return "sent"
+    if isinstance(outcome, Retry | Unsent):
+        return "retry"
+    return "dead"
+
+
+def target_state(outcome: Outcome) -> MessageState:
+    """The state an outcome settles its message in."""
+    if isinstance(outcome, Sent):
+        return MessageState.SENT
+    if isinstance(outcome, Dead):
+        return MessageState.DEAD
+    return MessageState.PENDING

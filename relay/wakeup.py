@@ -17,7 +17,7 @@ import threading
 
 import psycopg
 
-from outbox._dialect import NOTIFY_CHANNEL
+from outbox.db.dialect import NOTIFY_CHANNEL
 
 log = logging.getLogger("outbox.relay")
 

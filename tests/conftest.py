@@ -18,7 +18,8 @@ import sqlalchemy as sa
 
 import outbox
 import receiver
-from outbox import ManualClock, TaskQueue
+from outbox import TaskQueue
+from outbox.testing import ManualClock
 
 PG_ADMIN_URL = os.environ.get(
     "OUTBOX_TEST_PG_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test"

@@ -15,8 +15,8 @@ import pytest
 import sqlalchemy as sa
 from psycopg import sql as psycopg_sql
 
-from outbox import _sql as outbox_sql
-from relay import _sql as relay_sql
+from outbox.db import message_sql, task_sql
+from relay import sql as relay_sql
 
 PARAMETER = re.compile(r"%\((\w+)\)s")
 
@@ -109,7 +109,7 @@ def test_the_task_claim_uses_the_claimable_index(db_url: str, capped: bool) -> N
     try:
         with engine.connect() as conn:
             plan = generic_plan(
-                conn, outbox_sql.claim_tasks("postgresql", capped, manual_clock=False), values
+                conn, task_sql.claim_tasks("postgresql", capped, manual_clock=False), values
             )
     finally:
         engine.dispose()
@@ -120,9 +120,9 @@ def test_the_task_claim_uses_the_claimable_index(db_url: str, capped: bool) -> N
 @pytest.mark.parametrize(
     ("statement", "index"),
     [
-        (outbox_sql.expire_past_deadline, "ix_outbox_tasks_deadline"),
-        (outbox_sql.reap_expired_task_leases, "ix_outbox_tasks_"),
-        (outbox_sql.reap_expired_message_leases, "ix_outbox_messages_lease"),
+        (task_sql.expire_past_deadline, "ix_outbox_tasks_deadline"),
+        (task_sql.reap_expired_task_leases, "ix_outbox_tasks_"),
+        (message_sql.reap_expired_message_leases, "ix_outbox_messages_lease"),
     ],
     ids=["expire", "reap-tasks", "reap-messages"],
 )

@@ -15,10 +15,11 @@ from support.receiver_helpers import SECRET, ReceiverProcess
 from support.relay_helpers import publish_many, rows
 
 import outbox
-from outbox import AuthContext, Envelope, ManualClock, TaskQueue
+from outbox import AuthContext, Envelope, TaskQueue
 from outbox.cli import main
 from outbox.operations import Operations
 from outbox.schema import messages, requeues, tasks
+from outbox.testing import ManualClock
 from receiver import ReceiptStore
 from relay import Destination, Relay
 

@@ -1,8 +1,9 @@
-"""The public names are a contract (SPEC section 9)."""
+"""The public names are a contract: what a user touches is exported, test helpers are not."""
 
 from __future__ import annotations
 
 import outbox
+import outbox.testing
 
 
 def test_exported_names_are_exactly_the_contract() -> None:
@@ -16,14 +17,16 @@ def test_exported_names_are_exactly_the_contract() -> None:
             "Fenced",
             "InvalidEnvelope",
             "InvalidMessage",
-            "ManualClock",
+            "MessageState",
             "OutboxError",
             "PayloadCollision",
+            "PermanentFailure",
             "SchemaNotReady",
             "TaskQueue",
+            "TaskState",
             "Unauthorized",
+            "Worker",
             "create_engine",
-            "failpoints",
             "publish",
             "upgrade",
         ]
@@ -35,5 +38,22 @@ def test_exported_names_are_exactly_the_contract() -> None:
 def test_invalid_input_errors_are_value_errors() -> None:
     assert issubclass(outbox.InvalidEnvelope, ValueError)
     assert issubclass(outbox.InvalidMessage, ValueError)
-    assert issubclass(outbox.failpoints.Crash, BaseException)
-    assert not issubclass(outbox.failpoints.Crash, Exception)
+    assert issubclass(outbox.testing.Crash, BaseException)
+    assert not issubclass(outbox.testing.Crash, Exception)
+
+
+def test_every_public_exception_is_an_outbox_error_in_the_one_tree() -> None:
+    import inspect
+
+    import outbox.errors
+
+    raised = [
+        value
+        for name, value in vars(outbox.errors).items()
+        if inspect.isclass(value) and issubclass(value, Exception) and not name.startswith("_")
+    ]
+    assert len(raised) >= 14
+    documented = outbox.errors.__doc__ or ""
+    for error in raised:
+        assert issubclass(error, outbox.OutboxError), error
+        assert error.__name__ in documented, f"{error.__name__} missing from the tree"

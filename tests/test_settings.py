@@ -10,8 +10,8 @@ import pytest
 
 import outbox
 from outbox.cli import build_parser, command_options, main
-from outbox.cli_worker import OPTIONS
-from outbox.settings import DB, DEFAULT_DB, resolve
+from outbox.cli.settings import DB, DEFAULT_DB, resolve
+from outbox.cli.worker import OPTIONS
 
 
 def worker_args(**given: object) -> argparse.Namespace:

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import json
 
-from outbox import AuthContext, Envelope, ManualClock, TaskQueue
+from outbox import AuthContext, Envelope, TaskQueue
+from outbox.testing import ManualClock
 
 
 def test_task_result_and_reply_commit_together(queue: TaskQueue, clock: ManualClock) -> None:

@@ -17,7 +17,8 @@ import pytest
 import sqlalchemy as sa
 from support.cli_helpers import one_line_error, running_in_thread
 
-from outbox import AuthContext, Claim, Envelope, ManualClock, TaskQueue
+from outbox import AuthContext, Claim, Envelope, TaskQueue
+from outbox.testing import ManualClock
 from outbox.worker import PermanentFailure, Worker
 
 SOURCE = AuthContext("agent-a")

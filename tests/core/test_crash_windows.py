@@ -1,4 +1,4 @@
-"""Crash windows of intake, claim and finish (SPEC sections 1 and 8).
+"""Crash windows of intake, claim and finish (docs/contract.md#failure-windows-and-guarantees).
 
 In-process, an armed failpoint raises Crash (a BaseException) at the exact step;
 in a child process, OUTBOX_FAILPOINT makes the process die there with os._exit.
@@ -20,8 +20,9 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
-from outbox import AuthContext, BatchFailed, Envelope, Fenced, ManualClock, TaskQueue, failpoints
+from outbox import AuthContext, BatchFailed, Envelope, Fenced, TaskQueue, failpoints
 from outbox.failpoints import Crash, arm
+from outbox.testing import ManualClock
 
 A = AuthContext("agent-a")
 LEASE = 10.0
@@ -248,7 +249,8 @@ CHILD = textwrap.dedent(
     """
     import sys
 
-    from outbox import AuthContext, Envelope, ManualClock, TaskQueue
+    from outbox import AuthContext, Envelope, TaskQueue
+    from outbox.testing import ManualClock
 
     url, start = sys.argv[1], float(sys.argv[2])
     clock = ManualClock(start)

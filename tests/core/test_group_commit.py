@@ -9,9 +9,10 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from outbox import AuthContext, Claim, Envelope, Fenced, ManualClock, TaskQueue
-from outbox._group_commit import GroupCommit
+from outbox import AuthContext, Claim, Envelope, Fenced, TaskQueue
 from outbox.errors import OutboxError
+from outbox.result_group_commit import ResultGroupCommit
+from outbox.testing import ManualClock
 
 A = AuthContext("agent-a")
 WAIT = 10.0  # seconds: a deadline for what should take milliseconds
@@ -53,7 +54,7 @@ def claims(queue: TaskQueue, clock: ManualClock, count: int) -> list[Claim]:
 
 
 def run_finishes(
-    group: GroupCommit, gate: GatedQueue, work: list[tuple[Claim, Any]]
+    group: ResultGroupCommit, gate: GatedQueue, work: list[tuple[Claim, Any]]
 ) -> dict[str, BaseException | None]:
     """Finish the first alone; the rest arrive while it writes and must share one batch."""
     outcomes: dict[str, BaseException | None] = {}
@@ -83,7 +84,7 @@ def test_results_that_arrive_while_one_is_written_share_the_next_transaction(
 ) -> None:
     held = claims(queue, clock, 5)
     gate = GatedQueue(queue)
-    group = GroupCommit(gate)  # type: ignore[arg-type]
+    group = ResultGroupCommit(gate)  # type: ignore[arg-type]
     outcomes = run_finishes(group, gate, [(c, {"n": i}) for i, c in enumerate(held)])
     assert outcomes == {c.task_id: None for c in held}
     assert len(gate.batches) == 2
@@ -102,7 +103,7 @@ def test_a_fenced_result_is_refused_to_its_own_caller_only(
     held = claims(queue, clock, 3)
     assert queue.cancel(held[2].task_id)
     gate = GatedQueue(queue)
-    outcomes = run_finishes(GroupCommit(gate), gate, [(c, "r") for c in held])  # type: ignore[arg-type]
+    outcomes = run_finishes(ResultGroupCommit(gate), gate, [(c, "r") for c in held])  # type: ignore[arg-type]
     assert outcomes[held[0].task_id] is None
     assert outcomes[held[1].task_id] is None
     assert isinstance(outcomes[held[2].task_id], Fenced)
@@ -117,7 +118,7 @@ def test_a_database_error_reaches_every_caller_of_that_batch_and_commits_none(
     held = claims(queue, clock, 4)
     error = sa.exc.OperationalError("COMMIT", {}, Exception("connection lost"))
     gate = GatedQueue(queue, fail_with=error)
-    outcomes = run_finishes(GroupCommit(gate), gate, [(c, "r") for c in held])  # type: ignore[arg-type]
+    outcomes = run_finishes(ResultGroupCommit(gate), gate, [(c, "r") for c in held])  # type: ignore[arg-type]
     assert outcomes[held[0].task_id] is None
     for claim in held[1:]:
         assert outcomes[claim.task_id] is error
@@ -128,7 +129,7 @@ def test_a_database_error_reaches_every_caller_of_that_batch_and_commits_none(
 
 def test_alone_a_result_is_written_at_once(queue: TaskQueue, clock: ManualClock) -> None:
     held = claims(queue, clock, 3)
-    group = GroupCommit(queue)
+    group = ResultGroupCommit(queue)
     for claim in held:
         group.finish(claim, "r")
         row = queue.task(claim.task_id)

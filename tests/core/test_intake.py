@@ -1,4 +1,4 @@
-"""Intake conformance (SPEC sections 3 and 4): validation, authorization, identity, batches.
+"""Intake conformance (docs/contract.md: identity, intake limits): validation, authorization, identity, batches.
 
 Every rejected envelope must raise the documented error and leave the database
 untouched: no inbox row, no task, no reply.
@@ -20,11 +20,11 @@ from outbox import (
     BatchFailed,
     Envelope,
     InvalidEnvelope,
-    ManualClock,
     PayloadCollision,
     TaskQueue,
     Unauthorized,
 )
+from outbox.testing import ManualClock
 
 A = AuthContext("agent-a")
 B = AuthContext("agent-b")

@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 import sqlalchemy as sa
 
-from outbox import AuthContext, Envelope, InvalidEnvelope, ManualClock, TaskQueue
-from outbox._sql import expire_past_deadline, reap_expired_task_leases
+from outbox import AuthContext, Envelope, InvalidEnvelope, TaskQueue
+from outbox.db.task_sql import expire_past_deadline, reap_expired_task_leases
+from outbox.testing import ManualClock
 
 
 def test_reconcile_steps_take_at_most_their_limit(

@@ -1,4 +1,4 @@
-"""publish() conformance (SPEC sections 3 and 5): the caller's transaction, identity, validation."""
+"""publish() conformance (docs/contract.md: identity, tasks): the caller's transaction, identity, validation."""
 
 from __future__ import annotations
 
@@ -11,15 +11,8 @@ from typing import Any
 import pytest
 from sqlalchemy.orm import Session
 
-from outbox import (
-    AuthContext,
-    Envelope,
-    InvalidMessage,
-    ManualClock,
-    PayloadCollision,
-    TaskQueue,
-    publish,
-)
+from outbox import AuthContext, Envelope, InvalidMessage, PayloadCollision, TaskQueue, publish
+from outbox.testing import ManualClock
 
 BODY = {"order": 17, "status": "confirmed", "lines": [{"sku": "a", "qty": 2}]}
 

@@ -1,4 +1,4 @@
-"""Task queue conformance (SPEC section 5): claims, leases, fencing, retries, terminal replies.
+"""Task queue conformance (docs/contract.md#tasks): claims, leases, fencing, retries, terminal replies.
 
 Time only moves through the ManualClock; every terminal path must leave exactly
 one reply whose body is the canonical result document.
@@ -17,16 +17,9 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
-from outbox import (
-    AuthContext,
-    Claim,
-    Envelope,
-    Fenced,
-    InvalidMessage,
-    ManualClock,
-    TaskQueue,
-)
+from outbox import AuthContext, Claim, Envelope, Fenced, InvalidMessage, TaskQueue
 from outbox.tasks import RECONCILE_BATCH
+from outbox.testing import ManualClock
 
 A = AuthContext("agent-a")
 B = AuthContext("agent-b")

@@ -1,4 +1,4 @@
-"""Concurrency (SPEC section 5): independent queues (own engines) racing on one database.
+"""Concurrency (docs/contract.md#tasks): independent queues (own engines) racing on one database.
 
 Threads are released together by a Barrier; nothing sleeps. On PostgreSQL the
 claims race through FOR UPDATE SKIP LOCKED, on SQLite through BEGIN IMMEDIATE.
@@ -17,17 +17,8 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
-from outbox import (
-    Ack,
-    AuthContext,
-    Claim,
-    Envelope,
-    Fenced,
-    ManualClock,
-    PayloadCollision,
-    TaskQueue,
-    publish,
-)
+from outbox import Ack, AuthContext, Claim, Envelope, Fenced, PayloadCollision, TaskQueue, publish
+from outbox.testing import ManualClock
 
 A = AuthContext("agent-a")
 TIMEOUT = 60.0

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 import sqlalchemy as sa
 
 import outbox
-from outbox.schema import TERMINAL_TASK_STATES
+from outbox.states import TERMINAL_TASK_STATES
 
 LIVE_MESSAGE_STATES = ("pending", "sending")
 

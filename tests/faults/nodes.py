@@ -20,18 +20,18 @@ from pathlib import Path
 from typing import Any
 
 from outbox import failpoints
-from outbox._dialect import SQLITE_BUSY_TIMEOUT_MS
+from outbox.db.dialect import SQLITE_BUSY_TIMEOUT_MS
 
 # Everything a node imports, the CLI's lazily imported subcommands included: this
 # environment may not write bytecode, so a module imported after the fork is
 # compiled again in every node.
 PRELOAD = [
     "outbox.cli",
-    "outbox.demo",
+    "outbox.cli.demo",
     "outbox.worker",
-    "relay.cli",
-    "relay.runner",
-    "receiver.cli",
+    "outbox.cli.relay",
+    "relay.loop",
+    "outbox.cli.receiver",
     "receiver.app",
     "uvicorn",
     "faults.work",

@@ -71,7 +71,7 @@ class System:
                     "poll_interval = 0.1",
                     "backoff = 0.05",
                     "backoff_cap = 0.3",
-                    f"attempts = {attempts}",
+                    f"max_attempts = {attempts}",
                     f"batch = {relay_batch}",
                     "[destinations.default]",
                     f'url = "http://127.0.0.1:{self.port}/replies"',

@@ -1,7 +1,7 @@
 """Model-based test: a Hypothesis state machine over the task queue, the outbox and delivery.
 
 Every step runs against the real product (TaskQueue, publish(), a Relay posting to the
-reference receiver over HTTP) and against a small in-memory model of SPEC sections 5-8.
+reference receiver over HTTP) and against a small in-memory model of docs/contract.md (tasks, delivery, receiving, failure windows).
 After every step the database must equal the model (tasks, inbox, outbox rows, receipts
 and effects), so nothing of a rolled-back transaction can stay visible, and the
 invariants must hold: one live lease per task, fences that never go down, attempts
@@ -76,8 +76,9 @@ from support.receiver_helpers import SECRET
 import outbox
 from faults.figures import record
 from faults.invariants import Tally, tally
-from outbox import AuthContext, Claim, Envelope, Fenced, ManualClock, PayloadCollision, TaskQueue
+from outbox import AuthContext, Claim, Envelope, Fenced, PayloadCollision, TaskQueue
 from outbox.failpoints import Crash, arm
+from outbox.testing import ManualClock
 from receiver import ReceiptStore, create_app
 from relay import Destination, Relay
 
@@ -111,7 +112,7 @@ SOAK_FACTOR = 10
 F = TypeVar("F", bound=Callable[..., Any])
 
 
-# --- the model's own idea of identities and bodies (SPEC section 3) -----------------
+# --- the model's own idea of identities and bodies (docs/contract.md#identity-and-canonical-form) -----------------
 
 
 def canonical(value: object) -> bytes:
@@ -448,7 +449,7 @@ class Harness:
                 clock=self.clock,
                 lease=RELAY_LEASE,
                 backoff=BACKOFF,
-                attempts=RELAY_ATTEMPTS,
+                max_attempts=RELAY_ATTEMPTS,
                 batch=RELAY_BATCH,
                 rng=self.rng,
             )
@@ -704,7 +705,7 @@ class ModelMachine(RuleBasedStateMachine):
         )
 
     def _deliverable(self, now: float) -> list[MessageModel]:
-        """Pending, due, and first undelivered of its ordering key (SPEC section 6)."""
+        """Pending, due, and first undelivered of its ordering key (docs/contract.md#delivery)."""
         out: list[MessageModel] = []
         busy_keys: set[str] = set()
         for message in sorted(self.messages.values(), key=lambda m: m.seq):

@@ -34,7 +34,7 @@ import outbox
 from faults import figures
 from faults.invariants import Tally, drain
 from faults.proxy import Connection, Exchange, FaultProxy, Mode
-from outbox import ManualClock
+from outbox.testing import ManualClock
 from receiver.schema import effects, receipts
 from relay import Destination, Relay
 
@@ -131,7 +131,7 @@ def turn_by_turn(
         lease=LEASE,
         backoff=BACKOFF,
         backoff_cap=BACKOFF_CAP,
-        attempts=ATTEMPTS,
+        max_attempts=ATTEMPTS,
     )
 
 
@@ -364,7 +364,7 @@ def beside_a_hung_one(db_url: str, proxy: FaultProxy, receiver: Receiver) -> Rel
         lease=LEASE,
         backoff=BACKOFF,
         backoff_cap=BACKOFF_CAP,
-        attempts=ATTEMPTS,
+        max_attempts=ATTEMPTS,
         poll_interval=0.05,
     )
 
@@ -462,7 +462,9 @@ def test_an_answer_that_arrives_in_pieces_is_read_whole(
         "127.0.0.1", receiver.process.port, "trickle", trickle_interval=0.001
     ) as pieces:
         target = Destination(pieces.url + "/replies", secret=SECRET, timeout=5, mode="batch")
-        with Relay(db_url, {"default": target}, clock=clock, lease=10, attempts=ATTEMPTS) as relay:
+        with Relay(
+            db_url, {"default": target}, clock=clock, lease=10, max_attempts=ATTEMPTS
+        ) as relay:
             turn = verdicts(relay.dispatch_once())
         [exchange] = posts(pieces, "trickle")
         errors = {reply_id: row["last_error"] for reply_id, row in rows(engine).items()}

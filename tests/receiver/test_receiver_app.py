@@ -24,7 +24,7 @@ import outbox
 from outbox.canonical import sha256_hex
 from outbox.signing import sign
 from receiver import ReceiptStore, create_app
-from receiver.handling import MAX_DEPTH, RETENTION_HEADER
+from receiver.rules import MAX_DEPTH, RETENTION_HEADER
 
 NOW = 1_700_000_000
 MAX_BODY = 16_384

@@ -13,8 +13,8 @@ import pytest
 from support.receiver_helpers import SECRET, count_effects, signed
 
 from receiver import ReceiptStore, create_app
-from receiver.handling import Handler
-from receiver.store import Effect
+from receiver.rules import ReceiverRules
+from receiver.effects import Effect
 
 NOW = 1_700_000_000
 
@@ -35,14 +35,14 @@ def test_replies_that_arrive_during_a_commit_share_the_next_one(
 
     monkeypatch.setattr(store, "accept_many", recording)
     checked: list[str] = []
-    real_check = Handler.check_reply
+    real_check = ReceiverRules.check_reply
 
-    def counting(self: Handler, headers: Any, body: bytes) -> Any:
+    def counting(self: ReceiverRules, headers: Any, body: bytes) -> Any:
         result = real_check(self, headers, body)
         checked.append("checked")  # queued for storing right after this returns
         return result
 
-    monkeypatch.setattr(Handler, "check_reply", counting)
+    monkeypatch.setattr(ReceiverRules, "check_reply", counting)
     app = create_app(store, [SECRET], wall_clock=lambda: NOW)
     later = [
         ("r-1", b'{"n":1}'),

@@ -22,12 +22,13 @@ from support.receiver_helpers import (
     stored_receipts,
 )
 
-from outbox import ManualClock, failpoints
+from outbox import failpoints
 from outbox.cli import main
+from outbox.cli.receiver import load_secrets, parse_duration
 from outbox.signing import sign
+from outbox.testing import ManualClock
 from receiver import ReceiptStore
-from receiver.cli import load_secrets, parse_duration
-from receiver.handling import RETENTION_HEADER
+from receiver.rules import RETENTION_HEADER
 
 BODY = b'{"kind":"result","task_id":"t-9","status":"done","result":{"ok":true}}'
 DAY = 86_400.0

@@ -15,11 +15,12 @@ from support.receiver_helpers import count_effects, stored_receipts
 
 import outbox
 import receiver
-from outbox import ManualClock, PayloadCollision, SchemaNotReady, failpoints
+from outbox import PayloadCollision, SchemaNotReady, failpoints
 from outbox.canonical import sha256_hex
+from outbox.testing import ManualClock
 from receiver import Receipt, ReceiptStore, StoreUnavailable
 from receiver.schema import effects
-from receiver.store import REPLY_ID_KEY
+from receiver.effects import REPLY_ID_KEY
 
 DAY = 86_400.0
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from receiver.handling import MAX_DEPTH, InvalidJSON, parse_strict_json
+from receiver.rules import MAX_DEPTH, InvalidJSON, parse_strict_json
 
 
 def test_nesting_exactly_at_the_limit_is_accepted() -> None:

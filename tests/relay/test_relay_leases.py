@@ -9,7 +9,8 @@ import sqlalchemy as sa
 from support.relay_helpers import SECRET, publish_many, rows
 from support.scripted_server import Answer, ScriptedServer
 
-from outbox import ManualClock, TaskQueue
+from outbox import TaskQueue
+from outbox.testing import ManualClock
 from relay import Destination, Relay
 from relay.policy import Sent
 
@@ -29,13 +30,13 @@ def test_a_stale_relays_settle_is_refused(
         relay_for(db_url, server, clock, "relay-a", lease=5) as stale,
         relay_for(db_url, server, clock, "relay-b", lease=5) as fresh,
     ):
-        claimed, _ = stale._claim()
+        claimed, _ = stale.leases.claim()
         assert [m.reply_id for m in claimed] == ["s-1"]
         clock.advance(6)  # relay-a stalls past its lease
         assert fresh.dispatch_once() == [("s-1", "sent")]
         row = rows(engine)["s-1"]
         assert (row["owner"], row["fence"], row["state"]) == ("relay-b", 2, "sent")
-        assert stale._settle(claimed, {claimed[0].id: Sent(200)}) == set()
+        assert stale.leases.settle(claimed, {claimed[0].id: Sent(200)}) == set()
     after = rows(engine)["s-1"]
     assert (after["owner"], after["fence"], after["state"]) == ("relay-b", 2, "sent")
 
@@ -93,10 +94,10 @@ def test_lease_expired_with_no_attempts_left_is_dead_outcome_unknown(
 ) -> None:
     publish_many(engine, ["x-1"], clock=clock)
     with (
-        relay_for(db_url, server, clock, "relay-a", attempts=1, lease=5) as crashed,
-        relay_for(db_url, server, clock, "relay-b", attempts=1, lease=5) as survivor,
+        relay_for(db_url, server, clock, "relay-a", max_attempts=1, lease=5) as crashed,
+        relay_for(db_url, server, clock, "relay-b", max_attempts=1, lease=5) as survivor,
     ):
-        claimed, _ = crashed._claim()  # claimed, then the process died mid-send
+        claimed, _ = crashed.leases.claim()  # claimed, then the process died mid-send
         assert len(claimed) == 1
         clock.advance(6)
         assert survivor.dispatch_once() == [("x-1", "dead")]
@@ -110,8 +111,8 @@ def test_queue_reconcile_hands_expired_deliveries_back(
     db_url: str, engine: sa.Engine, server: ScriptedServer, clock: ManualClock
 ) -> None:
     publish_many(engine, ["r-1"], clock=clock)
-    with relay_for(db_url, server, clock, "relay-a", attempts=3, lease=5) as relay:
-        claimed, _ = relay._claim()
+    with relay_for(db_url, server, clock, "relay-a", max_attempts=3, lease=5) as relay:
+        claimed, _ = relay.leases.claim()
         assert len(claimed) == 1
         clock.advance(6)
         queue = TaskQueue(db_url, clock=clock)
@@ -129,7 +130,7 @@ def test_a_claim_takes_at_most_one_batch(
 ) -> None:
     publish_many(engine, [f"l-{n:02d}" for n in range(30)], clock=clock)
     with relay_for(db_url, server, clock, "relay-1", batch=7) as relay:
-        claimed, _ = relay._claim()
+        claimed, _ = relay.leases.claim()
         assert len(claimed) == 7
     states = [r["state"] for r in rows(engine).values()]
     assert (states.count("sending"), states.count("pending")) == (7, 23)

@@ -9,8 +9,9 @@ from support.db_faults import terminate_other_sessions
 from support.relay_helpers import SECRET, publish_many, rows
 from support.scripted_server import Answer, ScriptedServer
 
-from outbox import InvalidMessage, ManualClock, publish
+from outbox import InvalidMessage, publish
 from outbox.signing import parse_secret, verify
+from outbox.testing import ManualClock
 from relay import ConfigError, Destination, Relay
 
 
@@ -48,7 +49,7 @@ def test_permanent_status_is_dead_at_once(
 ) -> None:
     publish_many(engine, ["p-1"], clock=clock)
     server.script("p-1", Answer(status=status))
-    with make_relay(db_url, server, clock, attempts=5) as relay:
+    with make_relay(db_url, server, clock, max_attempts=5) as relay:
         assert relay.dispatch_once() == [("p-1", "dead")]
     row = rows(engine)["p-1"]
     assert (row["state"], row["last_status"], row["attempts"]) == ("dead", status, 1)
@@ -62,7 +63,7 @@ def test_transient_status_retries_after_backoff(
 ) -> None:
     publish_many(engine, ["t-1"], clock=clock)
     server.script("t-1", Answer(status=status))
-    with make_relay(db_url, server, clock, backoff=4, attempts=3) as relay:
+    with make_relay(db_url, server, clock, backoff=4, max_attempts=3) as relay:
         assert relay.dispatch_once() == [("t-1", "retry")]
         row = rows(engine)["t-1"]
         assert (row["state"], row["last_status"], row["attempts"]) == ("pending", status, 1)
@@ -91,7 +92,7 @@ def test_budget_exhausted_is_dead_outcome_unknown(
 ) -> None:
     publish_many(engine, ["b-1"], clock=clock)
     server.script("b-1", Answer(status=500), Answer(status=500))
-    with make_relay(db_url, server, clock, attempts=2, backoff=1) as relay:
+    with make_relay(db_url, server, clock, max_attempts=2, backoff=1) as relay:
         assert relay.dispatch_once() == [("b-1", "retry")]
         clock.advance(1)
         assert relay.dispatch_once() == [("b-1", "dead")]

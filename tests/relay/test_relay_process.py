@@ -16,7 +16,8 @@ from support.receiver_helpers import ROOT, free_port, wait_until
 from support.relay_helpers import SECRET, publish_many, rows
 from support.scripted_server import Answer, ScriptedServer
 
-from outbox import ManualClock, failpoints
+from outbox import failpoints
+from outbox.testing import ManualClock
 from relay import Destination, Relay
 
 RELAY_POINTS = [

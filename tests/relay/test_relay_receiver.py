@@ -10,7 +10,8 @@ import sqlalchemy as sa
 from support.receiver_helpers import SECRET, ReceiverProcess, count_effects, stored_receipts
 from support.relay_helpers import publish_many, rows
 
-from outbox import ManualClock, failpoints
+from outbox import failpoints
+from outbox.testing import ManualClock
 from receiver import ReceiptStore
 from relay import Destination, Relay
 
@@ -106,10 +107,10 @@ def test_receipt_lookup_settles_an_unknown_outcome_as_sent(
         store.accept(reply_id, rows(engine)[reply_id]["body"])
     target = {"default": destination(receiver_process, "single")}
     with (
-        Relay(db_url, target, clock=clock, owner="relay-a", attempts=1, lease=6) as crashed,
-        Relay(db_url, target, clock=clock, owner="relay-b", attempts=1, lease=6) as survivor,
+        Relay(db_url, target, clock=clock, owner="relay-a", max_attempts=1, lease=6) as crashed,
+        Relay(db_url, target, clock=clock, owner="relay-b", max_attempts=1, lease=6) as survivor,
     ):
-        assert len(crashed._claim()[0]) == 1  # claimed, then died mid-send
+        assert len(crashed.leases.claim()[0]) == 1  # claimed, then died mid-send
         clock.advance(7)
         assert survivor.dispatch_once() == [(reply_id, "sent")]
     assert rows(engine)[reply_id]["state"] == "sent"

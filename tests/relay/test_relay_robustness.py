@@ -11,10 +11,11 @@ import sqlalchemy as sa
 from support.relay_helpers import SECRET, publish_many, rows
 from support.scripted_server import Answer, ScriptedServer
 
-from outbox import ManualClock
+from outbox.testing import ManualClock
 from relay import Destination, Relay
-from relay import http as relay_http
-from relay.delivery import Message, pack_batches
+from relay import http_client as relay_http
+from relay.http_batch import pack_batches
+from relay.records import Message
 
 
 def test_no_attempt_starts_that_could_outlive_the_lease(
@@ -98,13 +99,13 @@ def test_outcomes_survive_a_failed_settle_and_are_recorded_next_turn(
     publish_many(engine, ["s-1"], clock=clock)
     destination = Destination(server.url, secret=SECRET, timeout=2)
     with Relay(db_url, {"default": destination}, clock=clock) as relay:
-        real_settle = relay._settle
+        real_settle = relay.leases._settle
 
         def refuse_once(*args: object, **kwargs: object) -> set[int]:
-            monkeypatch.setattr(relay, "_settle", real_settle)
+            monkeypatch.setattr(relay.leases, "_settle", real_settle)
             raise RuntimeError("database said no")
 
-        monkeypatch.setattr(relay, "_settle", refuse_once)
+        monkeypatch.setattr(relay.leases, "_settle", refuse_once)
         with pytest.raises(RuntimeError, match="database said no"):
             relay.dispatch_once()
         assert rows(engine)["s-1"]["state"] == "sending"
@@ -123,14 +124,14 @@ def test_rows_a_failed_looking_claim_leased_are_adopted_not_left_to_expire(
 ) -> None:
     publish_many(engine, ["o-1", "o-2"], clock=clock)
     with Relay(db_url, {"default": Destination(server.url, secret=SECRET)}, clock=clock) as relay:
-        real_claim_rows = relay._claim_rows
+        real_claim_rows = relay.leases._claim_rows
 
         def commit_then_lose_the_answer(busy: Collection[str], may_adopt: bool) -> list[object]:
-            monkeypatch.setattr(relay, "_claim_rows", real_claim_rows)
+            monkeypatch.setattr(relay.leases, "_claim_rows", real_claim_rows)
             real_claim_rows(busy, may_adopt)  # committed: the rows are 'sending' under this relay
             raise sa.exc.OperationalError("COMMIT", {}, Exception("connection lost"), True)
 
-        monkeypatch.setattr(relay, "_claim_rows", commit_then_lose_the_answer)
+        monkeypatch.setattr(relay.leases, "_claim_rows", commit_then_lose_the_answer)
         assert sorted(relay.dispatch_once()) == [("o-1", "sent"), ("o-2", "sent")]
     stored = rows(engine)
     assert [(r["state"], r["attempts"]) for r in stored.values()] == [("sent", 1), ("sent", 1)]

@@ -14,9 +14,9 @@ from support.cli_helpers import running_in_thread
 from support.relay_helpers import SECRET, publish_many, rows
 from support.scripted_server import Answer, ScriptedServer
 
-from outbox import ManualClock
 from outbox.canonical import sha256_hex
 from outbox.schema import messages
+from outbox.testing import ManualClock
 from relay import ConfigError, Destination, Relay
 
 
@@ -128,7 +128,7 @@ def test_refuses_to_start_when_receipts_expire_before_the_last_retry(
             db_url,
             {"default": Destination(short.url, secret=SECRET, timeout=2)},
             clock=clock,
-            attempts=3,
+            max_attempts=3,
             backoff=2,
         )
         try:
@@ -175,7 +175,7 @@ def test_run_records_a_failed_settles_outcomes_on_a_later_turn(
         batch=1,
         poll_interval=0.01,
     )
-    real_settle = relay._settle
+    real_settle = relay.leases._settle
     failures = []
 
     def refuse_the_first(*args: object, **kwargs: object) -> set[int]:
@@ -184,7 +184,7 @@ def test_run_records_a_failed_settles_outcomes_on_a_later_turn(
             raise RuntimeError("database said no")
         return real_settle(*args, **kwargs)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(relay, "_settle", refuse_the_first)
+    monkeypatch.setattr(relay.leases, "_settle", refuse_the_first)
     with running(relay):
         assert wait_until(lambda: {row["state"] for row in rows(engine).values()} == {"sent"}, 10)
     assert len(failures) == 1

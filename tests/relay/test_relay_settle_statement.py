@@ -10,7 +10,8 @@ from __future__ import annotations
 import sqlalchemy as sa
 from support.relay_helpers import publish_many, rows
 
-from relay._sql import Settlement, claim_messages, settle
+from relay.records import Settlement
+from relay.sql import claim_messages, settle
 
 TURNS = 12  # past psycopg's prepare threshold and PostgreSQL's five custom plans
 
@@ -20,15 +21,18 @@ def test_settle_matches_id_and_fence_on_every_run(engine: sa.Engine) -> None:
     for turn in range(TURNS):
         with engine.begin() as conn:
             [claimed] = claim_messages(conn, owner="o", now=None, lease=30, limit=1, budget=3)
-        ident, fence = claimed[0], claimed[7]
-        outcome: Settlement = (
-            (ident, fence, "dead", 409, f"conflict {turn}", 0.0, 0)
+        ident, fence = claimed.id, claimed.fence
+        outcome = (
+            Settlement(ident, fence, "dead", 409, f"conflict {turn}", 0.0, 0)
             if turn % 2
-            else (ident, fence, "sent", 200, None, 0.0, 0)
+            else Settlement(ident, fence, "sent", 200, None, 0.0, 0)
         )
         with engine.begin() as conn:
             # A stale fence and a foreign owner touch nothing.
-            assert settle(conn, "o", [(ident, fence - 1, "sent", 200, None, 0.0, 0)], None) == set()
+            assert (
+                settle(conn, "o", [Settlement(ident, fence - 1, "sent", 200, None, 0.0, 0)], None)
+                == set()
+            )
             assert settle(conn, "other", [outcome], None) == set()
             assert settle(conn, "o", [outcome], None) == {ident}
     stored = rows(engine)

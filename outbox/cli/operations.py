@@ -10,12 +10,15 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from outbox.cli_types import non_empty, parse_duration, positive_int
-from outbox.operations import PURGE_BATCH, Operations, RequeueRefused
-from outbox.settings import CONFIG_ENV
+from outbox.cli.arguments import non_empty, parse_duration, positive_int
+from outbox.cli.relay import CONFIG_ENV as RELAY_CONFIG_ENV
+from outbox.cli.settings import CONFIG_ENV
+from outbox.errors import RequeueRefused
+from outbox.operations import PURGE_BATCH, Operations
+from relay.config import load_destinations
+from relay.receipts import ask_receipt
 
 ERROR_WIDTH = 60
-RELAY_CONFIG_ENV = "OUTBOX_RELAY_CONFIG"  # the relay's own variable names the same file
 
 
 def add_parsers(commands: Any, db_argument: Callable[[argparse.ArgumentParser], None]) -> None:
@@ -200,11 +203,7 @@ def _ask_receipt(config: str | None, reply: dict[str, Any]) -> str:
             file=sys.stderr,
         )
         return "not checked"
-    # The relay is a sidecar package: imported only when a lookup is asked for.
-    from relay.config import load_toml
-    from relay.delivery import ask_receipt
-
-    _, destinations = load_toml(config)
+    destinations = load_destinations(config)
     destination = destinations.get(reply["destination"])
     if destination is None or not destination.receipt_lookup:
         print(

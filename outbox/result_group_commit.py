@@ -1,7 +1,7 @@
 """Group commit: results finished at about the same time share one transaction.
 
 A worker's handlers finish on their own threads. Each one hands its result to
-GroupCommit.finish and waits; the first to arrive writes every result waiting
+ResultGroupCommit.finish and waits; the first to arrive writes every result waiting
 at that moment with TaskQueue.finish_many, then passes the pen to the next
 waiting thread, if any, and returns. Each result is still committed with its
 reply and checked against its own lease and fence; only the COMMIT is shared.
@@ -32,7 +32,7 @@ class _Waiting:
     error: BaseException | None = None
 
 
-class GroupCommit:
+class ResultGroupCommit:
     """Commits results from many threads in shared transactions, one batch at a time."""
 
     def __init__(self, queue: TaskQueue) -> None:

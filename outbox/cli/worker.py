@@ -10,8 +10,8 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from outbox.cli_types import positive_float, positive_int
-from outbox.settings import Option, add_flags
+from outbox.cli.arguments import positive_float, positive_int
+from outbox.cli.settings import Option, add_flags
 from outbox.tasks import TaskQueue
 from outbox.worker import Handler, Worker
 
@@ -61,7 +61,7 @@ HELP = {
 
 
 def add_parser(commands: Any, db_argument: Callable[[argparse.ArgumentParser], None]) -> None:
-    """Register `outbox worker`; defaults are filled in later (see outbox.settings)."""
+    """Register `outbox worker`; defaults are filled in later (see outbox.cli.settings)."""
     parser = commands.add_parser("worker", help="run a handler over claimed tasks")
     db_argument(parser)
     add_flags(parser, OPTIONS, HELP)

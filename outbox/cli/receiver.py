@@ -18,8 +18,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from outbox.cli_types import parse_duration, positive_int
-from outbox.settings import Option, add_flags
+from outbox.cli.arguments import parse_duration, positive_int
+from outbox.cli.settings import Option, add_flags
 from outbox.signing import DEFAULT_TOLERANCE
 from receiver.app import DEFAULT_MAX_BODY
 

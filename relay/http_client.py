@@ -19,11 +19,9 @@ from typing import Any
 
 import aiohttp
 
+from outbox.errors import TransportError
+
 MAX_ANSWER_BYTES = 8 * 1024 * 1024
-
-
-class TransportError(Exception):
-    """The request failed below HTTP: no connection, reset, malformed or oversized answer."""
 
 
 @dataclass(frozen=True)

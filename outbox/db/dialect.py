@@ -1,4 +1,4 @@
-"""The one place that branches on the database backend.
+"""The one place that branches on the database backend (see outbox.db).
 
 SQLite: WAL, synchronous=FULL, a busy timeout, and BEGIN IMMEDIATE so a
 transaction that will write takes the write lock up front (a deferred one
@@ -8,12 +8,19 @@ PostgreSQL: psycopg 3, FOR UPDATE SKIP LOCKED, NOTIFY on new messages.
 
 from __future__ import annotations
 
+import weakref
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy import event
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection, Engine
+from sqlalchemy.sql.elements import ColumnElement
+
+from outbox import failpoints
+from outbox.clock import Clock
 
 SQLITE_BUSY_TIMEOUT_MS = 30_000
 # Migration o0002 installs a trigger that notifies this channel on every insert of messages.
@@ -97,3 +104,94 @@ def insert_ignoring_conflicts(table: sa.Table, dialect_name: str) -> Any:
 def supports_skip_locked(dialect_name: str) -> bool:
     """Whether row locks with SKIP LOCKED exist (SQLite has one writer, so it needs none)."""
     return dialect_name == "postgresql"
+
+
+def is_postgresql(dialect_name: str) -> bool:
+    """Whether this backend is PostgreSQL: arrays, NOTIFY, driver SQL of its own."""
+    return dialect_name == "postgresql"
+
+
+def listen_conninfo(engine: Engine) -> str | None:
+    """The libpq connection string for LISTEN on PostgreSQL; None where there is no NOTIFY."""
+    if not is_postgresql(engine.dialect.name):
+        return None
+    return engine.url.set(drivername="postgresql").render_as_string(hide_password=False)
+
+
+def not_in_names(column: ColumnElement[str], name: str, dialect_name: str) -> Any:
+    """`column` is none of the names bound to parameter `name` (a list)."""
+    if is_postgresql(dialect_name):
+        # One array parameter: the same prepared statement for any number of names.
+        names = sa.bindparam(name, type_=postgresql.ARRAY(sa.String()))
+        return column != sa.all_(names)
+    return column.not_in(sa.bindparam(name, expanding=True))
+
+
+# --- time -------------------------------------------------------------------------
+
+
+def database_now(dialect_name: str) -> ColumnElement[float]:
+    """SQL for the database's current time in epoch seconds."""
+    if dialect_name == "postgresql":
+        # Statement time: stable within a statement (so indexes can use it) but current,
+        # unlike now(), which would freeze at the start of a caller's long transaction.
+        return sa.literal_column("extract(epoch from statement_timestamp())::float8", sa.Double())
+    if dialect_name == "sqlite":
+        return sa.literal_column("((julianday('now') - 2440587.5) * 86400.0)", sa.Double())
+    raise ValueError(f"unsupported database dialect {dialect_name!r}")
+
+
+def now_expression(clock: Clock | None, dialect_name: str) -> ColumnElement[float]:
+    """The "now" to put in a statement: a bound manual time or the database clock."""
+    if clock is None:
+        return database_now(dialect_name)
+    return sa.literal(float(clock()), sa.Double())
+
+
+def bound_now(dialect_name: str) -> ColumnElement[float]:
+    """The "now" of a statement built once: bind `now` to a manual time, or None (database)."""
+    # Read in the statement either way: no extra round trip for the database's clock.
+    return sa.func.coalesce(sa.bindparam("now", type_=sa.Double()), database_now(dialect_name))
+
+
+def clock_value(clock: Clock | None) -> float | None:
+    """The `now` to bind: a manual clock's time, or None for the database's clock."""
+    return None if clock is None else float(clock())
+
+
+# --- one statement ------------------------------------------------------------------
+
+
+_AUTOCOMMIT: weakref.WeakKeyDictionary[Engine, Engine] = weakref.WeakKeyDictionary()
+
+
+def _autocommit(engine: Engine) -> Engine:
+    # Built once per engine: a new option engine per statement costs CPU on hot paths.
+    found = _AUTOCOMMIT.get(engine)
+    if found is None:
+        found = _AUTOCOMMIT[engine] = engine.execution_options(isolation_level="AUTOCOMMIT")
+    return found
+
+
+@contextmanager
+def one_statement(
+    engine: Engine, before_commit: str | None = None, *, single: bool = True
+) -> Iterator[Connection]:
+    """A connection for work that is one statement on PostgreSQL, else one transaction.
+
+    On PostgreSQL, when `single`, the work runs in autocommit: one statement is
+    atomic alone, and BEGIN and COMMIT would only add round trips. Failpoint
+    `before_commit` is then hit before the statement, where nothing is written
+    yet. Otherwise (SQLite, or several statements) it is a transaction (BEGIN
+    IMMEDIATE on SQLite), with `before_commit` hit just before its COMMIT.
+    """
+    if single and is_postgresql(engine.dialect.name):
+        if before_commit is not None:
+            failpoints.hit(before_commit)
+        with _autocommit(engine).connect() as conn:
+            yield conn
+        return
+    with engine.begin() as conn:
+        yield conn
+        if before_commit is not None:
+            failpoints.hit(before_commit)

@@ -1,4 +1,4 @@
-"""Statement builders: every query the outbox runs, named for what it does.
+"""The core's statements about tasks and the intake inbox, named for what they do.
 
 Each state change is a guarded UPDATE whose WHERE clause names the state,
 the owner and the fence; a statement that touches zero rows means the caller
@@ -14,11 +14,15 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from outbox._dialect import UNPREPARED, insert_ignoring_conflicts, supports_skip_locked
-from outbox.clock import bound_now, database_now
-from outbox.schema import inbox, messages, tasks
-
-Now = sa.ColumnElement[float]
+from outbox.db.dialect import (
+    UNPREPARED,
+    bound_now,
+    database_now,
+    insert_ignoring_conflicts,
+    supports_skip_locked,
+)
+from outbox.db.sql import Now, limit_parameter, picked_once, state_literal
+from outbox.schema import inbox, tasks
 
 CLAIM_RETURNING = (
     tasks.c.task_id,
@@ -33,11 +37,6 @@ CLAIM_RETURNING = (
     tasks.c.available_at,
     tasks.c.created_at,
 )
-
-
-def select_now(now: Now) -> sa.Select[Any]:
-    """Read the statement clock as a value."""
-    return sa.select(now)
 
 
 # --- intake -----------------------------------------------------------------
@@ -78,34 +77,6 @@ def _running_tenants_at_cap() -> sa.Select[Any]:
     )
 
 
-def _picked_once(pick: sa.Select[Any], skip_locked: bool) -> Any:
-    """The chosen keys (the pick's only column), computed exactly once.
-
-    PostgreSQL may plan `IN (SELECT ... LIMIT n FOR UPDATE SKIP LOCKED)` as a
-    nested-loop semi-join that rescans the subquery for every outer row; each
-    rescan skips the rows this statement already updated and picks the next
-    ones, so the UPDATE takes far more than `limit` rows. A MATERIALIZED CTE is
-    evaluated once and its rescans read the stored result.
-    """
-    if not skip_locked:
-        return pick.scalar_subquery()
-    picked = pick.with_for_update(skip_locked=True).cte("picked").prefix_with("MATERIALIZED")
-    return sa.select(*picked.c)
-
-
-def state_literal(name: str) -> sa.ColumnElement[str]:
-    """A state name written into the SQL rather than bound as a parameter."""
-    # A prepared statement's generic plan can then still prove a partial index's
-    # `state = '...'` predicate and use it (tests/test_claim_plans.py).
-    if not name.isidentifier():
-        raise ValueError(f"not a state name: {name!r}")
-    return sa.literal_column(f"'{name}'", sa.String())
-
-
-def _limit() -> sa.BindParameter[int]:
-    return sa.bindparam("limit", type_=sa.Integer())
-
-
 @functools.cache
 def claim_tasks(dialect_name: str, capped: bool, manual_clock: bool) -> sa.Update:
     """Take up to :limit best claimable tasks for :claim_owner under a :lease; built once.
@@ -127,14 +98,14 @@ def claim_tasks(dialect_name: str, capped: bool, manual_clock: bool) -> sa.Updat
             candidate.c.deadline > now,
         )
         .order_by(candidate.c.priority.desc(), candidate.c.available_at, candidate.c.created_at)
-        .limit(_limit())
+        .limit(limit_parameter())
     )
     if capped:
         pick = pick.where(candidate.c.tenant_id.not_in(_running_tenants_at_cap()))
     return (
         sa.update(tasks)
         .where(
-            tasks.c.task_id.in_(_picked_once(pick, supports_skip_locked(dialect_name))),
+            tasks.c.task_id.in_(picked_once(pick, supports_skip_locked(dialect_name))),
             tasks.c.state == state_literal("pending"),
         )
         .values(
@@ -342,12 +313,12 @@ def expire_past_deadline(dialect_name: str) -> sa.Update:
     chosen = (
         sa.select(pick.c.task_id)
         .where(pick.c.state.in_(unfinished), pick.c.deadline <= now)
-        .limit(_limit())
+        .limit(limit_parameter())
     )
     return (
         sa.update(tasks)
         .where(
-            tasks.c.task_id.in_(_picked_once(chosen, supports_skip_locked(dialect_name))),
+            tasks.c.task_id.in_(picked_once(chosen, supports_skip_locked(dialect_name))),
             tasks.c.state.in_(unfinished),
         )
         .values(
@@ -370,13 +341,13 @@ def reap_expired_task_leases(dialect_name: str) -> sa.Update:
     chosen = (
         sa.select(pick.c.task_id)
         .where(pick.c.state == state_literal("running"), pick.c.lease_until <= now)
-        .limit(_limit())
+        .limit(limit_parameter())
     )
     exhausted = tasks.c.attempts >= tasks.c.max_attempts
     return (
         sa.update(tasks)
         .where(
-            tasks.c.task_id.in_(_picked_once(chosen, supports_skip_locked(dialect_name))),
+            tasks.c.task_id.in_(picked_once(chosen, supports_skip_locked(dialect_name))),
             tasks.c.state == state_literal("running"),
         )
         .values(
@@ -389,69 +360,3 @@ def reap_expired_task_leases(dialect_name: str) -> sa.Update:
         )
         .returning(tasks.c.task_id, tasks.c.state)
     )
-
-
-@functools.cache
-def reap_expired_message_leases(dialect_name: str) -> sa.Update:
-    """Return up to :limit messages whose delivery lease expired to pending; the relay then
-    decides their fate."""
-    now = bound_now(dialect_name)
-    pick = messages.alias("pick")
-    chosen = (
-        sa.select(pick.c.id)
-        .where(pick.c.state == state_literal("sending"), pick.c.lease_until <= now)
-        .limit(_limit())
-    )
-    return (
-        sa.update(messages)
-        .where(
-            messages.c.id.in_(_picked_once(chosen, supports_skip_locked(dialect_name))),
-            messages.c.state == state_literal("sending"),
-        )
-        .values(state="pending", lease_until=None, available_at=now, last_error="lease expired")
-        .returning(messages.c.id)
-    )
-
-
-# --- messages ---------------------------------------------------------------
-
-
-def insert_messages(now: Now, ignore_conflicts: str | None = None) -> Any:
-    """Insert outbox messages as pending and due now; optionally skip an existing reply_id."""
-    if ignore_conflicts is None:
-        statement: Any = sa.insert(messages)
-    else:
-        statement = insert_ignoring_conflicts(messages, ignore_conflicts)
-    return statement.values(state="pending", attempts=0, fence=0, available_at=now, created_at=now)
-
-
-@functools.cache
-def insert_task_replies(dialect_name: str) -> Any:
-    """INSERT task replies (one parameter set per row, each binding `now`); built once."""
-    return insert_messages(bound_now(dialect_name))
-
-
-@functools.cache
-def insert_one_message(dialect_name: str) -> Any:
-    """INSERT one message unless its reply_id exists, RETURNING the row; built once.
-
-    Bind `now` to a manual clock's time, or None for the database's clock.
-    """
-    return insert_messages(bound_now(dialect_name), ignore_conflicts=dialect_name).returning(
-        *messages.c
-    )
-
-
-def select_message(reply_id: str) -> sa.Select[Any]:
-    """One message row by reply_id."""
-    return sa.select(messages).where(messages.c.reply_id == reply_id)
-
-
-def select_messages(state: str | None, limit: int | None) -> sa.Select[Any]:
-    """Messages in sequence order, optionally of one state."""
-    query = sa.select(messages).order_by(messages.c.id)
-    if state is not None:
-        query = query.where(messages.c.state == state)
-    if limit is not None:
-        query = query.limit(limit)
-    return query

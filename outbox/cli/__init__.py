@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 import sys
 from collections.abc import Sequence
@@ -12,14 +11,13 @@ from typing import NoReturn
 
 import sqlalchemy as sa
 
-from outbox import cli_operations, cli_worker, migrations, settings
+from outbox import migrations
+from outbox.cli import demo, operations, receiver, relay, settings, worker
 from outbox.errors import OutboxError
 
 DEFAULT_DB = settings.DEFAULT_DB
 # Settings each command resolves from flag, environment, config file and default.
-OPTIONS = {"worker": cli_worker.OPTIONS}
-# Subcommands that live with the component they run: name -> module with add_parser/run.
-PLUGINS = {"receiver": "receiver.cli", "relay": "relay.cli"}
+OPTIONS = {"worker": worker.OPTIONS, "relay": relay.OPTIONS, "receiver": receiver.OPTIONS}
 
 
 def _db_argument(parser: argparse.ArgumentParser) -> None:
@@ -61,16 +59,13 @@ def build_parser() -> argparse.ArgumentParser:
     for parser_ in (upgrade, current):
         parser_.add_argument("--json", action="store_true", help="print JSON instead of text")
 
-    demo = commands.add_parser("demo", help="the end-to-end story, on SQLite files by default")
-    # Imported here: the demo pulls in the relay and receiver sidecars.
-    from outbox.demo import add_arguments
-
-    add_arguments(demo)
-    cli_operations.add_parsers(commands, _db_argument)
-    cli_worker.add_parser(commands, _db_argument)
-    # Imported here, not at module level: the outbox package never imports its sidecars.
-    for module in PLUGINS.values():
-        importlib.import_module(module).add_parser(commands)
+    demo.add_arguments(
+        commands.add_parser("demo", help="the end-to-end story, on SQLite files by default")
+    )
+    operations.add_parsers(commands, _db_argument)
+    worker.add_parser(commands, _db_argument)
+    relay.add_parser(commands)
+    receiver.add_parser(commands)
     return parser
 
 
@@ -92,16 +87,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "db":
             return _db(args)
         if args.command == "demo":
-            from outbox.demo import run as demo
-
-            return demo(args)
+            return demo.run(args)
         if args.command == "worker":
-            return cli_worker.run(args)
+            return worker.run(args)
         if args.command in ("status", "dead", "purge"):
-            return cli_operations.run(args)
-        if args.command in PLUGINS:
-            status: int = importlib.import_module(PLUGINS[args.command]).run(args)
-            return status
+            return operations.run(args)
+        if args.command == "relay":
+            return relay.run(args)
+        if args.command == "receiver":
+            return receiver.run(args)
     except (ValueError, OSError, OutboxError) as exc:
         print(f"outbox: error: {exc}", file=sys.stderr)
         return 2
@@ -110,10 +104,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def command_options(command: str) -> tuple[settings.Option, ...]:
     """The settings `command` resolves: the database, and its own when it declares them."""
-    own = OPTIONS.get(command, ())
-    if command in PLUGINS:
-        own = getattr(importlib.import_module(PLUGINS[command]), "OPTIONS", ())
-    return (settings.DB, *own)
+    return (settings.DB, *OPTIONS.get(command, ()))
 
 
 def _creates_schema(args: argparse.Namespace) -> bool:
@@ -146,7 +137,3 @@ def _print_revisions(args: argparse.Namespace, revisions: Sequence[str]) -> int:
     else:
         print(", ".join(revisions) or "no schema")
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -37,9 +37,10 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from outbox.errors import SignatureError, StoreUnavailable
 from outbox.messages import REPLY_ID
-from outbox.signing import SignatureError, SigningKey, verify
-from receiver.store import Effect, Receipt, StoreUnavailable
+from outbox.signing import SigningKey, verify
+from receiver.store import Effect, Receipt
 
 RETENTION_HEADER = "Outbox-Receipt-Retention"
 MAX_DEPTH = 64
@@ -174,7 +175,7 @@ def is_json_content_type(value: str | None) -> bool:
 
 
 @dataclass(frozen=True)
-class Handler:
+class ReceiverRules:
     """The receiver's decisions, given its store, secrets and limits."""
 
     store: Store
@@ -307,7 +308,7 @@ def _header(headers: Mapping[str, str], name: str) -> str | None:
     return None
 
 
-def handler(
+def receiver_rules(
     store: Store,
     secrets: Iterable[SigningKey],
     *,
@@ -315,8 +316,8 @@ def handler(
     max_body: int,
     effect: Effect | None = None,
     wall_clock: Callable[[], float] | None = None,
-) -> Handler:
-    """A validated Handler: at least one secret, positive limits."""
+) -> ReceiverRules:
+    """A validated ReceiverRules: at least one secret, positive limits."""
     keys = tuple(secrets)
     if not keys:
         raise ValueError("the receiver needs at least one webhook secret")
@@ -324,4 +325,4 @@ def handler(
         raise ValueError(f"tolerance must be a positive number of seconds, got {tolerance!r}")
     if isinstance(max_body, bool) or not isinstance(max_body, int) or max_body < 1:
         raise ValueError(f"max_body must be a positive int, got {max_body!r}")
-    return Handler(store, keys, float(tolerance), max_body, effect, wall_clock)
+    return ReceiverRules(store, keys, float(tolerance), max_body, effect, wall_clock)

@@ -13,12 +13,11 @@ from collections.abc import Sequence
 from typing import Any
 
 import sqlalchemy as sa
-from sqlalchemy.dialects import postgresql
 
-from outbox._dialect import UNPREPARED
-from outbox._sql import state_literal
-from outbox.clock import bound_now, database_now
+from outbox.db.dialect import UNPREPARED, bound_now, database_now, is_postgresql, not_in_names
+from outbox.db.sql import state_literal
 from outbox.schema import messages
+from relay.records import ClaimedRow, Settlement
 
 Now = sa.ColumnElement[float]
 CLAIMED = (
@@ -31,7 +30,7 @@ CLAIMED = (
     messages.c.attempts,
     messages.c.fence,
 )
-"""The columns of a claimed row, in order; `previous_attempts` follows them."""
+"""The columns of a claimed row; `previous_attempts` follows them (see ClaimedRow)."""
 
 
 def _first_undelivered_of_its_key(m: Any) -> sa.ColumnElement[bool]:
@@ -60,13 +59,8 @@ def _claim_values(now: Now, attempts: Any) -> dict[str, Any]:
     }
 
 
-def _not_skipped(m: Any, dialect_name: str) -> sa.ColumnElement[bool]:
-    destination: sa.ColumnElement[str] = m.c.destination
-    if dialect_name == "postgresql":
-        # One array parameter: the same prepared statement for any number of skipped names.
-        names = sa.bindparam("skip_destinations", type_=postgresql.ARRAY(sa.String()))
-        return destination != sa.all_(names)
-    return destination.not_in(sa.bindparam("skip_destinations", expanding=True))
+def _not_skipped(m: Any, dialect_name: str) -> Any:
+    return not_in_names(m.c.destination, "skip_destinations", dialect_name)
 
 
 @functools.cache
@@ -86,7 +80,7 @@ def _claim_statements(dialect_name: str) -> tuple[Any, Any]:
         .order_by(m.c.available_at, m.c.id)
         .limit(sa.bindparam("limit", type_=sa.Integer()))
     )
-    if dialect_name == "postgresql":
+    if is_postgresql(dialect_name):
         # One statement. MATERIALIZED makes PostgreSQL run the LIMIT ... SKIP LOCKED pick
         # once; as an IN (subquery) a nested-loop plan may rescan it and take every row.
         picked = pick.with_for_update(skip_locked=True).cte("picked").prefix_with("MATERIALIZED")
@@ -115,13 +109,10 @@ def claim_messages(
     limit: int,
     budget: int,
     skip_destinations: Sequence[str] = (),
-) -> list[tuple[Any, ...]]:
+) -> list[ClaimedRow]:
     """Lease up to `limit` due messages (oldest first, the first undelivered of each key).
 
-    Rows are CLAIMED's columns then `previous_attempts`: when that is already
-    `budget`, the message was reclaimed after a lease expired mid-send and may
-    only be resolved (receipt lookup, else dead), never sent again. `now` is a
-    manual clock's time, or None for the database's clock.
+    `now` is a manual clock's time, or None for the database's clock.
     """
     pick, update = _claim_statements(conn.dialect.name)
     params = {
@@ -133,14 +124,14 @@ def claim_messages(
         "skip_destinations": list(skip_destinations),
     }
     if pick is None:
-        return [tuple(row) for row in conn.execute(update, params).all()]
+        return [ClaimedRow(**row._mapping) for row in conn.execute(update, params)]
     # SQLite: the transaction holds the write lock (BEGIN IMMEDIATE), so reading the
     # candidates first cannot race; its RETURNING cannot name the FROM table's columns.
     previous: dict[int, int] = {row[0]: row[1] for row in conn.execute(pick, params)}
     if not previous:
         return []
-    updated = conn.execute(update, {**params, "ids": list(previous)}).all()
-    return [(*row, previous[row[0]]) for row in updated]
+    updated = conn.execute(update, {**params, "ids": list(previous)})
+    return [ClaimedRow(**row._mapping, previous_attempts=previous[row.id]) for row in updated]
 
 
 @functools.cache
@@ -161,7 +152,7 @@ def _adopt_statement(dialect_name: str) -> sa.Update:
 
 def adopt_messages(
     conn: sa.Connection, *, owner: str, now: float | None, lease: float
-) -> list[tuple[Any, ...]]:
+) -> list[ClaimedRow]:
     """Re-lease this owner's messages still marked sending, under a new fence.
 
     Run only after a claim whose COMMIT raised, with no turn of this relay in
@@ -169,7 +160,8 @@ def adopt_messages(
     one about to be made. Rows are shaped as claim_messages returns them.
     """
     params = {"now": now, "claim_owner": owner, "lease": lease}
-    return [tuple(row) for row in conn.execute(_adopt_statement(conn.dialect.name), params)]
+    rows = conn.execute(_adopt_statement(conn.dialect.name), params)
+    return [ClaimedRow(**row._mapping) for row in rows]
 
 
 # Every outcome of a turn settles in ONE statement. A turn's outcomes are mostly alike,
@@ -223,10 +215,6 @@ SETTLE_SQLITE = sa.text(
     + "RETURNING outbox_messages.id"
 )
 
-Settlement = tuple[int, int, str, int | None, str | None, float, int]
-"""(id, fence, new state, HTTP status, error, delay before the next attempt, attempts to
-give back: 1 when the claim counted an attempt that was never made)."""
-
 
 def settle(
     conn: sa.Connection, owner: str, rows: Sequence[Settlement], now: float | None
@@ -237,18 +225,18 @@ def settle(
     """
     if not rows:
         return set()
-    if conn.dialect.name == "postgresql":
+    if is_postgresql(conn.dialect.name):
         kinds: dict[tuple[str, int | None, str | None, int], int] = {}
         row_kinds = [
-            kinds.setdefault((state, status, error, refund), len(kinds) + 1)
-            for _, _, state, status, error, _, refund in rows
+            kinds.setdefault((row.state, row.status, row.error, row.refund), len(kinds) + 1)
+            for row in rows
         ]
         states, statuses, errors, refunds = (list(column) for column in zip(*kinds, strict=True))
         params = {
-            "ids": [row[0] for row in rows],
-            "fences": [row[1] for row in rows],
+            "ids": [row.id for row in rows],
+            "fences": [row.fence for row in rows],
             "kinds": row_kinds,
-            "delays": [row[5] for row in rows],
+            "delays": [row.delay for row in rows],
             "states": states,
             "statuses": statuses,
             "errors": errors,
@@ -261,6 +249,7 @@ def settle(
             SETTLE_POSTGRESQL, params, execution_options={UNPREPARED: True}
         )
     else:
+        # Each Settlement is a JSON array in field order: see the json_extract paths above.
         result = conn.execute(SETTLE_SQLITE, {"rows": json.dumps(rows), "owner": owner, "now": now})
     return set(result.scalars().all())
 

@@ -198,7 +198,7 @@ def crash_a_worker(queue: TaskQueue, setting: Setting) -> dict[str, Any]:
     """worker-1, a real process, dies inside its commit; returns what it held."""
     print("2. worker-1 (a process) computes a result and dies before its commit")
     proc = child(
-        *("worker", "--db", setting.outbox_url, "--handler", "outbox.demo:compute"),
+        *("worker", "--db", setting.outbox_url, "--handler", "outbox.cli.demo:compute"),
         *("--owner", f"{setting.run}-worker-1", "--lease", str(LEASE), "--poll-interval", "0.05"),
         failpoint="finish.before_commit",
     )
@@ -290,7 +290,7 @@ def deliver(setting: Setting, reply_ids: list[str]) -> None:
         lease=5,
         backoff=0.2,
         backoff_cap=0.5,
-        attempts=5,
+        max_attempts=5,
     )
     try:
         print("6. the relay posts the replies; the receiver commits them, then dies (lost ACK)")

@@ -1,0 +1,148 @@
+"""`outbox relay`: run the relay sidecar from a TOML configuration file.
+
+The file's `[destinations.NAME]` tables say where messages go; every `[relay]`
+setting is also a flag and an OUTBOX_RELAY_* variable, resolved like every
+other command's settings (flag, environment, file, default).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+from typing import Any
+
+from outbox.cli.arguments import non_negative_int, positive_float, positive_int
+from outbox.cli.settings import Option, add_flags, load
+from outbox.errors import ConfigError
+from relay import Relay
+from relay.config import destinations_from
+from relay.metrics import MetricsServer
+
+CONFIG_ENV = "OUTBOX_RELAY_CONFIG"
+
+
+def _choice(text: str, *choices: str) -> str:
+    if text not in choices:
+        raise argparse.ArgumentTypeError(f"expected one of {', '.join(choices)}, got {text!r}")
+    return text
+
+
+# The Relay's own settings: absent ones take the Relay's defaults.
+RELAY_OPTIONS = (
+    Option.of("relay", "owner"),
+    Option.of("relay", "lease", positive_float),
+    Option.of("relay", "backoff", positive_float),
+    Option.of("relay", "backoff_cap", positive_float),
+    Option.of("relay", "max_attempts", positive_int),
+    Option.of("relay", "batch", positive_int),
+    Option.of("relay", "concurrency", positive_int),
+    Option.of("relay", "poll_interval", positive_float),
+    Option.of("relay", "grace", positive_float),
+)
+OPTIONS = (
+    *RELAY_OPTIONS,
+    Option.of("relay", "metrics_port", non_negative_int),
+    Option.of("relay", "log_format", lambda text: _choice(text, "text", "json"), "text"),
+    Option.of("relay", "log_level", default="INFO"),
+)
+"""Every `outbox relay` setting: a flag, an OUTBOX_RELAY_* variable, or relay.* in the file."""
+
+HELP = {
+    "owner": "this relay's lease owner name, unique per replica (default: host, pid, random)",
+    "lease": "seconds; longer than every destination timeout (default 30)",
+    "backoff": "first retry delay in seconds; doubles, jittered (default 2)",
+    "backoff_cap": "longest retry delay in seconds (default 300)",
+    "max_attempts": "delivery attempts per message (default 3)",
+    "batch": "messages claimed per turn (default 100)",
+    "concurrency": "requests in flight, all destinations (default 32)",
+    "poll_interval": "seconds between looks for work without NOTIFY (default 1)",
+    "grace": "SIGTERM drain in seconds (default: the lease)",
+    "metrics_port": "serve Prometheus /metrics and /healthz on this port (0: off)",
+    "log_format": "text or json (default text)",
+    "log_level": "default INFO",
+}
+RELAY_KEYS = frozenset(option.dest for option in OPTIONS)
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per log line, for log shippers."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        """Render a record as JSON."""
+        entry: dict[str, Any] = {
+            "ts": round(record.created, 3),
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
+        entry.update(getattr(record, "fields", {}))
+        if record.exc_info:
+            entry["exception"] = self.formatException(record.exc_info)
+        return json.dumps(entry, separators=(",", ":"))
+
+
+def configure_logging(log_format: str, level: str = "INFO") -> None:
+    """Logs to stderr, as text or JSON lines."""
+    handler = logging.StreamHandler(sys.stderr)
+    if log_format == "json":
+        handler.setFormatter(JsonFormatter())
+    else:
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s %(message)s"))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level)
+    # aiohttp logs each dropped keep-alive connection; those are retried, not news.
+    logging.getLogger("aiohttp").setLevel(logging.WARNING)
+
+
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Register `outbox relay`; its settings are filled in later (see outbox.cli.settings)."""
+    parser: argparse.ArgumentParser = subparsers.add_parser(
+        "relay", help="deliver outbox messages over signed HTTP until SIGTERM"
+    )
+    parser.add_argument(
+        "--db", default=None, help="database URL (env OUTBOX_DB, or `db` in the config file)"
+    )
+    parser.add_argument(
+        "--config",
+        default=os.environ.get(CONFIG_ENV) or None,
+        help="TOML file with [relay] settings and [destinations.NAME] tables "
+        f"(env {CONFIG_ENV} or OUTBOX_CONFIG)",
+    )
+    add_flags(parser, OPTIONS, HELP)
+    return parser
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the relay until SIGTERM; exit 0 after draining."""
+    path = args.config or os.environ.get("OUTBOX_CONFIG")
+    if not path:
+        raise ConfigError(f"--config (or {CONFIG_ENV}, or OUTBOX_CONFIG) is required")
+    document = load(path)
+    unknown = set(document.get("relay", {})) - RELAY_KEYS
+    if "attempts" in unknown:
+        raise ConfigError(f"{path}: [relay]: `attempts` is now called `max_attempts`")
+    if unknown:
+        raise ConfigError(
+            f"{path}: [relay]: unknown keys {sorted(unknown)}; known: {sorted(RELAY_KEYS)}"
+        )
+    destinations = destinations_from(document, path)
+    configure_logging(args.log_format, args.log_level)
+    options = {
+        option.dest: getattr(args, option.dest)
+        for option in RELAY_OPTIONS
+        if getattr(args, option.dest) is not None
+    }
+    with Relay(args.db, destinations, **options) as relay:
+        server = None
+        if args.metrics_port:
+            server = MetricsServer(relay.metrics, args.metrics_port, relay.health).start()
+        try:
+            relay.run()
+        finally:
+            if server is not None:
+                server.close()
+    return 0

@@ -1,0 +1,14 @@
+"""The internal database layer shared by the core, the relay and the receiver.
+
+Not public API: `relay` and `receiver` build on it, users do not. One module a
+concept:
+
+- ``dialect``: the only place that branches on the backend (engines, SQLite's
+  transaction discipline, PostgreSQL options, the database clock in SQL, the
+  one-statement connection);
+- ``handle``: an engine on a current schema, released by whoever opened it;
+- ``retry``: which database errors are transient, and the retry policies built
+  on tenacity that the worker, the relay and the receiver store share;
+- ``sql``: statement pieces every layer's statement builders use;
+- ``task_sql`` and ``message_sql``: the core's named statement builders.
+"""

@@ -1,0 +1,122 @@
+"""Transient database errors: one classification, and the retry policies built on it.
+
+A transient error is one a second try on a fresh connection may well pass: a
+lost or invalidated connection, a serialization failure or deadlock, a server
+shutting down, SQLite busy or locked. Everything else (a constraint, a bad
+statement) fails the same way again and is raised at once.
+
+Retrying after a COMMIT whose outcome is unknown is only safe where the caller
+resolves that doubt: the worker and the relay re-read the rows, the receiver's
+receipt makes the second try a duplicate.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+from collections.abc import Callable
+from typing import TypeVar
+
+import sqlalchemy as sa
+from tenacity import (
+    RetryCallState,
+    Retrying,
+    retry_if_exception,
+    stop_after_attempt,
+    stop_after_delay,
+    wait_exponential,
+    wait_exponential_jitter,
+)
+
+T = TypeVar("T")
+# Statements retried in-process by the relay: a few quick tries, then the turn fails.
+QUICK_TRIES = 6
+# Backoff between attempts to write a worker's outcome while the database is away.
+FIRST_WAIT = 0.05
+LONGEST_WAIT = 1.0
+
+
+def is_transient(exc: BaseException) -> bool:
+    """Database errors worth retrying: lost connections, serialization failures, SQLite busy."""
+    if not isinstance(exc, sa.exc.DBAPIError):
+        return False
+    if exc.connection_invalidated:
+        return True
+    orig = exc.orig
+    sqlstate = getattr(orig, "sqlstate", None)
+    if sqlstate is not None:
+        # 40001 serialization failure, 40P01 deadlock, 08xxx connection, 57P0x shutdown.
+        return sqlstate in ("40001", "40P01") or sqlstate.startswith(("08", "57P"))
+    if isinstance(orig, sqlite3.OperationalError):
+        code = getattr(orig, "sqlite_errorcode", None)
+        return code in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)
+    return isinstance(exc, sa.exc.OperationalError | sa.exc.InterfaceError)
+
+
+def quickly(
+    operation: Callable[[], T],
+    *,
+    also: Callable[[BaseException], bool] = lambda exc: False,
+    tries: int = QUICK_TRIES,
+) -> T:
+    """Run `operation`, trying again (jittered, under 2 s apart) while its error is transient.
+
+    `also` names other errors the caller knows a second try resolves (a lost race).
+    """
+    for attempt in Retrying(
+        retry=retry_if_exception(lambda exc: is_transient(exc) or also(exc)),
+        stop=stop_after_attempt(tries),
+        wait=wait_exponential_jitter(multiplier=FIRST_WAIT, max=2.0, jitter=FIRST_WAIT),
+        reraise=True,
+    ):
+        with attempt:
+            return operation()
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+def until(
+    operation: Callable[[], T],
+    *,
+    seconds: float,
+    stop: threading.Event,
+    done_despite: Callable[[BaseException], bool],
+    on_retry: Callable[[BaseException], None] = lambda exc: None,
+) -> T | None:
+    """Run `operation`, trying again while its error is transient, for at most `seconds`.
+
+    Waits double from FIRST_WAIT to LONGEST_WAIT and end early when `stop` is
+    set. After a transient error `done_despite(error)` is asked whether the
+    work was done anyway (a COMMIT whose answer was lost): then None is
+    returned instead of trying again. The last error is raised as it is.
+    """
+
+    def once() -> T | None:
+        try:
+            return operation()
+        except Exception as exc:
+            if is_transient(exc) and done_despite(exc):
+                return None
+            raise
+
+    def give_up(state: RetryCallState) -> bool:
+        return stop.is_set() or bool(stop_after_delay(seconds)(state))
+
+    def pause(seconds: float) -> None:
+        stop.wait(seconds)
+
+    def before_sleep(state: RetryCallState) -> None:
+        exc = state.outcome.exception() if state.outcome is not None else None
+        if exc is not None:
+            on_retry(exc)
+
+    for attempt in Retrying(
+        retry=retry_if_exception(is_transient),
+        stop=give_up,
+        wait=wait_exponential(multiplier=FIRST_WAIT, max=LONGEST_WAIT),
+        sleep=pause,
+        before_sleep=before_sleep,
+        reraise=True,
+    ):
+        with attempt:
+            return once()
+    raise AssertionError("unreachable")  # pragma: no cover

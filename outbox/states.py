@@ -1,0 +1,32 @@
+"""The states of a task and of a message; docs/state_machine.md draws their transitions."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class TaskState(StrEnum):
+    """Where a task is: waiting, leased to a worker, or final (with its reply written)."""
+
+    PENDING = "pending"
+    RUNNING = "running"
+    DONE = "done"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+    EXPIRED = "expired"
+    HOP_LIMIT = "hop_limit"
+
+
+class MessageState(StrEnum):
+    """Where a message is: waiting, leased to a relay, delivered, or given up on."""
+
+    PENDING = "pending"
+    SENDING = "sending"
+    SENT = "sent"
+    DEAD = "dead"
+
+
+TERMINAL_TASK_STATES = tuple(
+    s for s in TaskState if s not in (TaskState.PENDING, TaskState.RUNNING)
+)
+"""The final task states: each writes the task's one reply in the same transaction."""

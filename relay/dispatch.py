@@ -1,0 +1,201 @@
+"""Dispatch: fan a claimed batch out to its destinations' transports, within limits.
+
+Each destination has its transport and a concurrency limit. An attempt starts
+only if it can end before the turn's lease deadline (else it is Unsent, its
+attempt given back). Messages that may not be sent again (their budget spent)
+are resolved by the destination's receipt lookup: a matching receipt means
+sent, anything else dead with "outcome unknown".
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import defaultdict
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+
+from outbox import failpoints
+from outbox.errors import ConfigError, TransportError
+from relay.config import Destination
+from relay.metrics import RelayMetrics
+from relay.policy import Dead, Outcome, Retry, Sent, Unsent, longest_retry_window, truncate
+from relay.records import Message
+from relay.transport import Parcel, Transport, transport_for
+
+log = logging.getLogger("outbox.relay")
+
+Turn = tuple[list[Message], dict[int, Outcome], set[int]]
+"""A delivered turn to settle: its messages, their outcomes, the ids never attempted."""
+
+
+class Dispatcher:
+    """Delivers claimed messages through one transport per destination."""
+
+    def __init__(
+        self,
+        destinations: Mapping[str, Destination],
+        *,
+        concurrency: int,
+        max_attempts: int,
+        metrics: RelayMetrics,
+    ) -> None:
+        """Transports are created on first use, on the loop that runs them."""
+        self.destinations = destinations
+        self.concurrency = concurrency
+        self.max_attempts = max_attempts
+        self.metrics = metrics
+        self._transports: dict[str, Transport] = {}
+        self._limits: dict[str, asyncio.Semaphore] = {}
+
+    def transport(self, name: str) -> Transport:
+        """The transport of destination `name`, with its concurrency limit."""
+        transport = self._transports.get(name)
+        if transport is None:
+            destination = self.destinations[name]
+            transport = transport_for(destination)
+            self._transports[name] = transport
+            self._limits[name] = asyncio.Semaphore(min(destination.concurrency, self.concurrency))
+        return transport
+
+    async def close(self) -> None:
+        """Close every transport's connections."""
+        for transport in self._transports.values():
+            await transport.close()
+        self._transports.clear()
+
+    async def check_retention(self, window: Callable[[Destination], float]) -> None:
+        """Refuse to run when a destination keeps receipts shorter than our retry window."""
+        for name, destination in self.destinations.items():
+            try:
+                retention = await self.transport(name).retention()
+            except (TimeoutError, TransportError) as exc:
+                # Unreachable now is a delivery problem, retried like any other; but say
+                # that the retention could not be checked.
+                log.warning("destination %s: receipt retention not checked (%s)", name, exc)
+                continue
+            longest = window(destination)
+            if retention is not None and retention < longest:
+                raise ConfigError(
+                    f"destination {name!r} keeps receipts for {retention:g}s, shorter than the "
+                    f"longest retry window ({longest:g}s): a late resend could apply twice"
+                )
+
+    async def deliver_batch(
+        self, deliver: list[Message], resolve: list[Message], deadline: float
+    ) -> Turn:
+        """Deliver one claimed batch and resolve what may not be sent; returns what to settle."""
+        outcomes = await self._deliver(deliver, deadline)
+        # Only a delivery that never started gives its attempt back; a later lookup that
+        # ran out of lease time does not (the attempt was made).
+        unattempted = {i for i, outcome in outcomes.items() if isinstance(outcome, Unsent)}
+        outcomes.update(await self._resolve(resolve, "lease expired while sending", deadline))
+        spent = [
+            m
+            for m in deliver
+            if isinstance(outcomes[m.id], Retry) and m.attempts >= self.max_attempts
+        ]
+        if spent:
+            outcomes.update(
+                await self._resolve(spent, "retry budget exhausted", deadline, outcomes)
+            )
+        failpoints.hit("relay.after_remote_commit")
+        return deliver + resolve, outcomes, unattempted
+
+    async def _deliver(self, messages: Sequence[Message], deadline: float) -> dict[int, Outcome]:
+        outcomes: dict[int, Outcome] = {}
+        by_destination: dict[str, list[Message]] = defaultdict(list)
+        for message in messages:
+            if message.destination in self.destinations:
+                by_destination[message.destination].append(message)
+            else:
+                outcomes[message.id] = Dead(
+                    None, f"unknown destination {message.destination!r}: not in relay configuration"
+                )
+        jobs: list[Awaitable[dict[int, Outcome]]] = []
+        for name, group in by_destination.items():
+            transport = self.transport(name)
+            jobs.extend(
+                self._limited(name, parcel.messages, self._sender(transport, parcel), deadline)
+                for parcel in transport.parcels(group)
+            )
+        for result in await asyncio.gather(*jobs):
+            outcomes.update(result)
+        return outcomes
+
+    @staticmethod
+    def _sender(
+        transport: Transport, parcel: Parcel
+    ) -> Callable[[], Awaitable[dict[int, Outcome]]]:
+        return lambda: transport.send(parcel)
+
+    async def _limited(
+        self,
+        name: str,
+        messages: Sequence[Message],
+        attempt: Callable[[], Awaitable[dict[int, Outcome]]],
+        deadline: float,
+    ) -> dict[int, Outcome]:
+        """Run one request under the destination's concurrency limit, if the lease allows it."""
+        transport = self.transport(name)
+        async with self._limits[name]:
+            if time.monotonic() + transport.destination.timeout > deadline:
+                return dict.fromkeys((m.id for m in messages), Unsent())
+            started = time.monotonic()
+            try:
+                return await attempt()
+            finally:
+                elapsed = time.monotonic() - started
+                self.metrics.latency.labels(name, transport.mode).observe(elapsed)
+
+    async def _resolve(
+        self,
+        messages: Sequence[Message],
+        why: str,
+        deadline: float,
+        last: Mapping[int, Outcome] | None = None,
+    ) -> dict[int, Outcome]:
+        """Settle messages that may not be sent again: a matching receipt means sent, else dead."""
+
+        def lookup(
+            transport: Transport, message: Message
+        ) -> Callable[[], Awaitable[dict[int, Outcome]]]:
+            async def ask() -> dict[int, Outcome]:
+                found = await transport.holds(message)
+                return {message.id: Sent(None)} if found else {}
+
+            return ask
+
+        jobs: list[Awaitable[dict[int, Outcome]]] = []
+        for message in messages:
+            destination = self.destinations.get(message.destination)
+            if destination is not None and destination.receipt_lookup:
+                transport = self.transport(message.destination)
+                jobs.append(
+                    self._limited(
+                        message.destination, [message], lookup(transport, message), deadline
+                    )
+                )
+        # A lookup answers Sent, nothing (no matching receipt), or Unsent (no lease time left).
+        answered: dict[int, Outcome] = {}
+        for result in await asyncio.gather(*jobs):
+            answered.update(result)
+        outcomes: dict[int, Outcome] = {}
+        for message in messages:
+            if message.id in answered:
+                outcomes[message.id] = answered[message.id]
+                continue
+            previous = last.get(message.id) if last else None
+            tail = f"; last: {previous.error}" if isinstance(previous, Retry | Dead) else ""
+            status = previous.status if isinstance(previous, Retry | Dead) else None
+            outcomes[message.id] = Dead(status, truncate(f"outcome unknown: {why}{tail}"))
+        return outcomes
+
+
+def retry_window(
+    max_attempts: int, backoff: float, backoff_cap: float, lease: float
+) -> Callable[[Destination], float]:
+    """The longest retry window of a destination under these settings (see policy)."""
+    return lambda destination: longest_retry_window(
+        max_attempts, backoff, backoff_cap, destination.timeout, lease
+    )

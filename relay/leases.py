@@ -1,0 +1,186 @@
+"""The relay's database work: reap, claim, adopt and settle message leases.
+
+Synchronous and short: the loop runs each call off its event loop, and tests
+drive them directly, as they drive TaskQueue. Transient database errors are
+retried in-process (outbox.db.retry); a settle whose COMMIT failed is resolved
+by re-reading the rows, never by assuming.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Collection, Mapping, Sequence
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Engine
+
+from outbox import failpoints
+from outbox.clock import Clock
+from outbox.db import message_sql, retry
+from outbox.db.dialect import clock_value, now_expression, one_statement
+from relay import sql
+from relay.policy import Outcome, Retry, Sent, retry_delay, target_state
+from relay.records import ClaimedRow, Message, Settlement
+
+Claimed = tuple[list[Message], list[Message]]
+"""Messages to deliver, and messages whose attempts are spent, only to resolve."""
+
+
+class RelayLeases:
+    """One relay's leases on messages: which it holds, under which fence, until when."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        *,
+        owner: str,
+        lease: float,
+        batch: int,
+        max_attempts: int,
+        backoff: float,
+        backoff_cap: float,
+        clock: Clock | None = None,
+        rng: random.Random | None = None,
+    ) -> None:
+        """Leases for `owner` on `engine` (schema already checked)."""
+        self._engine = engine
+        self._dialect = engine.dialect.name
+        self.owner = owner
+        self.lease = lease
+        self.batch = batch
+        self.max_attempts = max_attempts
+        self.backoff = backoff
+        self.backoff_cap = backoff_cap
+        self.clock = clock
+        self._rng = rng or random.Random()
+        self._next_reap = float("-inf")
+        self.claim_in_doubt = False
+        """A claim raised after its COMMIT may have happened: its rows are to be adopted."""
+
+    def claim(self, busy: Collection[str] = (), may_adopt: bool = True) -> Claimed:
+        """Lease a batch, retrying transient errors: (messages to deliver, to resolve).
+
+        After a claim whose outcome is unknown, the rows it may have leased are
+        adopted, but only when `may_adopt` (no other turn of this relay is in
+        flight); otherwise the doubt stays for a later claim.
+        """
+        return retry.quickly(lambda: self._claim(busy, may_adopt))
+
+    def _claim(self, busy: Collection[str], may_adopt: bool) -> Claimed:
+        try:
+            rows = self._claim_rows(busy, may_adopt)
+        except sa.exc.DBAPIError:
+            # The COMMIT may have happened: the rows it leased are adopted next time.
+            self.claim_in_doubt = True
+            raise
+        deliver: list[Message] = []
+        resolve: list[Message] = []
+        for row in rows:
+            spent = row.previous_attempts >= self.max_attempts
+            (resolve if spent else deliver).append(Message.from_row(row))
+        return deliver, resolve
+
+    def _claim_rows(self, busy: Collection[str], may_adopt: bool) -> list[ClaimedRow]:
+        now = clock_value(self.clock)
+        adopting = self.claim_in_doubt and may_adopt
+        # Reap, adopt and claim are each one statement, atomic alone: on PostgreSQL they run
+        # without BEGIN and COMMIT, one round trip each, on the path from a producer's commit
+        # to delivery. SQLite picks, then updates: BEGIN IMMEDIATE holds the write lock.
+        with one_statement(self._engine) as conn:
+            self._reap_expired_leases(conn, now)
+            rows: list[ClaimedRow] = []
+            if adopting:
+                rows = sql.adopt_messages(conn, owner=self.owner, now=now, lease=self.lease)
+            rows += sql.claim_messages(
+                conn,
+                owner=self.owner,
+                now=now,
+                lease=self.lease,
+                limit=max(self.batch - len(rows), 0),
+                budget=self.max_attempts,
+                skip_destinations=sorted(busy),
+            )
+        if adopting:
+            self.claim_in_doubt = False
+        return rows
+
+    def _reap_expired_leases(self, conn: sa.Connection, now: float | None) -> None:
+        # Leases expire on the scale of the lease, not of a turn or a poll: looking every
+        # quarter lease finds an expired one soon enough and saves a statement per turn.
+        moment = time.monotonic() if now is None else now
+        if moment < self._next_reap:
+            return
+        reaped = conn.execute(
+            message_sql.reap_expired_message_leases(self._dialect),
+            {"now": now, "limit": self.batch},
+        ).all()
+        # A full batch means more may be waiting: look again next turn.
+        full = len(reaped) >= self.batch
+        self._next_reap = moment if full else moment + self.lease / 4
+
+    def settle(
+        self,
+        messages: Sequence[Message],
+        outcomes: Mapping[int, Outcome],
+        unattempted: Collection[int] = frozenset(),
+    ) -> set[int]:
+        """Record outcomes, retrying transient errors; returns the ids this relay settled.
+
+        The others were taken over by a newer lease and are left as they are.
+        """
+        return retry.quickly(lambda: self._settle(messages, outcomes, unattempted))
+
+    def _settle(
+        self,
+        messages: Sequence[Message],
+        outcomes: Mapping[int, Outcome],
+        unattempted: Collection[int],
+    ) -> set[int]:
+        rows: list[Settlement] = []
+        for message in messages:
+            outcome = outcomes[message.id]
+            delay = 0.0
+            if isinstance(outcome, Retry):
+                delay = retry_delay(
+                    message.attempts, self.backoff, self.backoff_cap, outcome.after, self._rng
+                )
+            rows.append(
+                Settlement(
+                    id=message.id,
+                    fence=message.fence,
+                    state=target_state(outcome).value,
+                    status=outcome.status,
+                    error=None if isinstance(outcome, Sent) else outcome.error,
+                    delay=delay,
+                    refund=1 if message.id in unattempted else 0,
+                )
+            )
+        with self._engine.begin() as conn:
+            settled = sql.settle(conn, self.owner, rows, clock_value(self.clock))
+            failpoints.hit("relay.before_sent_commit")
+        failpoints.hit("relay.after_sent_commit")
+        missing = [m for m in messages if m.id not in settled]
+        if missing:
+            # A retried settle finds rows an earlier, failed-looking COMMIT did settle:
+            # read what the database holds instead of assuming either way.
+            settled |= self._already_settled(missing, outcomes)
+        return settled
+
+    def _already_settled(
+        self, messages: Sequence[Message], outcomes: Mapping[int, Outcome]
+    ) -> set[int]:
+        expected = {m.id: (m.fence, target_state(outcomes[m.id])) for m in messages}
+        with self._engine.connect() as conn:
+            rows = conn.execute(sql.select_states(list(expected))).all()
+        return {
+            row.id
+            for row in rows
+            if (row.fence, row.state) == expected[row.id] and row.owner == self.owner
+        }
+
+    def backlog(self) -> tuple[int, float | None]:
+        """How many messages are undelivered, and the age of the oldest (None when none)."""
+        with self._engine.connect() as conn:
+            count, age = conn.execute(sql.backlog(now_expression(self.clock, self._dialect))).one()
+        return int(count), None if age is None else float(age)

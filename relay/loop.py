@@ -1,0 +1,366 @@
+"""The relay loop: claim -> deliver (bounded concurrency) -> settle, until told to stop.
+
+Database work (relay.leases) is short synchronous transactions run off the
+event loop; delivery (relay.dispatch) runs each destination's transport on
+this loop. The loop keeps a claim and up to PIPELINE deliveries per
+destination in flight, and settles each part on its own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import random
+import secrets
+import signal
+import socket
+import threading
+import time
+from collections import Counter, defaultdict
+from collections.abc import Collection, Mapping
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Engine
+
+from outbox import failpoints
+from outbox.clock import Clock
+from outbox.db.dialect import listen_conninfo
+from outbox.db.handle import DatabaseHandle
+from outbox.errors import ConfigError
+from relay.config import Destination, check_destinations
+from relay.dispatch import Dispatcher, Turn, retry_window
+from relay.leases import RelayLeases
+from relay.metrics import RelayMetrics
+from relay.pipeline import Claimed, Pipeline, by_destination
+from relay.policy import Sent, Verdict, verdict
+from relay.records import Message
+from relay.wakeup import Wakeups
+
+log = logging.getLogger("outbox.relay")
+LEASE_MARGIN = 0.5  # seconds: the last attempt of a turn must end this long before the lease
+
+
+def _new_event_loop() -> asyncio.AbstractEventLoop:
+    """uvloop where it is installed (the `fast` extra): HTTP costs less CPU on it."""
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.new_event_loop()
+    return uvloop.new_event_loop()
+
+
+class Relay(DatabaseHandle):
+    """A fenced relay: leases outbox messages and delivers them with backoff."""
+
+    def __init__(
+        self,
+        url_or_engine: str | sa.URL | Engine,
+        destinations: Mapping[str, Destination],
+        owner: str | None = None,
+        clock: Clock | None = None,
+        lease: float = 30,
+        backoff: float = 2,
+        max_attempts: int = 3,
+        batch: int = 100,
+        concurrency: int = 32,
+        backoff_cap: float = 300,
+        poll_interval: float = 1.0,
+        grace: float | None = None,
+        rng: random.Random | None = None,
+    ) -> None:
+        """Validate the configuration and open the database (schema must be current)."""
+        self.destinations = check_destinations(destinations)
+        longest = max(d.timeout for d in self.destinations.values())
+        if not lease > longest:
+            raise ConfigError(
+                f"lease ({lease:g}s) must be longer than the longest attempt timeout "
+                f"({longest:g}s), or a slow attempt would outlive its lease"
+            )
+        for name, value in (
+            ("max_attempts", max_attempts),
+            ("batch", batch),
+            ("concurrency", concurrency),
+        ):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ConfigError(f"{name} must be an int >= 1, got {value!r}")
+        if not (backoff > 0 and backoff_cap >= backoff and poll_interval > 0):
+            raise ConfigError("backoff, backoff_cap and poll_interval must be positive")
+        if owner is None:
+            # Unique per instance: relays sharing an owner name could not tell their
+            # leases apart.
+            owner = f"relay-{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"[-200:]
+        if not isinstance(owner, str) or not 1 <= len(owner) <= 200 or "\x00" in owner:
+            raise ConfigError("owner must be a str of 1..200 characters without NUL")
+        self.owner = owner
+        self.clock = clock
+        self.lease = float(lease)
+        self.backoff = float(backoff)
+        self.backoff_cap = float(backoff_cap)
+        self.max_attempts = max_attempts
+        self.batch = batch
+        self.concurrency = concurrency
+        self.poll_interval = poll_interval
+        self.grace = self.lease if grace is None else grace
+        # No ping per checkout: a dropped connection fails a statement, which the claim and
+        # settle retries handle on a fresh one; a ping would cost a round trip per turn.
+        self._open(url_or_engine, pool_pre_ping=False)
+        self.leases = RelayLeases(
+            self._engine,
+            owner=owner,
+            lease=self.lease,
+            batch=batch,
+            max_attempts=max_attempts,
+            backoff=self.backoff,
+            backoff_cap=self.backoff_cap,
+            clock=clock,
+            rng=rng,
+        )
+        self._loop = _new_event_loop()
+        self._stopping: asyncio.Event | None = None
+        # Turns whose settle failed: their outcomes are known and recorded before the next
+        # claim, never sent again.
+        self._unsettled: list[Turn] = []
+        self.listening = threading.Event()
+        """Set while a LISTEN connection is up (PostgreSQL), so NOTIFY wakes the loop."""
+        self.metrics = RelayMetrics(self.leases.backlog)
+        self.dispatcher = Dispatcher(
+            self.destinations,
+            concurrency=concurrency,
+            max_attempts=max_attempts,
+            metrics=self.metrics,
+        )
+
+    # --- lifecycle -------------------------------------------------------------
+
+    def close(self) -> None:
+        """Close HTTP clients and, when the relay created it, the connection pool."""
+        loop = getattr(self, "_loop", None)
+        if loop is not None and not loop.is_closed():
+            loop.run_until_complete(self.dispatcher.close())
+            # A settle abandoned at shutdown may still run in a worker thread: let it end
+            # before the engine goes away under it.
+            loop.run_until_complete(loop.shutdown_default_executor())
+            loop.close()
+        super().close()
+
+    def dispatch_once(self) -> list[tuple[str, Verdict]]:
+        """Claim one batch, deliver it, settle it; returns (reply_id, verdict) per message."""
+        return self._loop.run_until_complete(self._dispatch())
+
+    def run(self, install_signal_handlers: bool = True) -> None:
+        """Deliver until SIGTERM/SIGINT (or stop()), then drain in-flight work and return."""
+        self._loop.run_until_complete(self._run(install_signal_handlers))
+
+    def stop(self) -> None:
+        """Ask a running relay to stop claiming and drain; safe from any thread."""
+        if self._stopping is not None:
+            self._loop.call_soon_threadsafe(self._stopping.set)
+
+    # --- the loop ---------------------------------------------------------------
+
+    async def _run(self, install_signal_handlers: bool) -> None:
+        self._stopping = asyncio.Event()
+        if install_signal_handlers:
+            for signum in (signal.SIGTERM, signal.SIGINT):
+                self._loop.add_signal_handler(signum, self._stopping.set)
+        await self.check_retention()
+        wakeups = self._wakeups()
+        listener = None if wakeups is None else asyncio.ensure_future(wakeups.keep_listening())
+        log.info("relay %s started", self.owner)
+        stop = asyncio.ensure_future(self._stopping.wait())
+        # A claimed batch is split by destination, and each part is delivered and settled
+        # on its own, so a destination that hangs holds up only its own replies. The next
+        # claim does not wait for the previous POST: behind a backlog (the last claim was
+        # full) it starts at once, otherwise at the next NOTIFY or poll. A destination
+        # with PIPELINE parts posting is left out of claims, so what arrives while both
+        # are out goes in one later part, not many tiny ones, and a hung destination
+        # cannot stop the others' claims. Claims skip keys with a message in flight, so
+        # per-key order holds.
+        flying: set[asyncio.Future[None]] = set()  # parts delivering or settling
+        pipelines: dict[str, Pipeline] = defaultdict(Pipeline)
+        backlog = False
+        try:
+            while not self._stopping.is_set():
+                flying = {f for f in flying if not f.done()}
+                busy = {name for name in self.destinations if pipelines[name].full()}
+                if busy == set(self.destinations):
+                    waits: set[asyncio.Future[Any]] = {*flying, stop}
+                    for pipeline in pipelines.values():
+                        waits |= pipeline.posting
+                    await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+                    continue
+                if wakeups is not None:
+                    # Cleared before claiming: a NOTIFY that lands mid-claim wakes the next turn.
+                    await wakeups.clear()
+                work = asyncio.ensure_future(self._claim_next(flying, busy))
+                await asyncio.wait({work, stop}, return_when=asyncio.FIRST_COMPLETED)
+                if not work.done():
+                    flying.add(asyncio.ensure_future(self._finish_claim(work)))
+                    break
+                try:
+                    claimed = work.result()
+                except Exception:
+                    # A failed claim leased nothing, or is adopted next time; go on.
+                    log.exception("relay %s turn failed; trying again next turn", self.owner)
+                    claimed = None
+                self.metrics.last_turn = time.monotonic()
+                backlog = claimed is not None and len(claimed[0]) + len(claimed[1]) >= self.batch
+                for name, part in [] if claimed is None else by_destination(claimed):
+                    delivered: asyncio.Future[None] = self._loop.create_future()
+                    turn = asyncio.ensure_future(self._deliver_and_record(part, delivered))
+                    pipelines[name].add(delivered, turn)
+                    flying.add(turn)
+                if backlog:
+                    continue  # more is probably waiting
+                waiter = asyncio.ensure_future(
+                    asyncio.sleep(self.poll_interval)
+                    if wakeups is None
+                    else wakeups.wait(self.poll_interval)
+                )
+                await asyncio.wait({waiter, stop}, return_when=asyncio.FIRST_COMPLETED)
+                waiter.cancel()
+        finally:
+            await self._land(flying)
+            stop.cancel()
+            if listener is not None:
+                listener.cancel()
+                await asyncio.gather(listener, return_exceptions=True)
+            if install_signal_handlers:
+                for signum in (signal.SIGTERM, signal.SIGINT):
+                    self._loop.remove_signal_handler(signum)
+            log.info("relay %s stopped", self.owner)
+
+    def _wakeups(self) -> Wakeups | None:
+        """NOTIFY wake-ups on PostgreSQL; SQLite has none and polls."""
+        conninfo = listen_conninfo(self._engine)
+        if conninfo is None:
+            return None
+        return Wakeups(conninfo, self.poll_interval, self.listening)
+
+    async def check_retention(self) -> None:
+        """Refuse to run when a destination keeps receipts shorter than our retry window."""
+        await self.dispatcher.check_retention(
+            retry_window(self.max_attempts, self.backoff, self.backoff_cap, self.lease)
+        )
+
+    async def _dispatch(self) -> list[tuple[str, Verdict]]:
+        await self._record_unsettled()
+        claimed = await self._claim_batch()
+        if claimed is None:
+            return []
+        return await self._record(await self._deliver_batch(*claimed))
+
+    async def _claim_next(
+        self, flying: set[asyncio.Future[None]], busy: set[str]
+    ) -> Claimed | None:
+        """run()'s claim, without `busy` destinations; adopt only with nothing in flight."""
+        if self.leases.claim_in_doubt and flying:
+            # Adoption re-leases every row this owner holds, in-flight turns' rows included.
+            await asyncio.wait(flying)
+        await self._record_unsettled()
+        # Decided now, not when a retry of this claim finds itself in doubt: by then other
+        # turns may be posting rows that adoption would lease again and send twice.
+        return await self._claim_batch(busy, may_adopt=not flying)
+
+    async def _finish_claim(self, work: asyncio.Future[Claimed | None]) -> None:
+        """At shutdown: a claim still running is delivered and settled if it lands in time."""
+        try:
+            claimed = await work
+        except Exception:
+            log.exception("relay %s claim failed at shutdown", self.owner)
+            return
+        if claimed is not None:
+            await self._deliver_and_record(claimed, self._loop.create_future())
+
+    async def _deliver_and_record(self, claimed: Claimed, delivered: asyncio.Future[None]) -> None:
+        try:
+            turn = await self._deliver_batch(*claimed)
+        except Exception:
+            # Nothing known to settle: the rows' leases expire and they are taken again.
+            log.exception("relay %s delivery failed; its leases will expire", self.owner)
+            return
+        finally:
+            if not delivered.done():
+                delivered.set_result(None)
+        try:
+            await self._record(turn)
+        except Exception:
+            log.exception("relay %s settle failed; trying again next turn", self.owner)
+
+    async def _land(self, flying: set[asyncio.Future[None]]) -> None:
+        """Give in-flight turns the grace period, then abandon them to lease expiry."""
+        if not flying:
+            return
+        _, late = await asyncio.wait(flying, timeout=self.grace)
+        for future in late:
+            future.cancel()
+        if late:
+            await asyncio.wait(late)
+            log.warning("relay %s abandoned in-flight work at shutdown", self.owner)
+
+    async def _record_unsettled(self) -> None:
+        for turn in list(self._unsettled):
+            await self._record(turn)
+
+    async def _claim_batch(
+        self, busy: Collection[str] = (), may_adopt: bool = True
+    ) -> Claimed | None:
+        """Lease a batch: (messages to deliver, messages to resolve, the turn's deadline)."""
+        started = time.monotonic()
+        deliver, resolve = await asyncio.to_thread(self.leases.claim, busy, may_adopt)
+        if not deliver and not resolve:
+            return None
+        failpoints.hit("relay.after_claim")
+        # The lease runs from the claim: an attempt that could not finish before it ends is
+        # not started, or another relay might send the same message at the same time.
+        return deliver, resolve, started + self.lease - LEASE_MARGIN
+
+    async def _deliver_batch(
+        self, deliver: list[Message], resolve: list[Message], deadline: float
+    ) -> Turn:
+        return await self.dispatcher.deliver_batch(deliver, resolve, deadline)
+
+    async def _record(self, turn: Turn) -> list[tuple[str, Verdict]]:
+        everything, outcomes, unattempted = turn
+        try:
+            settled = await asyncio.to_thread(self.leases.settle, everything, outcomes, unattempted)
+        except BaseException:
+            if not any(kept is turn for kept in self._unsettled):
+                self._unsettled.append(turn)
+            raise
+        self._unsettled = [kept for kept in self._unsettled if kept is not turn]
+        verdicts: list[tuple[str, Verdict]] = []
+        # Counted per kind, not per message: a batch is mostly one kind.
+        kinds: Counter[tuple[str, Verdict, int | None]] = Counter()
+        for message in everything:
+            if message.id not in settled:
+                log.warning("message %s was taken over; not settled here", message.reply_id)
+                continue
+            outcome = outcomes[message.id]
+            said = verdict(outcome)
+            kinds[message.destination, said, outcome.status] += 1
+            if not isinstance(outcome, Sent):
+                log.info(
+                    "message %s %s: %s",
+                    message.reply_id,
+                    said,
+                    outcome.error,
+                    extra={"fields": {"reply_id": message.reply_id, "outcome": said}},
+                )
+            verdicts.append((message.reply_id, said))
+        for (destination, kind, status), count in kinds.items():
+            self.metrics.record(destination, kind, status, count)
+        return verdicts
+
+    def health(self) -> dict[str, Any]:
+        """Liveness for /healthz: the loop has turned recently."""
+        idle = time.monotonic() - self.metrics.last_turn
+        limit = max(3 * self.poll_interval, 2 * self.lease)
+        return {
+            "ok": idle < limit,
+            "owner": self.owner,
+            "seconds_since_last_turn": round(idle, 3),
+            "listening": self.listening.is_set(),
+        }

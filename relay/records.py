@@ -1,0 +1,70 @@
+"""The relay's typed records: a claimed message, and the settlement of one."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from types import MappingProxyType
+from typing import NamedTuple
+
+_NO_HEADERS: Mapping[str, str] = MappingProxyType({})
+
+
+class Message(NamedTuple):
+    """A claimed message: what to send and the lease it was claimed under."""
+
+    id: int
+    reply_id: str
+    destination: str
+    body: bytes
+    content_hash: str
+    headers: Mapping[str, str]
+    attempts: int
+    fence: int
+
+    @classmethod
+    def from_row(cls, row: ClaimedRow) -> Message:
+        """A message from a claimed row, read by column name."""
+        return cls(
+            id=row.id,
+            reply_id=row.reply_id,
+            destination=row.destination,
+            body=bytes(row.body),
+            content_hash=row.content_hash,
+            # Most messages have no headers: skip decoding the same "{}" for every row.
+            headers=_NO_HEADERS if row.headers == "{}" else json.loads(row.headers),
+            attempts=row.attempts,
+            fence=row.fence,
+        )
+
+
+class ClaimedRow(NamedTuple):
+    """A row as a claim returns it: the message's columns and its attempts before the claim.
+
+    When `previous_attempts` is already the budget, the message was reclaimed after
+    a lease expired mid-send and may only be resolved, never sent again.
+    """
+
+    id: int
+    reply_id: str
+    destination: str
+    body: bytes
+    content_hash: str
+    headers: str
+    attempts: int
+    fence: int
+    previous_attempts: int
+
+
+class Settlement(NamedTuple):
+    """How one message's turn ends, written in the turn's one settling statement."""
+
+    id: int
+    fence: int
+    state: str
+    status: int | None
+    error: str | None
+    delay: float
+    """Seconds before the next attempt (pending only)."""
+    refund: int
+    """Attempts to give back: 1 when the claim counted an attempt that was never made."""

@@ -1,0 +1,111 @@
+"""The destination transport interface: how messages reach one kind of destination.
+
+A transport groups a destination's messages into parcels (one request each),
+sends a parcel and classifies the answer into one outcome per message, asks
+for a receipt, and checks how long the destination keeps receipts. A new kind
+of destination is one module implementing Transport plus its entry in
+`transport_for`.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from relay.config import Destination
+from relay.http_client import HttpClient
+from relay.policy import Outcome
+from relay.receipts import receipt_matches
+from relay.records import Message
+
+
+@dataclass(frozen=True)
+class Parcel:
+    """Messages that travel in one request, with the request body when it is prepared."""
+
+    messages: Sequence[Message]
+    body: bytes | None = None
+
+
+class Transport(ABC):
+    """Delivery to one destination; its requests run on the relay's event loop."""
+
+    def __init__(self, destination: Destination) -> None:
+        """Nothing connects until the first request."""
+        self.destination = destination
+
+    @property
+    def mode(self) -> str:
+        """The label of this transport in metrics."""
+        return self.destination.mode
+
+    @abstractmethod
+    def parcels(self, messages: Sequence[Message]) -> list[Parcel]:
+        """Group messages into requests, within the destination's limits."""
+
+    @abstractmethod
+    async def send(self, parcel: Parcel) -> dict[int, Outcome]:
+        """Deliver one parcel: an outcome for each of its messages, by message id."""
+
+    @abstractmethod
+    async def holds(self, message: Message) -> bool | None:
+        """Whether the destination holds this exact message; None when it cannot say."""
+
+    @abstractmethod
+    async def retention(self) -> float | None:
+        """How long the destination keeps receipts (seconds), when it says."""
+
+    @abstractmethod
+    async def close(self) -> None:
+        """Release connections."""
+
+
+class HttpTransport(Transport):
+    """The common part of HTTP transports: one pooled client, receipt lookup, retention."""
+
+    RETENTION_HEADER = "outbox-receipt-retention"
+
+    def __init__(self, destination: Destination) -> None:
+        """One keep-alive client per destination, at most `concurrency` connections."""
+        super().__init__(destination)
+        self.client = HttpClient(destination.concurrency)
+
+    async def holds(self, message: Message) -> bool | None:
+        """GET <url>/<reply_id> and compare the content hash."""
+        return await receipt_matches(
+            self.client, self.destination, message.reply_id, message.content_hash
+        )
+
+    async def retention(self) -> float | None:
+        """The Outbox-Receipt-Retention header of the destination's /healthz, if any.
+
+        Unreachable now is a delivery problem, retried like any other: the caller
+        is told by TimeoutError or TransportError that it could not be checked.
+        """
+        health = self.destination.url.rstrip("/").rsplit("/", 1)[0] + "/healthz"
+        response = await self.client.request(
+            "GET", health, headers={}, seconds=self.destination.timeout
+        )
+        advertised = response.headers.get(self.RETENTION_HEADER)
+        if advertised is None:
+            return None
+        try:
+            return float(advertised)
+        except ValueError:
+            return None
+
+    async def close(self) -> None:
+        """Close the pooled connections."""
+        await self.client.close()
+
+
+def transport_for(destination: Destination) -> Transport:
+    """The transport that delivers to `destination`, by its kind and mode."""
+    # Imported here: each implementation builds on this module.
+    from relay.http_batch import HttpBatchTransport
+    from relay.http_single import HttpSingleTransport
+
+    if destination.mode == "batch":
+        return HttpBatchTransport(destination)
+    return HttpSingleTransport(destination)
