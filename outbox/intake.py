@@ -1,7 +1,8 @@
 """Intake: validate an envelope, derive its identity, and describe what to store.
 
-No I/O here: TaskQueue.receive runs the transaction. The rules are SPEC
-section 4; every violation raises InvalidEnvelope before anything is written.
+No I/O here: TaskQueue.receive runs the transaction. The rules are in
+docs/contract.md#intake-limits; every violation raises InvalidEnvelope before
+anything is written.
 """
 
 from __future__ import annotations

@@ -19,20 +19,18 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine, RowMapping
 from sqlalchemy.orm import Session
 
-from outbox import failpoints
-from outbox.canonical import NotCanonical, canonical_bytes
+from outbox import failpoints, task_results
 from outbox.clock import Clock
 from outbox.db import message_sql, task_sql
 from outbox.db import sql as db_sql
-from outbox.db.dialect import READ_ONLY, now_expression
+from outbox.db.dialect import READ_ONLY, now_expression, one_statement, supports_skip_locked
 from outbox.db.handle import DatabaseHandle
-from outbox.errors import BatchFailed, Fenced, InvalidMessage, OutboxError, PayloadCollision
+from outbox.errors import BatchFailed, OutboxError, PayloadCollision
 from outbox.intake import Accepted, Ack, AuthContext, Envelope, accept, authorize, check_name
-from outbox.messages import add_task_replies, check_destination, message_dict, task_reply_rows
+from outbox.messages import add_task_replies, check_destination, message_dict
 from outbox.schema import inbox
 
 RECONCILE_BATCH = 100
-MAX_RESULT_BYTES = 256 * 1024
 MAX_REASON_CHARS = 2000
 
 
@@ -95,7 +93,6 @@ class TaskQueue(DatabaseHandle):
         self.clock = clock
         self._rng = rng or random.Random()
         self._open(url_or_engine)
-        self._autocommit = self._engine.execution_options(isolation_level="AUTOCOMMIT")
 
     # --- plumbing -------------------------------------------------------------
 
@@ -204,18 +201,12 @@ class TaskQueue(DatabaseHandle):
         if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
             raise ValueError(f"limit must be an int >= 1, got {limit!r}")
         now = self._now_value()
-        if not reconcile and self._dialect == "postgresql" and self.tenant_cap is None:
-            # One statement, atomic alone: BEGIN and COMMIT would only add round trips.
-            # The failpoint comes before it, where nothing is leased yet.
-            failpoints.hit("claim.before_commit")
-            with self._autocommit.connect() as conn:
-                rows = self._claim_rows(conn, owner, limit, now)
-        else:
-            with self._engine.begin() as conn:
-                if reconcile:
-                    self._reconcile_in(conn, now)
-                rows = self._claim_rows(conn, owner, limit, now)
-                failpoints.hit("claim.before_commit")
+        # Without reconciling or a tenant cap, the claim is one statement (see one_statement).
+        single = not reconcile and self.tenant_cap is None
+        with one_statement(self._engine, "claim.before_commit", single=single) as conn:
+            if reconcile:
+                self._reconcile_in(conn, now)
+            rows = self._claim_rows(conn, owner, limit, now)
         failpoints.hit("claim.after_commit")
         rows.sort(key=lambda r: (-r["priority"], r["available_at"], r["created_at"]))
         return [
@@ -239,7 +230,8 @@ class TaskQueue(DatabaseHandle):
         params = {"now": now, "claim_owner": owner, "lease": self.lease, "limit": limit}
         if not capped:
             return list(conn.execute(statement, params).mappings())
-        if self._dialect == "postgresql":
+        if supports_skip_locked(self._dialect):
+            # Row locks alone would let two claimers take one tenant's last slot.
             conn.execute(task_sql.lock_tenant_caps())
         # One at a time, so a batch cannot push a tenant past its cap.
         rows: list[RowMapping] = []
@@ -259,7 +251,7 @@ class TaskQueue(DatabaseHandle):
                 {**self._holding(claim, self._now_value()), "lease": self.lease},
             ).scalar()
             if lease_until is None:
-                raise self._fenced(conn, claim)
+                raise task_results.fenced(conn, claim)
         return Claim(
             task_id=claim.task_id,
             owner=claim.owner,
@@ -289,7 +281,9 @@ class TaskQueue(DatabaseHandle):
 
     def finish_in(self, conn: Connection, claim: Claim, result: Any) -> None:
         """Write `done`, the result and its reply on an open connection; never commits."""
-        (refused,) = self._complete(conn, [(claim, result)])
+        (refused,) = task_results.complete(
+            conn, [(claim, result)], self.reply_destination, self._now_value()
+        )
         if refused is not None:
             raise refused
 
@@ -300,80 +294,13 @@ class TaskQueue(DatabaseHandle):
         Fenced that kept it out; the others commit regardless. A database error
         raises and commits none.
         """
-        if self._dialect == "postgresql":
-            # One statement, atomic alone: BEGIN and COMMIT would only add round trips.
-            # The failpoint comes before it, where nothing of this batch is written yet.
-            failpoints.hit("finish.before_commit")
-            with self._autocommit.connect() as conn:
-                refused = self._complete(conn, finished)
-        else:
-            with self._engine.begin() as conn:
-                refused = self._complete(conn, finished)
-                failpoints.hit("finish.before_commit")
+        # PostgreSQL writes the whole batch in one statement (see one_statement).
+        with one_statement(self._engine, "finish.before_commit") as conn:
+            refused = task_results.complete(
+                conn, finished, self.reply_destination, self._now_value()
+            )
         failpoints.hit("finish.after_commit")
         return refused
-
-    def _complete(
-        self, conn: Connection, finished: Sequence[tuple[Claim, Any]]
-    ) -> list[OutboxError | None]:
-        refused: list[OutboxError | None] = [None] * len(finished)
-        # One claim per task: of two claims of one task (a lost lease taken again by the
-        # same worker), only the newer can hold it, and one reply row per task may exist.
-        newest: dict[str, int] = {}
-        for index, (claim, _) in enumerate(finished):
-            other = newest.get(claim.task_id)
-            if other is None or finished[other][0].fence < claim.fence:
-                newest[claim.task_id] = index
-        completions: list[task_sql.Completion] = []
-        for index, (claim, result) in enumerate(finished):
-            if newest[claim.task_id] != index:
-                refused[index] = Fenced(
-                    f"task {claim.task_id}: fence {claim.fence} of {claim.owner!r} is finished "
-                    "by another claim of the same task in this batch"
-                )
-                continue
-            try:
-                result_json = canonical_bytes(result, max_bytes=MAX_RESULT_BYTES).decode("utf-8")
-            except NotCanonical as exc:
-                invalid = InvalidMessage(f"result: {exc}")
-                invalid.__cause__ = exc
-                refused[index] = invalid
-                continue
-            completions.append((claim.task_id, claim.owner, claim.fence, result_json))
-        now = self._now_value()
-        if self._dialect == "postgresql":
-            replies = task_reply_rows(
-                [(task_id, "done", result) for task_id, _, _, result in completions],
-                self.reply_destination,
-            )
-            done = task_sql.complete_tasks_with_replies(conn, completions, replies, now)
-        else:
-            done = task_sql.complete_tasks(conn, completions, now)
-            add_task_replies(
-                conn,
-                [
-                    (task_id, "done", result)
-                    for task_id, _, _, result in completions
-                    if task_id in done
-                ],
-                self.reply_destination,
-                now,
-            )
-        for index, (claim, _) in enumerate(finished):
-            if refused[index] is None and claim.task_id not in done:
-                refused[index] = self._fenced_after_write(conn, claim)
-        return refused
-
-    def _fenced_after_write(self, conn: Connection, claim: Claim) -> Fenced:
-        """Why a claim was refused, when the database still says; on PostgreSQL the batch
-        is committed by now, so failing to read the reason must not fail the batch."""
-        try:
-            return self._fenced(conn, claim)
-        except sa.exc.DBAPIError as exc:
-            return Fenced(
-                f"task {claim.task_id} is no longer held by {claim.owner!r} fence {claim.fence} "
-                f"(why could not be read: {type(exc).__name__})"
-            )
 
     def fail(self, claim: Claim, reason: str, permanent: bool = False) -> str:
         """Record a failed attempt: back to pending after backoff, or `failed` with its reply."""
@@ -392,7 +319,7 @@ class TaskQueue(DatabaseHandle):
                 },
             ).scalar()
             if state is None:
-                raise self._fenced(conn, claim)
+                raise task_results.fenced(conn, claim)
             if state == "failed":
                 add_task_replies(
                     conn, [(claim.task_id, "failed", None)], self.reply_destination, now
@@ -456,20 +383,6 @@ class TaskQueue(DatabaseHandle):
             "held_fence": claim.fence,
             "now": now,
         }
-
-    def _fenced(self, conn: Connection, claim: Claim) -> Fenced:
-        row = conn.execute(task_sql.select_task(claim.task_id)).mappings().first()
-        if row is None:
-            why = "no such task"
-        elif row["state"] != "running":
-            why = f"task is {row['state']}"
-        elif row["fence"] != claim.fence or row["owner"] != claim.owner:
-            why = f"task is held by {row['owner']!r} under fence {row['fence']}"
-        else:
-            why = "lease or deadline has passed"
-        return Fenced(
-            f"task {claim.task_id} is no longer held by {claim.owner!r} fence {claim.fence}: {why}"
-        )
 
     # --- reading ------------------------------------------------------------------
 

@@ -20,8 +20,8 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from outbox.signing import DEFAULT_TOLERANCE, parse_secret
+from receiver.effects import Effect
 from receiver.rules import MAX_BATCH_ITEMS, Answer, ReceiverRules, Store, error, receiver_rules
-from receiver.store import Effect
 
 DEFAULT_MAX_BODY = 1_048_576
 

@@ -40,7 +40,8 @@ from typing import Any, Protocol
 from outbox.errors import SignatureError, StoreUnavailable
 from outbox.messages import REPLY_ID
 from outbox.signing import SigningKey, verify
-from receiver.store import Effect, Receipt
+from receiver.effects import Effect
+from receiver.store import Receipt
 
 RETENTION_HEADER = "Outbox-Receipt-Retention"
 MAX_DEPTH = 64

@@ -9,47 +9,75 @@ primary key: on PostgreSQL the losers' ``ON CONFLICT DO NOTHING`` waits for the
 winner to commit and then reads its row; on SQLite ``BEGIN IMMEDIATE`` admits
 one writer at a time.
 
-Errors:
-PayloadCollision   (outbox.errors) same reply_id, other body; nothing changed
-StoreUnavailable   the database cannot be reached or stayed busy: try again later
-SchemaNotReady     (outbox.errors) the receiver tables are missing or too old
+Errors (outbox.errors): PayloadCollision (same reply_id, other body; nothing
+changed), StoreUnavailable (the database cannot be reached or kept failing
+transiently: try again later), SchemaNotReady (the receiver tables are missing
+or too old).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
-from sqlalchemy.orm import Session
 
 from outbox import failpoints
 from outbox.canonical import sha256_hex
 from outbox.clock import Clock
-from outbox.db.dialect import READ_ONLY, database_now, insert_ignoring_conflicts, now_expression
+from outbox.db import retry
+from outbox.db.dialect import READ_ONLY, is_postgresql, now_expression, one_statement
 from outbox.db.handle import DatabaseHandle
 from outbox.errors import PayloadCollision, StoreUnavailable
 from outbox.messages import check_reply_id
 from outbox.migrations import RECEIVER_BRANCH
-from receiver.schema import effects, receipts
+from receiver import sql
+from receiver.effects import Effect, record_effect, run_effects
+from receiver.schema import receipts
 
 DEFAULT_RETENTION = 30 * 86_400.0
 PURGE_BATCH = 1000
-# A race with purge, or a serialization failure under a stricter isolation level.
-_ATTEMPTS = 3
-
-#: Keys of ``session.info`` an effect can read.
-REPLY_ID_KEY = "receiver.reply_id"
-RECEIVED_AT_KEY = "receiver.received_at"
-
-Effect = Callable[[Session, bytes], None]
+# Tries of one transaction: a dropped connection, a serialization failure or a race with
+# purge is resolved by a second try; a third failure means the database is not well.
+_TRIES = 3
 
 
-class _Retry(Exception):
-    """The transaction lost a race it can win on a second try."""
+class _LostRace(Exception):
+    """The transaction lost a race (with purge, or another writer) it can win on a second try."""
+
+
+def _lost_race(exc: BaseException) -> bool:
+    """A race a second try wins: a purge between insert and read, or a concurrent insert of
+    the same reply_id under a stricter isolation level (a unique violation on receipts)."""
+    if isinstance(exc, _LostRace):
+        return True
+    orig = getattr(exc, "orig", None)
+    diag = getattr(orig, "diag", None)
+    return getattr(orig, "sqlstate", None) == "23505" and (
+        getattr(diag, "table_name", None) == receipts.name
+    )
+
+
+@contextmanager
+def _unavailable_when_it_fails() -> Iterator[None]:
+    """Say StoreUnavailable for what a later try may pass: pool exhausted, transient errors."""
+    try:
+        yield
+    except sa.exc.TimeoutError as exc:  # pool exhausted: the same advice as a busy server
+        raise StoreUnavailable(f"no database connection available: {exc}") from exc
+    except _LostRace as exc:
+        raise StoreUnavailable("kept losing races to store receipts; try again") from exc
+    except sa.exc.DBAPIError as exc:
+        if _lost_race(exc):
+            raise StoreUnavailable("kept losing races to store receipts; try again") from exc
+        # Cannot talk to the database, rather than a bad statement: a later try may pass.
+        unreachable = isinstance(exc, sa.exc.OperationalError | sa.exc.InterfaceError)
+        if unreachable or retry.is_transient(exc):
+            raise StoreUnavailable(f"receipt database unavailable: {exc.orig}") from exc
+        raise
 
 
 @dataclass(frozen=True)
@@ -62,125 +90,10 @@ class Receipt:
     duplicate: bool
 
 
-def record_effect(session: Session, body: bytes) -> None:
-    """The reference effect: one receiver_effects row per first receipt (joins the transaction)."""
-    record_effects(session, [(session.info[REPLY_ID_KEY], session.info[RECEIVED_AT_KEY], body)])
-
-
-# Driver SQL for psycopg: %(name)b sends an array in binary, where the text format would
-# escape every element with a regular expression on the client.
-_INSERT_EFFECTS_POSTGRESQL = (
-    "INSERT INTO receiver_effects (reply_id, created_at, body) "
-    "SELECT * FROM unnest("
-    "CAST(%(ids)b AS varchar[]), CAST(%(times)b AS float8[]), CAST(%(bodies)b AS bytea[]))"
-)
-
-
-def record_effects(session: Session, fresh: Sequence[tuple[str, float, bytes]]) -> None:
-    """The reference effect for a batch: one statement for every first receipt."""
-    _insert_effects(session.connection(), fresh)
-
-
-def _insert_effects(conn: sa.Connection, fresh: Sequence[tuple[str, float, bytes]]) -> None:
-    if conn.dialect.name == "postgresql":
-        # Arrays keep it one short statement: an executemany costs a round trip per row.
-        conn.exec_driver_sql(
-            _INSERT_EFFECTS_POSTGRESQL,
-            {
-                "ids": [r for r, _, _ in fresh],
-                "times": [at for _, at, _ in fresh],
-                "bodies": [body for _, _, body in fresh],
-            },
-        )
-        return
-    conn.execute(
-        effects.insert(),
-        [{"reply_id": r, "created_at": at, "body": body} for r, at, body in fresh],
-    )
-
-
-record_effect.many = record_effects  # type: ignore[attr-defined]
-
-
-def run_effects(
-    conn: sa.Connection, effect: Effect, fresh: Sequence[tuple[str, float, bytes]]
-) -> None:
-    """Run `effect` for each first receipt in one Session on the receipts' transaction.
-
-    An effect that also has a `many(session, [(reply_id, received_at, body)])`
-    attribute gets the whole batch in one call, so it can write in bulk.
-    """
-    if effect is record_effect:
-        # The reference effect needs no Session: building one per request costs more
-        # than the insert itself.
-        _insert_effects(conn, fresh)
-        return
-    session = Session(bind=conn)
-    try:
-        many = getattr(effect, "many", None)
-        if many is not None:
-            many(session, fresh)
-        else:
-            for reply_id, received_at, body in fresh:
-                session.info[REPLY_ID_KEY] = reply_id
-                session.info[RECEIVED_AT_KEY] = received_at
-                effect(session, body)
-        session.flush()
-    finally:
-        # The session joined our transaction: closing it neither commits nor rolls back.
-        session.close()
-
-
 def _check_item(reply_id: object, body: object) -> None:
     check_reply_id(reply_id)
     if not isinstance(body, bytes | bytearray | memoryview):
         raise TypeError(f"body must be bytes, not {type(body).__name__}")
-
-
-def _unreachable(exc: sa.exc.DBAPIError) -> bool:
-    """Whether a database error means "cannot talk to the database" rather than a bad statement."""
-    return isinstance(exc, sa.exc.OperationalError | sa.exc.InterfaceError) or bool(
-        exc.connection_invalidated
-    )
-
-
-def _retryable(exc: sa.exc.DBAPIError) -> bool:
-    """A dropped connection, serialization failure or deadlock: a second try may well pass.
-
-    Retrying after a COMMIT that failed is safe: the receipt makes the resend a duplicate.
-    """
-    if exc.connection_invalidated:
-        return True
-    try:
-        from psycopg import errors as pg_errors
-    except ImportError:  # pragma: no cover - psycopg is a dependency
-        return False
-    return isinstance(exc.orig, pg_errors.SerializationFailure | pg_errors.DeadlockDetected) or (
-        isinstance(exc.orig, pg_errors.UniqueViolation)
-        and exc.orig.diag.table_name == receipts.name
-    )
-
-
-# Three array parameters instead of thousands of scalars: one short, cacheable statement
-# whatever the batch size, its arrays sent in binary (see _INSERT_EFFECTS_POSTGRESQL).
-# %(now)s is a manual clock's time, or NULL for the database's (no extra round trip).
-_INSERT_RECEIPTS_POSTGRESQL = (
-    "INSERT INTO receiver_receipts (reply_id, content_hash, body, received_at) "
-    "SELECT t.reply_id, t.content_hash, t.body, "
-    f"COALESCE(%(now)s::float8, {database_now('postgresql')}) FROM unnest("
-    "CAST(%(ids)b AS varchar[]), CAST(%(hashes)b AS varchar[]), CAST(%(bodies)b AS bytea[])"
-    ") AS t(reply_id, content_hash, body) "
-    "ON CONFLICT (reply_id) DO NOTHING RETURNING reply_id, received_at"
-)
-# The reference effect rides on the same statement: the rows the receipt insert returns
-# (first receipts only) are its effect rows. One round trip and one parse fewer per
-# request than running it after the insert.
-_INSERT_RECEIPTS_AND_EFFECTS_POSTGRESQL = (
-    f"WITH new AS ({_INSERT_RECEIPTS_POSTGRESQL}, body), "
-    "effect AS (INSERT INTO receiver_effects (reply_id, created_at, body) "
-    "SELECT reply_id, received_at, body FROM new) "
-    "SELECT reply_id, received_at FROM new"
-)
 
 
 class ReceiptStore(DatabaseHandle):
@@ -203,24 +116,10 @@ class ReceiptStore(DatabaseHandle):
         # No ping per checkout (a round trip per request): a connection found dropped
         # fails its statement, and accept and the reads retry on a fresh one.
         self._open(url_or_engine, RECEIVER_BRANCH, pool_pre_ping=False)
-        self._autocommit = self._engine.execution_options(isolation_level="AUTOCOMMIT")
 
     def _check_schema(self, branch: str) -> None:
-        with self._translated():
+        with _unavailable_when_it_fails():
             super()._check_schema(branch)
-
-    @contextmanager
-    def _translated(self, retry: bool = False) -> Iterator[None]:
-        try:
-            yield
-        except sa.exc.TimeoutError as exc:  # pool exhausted: the same advice as a busy server
-            raise StoreUnavailable(f"no database connection available: {exc}") from exc
-        except sa.exc.DBAPIError as exc:
-            if retry and _retryable(exc):
-                raise _Retry from exc
-            if _unreachable(exc):
-                raise StoreUnavailable(f"receipt database unavailable: {exc.orig}") from exc
-            raise
 
     def accept(self, reply_id: str, body: bytes, effect: Effect | None = None) -> Receipt:
         """Store a receipt and run the effect once per reply_id; same id, other body: collision."""
@@ -250,29 +149,19 @@ class ReceiptStore(DatabaseHandle):
         data = [(reply_id, bytes(body)) for reply_id, body in items]
         run = self.effect if effect is None else effect
         # On PostgreSQL the reference effect is written by the receipt insert itself. That
-        # one statement is then the whole transaction, so it runs in autocommit: no BEGIN
-        # and COMMIT round trips, and "before commit" is before that statement.
-        fused = run is record_effect and self._dialect == "postgresql"
-        for attempt in range(1, _ATTEMPTS + 1):
-            try:
-                with (
-                    self._translated(retry=True),
-                    self._autocommit.connect() if fused else self._engine.begin() as conn,
-                ):
-                    if fused:
-                        failpoints.hit("receiver.before_commit")
-                    results = self._accept_in(conn, data, run, fused)
-                    if not fused:
-                        failpoints.hit("receiver.before_commit")
-            except _Retry as exc:
-                if attempt == _ATTEMPTS:
-                    raise StoreUnavailable("kept losing races to store receipts; try again") from (
-                        exc.__cause__
-                    )
-                continue
-            failpoints.hit("receiver.after_commit")
-            return results
-        raise AssertionError("unreachable")  # pragma: no cover
+        # one statement is then the whole transaction: it runs in autocommit, and "before
+        # commit" is before that statement.
+        fused = run is record_effect and is_postgresql(self._dialect)
+
+        def store() -> list[Receipt | PayloadCollision]:
+            with one_statement(self._engine, "receiver.before_commit", single=fused) as conn:
+                return self._accept_in(conn, data, run, fused)
+
+        with _unavailable_when_it_fails():
+            # A second try after a COMMIT that failed is safe: the receipt makes it a duplicate.
+            results = retry.quickly(store, also=_lost_race, tries=_TRIES)
+        failpoints.hit("receiver.after_commit")
+        return results
 
     def _accept_in(
         self,
@@ -286,20 +175,17 @@ class ReceiptStore(DatabaseHandle):
         first: dict[str, int] = {}
         for index, (reply_id, _) in enumerate(items):
             first.setdefault(reply_id, index)
-        inserted = self._insert_new(
+        inserted = sql.insert_receipts(
             conn,
             [(reply_id, digests[i], items[i][1]) for reply_id, i in first.items()],
+            self.clock,
             with_reference_effect=fused,
         )
         missing = [reply_id for reply_id in first if reply_id not in inserted]
         held = (
             {
                 row.reply_id: (row.content_hash, float(row.received_at))
-                for row in conn.execute(
-                    sa.select(
-                        receipts.c.reply_id, receipts.c.content_hash, receipts.c.received_at
-                    ).where(receipts.c.reply_id.in_(missing))
-                )
+                for row in conn.execute(sql.select_held(missing))
             }
             if missing
             else {}
@@ -317,7 +203,7 @@ class ReceiptStore(DatabaseHandle):
             elif reply_id in held:
                 stored_hash, received_at = held[reply_id]
             else:
-                raise _Retry  # purged between our insert and our read
+                raise _LostRace  # purged between our insert and our read
             if stored_hash == digest:
                 results.append(Receipt(reply_id, digest, received_at, duplicate=True))
             else:
@@ -331,63 +217,27 @@ class ReceiptStore(DatabaseHandle):
             run_effects(conn, effect, fresh)
         return results
 
-    def _insert_new(
-        self,
-        conn: sa.Connection,
-        rows: Sequence[tuple[str, str, bytes]],
-        with_reference_effect: bool = False,
-    ) -> dict[str, float]:
-        """Insert receipts unless stored; returns reply_id -> received_at of the new ones."""
-        if self._dialect == "postgresql":
-            result = conn.exec_driver_sql(
-                _INSERT_RECEIPTS_AND_EFFECTS_POSTGRESQL
-                if with_reference_effect
-                else _INSERT_RECEIPTS_POSTGRESQL,
-                {
-                    "now": None if self.clock is None else float(self.clock()),
-                    "ids": [r[0] for r in rows],
-                    "hashes": [r[1] for r in rows],
-                    "bodies": [r[2] for r in rows],
-                },
-            )
-        else:
-            result = conn.execute(
-                insert_ignoring_conflicts(receipts, self._dialect)
-                .values(received_at=now_expression(self.clock, self._dialect))
-                .returning(receipts.c.reply_id, receipts.c.received_at),
-                [{"reply_id": r[0], "content_hash": r[1], "body": r[2]} for r in rows],
-            )
-        return {row.reply_id: float(row.received_at) for row in result.all()}
-
     def lookup(self, reply_id: str) -> Receipt | None:
         """The stored receipt of `reply_id` (duplicate=True: it predates this call), or None."""
-        row = self._read_one(
-            sa.select(receipts.c.content_hash, receipts.c.received_at).where(
-                receipts.c.reply_id == reply_id
-            )
-        )
+        row = self._read_one(sql.select_receipt(reply_id))
         if row is None:
             return None
         return Receipt(reply_id, row.content_hash, float(row.received_at), duplicate=True)
 
     def body(self, reply_id: str) -> bytes | None:
         """The exact body stored for `reply_id`, or None."""
-        row = self._read_one(sa.select(receipts.c.body).where(receipts.c.reply_id == reply_id))
+        row = self._read_one(sql.select_body(reply_id))
         return None if row is None else bytes(row.body)
 
     def _read_one(self, query: sa.Select[Any]) -> Any:
-        """The first row of a read; a connection found dropped is replaced once."""
-        for attempt in range(1, _ATTEMPTS + 1):
-            try:
-                with (
-                    self._translated(retry=True),
-                    self._engine.connect().execution_options(**{READ_ONLY: True}) as conn,
-                ):
-                    return conn.execute(query).first()
-            except _Retry as exc:
-                if attempt == _ATTEMPTS:
-                    raise StoreUnavailable("receipt database unavailable") from exc.__cause__
-        raise AssertionError("unreachable")  # pragma: no cover
+        """The first row of a read; a connection found dropped is replaced."""
+
+        def read() -> Any:
+            with self._engine.connect().execution_options(**{READ_ONLY: True}) as conn:
+                return conn.execute(query).first()
+
+        with _unavailable_when_it_fails():
+            return retry.quickly(read, tries=_TRIES)
 
     def purge(self, older_than: float, *, batch: int = PURGE_BATCH) -> int:
         """Delete receipts older than `older_than` seconds (never under the retention); count."""
@@ -401,17 +251,9 @@ class ReceiptStore(DatabaseHandle):
             raise ValueError("batch must be >= 1")
         removed = 0
         while True:
-            with self._translated(), self._engine.begin() as conn:
+            with _unavailable_when_it_fails(), self._engine.begin() as conn:
                 cutoff = now_expression(self.clock, self._dialect) - older_than
-                oldest = (
-                    sa.select(receipts.c.reply_id)
-                    .where(receipts.c.received_at < cutoff)
-                    .order_by(receipts.c.received_at)
-                    .limit(batch)
-                )
-                count = conn.execute(
-                    receipts.delete().where(receipts.c.reply_id.in_(oldest))
-                ).rowcount
+                count = conn.execute(sql.delete_oldest(cutoff, batch)).rowcount
             removed += count
             if count < batch:
                 return removed

@@ -1,4 +1,4 @@
-"""publish() conformance (docs/contract.md: identity, tasks): the caller's transaction, identity, validation."""
+"""publish() conformance (docs/contract.md): the caller's transaction, identity, validation."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Task queue conformance (docs/contract.md#tasks): claims, leases, fencing, retries, terminal replies.
+"""Task queue conformance (docs/contract.md#tasks): claims, leases, fencing, retries, replies.
 
 Time only moves through the ManualClock; every terminal path must leave exactly
 one reply whose body is the canonical result document.
@@ -17,7 +17,7 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
-from outbox import AuthContext, Claim, Envelope, Fenced, InvalidMessage, TaskQueue
+from outbox import AuthContext, Claim, Envelope, Fenced, InvalidMessage, TaskQueue, task_results
 from outbox.tasks import RECONCILE_BATCH
 from outbox.testing import ManualClock
 
@@ -839,7 +839,7 @@ def test_finish_many_reports_a_refusal_even_when_its_reason_cannot_be_read(
     def unreadable(conn: Any, held: Claim) -> Fenced:
         raise sa.exc.OperationalError("SELECT", {}, Exception("connection lost"))
 
-    monkeypatch.setattr(queue, "_fenced", unreadable)
+    monkeypatch.setattr(task_results, "fenced", unreadable)
     refused = queue.finish_many([(stale, "late"), (good, "ok")])
     assert isinstance(refused[0], Fenced)
     assert "could not be read" in str(refused[0])

@@ -1,7 +1,8 @@
 """Model-based test: a Hypothesis state machine over the task queue, the outbox and delivery.
 
 Every step runs against the real product (TaskQueue, publish(), a Relay posting to the
-reference receiver over HTTP) and against a small in-memory model of docs/contract.md (tasks, delivery, receiving, failure windows).
+reference receiver over HTTP) and against a small in-memory model of docs/contract.md
+(tasks, delivery, receiving, failure windows).
 After every step the database must equal the model (tasks, inbox, outbox rows, receipts
 and effects), so nothing of a rolled-back transaction can stay visible, and the
 invariants must hold: one live lease per task, fences that never go down, attempts
@@ -112,7 +113,7 @@ SOAK_FACTOR = 10
 F = TypeVar("F", bound=Callable[..., Any])
 
 
-# --- the model's own idea of identities and bodies (docs/contract.md#identity-and-canonical-form) -----------------
+# --- the model's own idea of identities and bodies (docs/contract.md, identity) ---
 
 
 def canonical(value: object) -> bytes:

@@ -11,8 +11,8 @@ from sqlalchemy.orm import Session
 from support.receiver_helpers import SECRET, AppClient, count_effects, signed, stored_receipts
 
 from receiver import ReceiptStore, create_app
-from receiver.rules import MAX_BATCH_ITEMS
 from receiver.effects import REPLY_ID_KEY, record_effect
+from receiver.rules import MAX_BATCH_ITEMS
 
 
 def batch_body(*items: tuple[str, str]) -> bytes:

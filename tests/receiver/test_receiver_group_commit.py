@@ -13,8 +13,8 @@ import pytest
 from support.receiver_helpers import SECRET, count_effects, signed
 
 from receiver import ReceiptStore, create_app
-from receiver.rules import ReceiverRules
 from receiver.effects import Effect
+from receiver.rules import ReceiverRules
 
 NOW = 1_700_000_000
 

@@ -19,8 +19,8 @@ from outbox import PayloadCollision, SchemaNotReady, failpoints
 from outbox.canonical import sha256_hex
 from outbox.testing import ManualClock
 from receiver import Receipt, ReceiptStore, StoreUnavailable
-from receiver.schema import effects
 from receiver.effects import REPLY_ID_KEY
+from receiver.schema import effects
 
 DAY = 86_400.0
 

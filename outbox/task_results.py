@@ -1,0 +1,108 @@
+"""A task's final result written with its reply, and why a claim was refused.
+
+Many results finish in one statement (task_sql): each row is matched by its
+task, owner and fence under the lease and deadline guard, so a stale holder's
+row is left as it is, and only the rows it changed get their reply.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection
+
+from outbox.canonical import NotCanonical, canonical_bytes
+from outbox.db import task_sql
+from outbox.db.dialect import is_postgresql
+from outbox.errors import Fenced, InvalidMessage, OutboxError
+from outbox.messages import add_task_replies, task_reply_rows
+
+if TYPE_CHECKING:
+    from outbox.tasks import Claim
+
+MAX_RESULT_BYTES = 256 * 1024
+
+
+def complete(
+    conn: Connection,
+    finished: Sequence[tuple[Claim, Any]],
+    destination: str,
+    now: float | None,
+) -> list[OutboxError | None]:
+    """Write `done`, each result and its reply, on an open connection; never commits.
+
+    Returns, per (claim, result), None when written, or the InvalidMessage or
+    Fenced that kept it out; the others are written regardless.
+    """
+    refused: list[OutboxError | None] = [None] * len(finished)
+    # One claim per task: of two claims of one task (a lost lease taken again by the
+    # same worker), only the newer can hold it, and one reply row per task may exist.
+    newest: dict[str, int] = {}
+    for index, (claim, _) in enumerate(finished):
+        other = newest.get(claim.task_id)
+        if other is None or finished[other][0].fence < claim.fence:
+            newest[claim.task_id] = index
+    completions: list[task_sql.Completion] = []
+    for index, (claim, result) in enumerate(finished):
+        if newest[claim.task_id] != index:
+            refused[index] = Fenced(
+                f"task {claim.task_id}: fence {claim.fence} of {claim.owner!r} is finished "
+                "by another claim of the same task in this batch"
+            )
+            continue
+        try:
+            result_json = canonical_bytes(result, max_bytes=MAX_RESULT_BYTES).decode("utf-8")
+        except NotCanonical as exc:
+            invalid = InvalidMessage(f"result: {exc}")
+            invalid.__cause__ = exc
+            refused[index] = invalid
+            continue
+        completions.append((claim.task_id, claim.owner, claim.fence, result_json))
+    if is_postgresql(conn.dialect.name):
+        replies = task_reply_rows(
+            [(task_id, "done", result) for task_id, _, _, result in completions],
+            destination,
+        )
+        done = task_sql.complete_tasks_with_replies(conn, completions, replies, now)
+    else:
+        done = task_sql.complete_tasks(conn, completions, now)
+        add_task_replies(
+            conn,
+            [(task_id, "done", result) for task_id, _, _, result in completions if task_id in done],
+            destination,
+            now,
+        )
+    for index, (claim, _) in enumerate(finished):
+        if refused[index] is None and claim.task_id not in done:
+            refused[index] = _fenced_after_write(conn, claim)
+    return refused
+
+
+def _fenced_after_write(conn: Connection, claim: Claim) -> Fenced:
+    """Why a claim was refused, when the database still says; on PostgreSQL the batch
+    is committed by now, so failing to read the reason must not fail the batch."""
+    try:
+        return fenced(conn, claim)
+    except sa.exc.DBAPIError as exc:
+        return Fenced(
+            f"task {claim.task_id} is no longer held by {claim.owner!r} fence {claim.fence} "
+            f"(why could not be read: {type(exc).__name__})"
+        )
+
+
+def fenced(conn: Connection, claim: Claim) -> Fenced:
+    """The Fenced error saying why `claim` no longer holds its task, read from the row."""
+    row = conn.execute(task_sql.select_task(claim.task_id)).mappings().first()
+    if row is None:
+        why = "no such task"
+    elif row["state"] != "running":
+        why = f"task is {row['state']}"
+    elif row["fence"] != claim.fence or row["owner"] != claim.owner:
+        why = f"task is held by {row['owner']!r} under fence {row['fence']}"
+    else:
+        why = "lease or deadline has passed"
+    return Fenced(
+        f"task {claim.task_id} is no longer held by {claim.owner!r} fence {claim.fence}: {why}"
+    )

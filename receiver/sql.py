@@ -1,0 +1,131 @@
+"""The receiver's statements: insert receipts (and the reference effect), read, purge.
+
+On PostgreSQL the inserts are driver SQL with array parameters sent in binary
+(`%(name)b`): one short, cacheable statement whatever the batch size, where
+the text format would escape every element on the client. SQLite takes the
+same rows through SQLAlchemy Core.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import sqlalchemy as sa
+
+from outbox.clock import Clock
+from outbox.db.dialect import (
+    clock_value,
+    database_now,
+    insert_ignoring_conflicts,
+    is_postgresql,
+    now_expression,
+)
+from receiver.schema import effects, receipts
+
+INSERT_EFFECTS_POSTGRESQL = (
+    "INSERT INTO receiver_effects (reply_id, created_at, body) "
+    "SELECT * FROM unnest("
+    "CAST(%(ids)b AS varchar[]), CAST(%(times)b AS float8[]), CAST(%(bodies)b AS bytea[]))"
+)
+# %(now)s is a manual clock's time, or NULL for the database's (no extra round trip).
+INSERT_RECEIPTS_POSTGRESQL = (
+    "INSERT INTO receiver_receipts (reply_id, content_hash, body, received_at) "
+    "SELECT t.reply_id, t.content_hash, t.body, "
+    f"COALESCE(%(now)s::float8, {database_now('postgresql')}) FROM unnest("
+    "CAST(%(ids)b AS varchar[]), CAST(%(hashes)b AS varchar[]), CAST(%(bodies)b AS bytea[])"
+    ") AS t(reply_id, content_hash, body) "
+    "ON CONFLICT (reply_id) DO NOTHING RETURNING reply_id, received_at"
+)
+# The reference effect rides on the same statement: the rows the receipt insert returns
+# (first receipts only) are its effect rows. One round trip and one parse fewer per
+# request than running it after the insert.
+INSERT_RECEIPTS_AND_EFFECTS_POSTGRESQL = (
+    f"WITH new AS ({INSERT_RECEIPTS_POSTGRESQL}, body), "
+    "effect AS (INSERT INTO receiver_effects (reply_id, created_at, body) "
+    "SELECT reply_id, received_at, body FROM new) "
+    "SELECT reply_id, received_at FROM new"
+)
+
+
+def insert_effects(conn: sa.Connection, fresh: Sequence[tuple[str, float, bytes]]) -> None:
+    """The reference effect's rows, (reply_id, received_at, body) each, in one statement."""
+    if is_postgresql(conn.dialect.name):
+        # Arrays keep it one short statement: an executemany costs a round trip per row.
+        conn.exec_driver_sql(
+            INSERT_EFFECTS_POSTGRESQL,
+            {
+                "ids": [r for r, _, _ in fresh],
+                "times": [at for _, at, _ in fresh],
+                "bodies": [body for _, _, body in fresh],
+            },
+        )
+        return
+    conn.execute(
+        effects.insert(),
+        [{"reply_id": r, "created_at": at, "body": body} for r, at, body in fresh],
+    )
+
+
+def insert_receipts(
+    conn: sa.Connection,
+    rows: Sequence[tuple[str, str, bytes]],
+    clock: Clock | None,
+    *,
+    with_reference_effect: bool = False,
+) -> dict[str, float]:
+    """Insert (reply_id, content_hash, body) receipts unless stored; the new ones' received_at.
+
+    `with_reference_effect` (PostgreSQL only) writes the reference effect of
+    each new receipt in the same statement.
+    """
+    if is_postgresql(conn.dialect.name):
+        result = conn.exec_driver_sql(
+            INSERT_RECEIPTS_AND_EFFECTS_POSTGRESQL
+            if with_reference_effect
+            else INSERT_RECEIPTS_POSTGRESQL,
+            {
+                "now": clock_value(clock),
+                "ids": [r[0] for r in rows],
+                "hashes": [r[1] for r in rows],
+                "bodies": [r[2] for r in rows],
+            },
+        )
+    else:
+        result = conn.execute(
+            insert_ignoring_conflicts(receipts, conn.dialect.name)
+            .values(received_at=now_expression(clock, conn.dialect.name))
+            .returning(receipts.c.reply_id, receipts.c.received_at),
+            [{"reply_id": r[0], "content_hash": r[1], "body": r[2]} for r in rows],
+        )
+    return {row.reply_id: float(row.received_at) for row in result.all()}
+
+
+def select_held(reply_ids: Sequence[str]) -> sa.Select[Any]:
+    """The content hash and received_at of stored receipts."""
+    return sa.select(receipts.c.reply_id, receipts.c.content_hash, receipts.c.received_at).where(
+        receipts.c.reply_id.in_(list(reply_ids))
+    )
+
+
+def select_receipt(reply_id: str) -> sa.Select[Any]:
+    """One receipt's content hash and received_at."""
+    return sa.select(receipts.c.content_hash, receipts.c.received_at).where(
+        receipts.c.reply_id == reply_id
+    )
+
+
+def select_body(reply_id: str) -> sa.Select[Any]:
+    """One receipt's stored body."""
+    return sa.select(receipts.c.body).where(receipts.c.reply_id == reply_id)
+
+
+def delete_oldest(cutoff: sa.ColumnElement[float], batch: int) -> sa.Delete:
+    """Delete up to `batch` receipts received before `cutoff`, oldest first."""
+    oldest = (
+        sa.select(receipts.c.reply_id)
+        .where(receipts.c.received_at < cutoff)
+        .order_by(receipts.c.received_at)
+        .limit(batch)
+    )
+    return receipts.delete().where(receipts.c.reply_id.in_(oldest))
