@@ -1,10 +1,11 @@
-"""Operating a running outbox: counts per state, dead replies, requeues, purges.
+"""Operating a running outbox: counts per state, dead messages, requeues, purges.
 
-The queries behind `outbox status`, `outbox dead` and `outbox purge`. Ages are
-measured against the database's clock (or a manual clock in tests), never the
-operator's. A requeue is an explicit, audited decision: the same reply_id and
-body go out again, and `outbox_requeues` keeps who, when, why and what the
-destination's receipt lookup said.
+The queries behind `outbox status`, `outbox dead` and `outbox purge`
+(outbox.db.operations_sql). Ages are measured against the database's clock
+(or a manual clock in tests), never the operator's. A requeue is an explicit,
+audited decision: the same reply_id and body go out again, and
+`outbox_requeues` keeps who, when, why and what the destination's receipt
+lookup said.
 """
 
 from __future__ import annotations
@@ -16,26 +17,18 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
 from outbox.clock import Clock
+from outbox.db import operations_sql as sql
 from outbox.db.dialect import now_expression
 from outbox.db.handle import DatabaseHandle
 from outbox.errors import RequeueRefused
-from outbox.schema import MESSAGE_STATES, TASK_STATES, messages, requeues, tasks
+from outbox.schema import MESSAGE_STATES, TASK_STATES, messages, tasks
 
 PURGE_BATCH = 1000
 RECEIPT_ANSWERS = ("received", "other body", "not received", "unknown", "not checked")
-DEAD_FIELDS = (
-    messages.c.reply_id,
-    messages.c.destination,
-    messages.c.task_id,
-    messages.c.attempts,
-    messages.c.last_status,
-    messages.c.last_error,
-    messages.c.created_at,
-)
 
 
 class Operations(DatabaseHandle):
-    """Status, dead replies and purges on one outbox database."""
+    """Status, dead messages and purges on one outbox database."""
 
     def __init__(self, url_or_engine: str | sa.URL | Engine, clock: Clock | None = None) -> None:
         """Open the database (its schema must be current)."""
@@ -46,51 +39,37 @@ class Operations(DatabaseHandle):
         return now_expression(self.clock, self._dialect)
 
     def status(self) -> dict[str, Any]:
-        """Counts per state of tasks and replies, the oldest pending of each, the dead count."""
+        """Counts per state of tasks and messages, the oldest pending of each, the dead count."""
         with self._engine.connect() as conn:
             task_counts = _counts(conn, tasks.c.state, TASK_STATES)
-            reply_counts = _counts(conn, messages.c.state, MESSAGE_STATES)
+            message_counts = _counts(conn, messages.c.state, MESSAGE_STATES)
             oldest_task = _oldest_age(conn, tasks, self._now())
-            oldest_reply = _oldest_age(conn, messages, self._now())
+            oldest_message = _oldest_age(conn, messages, self._now())
         return {
             "tasks": task_counts,
-            "replies": reply_counts,
+            "messages": message_counts,
             "oldest_pending_task_age": oldest_task,
-            "oldest_pending_reply_age": oldest_reply,
-            "dead": reply_counts["dead"],
+            "oldest_pending_message_age": oldest_message,
+            "dead": message_counts["dead"],
         }
 
     def dead(self, limit: int = 100) -> list[dict[str, Any]]:
-        """Dead replies, oldest first: why each died and after how many attempts."""
+        """Dead messages, oldest first: why each died and after how many attempts."""
         if limit < 1:
             raise ValueError(f"limit must be >= 1, got {limit}")
-        query = (
-            sa.select(*DEAD_FIELDS)
-            .where(messages.c.state == "dead")
-            .order_by(messages.c.id)
-            .limit(limit)
-        )
         with self._engine.connect() as conn:
-            return [dict(row) for row in conn.execute(query).mappings()]
+            return [dict(row) for row in conn.execute(sql.select_dead(limit)).mappings()]
 
-    def reply(self, reply_id: str) -> dict[str, Any] | None:
-        """One reply's delivery record (state, attempts, last status and error), or None."""
-        query = sa.select(
-            *DEAD_FIELDS,
-            messages.c.state,
-            messages.c.content_hash,
-            messages.c.ordering_key,
-            messages.c.sent_at,
-            sa.func.length(messages.c.body).label("body_bytes"),
-        ).where(messages.c.reply_id == reply_id)
+    def message(self, reply_id: str) -> dict[str, Any] | None:
+        """One message's delivery record (state, attempts, last status and error), or None."""
         with self._engine.connect() as conn:
-            row = conn.execute(query).mappings().first()
+            row = conn.execute(sql.select_delivery_record(reply_id)).mappings().first()
         return None if row is None else dict(row)
 
     def requeue(
         self, reply_id: str, *, reason: str, by: str, receipt: str, forced: bool
     ) -> dict[str, Any]:
-        """Make a dead reply pending again with a fresh budget, and record why; the audit row.
+        """Make a dead message pending again with a fresh budget, and record why; the audit row.
 
         `receipt` is what the destination's lookup said (one of RECEIPT_ANSWERS);
         the caller decides beforehand whether that allows a requeue.
@@ -102,37 +81,14 @@ class Operations(DatabaseHandle):
         if receipt not in RECEIPT_ANSWERS:
             raise ValueError(f"receipt must be one of {RECEIPT_ANSWERS}, got {receipt!r}")
         with self._engine.begin() as conn:
-            dead = conn.execute(
-                sa.select(
-                    messages.c.id,
-                    messages.c.attempts,
-                    messages.c.last_status,
-                    messages.c.last_error,
-                ).where(messages.c.reply_id == reply_id, messages.c.state == "dead")
-            ).first()
-            # Guarded by state: of two operators requeueing at once, one changes the row.
+            dead = conn.execute(sql.select_dead_to_requeue(reply_id)).first()
             changed = (
-                0
-                if dead is None
-                else conn.execute(
-                    messages.update()
-                    .where(messages.c.id == dead.id, messages.c.state == "dead")
-                    .values(
-                        state="pending",
-                        attempts=0,
-                        available_at=self._now(),
-                        owner=None,
-                        lease_until=None,
-                        last_status=None,
-                        last_error=None,
-                    )
-                ).rowcount
+                0 if dead is None else conn.execute(sql.requeue_dead(dead.id, self._now())).rowcount
             )
             if dead is None or changed != 1:
-                raise RequeueRefused(f"reply {reply_id!r} is not dead; nothing requeued")
+                raise RequeueRefused(f"message {reply_id!r} is not dead; nothing requeued")
             audit = conn.execute(
-                requeues.insert()
-                .values(
+                sql.insert_requeue_audit(
                     reply_id=reply_id,
                     requested_by=by,
                     reason=reason,
@@ -143,7 +99,6 @@ class Operations(DatabaseHandle):
                     previous_status=dead.last_status,
                     previous_error=dead.last_error,
                 )
-                .returning(*requeues.c)
             )
             return dict(audit.mappings().one())
 
@@ -153,7 +108,7 @@ class Operations(DatabaseHandle):
         batch: int = PURGE_BATCH,
         progress: Callable[[int], None] | None = None,
     ) -> int:
-        """Delete replies sent more than `older_than` seconds ago, `batch` rows per transaction.
+        """Delete messages sent more than `older_than` seconds ago, `batch` rows per transaction.
 
         Returns how many were deleted; `progress` is told the running total after
         each batch. Short transactions keep the relays and writers moving meanwhile.
@@ -166,15 +121,9 @@ class Operations(DatabaseHandle):
         while True:
             with self._engine.begin() as conn:
                 cutoff = self._now() - older_than
-                oldest = (
-                    sa.select(messages.c.id)
-                    .where(messages.c.state == "sent", messages.c.sent_at < cutoff)
-                    .order_by(messages.c.id)
-                    .limit(batch)
-                )
-                ids = list(conn.execute(oldest).scalars())
+                ids = list(conn.execute(sql.select_sent_before(cutoff, batch)).scalars())
                 if ids:
-                    conn.execute(messages.delete().where(messages.c.id.in_(ids)))
+                    conn.execute(sql.delete_messages(ids))
             removed += len(ids)
             if progress is not None and ids:
                 progress(removed)
@@ -184,14 +133,12 @@ class Operations(DatabaseHandle):
 
 def _counts(conn: sa.Connection, state: sa.Column[str], states: tuple[str, ...]) -> dict[str, int]:
     """Rows per state, every known state listed (zero when absent)."""
-    rows = conn.execute(sa.select(state, sa.func.count()).group_by(state))
+    rows = conn.execute(sql.count_by_state(state))
     found = {name: int(count) for name, count in rows}
     return {name: found.get(name, 0) for name in states}
 
 
 def _oldest_age(conn: sa.Connection, table: sa.Table, now: sa.ColumnElement[float]) -> float | None:
     """Seconds since the oldest pending row of `table` was created, or None."""
-    age = conn.execute(
-        sa.select(now - sa.func.min(table.c.created_at)).where(table.c.state == "pending")
-    ).scalar_one()
+    age = conn.execute(sql.oldest_pending_age(table, now)).scalar_one()
     return None if age is None else round(float(age), 3)

@@ -135,7 +135,7 @@ messages = sa.Table(
 requeues = sa.Table(
     "outbox_requeues",
     metadata,
-    # Every `outbox dead requeue`: who sent a dead reply again, when, why, and what the
+    # Every `outbox dead requeue`: who sent a dead message again, when, why, and what the
     # destination's receipt lookup said first. Kept, never updated.
     sa.Column("id", BigIdentity, primary_key=True, autoincrement=True),
     sa.Column("reply_id", sa.String(200), nullable=False),

@@ -18,6 +18,7 @@ from outbox.db import task_sql
 from outbox.db.dialect import is_postgresql
 from outbox.errors import Fenced, InvalidMessage, OutboxError
 from outbox.messages import add_task_replies, task_reply_rows
+from outbox.states import TaskState
 
 if TYPE_CHECKING:
     from outbox.tasks import Claim
@@ -62,7 +63,7 @@ def complete(
         completions.append((claim.task_id, claim.owner, claim.fence, result_json))
     if is_postgresql(conn.dialect.name):
         replies = task_reply_rows(
-            [(task_id, "done", result) for task_id, _, _, result in completions],
+            [(task_id, TaskState.DONE, result) for task_id, _, _, result in completions],
             destination,
         )
         done = task_sql.complete_tasks_with_replies(conn, completions, replies, now)
@@ -70,7 +71,11 @@ def complete(
         done = task_sql.complete_tasks(conn, completions, now)
         add_task_replies(
             conn,
-            [(task_id, "done", result) for task_id, _, _, result in completions if task_id in done],
+            [
+                (task_id, TaskState.DONE, result)
+                for task_id, _, _, result in completions
+                if task_id in done
+            ],
             destination,
             now,
         )
@@ -97,7 +102,7 @@ def fenced(conn: Connection, claim: Claim) -> Fenced:
     row = conn.execute(task_sql.select_task(claim.task_id)).mappings().first()
     if row is None:
         why = "no such task"
-    elif row["state"] != "running":
+    elif row["state"] != TaskState.RUNNING:
         why = f"task is {row['state']}"
     elif row["fence"] != claim.fence or row["owner"] != claim.owner:
         why = f"task is held by {row['owner']!r} under fence {row['fence']}"

@@ -29,6 +29,7 @@ from outbox.errors import BatchFailed, OutboxError, PayloadCollision
 from outbox.intake import Accepted, Ack, AuthContext, Envelope, accept, authorize, check_name
 from outbox.messages import add_task_replies, check_destination, message_dict
 from outbox.schema import inbox
+from outbox.states import TaskState
 
 RECONCILE_BATCH = 100
 MAX_REASON_CHARS = 2000
@@ -154,12 +155,12 @@ class TaskQueue(DatabaseHandle):
                     f"hash {stored_hash}; this envelope hashes to {item.content_hash}"
                 )
             return Ack(task_id=task_id, duplicate=True)
-        state, error = "pending", None
+        state, error = TaskState.PENDING, None
         if item.deadline <= now:
-            state, error = "expired", "deadline passed before intake"
+            state, error = TaskState.EXPIRED, "deadline passed before intake"
         elif item.hops >= self.max_hops:
-            state, error = "hop_limit", f"hops {item.hops} >= max_hops {self.max_hops}"
-        terminal = state != "pending"
+            state, error = TaskState.HOP_LIMIT, f"hops {item.hops} >= max_hops {self.max_hops}"
+        terminal = state != TaskState.PENDING
         conn.execute(
             task_sql.insert_task().values(
                 task_id=item.task_id,
@@ -320,9 +321,9 @@ class TaskQueue(DatabaseHandle):
             ).scalar()
             if state is None:
                 raise task_results.fenced(conn, claim)
-            if state == "failed":
+            if state == TaskState.FAILED:
                 add_task_replies(
-                    conn, [(claim.task_id, "failed", None)], self.reply_destination, now
+                    conn, [(claim.task_id, TaskState.FAILED, None)], self.reply_destination, now
                 )
         return str(state)
 
@@ -335,7 +336,9 @@ class TaskQueue(DatabaseHandle):
             )
             if cancelled.rowcount != 1:
                 return False
-            add_task_replies(conn, [(task_id, "cancelled", None)], self.reply_destination, now)
+            add_task_replies(
+                conn, [(task_id, TaskState.CANCELLED, None)], self.reply_destination, now
+            )
         return True
 
     def reconcile(self) -> dict[str, int]:
@@ -360,11 +363,11 @@ class TaskQueue(DatabaseHandle):
         params = {"now": now, "limit": RECONCILE_BATCH}
         expired = conn.execute(task_sql.expire_past_deadline(self._dialect), params).scalars().all()
         reaped = conn.execute(task_sql.reap_expired_task_leases(self._dialect), params).all()
-        failed = [task_id for task_id, state in reaped if state == "failed"]
+        failed = [task_id for task_id, state in reaped if state == TaskState.FAILED]
         add_task_replies(
             conn,
-            [(task_id, "expired", None) for task_id in expired]
-            + [(task_id, "failed", None) for task_id in failed],
+            [(task_id, TaskState.EXPIRED, None) for task_id in expired]
+            + [(task_id, TaskState.FAILED, None) for task_id in failed],
             self.reply_destination,
             now,
         )
@@ -397,7 +400,7 @@ class TaskQueue(DatabaseHandle):
         task["result"] = None if task["result"] is None else json.loads(task["result"])
         return task
 
-    def replies(self, state: str | None = None, limit: int | None = None) -> list[dict[str, Any]]:
+    def messages(self, state: str | None = None, limit: int | None = None) -> list[dict[str, Any]]:
         """Outbox messages in sequence order, optionally of one state."""
         with self._reading() as conn:
             rows = conn.execute(message_sql.select_messages(state, limit)).mappings().all()

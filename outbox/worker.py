@@ -28,6 +28,7 @@ import sqlalchemy as sa
 from outbox.db import retry
 from outbox.errors import Fenced, InvalidMessage, PermanentFailure
 from outbox.result_group_commit import ResultGroupCommit
+from outbox.states import TaskState
 from outbox.tasks import Claim, TaskQueue
 
 log = logging.getLogger("outbox.worker")
@@ -269,7 +270,9 @@ class Worker:
         except sa.exc.DBAPIError:
             return False
         # Ours moved on (finished, failed or back to pending under our fence) or is gone.
-        return task is None or not (task["state"] == "running" and task["fence"] == claim.fence)
+        return task is None or not (
+            task["state"] == TaskState.RUNNING and task["fence"] == claim.fence
+        )
 
     def _heartbeats(self) -> None:
         while not self._beats_end.wait(self.heartbeat):

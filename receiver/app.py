@@ -3,7 +3,7 @@
 The decisions (and their order) are documented in ``receiver.rules``. This
 module only streams the body with a size cap (so an oversized or chunked body
 is refused before it is buffered), runs the blocking store calls in the
-thread pool (single replies that arrive together in one group commit), and
+thread pool (single messages that arrive together in one group commit), and
 adds the retention header to every response.
 """
 
@@ -51,9 +51,9 @@ async def _read_limited(request: Request, limit: int) -> bytes:
 
 
 class ReceiptGroupCommit:
-    """Stores the single replies that arrive together in one transaction.
+    """Stores the single messages that arrive together in one transaction.
 
-    While one group's transaction runs, new replies queue; the next group takes
+    While one group's transaction runs, new messages queue; the next group takes
     them all (up to MAX_BATCH_ITEMS). Under load, groups grow by themselves, so
     commits and thread hand-offs are shared instead of paid per request.
     """
@@ -64,7 +64,7 @@ class ReceiptGroupCommit:
         self._drainer: asyncio.Future[None] | None = None
 
     async def store(self, item: tuple[str, bytes]) -> Answer:
-        """The answer for one checked reply, once its group has committed."""
+        """The answer for one checked message, once its group has committed."""
         answer: asyncio.Future[Answer] = asyncio.get_running_loop().create_future()
         self._queue.append((item, answer))
         if self._drainer is None:
@@ -78,7 +78,7 @@ class ReceiptGroupCommit:
                 del self._queue[:MAX_BATCH_ITEMS]
                 try:
                     answers = await run_in_threadpool(
-                        self._decide.store_replies, [item for item, _ in group]
+                        self._decide.store_messages, [item for item, _ in group]
                     )
                 except Exception as exc:  # noqa: BLE001 - every waiting request gets it
                     for _, future in group:
@@ -131,12 +131,12 @@ def build_app(decide: ReceiverRules) -> Starlette:
 
     group = ReceiptGroupCommit(decide)
 
-    async def post_reply(request: Request) -> Response:
+    async def post_message(request: Request) -> Response:
         body = await read_body(request)
         if isinstance(body, Answer):
             return _respond(body)
         # The checks need no I/O: they run here; only storing goes to a thread.
-        checked = decide.check_reply(request.headers, body)
+        checked = decide.check_message(request.headers, body)
         if isinstance(checked, Answer):
             return _respond(checked)
         return _respond(await group.store(checked))
@@ -147,7 +147,7 @@ def build_app(decide: ReceiverRules) -> Starlette:
             return _respond(body)
         return _respond(await run_in_threadpool(decide.post_batch, request.headers, body))
 
-    async def get_reply(request: Request) -> Response:
+    async def get_receipt(request: Request) -> Response:
         reply_id = request.path_params["reply_id"]
         answer = await run_in_threadpool(decide.get_reply, reply_id, request.headers)
         return _respond(answer)
@@ -157,9 +157,9 @@ def build_app(decide: ReceiverRules) -> Starlette:
 
     app = Starlette(
         routes=[
-            Route("/replies", post_reply, methods=["POST"]),
+            Route("/replies", post_message, methods=["POST"]),
             Route("/replies/batch", post_batch, methods=["POST"]),
-            Route("/replies/{reply_id:path}", get_reply, methods=["GET"]),
+            Route("/replies/{reply_id:path}", get_receipt, methods=["GET"]),
             Route("/healthz", healthz, methods=["GET"]),
         ]
     )

@@ -13,12 +13,12 @@ POST /replies, in this order (the first failure decides the status):
 5. dedupe: 200 ``{"ack": "stored", "reply_id", "duplicate"}``, 409 on a
    collision, 503 when the store is unavailable (the relay retries).
 
-Checks 1-4 (``check_reply``) need no I/O; ``store_replies`` stores replies
+Checks 1-4 (``check_message``) need no I/O; ``store_messages`` stores messages
 that arrived together in one transaction, each with its own answer.
 
 POST /replies/batch takes the same checks 1-4 for the whole request, whose
 JSON is ``{"replies": [{"reply_id": str, "body": str}, ...]}`` (each body is
-the exact stored text of one reply, at most ``MAX_BATCH_ITEMS`` items), then
+the exact stored text of one message, at most ``MAX_BATCH_ITEMS`` items), then
 stores every valid item in ONE transaction with per-item dedupe and answers
 200 ``{"results": [{"reply_id", "status"}]}``, status one of ``stored``,
 ``duplicate``, ``conflict`` or ``invalid`` (a bad reply_id or a body that is
@@ -209,7 +209,7 @@ class ReceiverRules:
         except InvalidJSON as exc:
             return error(400, f"invalid JSON: {exc}")
 
-    def check_reply(self, headers: Mapping[str, str], body: bytes) -> tuple[str, bytes] | Answer:
+    def check_message(self, headers: Mapping[str, str], body: bytes) -> tuple[str, bytes] | Answer:
         """The checks of POST /replies (no I/O): (reply_id, body) to store, or the refusal."""
         checked = self._checked(headers, body)
         if isinstance(checked, Answer):
@@ -219,10 +219,10 @@ class ReceiverRules:
             return error(400, "webhook-id is not a valid reply_id")
         return reply_id, body
 
-    def store_replies(self, items: Sequence[tuple[str, bytes]]) -> list[Answer]:
-        """Store checked single replies in ONE transaction; one answer each (blocking).
+    def store_messages(self, items: Sequence[tuple[str, bytes]]) -> list[Answer]:
+        """Store checked single messages in ONE transaction; one answer each (blocking).
 
-        Replies that arrive together share a commit (group commit); each keeps its
+        Messages that arrive together share a commit (group commit); each keeps its
         own outcome, as if stored alone in arrival order.
         """
         try:
@@ -285,7 +285,7 @@ class ReceiverRules:
         except SignatureError as exc:
             return error(401, str(exc))
         if signed_id != reply_id:
-            return error(401, "webhook-id does not name the requested reply")
+            return error(401, "webhook-id does not name the requested message")
         try:
             receipt = self.store.lookup(reply_id)
         except StoreUnavailable:

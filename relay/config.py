@@ -23,7 +23,7 @@ Mode = Literal["single", "batch"]
 
 @dataclass(frozen=True)
 class Destination:
-    """Where replies for one destination name go, and how."""
+    """Where messages for one destination name go, and how."""
 
     url: str
     secret: str | None = field(default=None, repr=False)

@@ -97,5 +97,5 @@ def _per_item(response: Response, batch: Sequence[Message]) -> dict[int, Outcome
         "conflict": Dead(409, "conflict: the destination holds this reply_id with another body"),
         "invalid": Dead(400, "invalid: the destination refused this body"),
     }
-    omitted = Retry(status, "batch answer omits this reply")
+    omitted = Retry(status, "batch answer omits this message")
     return {message.id: by_answer.get(answers.get(message.reply_id), omitted) for message in batch}

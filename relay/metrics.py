@@ -51,7 +51,7 @@ class RelayMetrics:
         )
         self.latency = Histogram(
             "outbox_relay_delivery_seconds",
-            "Duration of one delivery request (a single reply or a batch).",
+            "Duration of one delivery request (a single message or a batch).",
             ["destination", "mode"],
             registry=self.registry,
             buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),

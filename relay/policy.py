@@ -2,7 +2,7 @@
 
 Classification (docs/contract.md#delivery): 2xx is sent; 408, 425, 429 and 5xx, timeouts
 and connection errors are worth retrying; 409 (same id, other body) and every
-other status are permanent and the reply goes dead at once.
+other status are permanent and the message goes dead at once.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ MAX_ERROR_CHARS = 500
 
 @dataclass(frozen=True)
 class Sent:
-    """The destination acknowledged the reply."""
+    """The destination acknowledged the message."""
 
     status: int | None
 

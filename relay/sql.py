@@ -17,6 +17,7 @@ import sqlalchemy as sa
 from outbox.db.dialect import UNPREPARED, bound_now, database_now, is_postgresql, not_in_names
 from outbox.db.sql import state_literal
 from outbox.schema import messages
+from outbox.states import MessageState
 from relay.records import ClaimedRow, Settlement
 
 Now = sa.ColumnElement[float]
@@ -40,7 +41,9 @@ def _first_undelivered_of_its_key(m: Any) -> sa.ColumnElement[bool]:
         ~sa.exists().where(
             earlier.c.destination == m.c.destination,
             earlier.c.ordering_key == m.c.ordering_key,
-            earlier.c.state.in_((state_literal("pending"), state_literal("sending"))),
+            earlier.c.state.in_(
+                (state_literal(MessageState.PENDING), state_literal(MessageState.SENDING))
+            ),
             earlier.c.id < m.c.id,
         ),
     )
@@ -51,7 +54,7 @@ def _claim_values(now: Now, attempts: Any) -> dict[str, Any]:
     # their attempt count stays as it is.
     budget = sa.bindparam("budget", type_=sa.Integer())
     return {
-        "state": state_literal("sending"),
+        "state": state_literal(MessageState.SENDING),
         "owner": sa.bindparam("claim_owner", type_=sa.String()),
         "lease_until": now + sa.bindparam("lease", type_=sa.Double()),
         "fence": messages.c.fence + 1,
@@ -71,7 +74,7 @@ def _claim_statements(dialect_name: str) -> tuple[Any, Any]:
     pick = (
         sa.select(m.c.id, m.c.attempts)
         .where(
-            m.c.state == state_literal("pending"),
+            m.c.state == state_literal(MessageState.PENDING),
             m.c.available_at <= now,
             # Destinations with a full pipeline wait (a hung one must not stall the rest).
             _not_skipped(m, dialect_name),
@@ -86,7 +89,10 @@ def _claim_statements(dialect_name: str) -> tuple[Any, Any]:
         picked = pick.with_for_update(skip_locked=True).cte("picked").prefix_with("MATERIALIZED")
         update = (
             sa.update(messages)
-            .where(messages.c.id == picked.c.id, messages.c.state == state_literal("pending"))
+            .where(
+                messages.c.id == picked.c.id,
+                messages.c.state == state_literal(MessageState.PENDING),
+            )
             .values(**_claim_values(now, picked.c.attempts))
             .returning(*CLAIMED, picked.c.attempts.label("previous_attempts"))
         )
@@ -140,7 +146,7 @@ def _adopt_statement(dialect_name: str) -> sa.Update:
     return (
         sa.update(messages)
         .where(
-            messages.c.state == state_literal("sending"),
+            messages.c.state == state_literal(MessageState.SENDING),
             messages.c.owner == sa.bindparam("claim_owner", type_=sa.String()),
         )
         .values(
@@ -263,5 +269,5 @@ def select_states(ids: Sequence[int]) -> sa.Select[Any]:
 
 def backlog(now: Now) -> Any:
     """How many messages are undelivered, and the age of the oldest (None when none)."""
-    undelivered = messages.c.state.in_(("pending", "sending"))
+    undelivered = messages.c.state.in_((MessageState.PENDING, MessageState.SENDING))
     return sa.select(sa.func.count(), now - sa.func.min(messages.c.created_at)).where(undelivered)

@@ -39,7 +39,7 @@ def engine(db_url: str) -> Iterator[sa.Engine]:
 
 @pytest.fixture
 def seeded(db_url: str, engine: sa.Engine, clock: ManualClock) -> str:
-    """Tasks pending, running and done; replies pending (one retried) and dead."""
+    """Tasks pending, running and done; messages pending (one retried) and dead."""
     with TaskQueue(db_url, clock=clock, allowed_sources=("agent-a",)) as queue:
         for n in range(4):
             queue.receive(SOURCE, Envelope(f"m-{n}", "agent-a", {"n": n}, clock() + 3600))
@@ -79,7 +79,7 @@ def test_status_counts_every_state_as_the_database_holds_them(
     status = run_json(capsys, "status", "--db", seeded)
     assert isinstance(status, dict)
     assert {k: v for k, v in status["tasks"].items() if v} == state_counts(engine, tasks)
-    assert {k: v for k, v in status["replies"].items() if v} == state_counts(engine, messages)
+    assert {k: v for k, v in status["messages"].items() if v} == state_counts(engine, messages)
     assert status["tasks"] == {
         "pending": 2,
         "running": 1,
@@ -89,11 +89,11 @@ def test_status_counts_every_state_as_the_database_holds_them(
         "expired": 0,
         "hop_limit": 0,
     }
-    assert status["replies"] == {"pending": 1, "sending": 0, "sent": 0, "dead": 1}
+    assert status["messages"] == {"pending": 1, "sending": 0, "sent": 0, "dead": 1}
     assert status["dead"] == 1
     assert main(["status", "--db", seeded]) == 0
     text = capsys.readouterr().out
-    assert "replies  pending 1  sending 0  sent 0  dead 1" in text
+    assert "messages pending 1  sending 0  sent 0  dead 1" in text
     assert "1 dead: see `outbox dead list`" in text
 
 
@@ -103,7 +103,7 @@ def test_status_ages_run_on_the_database_clock(seeded: str, clock: ManualClock) 
     with Operations(seeded, clock=clock) as ops:
         status = ops.status()
         assert status["oldest_pending_task_age"] == 30.0
-        assert status["oldest_pending_reply_age"] == 30.0
+        assert status["oldest_pending_message_age"] == 30.0
         clock.advance(12.5)
         assert ops.status()["oldest_pending_task_age"] == 42.5
 
@@ -126,11 +126,11 @@ def test_dead_show_of_a_missing_or_live_reply_is_a_one_line_error(
     seeded: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     assert main(["dead", "show", "no-such-reply", "--db", seeded]) == 1
-    assert capsys.readouterr().err == "outbox: no reply 'no-such-reply'\n"
+    assert capsys.readouterr().err == "outbox: no message 'no-such-reply'\n"
     [waiting] = [r for r in state_rows(seeded) if r["state"] == "pending"]
     assert main(["dead", "show", waiting["reply_id"], "--db", seeded]) == 1
     err = capsys.readouterr().err
-    assert "reply is pending, not dead" in err
+    assert "message is pending, not dead" in err
     assert err.count("\n") == 1
 
 
@@ -283,7 +283,7 @@ def test_requeue_sends_the_same_reply_again_and_keeps_an_audit(
     ("other_body", "complaint", "answer"),
     [
         # The receiver committed it; only the ACK was lost.
-        (None, "already holds this exact reply", "received"),
+        (None, "already holds this exact message", "received"),
         (b'{"someone":"else"}', "holds this reply_id with another body", "other body"),
     ],
 )

@@ -23,7 +23,7 @@ def test_task_result_and_reply_commit_together(queue: TaskQueue, clock: ManualCl
     task = queue.task(ack.task_id)
     assert task is not None
     assert (task["state"], task["result"]) == ("done", {"answer": 42})
-    [reply] = queue.replies()
+    [reply] = queue.messages()
     assert reply["reply_id"] == "reply:" + ack.task_id
     assert json.loads(reply["body"]) == {
         "kind": "result",

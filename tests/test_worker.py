@@ -75,7 +75,7 @@ def test_results_commit_with_their_replies(queue: TaskQueue) -> None:
         assert wait_until(lambda: states(queue, ids) == ["done"] * 5)
     results = [queue.task(task_id)["result"] for task_id in ids]  # type: ignore[index]
     assert results == [{"doubled": 2 * n} for n in range(5)]
-    replies = {r["task_id"]: json.loads(r["body"]) for r in queue.replies()}
+    replies = {r["task_id"]: json.loads(r["body"]) for r in queue.messages()}
     assert {task_id: replies[task_id]["status"] for task_id in ids} == dict.fromkeys(ids, "done")
     assert all(name.startswith("outbox-handler") for name in seen)
 
@@ -99,7 +99,7 @@ def test_an_error_fails_the_attempt_and_a_permanent_failure_ends_the_task(
     failed = queue.task(broken)
     assert failed is not None
     assert failed["last_error"] == "PermanentFailure: bad input"
-    assert [r["task_id"] for r in queue.replies()] == [broken]  # the failed task's reply
+    assert [r["task_id"] for r in queue.messages()] == [broken]  # the failed task's reply
 
 
 def test_a_refused_renewal_stops_the_handler_and_its_result_is_discarded(
@@ -131,7 +131,7 @@ def test_a_refused_renewal_stops_the_handler_and_its_result_is_discarded(
     task = queue.task(task_id)
     assert task is not None
     assert (task["state"], task["result"]) == ("cancelled", None)
-    [reply] = queue.replies()
+    [reply] = queue.messages()
     assert json.loads(reply["body"])["status"] == "cancelled"
 
 

@@ -15,6 +15,7 @@ from outbox.cli.relay import CONFIG_ENV as RELAY_CONFIG_ENV
 from outbox.cli.settings import CONFIG_ENV
 from outbox.errors import RequeueRefused
 from outbox.operations import PURGE_BATCH, Operations
+from outbox.states import MessageState
 from relay.config import load_destinations
 from relay.receipts import ask_receipt
 
@@ -23,22 +24,22 @@ ERROR_WIDTH = 60
 
 def add_parsers(commands: Any, db_argument: Callable[[argparse.ArgumentParser], None]) -> None:
     """Register status, dead and purge."""
-    status = commands.add_parser("status", help="tasks and replies per state, oldest pending")
+    status = commands.add_parser("status", help="tasks and messages per state, oldest pending")
     db_argument(status)
     _json_flag(status)
 
-    dead = commands.add_parser("dead", help="replies that will not be delivered")
+    dead = commands.add_parser("dead", help="messages that will not be delivered")
     dead_commands = dead.add_subparsers(dest="dead_command", required=True)
-    listing = dead_commands.add_parser("list", help="dead replies, oldest first")
+    listing = dead_commands.add_parser("list", help="dead messages, oldest first")
     db_argument(listing)
     listing.add_argument("--limit", type=positive_int, default=100)
     _json_flag(listing)
-    show = dead_commands.add_parser("show", help="one reply's last error, status and attempts")
+    show = dead_commands.add_parser("show", help="one message's last error, status and attempts")
     db_argument(show)
     show.add_argument("reply_id")
     _json_flag(show)
     requeue = dead_commands.add_parser(
-        "requeue", help="send a dead reply again (same reply_id and body), audited"
+        "requeue", help="send a dead message again (same reply_id and body), audited"
     )
     db_argument(requeue)
     requeue.add_argument("reply_id")
@@ -49,11 +50,11 @@ def add_parsers(commands: Any, db_argument: Callable[[argparse.ArgumentParser], 
     requeue.add_argument(
         "--force",
         action="store_true",
-        help="requeue even when the destination holds the reply or cannot be asked",
+        help="requeue even when the destination holds the message or cannot be asked",
     )
     _json_flag(requeue)
 
-    purge = commands.add_parser("purge", help="delete replies sent long ago, in batches")
+    purge = commands.add_parser("purge", help="delete messages sent long ago, in batches")
     db_argument(purge)
     purge.add_argument(
         "--sent-older-than",
@@ -93,11 +94,11 @@ def _status(ops: Operations, as_json: bool) -> int:
     if as_json:
         _print_json(status)
         return 0
-    for kind in ("tasks", "replies"):
+    for kind in ("tasks", "messages"):
         counts = "  ".join(f"{state} {count}" for state, count in status[kind].items())
         print(f"{kind:<8} {counts}")
-    print(f"oldest pending task:  {_age(status['oldest_pending_task_age'])}")
-    print(f"oldest pending reply: {_age(status['oldest_pending_reply_age'])}")
+    print(f"oldest pending task:    {_age(status['oldest_pending_task_age'])}")
+    print(f"oldest pending message: {_age(status['oldest_pending_message_age'])}")
     if status["dead"]:
         print(f"{status['dead']} dead: see `outbox dead list`")
     return 0
@@ -118,7 +119,7 @@ def _dead_list(ops: Operations, limit: int, as_json: bool) -> int:
         _print_json(rows)
         return 0
     if not rows:
-        print("no dead replies")
+        print("no dead messages")
         return 0
     print(f"{'reply_id':<40} {'destination':<16} {'attempts':>8} {'status':>6}  last error")
     for row in rows:
@@ -135,36 +136,36 @@ def _dead_list(ops: Operations, limit: int, as_json: bool) -> int:
     return 0
 
 
-def _dead_reply(ops: Operations, reply_id: str) -> dict[str, Any] | None:
-    """The dead reply, or None after saying on stderr why there is none."""
-    reply = ops.reply(reply_id)
-    if reply is None or reply["state"] != "dead":
-        found = "no reply" if reply is None else f"reply is {reply['state']}, not dead:"
+def _dead_message(ops: Operations, reply_id: str) -> dict[str, Any] | None:
+    """The dead message, or None after saying on stderr why there is none."""
+    message = ops.message(reply_id)
+    if message is None or message["state"] != MessageState.DEAD:
+        found = "no message" if message is None else f"message is {message['state']}, not dead:"
         print(f"outbox: {found} {reply_id!r}", file=sys.stderr)
         return None
-    return reply
+    return message
 
 
 def _dead_show(ops: Operations, reply_id: str, as_json: bool) -> int:
-    reply = _dead_reply(ops, reply_id)
-    if reply is None:
+    message = _dead_message(ops, reply_id)
+    if message is None:
         return 1
     if as_json:
-        _print_json(reply)
+        _print_json(message)
         return 0
-    for name, value in reply.items():
+    for name, value in message.items():
         print(f"{name:<13} {'' if value is None else value}")
     return 0
 
 
 def _dead_requeue(ops: Operations, args: argparse.Namespace) -> int:
-    reply = _dead_reply(ops, args.reply_id)
-    if reply is None:
+    message = _dead_message(ops, args.reply_id)
+    if message is None:
         return 1
     config = args.config or os.environ.get(CONFIG_ENV) or os.environ.get(RELAY_CONFIG_ENV)
-    receipt = _ask_receipt(config, reply)
+    receipt = _ask_receipt(config, message)
     refusals = {
-        "received": "the destination already holds this exact reply",
+        "received": "the destination already holds this exact message",
         "other body": "the destination holds this reply_id with another body (a conflict)",
         "unknown": "the destination's receipt lookup did not answer",
         "not checked": "nothing could be asked whether the destination holds it",
@@ -194,8 +195,8 @@ def _dead_requeue(ops: Operations, args: argparse.Namespace) -> int:
     return 0
 
 
-def _ask_receipt(config: str | None, reply: dict[str, Any]) -> str:
-    """What the destination's receipt lookup says of this reply (see RECEIPT_ANSWERS)."""
+def _ask_receipt(config: str | None, message: dict[str, Any]) -> str:
+    """What the destination's receipt lookup says of this message (see RECEIPT_ANSWERS)."""
     if config is None:
         print(
             "outbox: receipt not checked: no config file (--config) names the "
@@ -204,15 +205,15 @@ def _ask_receipt(config: str | None, reply: dict[str, Any]) -> str:
         )
         return "not checked"
     destinations = load_destinations(config)
-    destination = destinations.get(reply["destination"])
+    destination = destinations.get(message["destination"])
     if destination is None or not destination.receipt_lookup:
         print(
-            f"outbox: receipt not checked: destination {reply['destination']!r} has no "
+            f"outbox: receipt not checked: destination {message['destination']!r} has no "
             f"receipt lookup in {config}",
             file=sys.stderr,
         )
         return "not checked"
-    answer = ask_receipt(destination, reply["reply_id"], reply["content_hash"])
+    answer = ask_receipt(destination, message["reply_id"], message["content_hash"])
     if answer is None:
         return "unknown"
     return {"held": "received", "other body": "other body", "absent": "not received"}[answer]
@@ -228,5 +229,5 @@ def _purge(ops: Operations, older_than: float, batch: int, as_json: bool) -> int
     if as_json:
         _print_json({"purged": removed, "sent_older_than_seconds": older_than})
     else:
-        print(f"purged {removed} sent replies older than {_age(older_than)}")
+        print(f"purged {removed} sent messages older than {_age(older_than)}")
     return 0

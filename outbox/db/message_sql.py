@@ -10,6 +10,7 @@ import sqlalchemy as sa
 from outbox.db.dialect import bound_now, insert_ignoring_conflicts, supports_skip_locked
 from outbox.db.sql import Now, limit_parameter, picked_once, state_literal
 from outbox.schema import messages
+from outbox.states import MessageState
 
 
 @functools.cache
@@ -20,16 +21,21 @@ def reap_expired_message_leases(dialect_name: str) -> sa.Update:
     pick = messages.alias("pick")
     chosen = (
         sa.select(pick.c.id)
-        .where(pick.c.state == state_literal("sending"), pick.c.lease_until <= now)
+        .where(pick.c.state == state_literal(MessageState.SENDING), pick.c.lease_until <= now)
         .limit(limit_parameter())
     )
     return (
         sa.update(messages)
         .where(
             messages.c.id.in_(picked_once(chosen, supports_skip_locked(dialect_name))),
-            messages.c.state == state_literal("sending"),
+            messages.c.state == state_literal(MessageState.SENDING),
         )
-        .values(state="pending", lease_until=None, available_at=now, last_error="lease expired")
+        .values(
+            state=MessageState.PENDING.value,
+            lease_until=None,
+            available_at=now,
+            last_error="lease expired",
+        )
         .returning(messages.c.id)
     )
 
@@ -40,7 +46,9 @@ def insert_messages(now: Now, ignore_conflicts: str | None = None) -> Any:
         statement: Any = sa.insert(messages)
     else:
         statement = insert_ignoring_conflicts(messages, ignore_conflicts)
-    return statement.values(state="pending", attempts=0, fence=0, available_at=now, created_at=now)
+    return statement.values(
+        state=MessageState.PENDING.value, attempts=0, fence=0, available_at=now, created_at=now
+    )
 
 
 @functools.cache

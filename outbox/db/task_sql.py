@@ -23,6 +23,7 @@ from outbox.db.dialect import (
 )
 from outbox.db.sql import Now, limit_parameter, picked_once, state_literal
 from outbox.schema import inbox, tasks
+from outbox.states import TaskState
 
 CLAIM_RETURNING = (
     tasks.c.task_id,
@@ -71,7 +72,7 @@ def _running_tenants_at_cap() -> sa.Select[Any]:
     running = tasks.alias("running")
     return (
         sa.select(running.c.tenant_id)
-        .where(running.c.state == "running")
+        .where(running.c.state == TaskState.RUNNING)
         .group_by(running.c.tenant_id)
         .having(sa.func.count() >= sa.bindparam("tenant_cap", type_=sa.Integer()))
     )
@@ -92,7 +93,7 @@ def claim_tasks(dialect_name: str, capped: bool, manual_clock: bool) -> sa.Updat
     pick = (
         sa.select(candidate.c.task_id)
         .where(
-            candidate.c.state == state_literal("pending"),
+            candidate.c.state == state_literal(TaskState.PENDING),
             candidate.c.available_at <= now,
             candidate.c.cancel_requested_at.is_(None),
             candidate.c.deadline > now,
@@ -106,10 +107,10 @@ def claim_tasks(dialect_name: str, capped: bool, manual_clock: bool) -> sa.Updat
         sa.update(tasks)
         .where(
             tasks.c.task_id.in_(picked_once(pick, supports_skip_locked(dialect_name))),
-            tasks.c.state == state_literal("pending"),
+            tasks.c.state == state_literal(TaskState.PENDING),
         )
         .values(
-            state="running",
+            state=TaskState.RUNNING.value,
             owner=sa.bindparam("claim_owner", type_=sa.String()),
             lease_until=now + sa.bindparam("lease", type_=sa.Double()),
             fence=tasks.c.fence + 1,
@@ -132,7 +133,7 @@ def _held(now: Now) -> sa.ColumnElement[bool]:
     """:held_task is running under :holder and :held_fence, inside its lease and deadline."""
     return sa.and_(
         tasks.c.task_id == sa.bindparam("held_task", type_=sa.String()),
-        tasks.c.state == state_literal("running"),
+        tasks.c.state == state_literal(TaskState.RUNNING),
         tasks.c.owner == sa.bindparam("holder", type_=sa.String()),
         tasks.c.fence == sa.bindparam("held_fence", type_=sa.BigInteger()),
         tasks.c.lease_until > now,
@@ -262,7 +263,7 @@ def fail_task(dialect_name: str) -> sa.Update:
         sa.update(tasks)
         .where(_held(now))
         .values(
-            state=sa.case((final, "failed"), else_="pending"),
+            state=sa.case((final, TaskState.FAILED.value), else_=TaskState.PENDING.value),
             available_at=sa.case(
                 (final, tasks.c.available_at),
                 else_=now + sa.bindparam("delay", type_=sa.Double()),
@@ -284,10 +285,10 @@ def cancel_task(dialect_name: str) -> sa.Update:
         sa.update(tasks)
         .where(
             tasks.c.task_id == sa.bindparam("cancelled_task", type_=sa.String()),
-            tasks.c.state.in_((state_literal("pending"), state_literal("running"))),
+            tasks.c.state.in_((state_literal(TaskState.PENDING), state_literal(TaskState.RUNNING))),
         )
         .values(
-            state="cancelled",
+            state=TaskState.CANCELLED.value,
             cancel_requested_at=now,
             lease_until=None,
             finished_at=now,
@@ -309,7 +310,7 @@ def expire_past_deadline(dialect_name: str) -> sa.Update:
     """Move up to :limit pending or running tasks whose deadline has passed to expired."""
     now = bound_now(dialect_name)
     pick = tasks.alias("pick")
-    unfinished = (state_literal("pending"), state_literal("running"))
+    unfinished = (state_literal(TaskState.PENDING), state_literal(TaskState.RUNNING))
     chosen = (
         sa.select(pick.c.task_id)
         .where(pick.c.state.in_(unfinished), pick.c.deadline <= now)
@@ -322,7 +323,7 @@ def expire_past_deadline(dialect_name: str) -> sa.Update:
             tasks.c.state.in_(unfinished),
         )
         .values(
-            state="expired",
+            state=TaskState.EXPIRED.value,
             lease_until=None,
             last_error="deadline passed",
             finished_at=now,
@@ -340,7 +341,7 @@ def reap_expired_task_leases(dialect_name: str) -> sa.Update:
     pick = tasks.alias("pick")
     chosen = (
         sa.select(pick.c.task_id)
-        .where(pick.c.state == state_literal("running"), pick.c.lease_until <= now)
+        .where(pick.c.state == state_literal(TaskState.RUNNING), pick.c.lease_until <= now)
         .limit(limit_parameter())
     )
     exhausted = tasks.c.attempts >= tasks.c.max_attempts
@@ -348,10 +349,10 @@ def reap_expired_task_leases(dialect_name: str) -> sa.Update:
         sa.update(tasks)
         .where(
             tasks.c.task_id.in_(picked_once(chosen, supports_skip_locked(dialect_name))),
-            tasks.c.state == state_literal("running"),
+            tasks.c.state == state_literal(TaskState.RUNNING),
         )
         .values(
-            state=sa.case((exhausted, "failed"), else_="pending"),
+            state=sa.case((exhausted, TaskState.FAILED.value), else_=TaskState.PENDING.value),
             last_error=sa.case((exhausted, "attempts exhausted"), else_="lease expired"),
             finished_at=sa.case((exhausted, now), else_=None),
             available_at=now,

@@ -48,7 +48,7 @@ def count(queue: TaskQueue, table: str) -> int:
 
 
 def replies_of(queue: TaskQueue, task_id: str) -> list[dict[str, Any]]:
-    return [r for r in queue.replies() if r["task_id"] == task_id]
+    return [r for r in queue.messages() if r["task_id"] == task_id]
 
 
 def assert_done_once(queue: TaskQueue, task_id: str, result: Any) -> None:
@@ -62,7 +62,7 @@ def assert_done_once(queue: TaskQueue, task_id: str, result: Any) -> None:
         "status": "done",
         "result": result,
     }
-    assert len(queue.replies()) == 1
+    assert len(queue.messages()) == 1
 
 
 def test_failpoints_are_unarmed_by_default() -> None:
@@ -106,7 +106,7 @@ def test_intake_crash_before_commit_stores_nothing(queue: TaskQueue, clock: Manu
     with arm("intake.before_commit"), pytest.raises(Crash):
         queue.receive(A, the_envelope(clock()))
     assert (count(queue, "outbox_inbox"), count(queue, "outbox_tasks")) == (0, 0)
-    assert queue.replies() == []
+    assert queue.messages() == []
     ack = queue.receive(A, the_envelope(clock()))  # the source retries: the work is redone
     assert not ack.duplicate
 
@@ -117,9 +117,9 @@ def test_intake_crash_before_commit_of_an_expired_task_writes_no_reply(
     late = Envelope("late", "agent-a", {"n": 1}, clock() - 1)
     with arm("intake.before_commit"), pytest.raises(Crash):
         queue.receive(A, late)
-    assert (count(queue, "outbox_tasks"), queue.replies()) == (0, [])
+    assert (count(queue, "outbox_tasks"), queue.messages()) == (0, [])
     ack = queue.receive(A, late)
-    assert [r["task_id"] for r in queue.replies()] == [ack.task_id]
+    assert [r["task_id"] for r in queue.messages()] == [ack.task_id]
 
 
 def test_intake_crash_after_commit_keeps_the_task(queue: TaskQueue, clock: ManualClock) -> None:
@@ -192,7 +192,7 @@ def test_finish_crash_before_commit_keeps_the_task_running_without_reply(
     row = queue.task(task_id)
     assert row is not None
     assert (row["state"], row["result"], row["fence"]) == ("running", None, 1)
-    assert queue.replies() == []
+    assert queue.messages() == []
     clock.advance(LEASE + 1)
     again = queue.claim("w2")
     assert again is not None
@@ -323,7 +323,7 @@ def test_child_intake_before_commit(
 ) -> None:
     assert crashed_child(db_url, queue, clock, "intake.before_commit", tmp_path) is None
     assert (count(queue, "outbox_inbox"), count(queue, "outbox_tasks")) == (0, 0)
-    assert queue.replies() == []
+    assert queue.messages() == []
     ack = queue.receive(A, the_envelope(clock()))
     assert not ack.duplicate
     parent_finishes(queue, ack.task_id, fence=1, attempt=1)
@@ -385,7 +385,7 @@ def test_child_finish_before_commit(
         "child",
         None,
     )
-    assert queue.replies() == []
+    assert queue.messages() == []
     assert queue.claim("parent") is None
     clock.advance(LEASE + 1)
     parent_finishes(queue, task_id, fence=2, attempt=2)

@@ -94,7 +94,7 @@ def test_results_that_arrive_while_one_is_written_share_the_next_transaction(
         row = queue.task(claim.task_id)
         assert row is not None
         assert (row["state"], row["result"]) == ("done", {"n": i})
-    assert len(queue.replies()) == 5
+    assert len(queue.messages()) == 5
 
 
 def test_a_fenced_result_is_refused_to_its_own_caller_only(
@@ -107,7 +107,7 @@ def test_a_fenced_result_is_refused_to_its_own_caller_only(
     assert outcomes[held[0].task_id] is None
     assert outcomes[held[1].task_id] is None
     assert isinstance(outcomes[held[2].task_id], Fenced)
-    assert [r["task_id"] for r in queue.replies() if r["task_id"] == held[2].task_id] == [
+    assert [r["task_id"] for r in queue.messages() if r["task_id"] == held[2].task_id] == [
         held[2].task_id
     ]  # only the cancellation's reply
 

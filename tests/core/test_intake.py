@@ -67,14 +67,14 @@ def rows(queue: TaskQueue, table: str) -> list[dict[str, Any]]:
 def assert_nothing_written(queue: TaskQueue) -> None:
     assert rows(queue, "outbox_inbox") == []
     assert rows(queue, "outbox_tasks") == []
-    assert queue.replies() == []
+    assert queue.messages() == []
 
 
 def snapshot(queue: TaskQueue) -> tuple[Any, ...]:
     return (
         rows(queue, "outbox_inbox"),
         rows(queue, "outbox_tasks"),
-        queue.replies(),
+        queue.messages(),
     )
 
 
@@ -282,7 +282,7 @@ def test_valid_boundary_envelope_is_stored_as_pending(
     assert task["state"] == "pending"
     assert task["payload"] == env.payload
     assert len(rows(queue, "outbox_inbox")) == 1
-    assert queue.replies() == []
+    assert queue.messages() == []
 
 
 class DuckEnvelope:
@@ -494,7 +494,7 @@ def reply_body(reply: dict[str, Any]) -> dict[str, Any]:
 
 
 def assert_single_terminal_reply(queue: TaskQueue, task_id: str, status: str) -> None:
-    [reply] = queue.replies()
+    [reply] = queue.messages()
     expected = canonical({"kind": "result", "task_id": task_id, "status": status, "result": None})
     assert reply["reply_id"] == "reply:" + task_id
     assert reply["task_id"] == task_id
@@ -516,7 +516,7 @@ def test_deadline_already_past_stores_an_expired_task_with_its_reply(
     assert queue.claim("w") is None
     again = queue.receive(A, envelope(deadline=clock() + offset))
     assert again.duplicate
-    assert len(queue.replies()) == 1
+    assert len(queue.messages()) == 1
 
 
 def test_deadline_in_the_past_as_datetime_expires(queue: TaskQueue, clock: ManualClock) -> None:
@@ -543,7 +543,7 @@ def test_hops_below_max_hops_is_pending(queue: TaskQueue) -> None:
     task = queue.task(ack.task_id)
     assert task is not None
     assert task["state"] == "pending"
-    assert queue.replies() == []
+    assert queue.messages() == []
 
 
 def test_max_hops_is_configurable(db_url: str, clock: ManualClock) -> None:

@@ -39,7 +39,7 @@ def test_bad_tenant_is_refused_before_the_database(
 ) -> None:
     with pytest.raises(InvalidEnvelope, match="tenant_id"):
         queue.receive(AuthContext("agent-a", tenant), Envelope("m", "agent-a", {}, clock() + 60))
-    assert queue.replies() == []
+    assert queue.messages() == []
     with queue.engine.connect() as conn:
         assert conn.execute(sa.text("SELECT count(*) FROM outbox_tasks")).scalar() == 0
 

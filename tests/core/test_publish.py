@@ -49,9 +49,9 @@ def test_publish_commits_only_with_the_callers_transaction(
             clock=clock,
         )
         assert row["reply_id"] == "order-17:confirmed"
-        assert queue.replies() == []  # not visible before the caller commits
+        assert queue.messages() == []  # not visible before the caller commits
         session.commit()
-    [stored] = queue.replies()
+    [stored] = queue.messages()
     body = canonical(BODY)
     assert stored["body"] == body
     assert stored["content_hash"] == hashlib.sha256(body).hexdigest()
@@ -73,10 +73,10 @@ def test_rolled_back_publish_leaves_nothing(queue: TaskQueue, clock: ManualClock
         publish(session, "billing", "order-17:confirmed", BODY, clock=clock)
         publish(session, "billing", "order-18:confirmed", BODY, clock=clock)
         session.rollback()
-    assert queue.replies() == []
+    assert queue.messages() == []
     # The key is free again: nothing of the rolled-back attempt remains.
     publish_committed(queue, clock, body={"other": True})
-    [stored] = queue.replies()
+    [stored] = queue.messages()
     assert stored["body"] == canonical({"other": True})
 
 
@@ -85,7 +85,7 @@ def test_unclosed_session_without_commit_publishes_nothing(
 ) -> None:
     with Session(queue.engine) as session:
         publish(session, "billing", "order-17:confirmed", BODY, clock=clock)
-    assert queue.replies() == []
+    assert queue.messages() == []
 
 
 def test_same_key_and_body_returns_the_existing_row(queue: TaskQueue, clock: ManualClock) -> None:
@@ -96,7 +96,7 @@ def test_same_key_and_body_returns_the_existing_row(queue: TaskQueue, clock: Man
     assert second["id"] == first["id"]
     assert second["created_at"] == first["created_at"]
     assert second["body"] == canonical(BODY)
-    [stored] = queue.replies()
+    [stored] = queue.messages()
     assert stored["id"] == first["id"]
 
 
@@ -106,7 +106,7 @@ def test_same_key_twice_in_one_transaction_is_one_row(queue: TaskQueue, clock: M
         second = publish(session, "billing", "k-1", BODY, clock=clock)
         assert second["id"] == first["id"]
         session.commit()
-    assert len(queue.replies()) == 1
+    assert len(queue.messages()) == 1
 
 
 @pytest.mark.parametrize(
@@ -123,10 +123,10 @@ def test_same_key_with_other_content_is_a_collision(
     queue: TaskQueue, clock: ManualClock, change: dict[str, Any]
 ) -> None:
     publish_committed(queue, clock)
-    before = queue.replies()
+    before = queue.messages()
     with pytest.raises(PayloadCollision):
         publish_committed(queue, clock, **change)
-    assert queue.replies() == before
+    assert queue.messages() == before
 
 
 def test_task_reply_ids_are_reserved(queue: TaskQueue, clock: ManualClock) -> None:
@@ -137,11 +137,11 @@ def test_task_reply_ids_are_reserved(queue: TaskQueue, clock: ManualClock) -> No
         publish_committed(queue, clock, **squat)
     with pytest.raises(InvalidMessage, match="reserved"):
         publish_committed(queue, clock, reply_id="reply:anything")
-    assert queue.replies() == []
+    assert queue.messages() == []
     claim = queue.claim("w")
     assert claim is not None
     queue.finish(claim, "done")
-    [reply] = queue.replies()
+    [reply] = queue.messages()
     assert reply["reply_id"] == "reply:" + ack.task_id
     with pytest.raises(InvalidMessage, match="reserved"):
         publish_committed(
@@ -151,14 +151,14 @@ def test_task_reply_ids_are_reserved(queue: TaskQueue, clock: ManualClock) -> No
             reply_id=reply["reply_id"],
             body=json.loads(reply["body"]),
         )
-    assert queue.replies() == [reply]
+    assert queue.messages() == [reply]
 
 
 def test_without_a_clock_times_come_from_the_database(queue: TaskQueue) -> None:
     with Session(queue.engine) as session:
         publish(session, "billing", "k-1", BODY)
         session.commit()
-    [stored] = queue.replies()
+    [stored] = queue.messages()
     assert abs(stored["created_at"] - time.time()) < 300
 
 
@@ -175,7 +175,7 @@ def test_without_a_clock_times_come_from_the_database(queue: TaskQueue) -> None:
 def test_valid_reply_ids(queue: TaskQueue, clock: ManualClock, reply_id: str) -> None:
     row = publish_committed(queue, clock, reply_id=reply_id)
     assert row["reply_id"] == reply_id
-    assert [r["reply_id"] for r in queue.replies()] == [reply_id]
+    assert [r["reply_id"] for r in queue.messages()] == [reply_id]
 
 
 @pytest.mark.parametrize(
@@ -220,4 +220,4 @@ def test_invalid_publish_adds_nothing(
             publish(session, clock=clock, **values)
         assert isinstance(raised.value, ValueError)
         session.commit()
-    assert queue.replies() == []
+    assert queue.messages() == []

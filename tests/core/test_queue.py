@@ -95,7 +95,7 @@ def canonical(value: Any) -> bytes:
 
 
 def replies_for(queue: TaskQueue, task_id: str) -> list[dict[str, Any]]:
-    return [r for r in queue.replies() if r["task_id"] == task_id]
+    return [r for r in queue.messages() if r["task_id"] == task_id]
 
 
 def assert_one_reply(queue: TaskQueue, task_id: str, status: str, result: Any = None) -> None:
@@ -112,7 +112,7 @@ def assert_one_reply(queue: TaskQueue, task_id: str, status: str, result: Any = 
 
 def assert_fenced_everywhere(queue: TaskQueue, stale: Claim) -> None:
     """renew, finish and fail by a stale holder all raise Fenced and change nothing."""
-    before_task, before_replies = queue.task(stale.task_id), queue.replies()
+    before_task, before_replies = queue.task(stale.task_id), queue.messages()
     with pytest.raises(Fenced):
         queue.renew(stale)
     with pytest.raises(Fenced):
@@ -122,7 +122,7 @@ def assert_fenced_everywhere(queue: TaskQueue, stale: Claim) -> None:
     with pytest.raises(Fenced):
         queue.fail(stale, "stale failure", permanent=True)
     assert queue.task(stale.task_id) == before_task
-    assert queue.replies() == before_replies
+    assert queue.messages() == before_replies
 
 
 # --- claiming ------------------------------------------------------------------
@@ -157,7 +157,7 @@ def test_claim_sets_running_owner_fence_attempt_and_lease(
         t0 + LEASE,
     )
     assert queue.claim("worker-2") is None
-    assert queue.replies() == []
+    assert queue.messages() == []
 
 
 def test_claim_takes_exactly_one_task(queue: TaskQueue, clock: ManualClock) -> None:
@@ -347,7 +347,7 @@ def test_retryable_fail_backs_off_exponentially(
         assert q.claim("w") is None  # never immediately
         clock.advance(delay)
     assert rng.calls == [(1.0, 2.0), (2.0, 4.0), (4.0, 8.0)]
-    assert q.replies() == []
+    assert q.messages() == []
 
 
 def test_backoff_is_capped(make_queue: MakeQueue, clock: ManualClock) -> None:
@@ -473,7 +473,7 @@ def test_deadline_passing_while_running_expires_the_task(
     with pytest.raises(Fenced):
         queue.fail(held, "too late")
     assert task(queue, tid) == before
-    assert queue.replies() == []
+    assert queue.messages() == []
     assert queue.reconcile() == {"expired": 1, "requeued": 0, "failed": 0, "messages_requeued": 0}
     row = task(queue, tid)
     assert (row["state"], row["last_error"], row["result"]) == ("expired", "deadline passed", None)
@@ -587,17 +587,17 @@ def test_cancel_of_a_terminal_task_returns_false_and_changes_nothing(
     queue: TaskQueue, clock: ManualClock, make_terminal: Callable[[TaskQueue, ManualClock], str]
 ) -> None:
     tid = make_terminal(queue, clock)
-    before_task, before_replies = task(queue, tid), queue.replies()
+    before_task, before_replies = task(queue, tid), queue.messages()
     assert len(before_replies) == 1
     clock.advance(1)
     assert queue.cancel(tid) is False
     assert task(queue, tid) == before_task
-    assert queue.replies() == before_replies
+    assert queue.messages() == before_replies
 
 
 def test_cancel_of_an_unknown_task_returns_false(queue: TaskQueue) -> None:
     assert queue.cancel("0" * 64) is False
-    assert queue.replies() == []
+    assert queue.messages() == []
 
 
 # --- per-tenant cap ---------------------------------------------------------------------
@@ -762,7 +762,7 @@ def test_finish_with_a_result_that_is_not_json_safe_keeps_the_task_running(
         queue.finish(held, result)
     assert isinstance(raised.value, ValueError)
     assert task(queue, tid) == before
-    assert queue.replies() == []
+    assert queue.messages() == []
     queue.finish(held, {"fixed": True})
     assert_one_reply(queue, tid, "done", {"fixed": True})
 
@@ -850,7 +850,7 @@ def test_finish_many_reports_a_refusal_even_when_its_reason_cannot_be_read(
 
 def test_finish_many_of_nothing_writes_nothing(queue: TaskQueue) -> None:
     assert queue.finish_many([]) == []
-    assert queue.replies() == []
+    assert queue.messages() == []
 
 
 @pytest.fixture
@@ -908,7 +908,7 @@ def test_failing_effect_rolls_back_the_result_too(
     with pytest.raises(RuntimeError, match="business write failed"):
         queue.finish(held, "result", effect=effect)
     assert task(queue, tid) == before
-    assert queue.replies() == []
+    assert queue.messages() == []
     assert effect_rows(queue, effects) == []
     queue.finish(held, "result")  # the lease still holds: the worker can try again
     assert_one_reply(queue, tid, "done", "result")
@@ -928,7 +928,7 @@ def test_stale_finish_commits_no_effect(
     with pytest.raises(Fenced):
         queue.finish(stale, "stale", effect=effect)
     assert effect_rows(queue, effects) == []
-    assert queue.replies() == []
+    assert queue.messages() == []
     queue.finish(fresh, "fresh")
     assert_one_reply(queue, tid, "done", "fresh")
 
@@ -942,10 +942,10 @@ def test_finish_tx_joins_the_callers_transaction(
         queue.finish_tx(session, held, "in tx")
         session.execute(sa.insert(effects).values(task_id=tid, note="mine"))
         assert task(queue, tid)["state"] == "running"  # not visible before commit
-        assert queue.replies() == []
+        assert queue.messages() == []
         session.rollback()
     assert task(queue, tid)["state"] == "running"
-    assert queue.replies() == []
+    assert queue.messages() == []
     assert effect_rows(queue, effects) == []
     with Session(queue.engine) as session:
         queue.finish_tx(session, held, "in tx")
@@ -972,10 +972,10 @@ def test_reconcile_reclaims_expired_delivery_leases(queue: TaskQueue, clock: Man
         )
     clock.advance(29)
     assert queue.reconcile()["messages_requeued"] == 0
-    assert [r["state"] for r in queue.replies()] == ["sending"]
+    assert [r["state"] for r in queue.messages()] == ["sending"]
     clock.advance(1)
     assert queue.reconcile()["messages_requeued"] == 1
-    [reply] = queue.replies()
+    [reply] = queue.messages()
     assert (reply["state"], reply["lease_until"], reply["fence"]) == ("pending", None, 1)
     assert reply["available_at"] <= clock()
     assert_one_reply(queue, tid, "done", "r")
@@ -987,7 +987,7 @@ def test_reconcile_handles_more_than_one_batch(queue: TaskQueue, clock: ManualCl
     queue.receive_batch(A, envelopes)
     clock.advance(10)
     assert queue.reconcile()["expired"] == count
-    replies = queue.replies("pending")
+    replies = queue.messages("pending")
     assert len(replies) == count
     assert {json.loads(r["body"])["status"] for r in replies} == {"expired"}
 

@@ -208,7 +208,7 @@ def test_cancel_racing_finish_leaves_exactly_one_terminal_reply(
         row = q1.task(tid)
         assert row is not None
         assert row["state"] == ("cancelled" if cancelled else "done")
-        replies = [r for r in q1.replies() if r["task_id"] == tid]
+        replies = [r for r in q1.messages() if r["task_id"] == tid]
         assert len(replies) == 1
         assert json.loads(replies[0]["body"])["status"] == row["state"]
 
@@ -245,6 +245,6 @@ def test_concurrent_publish_of_one_key_stores_one_row(
             ]
         )
         assert sorted(isinstance(o, PayloadCollision) for o in outcomes) == [False, True]
-    replies = q1.replies()
+    replies = q1.messages()
     assert len(replies) == 40
     assert len({r["reply_id"] for r in replies}) == 40

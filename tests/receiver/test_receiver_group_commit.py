@@ -35,14 +35,14 @@ def test_replies_that_arrive_during_a_commit_share_the_next_one(
 
     monkeypatch.setattr(store, "accept_many", recording)
     checked: list[str] = []
-    real_check = ReceiverRules.check_reply
+    real_check = ReceiverRules.check_message
 
     def counting(self: ReceiverRules, headers: Any, body: bytes) -> Any:
         result = real_check(self, headers, body)
         checked.append("checked")  # queued for storing right after this returns
         return result
 
-    monkeypatch.setattr(ReceiverRules, "check_reply", counting)
+    monkeypatch.setattr(ReceiverRules, "check_message", counting)
     app = create_app(store, [SECRET], wall_clock=lambda: NOW)
     later = [
         ("r-1", b'{"n":1}'),

@@ -1,0 +1,102 @@
+"""The statements behind `outbox status`, `outbox dead` and `outbox purge`."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import sqlalchemy as sa
+
+from outbox.db.sql import Now
+from outbox.schema import messages, requeues
+from outbox.states import MessageState, TaskState
+
+DEAD_FIELDS = (
+    messages.c.reply_id,
+    messages.c.destination,
+    messages.c.task_id,
+    messages.c.attempts,
+    messages.c.last_status,
+    messages.c.last_error,
+    messages.c.created_at,
+)
+"""What `outbox dead list` shows of each dead message."""
+
+
+def count_by_state(state: sa.Column[str]) -> sa.Select[str, int]:
+    """Rows per value of a table's `state` column."""
+    return sa.select(state, sa.func.count()).group_by(state)
+
+
+def oldest_pending_age(table: sa.Table, now: Now) -> sa.Select[Any]:
+    """Seconds since the oldest pending row of `table` was created (NULL when none)."""
+    return sa.select(now - sa.func.min(table.c.created_at)).where(
+        table.c.state == TaskState.PENDING.value
+    )
+
+
+def select_dead(limit: int) -> sa.Select[Any]:
+    """Dead messages, oldest first."""
+    return (
+        sa.select(*DEAD_FIELDS)
+        .where(messages.c.state == MessageState.DEAD.value)
+        .order_by(messages.c.id)
+        .limit(limit)
+    )
+
+
+def select_delivery_record(reply_id: str) -> sa.Select[Any]:
+    """One message's delivery record: state, attempts, last status and error, body size."""
+    return sa.select(
+        *DEAD_FIELDS,
+        messages.c.state,
+        messages.c.content_hash,
+        messages.c.ordering_key,
+        messages.c.sent_at,
+        sa.func.length(messages.c.body).label("body_bytes"),
+    ).where(messages.c.reply_id == reply_id)
+
+
+def select_dead_to_requeue(reply_id: str) -> sa.Select[Any]:
+    """The id and last outcome of a dead message, to requeue it."""
+    return sa.select(
+        messages.c.id, messages.c.attempts, messages.c.last_status, messages.c.last_error
+    ).where(messages.c.reply_id == reply_id, messages.c.state == MessageState.DEAD.value)
+
+
+def requeue_dead(message_id: int, now: Now) -> sa.Update:
+    """A dead message pending again with a fresh budget; guarded by its state."""
+    # Of two operators requeueing at once, one changes the row.
+    return (
+        messages.update()
+        .where(messages.c.id == message_id, messages.c.state == MessageState.DEAD.value)
+        .values(
+            state=MessageState.PENDING.value,
+            attempts=0,
+            available_at=now,
+            owner=None,
+            lease_until=None,
+            last_status=None,
+            last_error=None,
+        )
+    )
+
+
+def insert_requeue_audit(**values: Any) -> Any:
+    """One row of `outbox_requeues`, returned whole."""
+    return requeues.insert().values(**values).returning(*requeues.c)
+
+
+def select_sent_before(cutoff: Now, batch: int) -> sa.Select[Any]:
+    """The ids of up to `batch` messages sent before `cutoff`, oldest first."""
+    return (
+        sa.select(messages.c.id)
+        .where(messages.c.state == MessageState.SENT.value, messages.c.sent_at < cutoff)
+        .order_by(messages.c.id)
+        .limit(batch)
+    )
+
+
+def delete_messages(ids: Sequence[int]) -> sa.Delete:
+    """Delete messages by id."""
+    return messages.delete().where(messages.c.id.in_(list(ids)))
