@@ -142,3 +142,62 @@ def test_a_missing_sqlite_file_is_a_typo_not_a_new_database(
     assert not missing.exists()
     assert main(["db", "upgrade", "--db", f"sqlite:///{missing}"]) == 0
     assert missing.exists()
+
+
+RELAY_FILE = (
+    "[relay]\nlease = 12\nbatch = 40\nmax_attempts = 4\n"
+    '[destinations.default]\nurl = "http://127.0.0.1:9/replies"\n'
+)
+
+
+def relay_args(argv: list[str]) -> argparse.Namespace:
+    """`outbox relay ARGV` parsed and resolved as main() does."""
+    args = build_parser().parse_args(["relay", *argv])
+    resolve(args, command_options("relay"))
+    return args
+
+
+def test_relay_settings_resolve_like_every_commands(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    config = write_config(tmp_path, RELAY_FILE)
+    for name in ("OUTBOX_RELAY_CONFIG", "OUTBOX_CONFIG", "OUTBOX_DB"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("OUTBOX_RELAY_BATCH", "80")
+    monkeypatch.setenv("OUTBOX_RELAY_MAX_ATTEMPTS", "6")
+    args = relay_args(["--config", str(config), "--max-attempts", "9"])
+    assert args.max_attempts == 9  # flag over environment over file
+    assert args.batch == 80  # environment over file
+    assert args.lease == 12.0  # file
+    assert (args.backoff, args.log_format, args.metrics_port) == (None, "text", None)
+
+
+def test_a_bad_relay_value_names_where_it_came_from(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    config = write_config(tmp_path, RELAY_FILE)
+    monkeypatch.setenv("OUTBOX_RELAY_LEASE", "soon")
+    with pytest.raises(ValueError, match=r"^OUTBOX_RELAY_LEASE: expected a positive number"):
+        relay_args(["--config", str(config)])
+    monkeypatch.delenv("OUTBOX_RELAY_LEASE")
+    bad_file = write_config(tmp_path, RELAY_FILE.replace("batch = 40", "batch = 0"))
+    with pytest.raises(ValueError, match=r"outbox.toml: relay.batch: expected a whole number"):
+        relay_args(["--config", str(bad_file)])
+
+
+@pytest.mark.parametrize(
+    ("line", "said"),
+    [
+        ("attempts = 4", "`attempts` is now called `max_attempts`"),
+        ("retries = 4", "unknown keys ['retries']"),
+    ],
+)
+def test_the_relay_refuses_unknown_keys_in_its_table(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], line: str, said: str
+) -> None:
+    config = write_config(tmp_path, RELAY_FILE.replace("max_attempts = 4", line))
+    db = f"sqlite:///{tmp_path / 'relay.db'}"
+    assert main(["db", "upgrade", "--db", db]) == 0
+    capsys.readouterr()
+    assert main(["relay", "--db", db, "--config", str(config)]) == 2
+    assert said in capsys.readouterr().err

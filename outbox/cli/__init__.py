@@ -6,13 +6,11 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
-from pathlib import Path
 from typing import NoReturn
-
-import sqlalchemy as sa
 
 from outbox import migrations
 from outbox.cli import demo, operations, receiver, relay, settings, worker
+from outbox.db.dialect import missing_sqlite_file
 from outbox.errors import OutboxError
 
 DEFAULT_DB = settings.DEFAULT_DB
@@ -75,7 +73,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command != "demo":  # the demo makes its own databases unless given --db
             settings.resolve(args, command_options(args.command))
-            missing = None if _creates_schema(args) else _missing_sqlite_file(args.db)
+            missing = None if _creates_schema(args) else missing_sqlite_file(args.db)
             if missing is not None:
                 if args.command == "db":  # `db current`: nothing there, so no schema
                     return _print_revisions(args, [])
@@ -111,14 +109,6 @@ def _creates_schema(args: argparse.Namespace) -> bool:
     """Only the upgrade commands may create a database."""
     action = getattr(args, "db_command", None) or getattr(args, "receiver_command", None)
     return args.command in ("db", "receiver") and action == "upgrade"
-
-
-def _missing_sqlite_file(url: str) -> str | None:
-    """The path of a SQLite database file that does not exist (a typo, not a new database)."""
-    parsed = sa.make_url(url)
-    if parsed.get_backend_name() != "sqlite" or not parsed.database:
-        return None
-    return None if Path(parsed.database).exists() else parsed.database
 
 
 def _db(args: argparse.Namespace) -> int:

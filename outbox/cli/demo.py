@@ -27,12 +27,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
 import outbox
 from outbox import AuthContext, Claim, Envelope, Fenced, TaskQueue, failpoints, publish
-from outbox.schema import messages, tasks
+from outbox.cli import demo_reads as reads
 from outbox.worker import Worker
 
 SOURCE = "agent-a"
@@ -74,17 +73,6 @@ class Setting:
     receiver_url: str
     folder: Path
     run: str  # a token in the demo's ids, so runs on one kept database stay apart
-
-
-@contextlib.contextmanager
-def reading(url: str) -> Iterator[sa.Connection]:
-    """A connection to `url` on an engine of its own, disposed afterwards."""
-    engine = outbox.create_engine(url)
-    try:
-        with engine.connect() as conn:
-            yield conn
-    finally:
-        engine.dispose()
 
 
 def free_port() -> int:
@@ -166,12 +154,7 @@ class DatabaseInUse(Exception):
 
 def refuse_a_database_in_use(url: str) -> None:
     """The demo's workers and relay take any pending work: they must find only their own."""
-    with reading(url) as conn:
-        found = [
-            table.name
-            for table in (tasks, messages)
-            if conn.execute(sa.select(sa.literal(1)).select_from(table).limit(1)).first()
-        ]
+    found = reads.tables_in_use(url)
     if found:
         raise DatabaseInUse(
             f"{url} already holds rows in {' and '.join(found)}: the demo's workers and relay "
@@ -211,19 +194,10 @@ def crash_a_worker(queue: TaskQueue, setting: Setting) -> dict[str, Any]:
     if proc.returncode != failpoints.EXIT_CODE:
         print(err.decode(), file=sys.stderr)
     check(proc.returncode == failpoints.EXIT_CODE, "worker-1 died at finish.before_commit")
-    with queue.engine.connect() as conn:
-        held = (
-            conn.execute(
-                sa.select(tasks.c.task_id, tasks.c.owner, tasks.c.fence, tasks.c.state).where(
-                    tasks.c.owner == f"{setting.run}-worker-1"
-                )
-            )
-            .mappings()
-            .one()
-        )
+    held = reads.task_held_by(queue.engine, f"{setting.run}-worker-1")
     print(f"   worker-1 held task {held['task_id'][:12]}… under fence {held['fence']}")
     check(held["state"] == "running", "its result was not committed: the task is still running")
-    return dict(held)
+    return held
 
 
 def recover(queue: TaskQueue, task_ids: list[str], stale: dict[str, Any]) -> None:
@@ -260,13 +234,7 @@ def replies_of(queue: TaskQueue, task_ids: list[str], run: str) -> list[str]:
     print("5. results were committed together with their replies; a service publishes one more")
     with Session(queue.engine) as session, session.begin():
         publish(session, "default", f"{run}-order-17:confirmed", {"order": 17})
-    with queue.engine.connect() as conn:
-        rows = conn.execute(
-            sa.select(messages.c.reply_id, messages.c.task_id).where(
-                messages.c.task_id.in_(task_ids)
-                | (messages.c.reply_id == f"{run}-order-17:confirmed")
-            )
-        ).all()
+    rows = reads.messages_of(queue.engine, task_ids, f"{run}-order-17:confirmed")
     per_task = [row.task_id for row in rows if row.task_id is not None]
     check(sorted(per_task) == sorted(task_ids), "exactly one reply per task")
     return sorted(row.reply_id for row in rows)
@@ -305,68 +273,27 @@ def deliver(setting: Setting, reply_ids: list[str]) -> None:
             "without an ACK the relay keeps every reply for a retry",
         )
         check(
-            set(receipt_hashes(setting, reply_ids)) == set(reply_ids),
+            set(reads.receipt_hashes(setting.receiver_url, reply_ids)) == set(reply_ids),
             "yet the receiver had committed every one of them",
         )
         print("7. the receiver restarts; the relay resends the same reply_ids and bodies")
         with receiver_process(setting, secret_file, port):
             wait_for(
-                lambda: bool(relay.dispatch_once()) and delivered(setting, reply_ids),
+                lambda: (
+                    bool(relay.dispatch_once()) and reads.delivered(setting.outbox_url, reply_ids)
+                ),
                 "the relay to deliver every reply",
             )
     finally:
         relay.close()
 
 
-def receipt_hashes(setting: Setting, reply_ids: list[str]) -> dict[str, str]:
-    """reply_id -> content hash of what the receiver holds."""
-    from receiver.schema import receipts
-
-    query = sa.select(receipts.c.reply_id, receipts.c.content_hash).where(
-        receipts.c.reply_id.in_(reply_ids)
-    )
-    with reading(setting.receiver_url) as conn:
-        return {row.reply_id: row.content_hash for row in conn.execute(query)}
-
-
-def delivered(setting: Setting, reply_ids: list[str]) -> bool:
-    """Whether every reply is sent."""
-    query = sa.select(messages.c.state).where(messages.c.reply_id.in_(reply_ids))
-    with reading(setting.outbox_url) as conn:
-        return all(state == "sent" for state in conn.execute(query).scalars())
-
-
 def summary(setting: Setting, task_ids: list[str], reply_ids: list[str]) -> None:
     """The final table, and the invariants it shows."""
-    from receiver.schema import effects
-
-    held = receipt_hashes(setting, reply_ids)
-    with reading(setting.outbox_url) as conn:
-        sent = {
-            row.reply_id: row
-            for row in conn.execute(
-                sa.select(
-                    messages.c.reply_id,
-                    messages.c.task_id,
-                    messages.c.state,
-                    messages.c.attempts,
-                    messages.c.content_hash,
-                ).where(messages.c.reply_id.in_(reply_ids))
-            )
-        }
-        task_states = dict(
-            conn.execute(
-                sa.select(tasks.c.task_id, tasks.c.state).where(tasks.c.task_id.in_(task_ids))
-            ).all()
-        )
-    with reading(setting.receiver_url) as conn:
-        effect_counts: dict[str, int] = dict(
-            conn.execute(
-                sa.select(effects.c.reply_id, sa.func.count())
-                .where(effects.c.reply_id.in_(reply_ids))
-                .group_by(effects.c.reply_id)
-            ).all()
-        )
+    held = reads.receipt_hashes(setting.receiver_url, reply_ids)
+    sent = reads.delivery_records(setting.outbox_url, reply_ids)
+    task_states = reads.task_states(setting.outbox_url, task_ids)
+    effect_counts = reads.effect_counts(setting.receiver_url, reply_ids)
     print("8. final states")
     print(f"   {'reply_id':<44} {'task':<6} {'reply':<6} {'attempts':>8} {'effects':>8}")
     for reply_id in reply_ids:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import sqlalchemy as sa
@@ -104,6 +105,14 @@ def insert_ignoring_conflicts(table: sa.Table, dialect_name: str) -> Any:
 def supports_skip_locked(dialect_name: str) -> bool:
     """Whether row locks with SKIP LOCKED exist (SQLite has one writer, so it needs none)."""
     return dialect_name == "postgresql"
+
+
+def missing_sqlite_file(url: str | sa.URL) -> str | None:
+    """The path of a SQLite database file that does not exist (a typo, not a new database)."""
+    parsed = sa.make_url(url)
+    if parsed.get_backend_name() != "sqlite" or not parsed.database:
+        return None
+    return None if Path(parsed.database).exists() else parsed.database
 
 
 def is_postgresql(dialect_name: str) -> bool:
