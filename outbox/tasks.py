@@ -23,7 +23,7 @@ from outbox import failpoints, task_results
 from outbox.clock import Clock
 from outbox.db import message_sql, task_sql
 from outbox.db import sql as db_sql
-from outbox.db.dialect import READ_ONLY, now_expression, one_statement, supports_skip_locked
+from outbox.db.dialect import READ_ONLY, is_postgresql, now_expression, one_statement
 from outbox.db.handle import DatabaseHandle
 from outbox.errors import BatchFailed, OutboxError, PayloadCollision
 from outbox.intake import Accepted, Ack, AuthContext, Envelope, accept, authorize, check_name
@@ -231,8 +231,9 @@ class TaskQueue(DatabaseHandle):
         params = {"now": now, "claim_owner": owner, "lease": self.lease, "limit": limit}
         if not capped:
             return list(conn.execute(statement, params).mappings())
-        if supports_skip_locked(self._dialect):
-            # Row locks alone would let two claimers take one tenant's last slot.
+        if is_postgresql(self._dialect):
+            # Row locks alone would let two claimers take one tenant's last slot; SQLite
+            # has one writer at a time.
             conn.execute(task_sql.lock_tenant_caps())
         # One at a time, so a batch cannot push a tenant past its cap.
         rows: list[RowMapping] = []

@@ -249,7 +249,7 @@ class Worker:
             # Until the lease would have run out: after that, another worker may hold the
             # task. A refused renewal or the end of the grace period sets `stop`: give up.
             retry.until(
-                write,
+                partial(self._write, running, write),
                 seconds=self.queue.lease,
                 stop=running.stop,
                 # The COMMIT may have happened: read before writing again.
@@ -259,9 +259,12 @@ class Worker:
         except Fenced as exc:
             log.warning("task %s: %s; outcome discarded", task_id, exc)
             return
-        except sa.exc.DBAPIError as exc:
-            log.error("task %s: outcome not recorded (%s); its lease will expire", task_id, exc)
-            return
+        except sa.exc.DBAPIError:
+            log.error("task %s: outcome not recorded; its lease will expire", task_id)
+
+    @staticmethod
+    def _write(running: _Running, write: Callable[[], None]) -> None:
+        write()
         running.written = True
 
     def _settled(self, claim: Claim) -> bool:

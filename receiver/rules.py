@@ -50,7 +50,7 @@ MAX_BATCH_ITEMS = 1000
 
 
 class Store(Protocol):
-    """What the handlers need from a receipt store."""
+    """What the receiver's rules need from a receipt store."""
 
     retention: float
 

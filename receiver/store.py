@@ -117,6 +117,14 @@ class ReceiptStore(DatabaseHandle):
         # fails its statement, and accept and the reads retry on a fresh one.
         self._open(url_or_engine, RECEIVER_BRANCH, pool_pre_ping=False)
 
+    def _worth_another_try(self, exc: BaseException) -> bool:
+        """A lost race, or a transient error; not SQLite busy, whose timeout already waited."""
+        if _lost_race(exc):
+            return True
+        return retry.is_transient(exc) and not (
+            not is_postgresql(self._dialect) and retry.waited_for_lock(exc)
+        )
+
     def _check_schema(self, branch: str) -> None:
         with _unavailable_when_it_fails():
             super()._check_schema(branch)
@@ -159,7 +167,7 @@ class ReceiptStore(DatabaseHandle):
 
         with _unavailable_when_it_fails():
             # A second try after a COMMIT that failed is safe: the receipt makes it a duplicate.
-            results = retry.quickly(store, also=_lost_race, tries=_TRIES)
+            results = retry.quickly(store, retry_if=self._worth_another_try, tries=_TRIES)
         failpoints.hit("receiver.after_commit")
         return results
 
@@ -237,7 +245,7 @@ class ReceiptStore(DatabaseHandle):
                 return conn.execute(query).first()
 
         with _unavailable_when_it_fails():
-            return retry.quickly(read, tries=_TRIES)
+            return retry.quickly(read, retry_if=self._worth_another_try, tries=_TRIES)
 
     def purge(self, older_than: float, *, batch: int = PURGE_BATCH) -> int:
         """Delete receipts older than `older_than` seconds (never under the retention); count."""

@@ -23,7 +23,7 @@ from relay import sql
 from relay.policy import Outcome, Retry, Sent, retry_delay, target_state
 from relay.records import ClaimedRow, Message, Settlement
 
-Claimed = tuple[list[Message], list[Message]]
+Leased = tuple[list[Message], list[Message]]
 """Messages to deliver, and messages whose attempts are spent, only to resolve."""
 
 
@@ -58,7 +58,7 @@ class RelayLeases:
         self.claim_in_doubt = False
         """A claim raised after its COMMIT may have happened: its rows are to be adopted."""
 
-    def claim(self, busy: Collection[str] = (), may_adopt: bool = True) -> Claimed:
+    def claim(self, busy: Collection[str] = (), may_adopt: bool = True) -> Leased:
         """Lease a batch, retrying transient errors: (messages to deliver, to resolve).
 
         After a claim whose outcome is unknown, the rows it may have leased are
@@ -67,7 +67,7 @@ class RelayLeases:
         """
         return retry.quickly(lambda: self._claim(busy, may_adopt))
 
-    def _claim(self, busy: Collection[str], may_adopt: bool) -> Claimed:
+    def _claim(self, busy: Collection[str], may_adopt: bool) -> Leased:
         try:
             rows = self._claim_rows(busy, may_adopt)
         except sa.exc.DBAPIError:

@@ -14,7 +14,12 @@ import os
 import sys
 from typing import Any
 
-from outbox.cli.arguments import non_negative_int, positive_float, positive_int
+from outbox.cli.arguments import (
+    non_negative_float,
+    non_negative_int,
+    positive_float,
+    positive_int,
+)
 from outbox.cli.settings import Option, add_flags, load
 from outbox.errors import ConfigError
 from relay import Relay
@@ -40,7 +45,7 @@ RELAY_OPTIONS = (
     Option.of("relay", "batch", positive_int),
     Option.of("relay", "concurrency", positive_int),
     Option.of("relay", "poll_interval", positive_float),
-    Option.of("relay", "grace", positive_float),
+    Option.of("relay", "grace", non_negative_float),
 )
 OPTIONS = (
     *RELAY_OPTIONS,
@@ -59,7 +64,7 @@ HELP = {
     "batch": "messages claimed per turn (default 100)",
     "concurrency": "requests in flight, all destinations (default 32)",
     "poll_interval": "seconds between looks for work without NOTIFY (default 1)",
-    "grace": "SIGTERM drain in seconds (default: the lease)",
+    "grace": "SIGTERM drain in seconds, 0 for none (default: the lease)",
     "metrics_port": "serve Prometheus /metrics and /healthz on this port (0: off)",
     "log_format": "text or json (default text)",
     "log_level": "default INFO",

@@ -105,4 +105,7 @@ def _lookup(option: Option, document: dict[str, Any], path: str | None) -> tuple
         table = table.get(part) if isinstance(table, dict) else None
     if table is None:
         return None, ""
-    return table, f"{path}: {option.key}"
+    where = f"{path}: {option.key}"
+    if isinstance(table, bool) or not isinstance(table, str | int | float):
+        raise ValueError(f"{where}: expected a string or a number, got {table!r}")
+    return table, where

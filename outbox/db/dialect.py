@@ -8,7 +8,6 @@ PostgreSQL: psycopg 3, FOR UPDATE SKIP LOCKED, NOTIFY on new messages.
 
 from __future__ import annotations
 
-import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -171,14 +170,16 @@ def clock_value(clock: Clock | None) -> float | None:
 # --- one statement ------------------------------------------------------------------
 
 
-_AUTOCOMMIT: weakref.WeakKeyDictionary[Engine, Engine] = weakref.WeakKeyDictionary()
+_AUTOCOMMIT = "_outbox_autocommit"
 
 
 def _autocommit(engine: Engine) -> Engine:
-    # Built once per engine: a new option engine per statement costs CPU on hot paths.
-    found = _AUTOCOMMIT.get(engine)
+    # Built once per engine and kept on it (a cycle the collector frees with the engine):
+    # a new option engine per statement costs CPU on hot paths.
+    found: Engine | None = engine.__dict__.get(_AUTOCOMMIT)
     if found is None:
-        found = _AUTOCOMMIT[engine] = engine.execution_options(isolation_level="AUTOCOMMIT")
+        found = engine.execution_options(isolation_level="AUTOCOMMIT")
+        engine.__dict__[_AUTOCOMMIT] = found
     return found
 
 
@@ -186,9 +187,9 @@ def _autocommit(engine: Engine) -> Engine:
 def one_statement(
     engine: Engine, before_commit: str | None = None, *, single: bool = True
 ) -> Iterator[Connection]:
-    """A connection for work that is one statement on PostgreSQL, else one transaction.
+    """A connection for work whose statements are each atomic alone, else one transaction.
 
-    On PostgreSQL, when `single`, the work runs in autocommit: one statement is
+    On PostgreSQL, when `single`, the work runs in autocommit: a statement is
     atomic alone, and BEGIN and COMMIT would only add round trips. Failpoint
     `before_commit` is then hit before the statement, where nothing is written
     yet. Otherwise (SQLite, or several statements) it is a transaction (BEGIN

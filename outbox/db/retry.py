@@ -23,12 +23,19 @@ from tenacity import (
     Retrying,
     retry_if_exception,
     stop_after_attempt,
-    stop_after_delay,
+    stop_before_delay,
     wait_exponential,
-    wait_exponential_jitter,
+    wait_random,
 )
 
 T = TypeVar("T")
+# PostgreSQL errors that pass with time: 40001 serialization failure, 40P01 deadlock,
+# 40003 statement completion unknown, 25006 read-only transaction (a failover under
+# way), 55P03 lock not available, 57014 statement timeout or cancel.
+TRANSIENT_SQLSTATES = frozenset({"40001", "40P01", "40003", "25006", "55P03", "57014"})
+# Classes: 08 connection exception, 53 insufficient resources (too many connections),
+# 57P operator intervention (shutdown, restart).
+TRANSIENT_SQLSTATE_CLASSES = ("08", "53", "57P")
 # Statements retried in-process by the relay: a few quick tries, then the turn fails.
 QUICK_TRIES = 6
 # Backoff between attempts to write a worker's outcome while the database is away.
@@ -45,28 +52,35 @@ def is_transient(exc: BaseException) -> bool:
     orig = exc.orig
     sqlstate = getattr(orig, "sqlstate", None)
     if sqlstate is not None:
-        # 40001 serialization failure, 40P01 deadlock, 08xxx connection, 57P0x shutdown.
-        return sqlstate in ("40001", "40P01") or sqlstate.startswith(("08", "57P"))
+        return sqlstate in TRANSIENT_SQLSTATES or sqlstate.startswith(TRANSIENT_SQLSTATE_CLASSES)
     if isinstance(orig, sqlite3.OperationalError):
-        code = getattr(orig, "sqlite_errorcode", None)
-        return code in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)
+        return waited_for_lock(exc)
     return isinstance(exc, sa.exc.OperationalError | sa.exc.InterfaceError)
+
+
+def waited_for_lock(exc: BaseException) -> bool:
+    """SQLite busy or locked: the busy timeout has already waited for the lock."""
+    orig = getattr(exc, "orig", None)
+    return isinstance(orig, sqlite3.OperationalError) and getattr(
+        orig, "sqlite_errorcode", None
+    ) in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)
 
 
 def quickly(
     operation: Callable[[], T],
     *,
-    also: Callable[[BaseException], bool] = lambda exc: False,
+    retry_if: Callable[[BaseException], bool] = is_transient,
     tries: int = QUICK_TRIES,
 ) -> T:
-    """Run `operation`, trying again (jittered, under 2 s apart) while its error is transient.
+    """Run `operation`, trying again (jittered, under 2 s apart) while `retry_if(error)`.
 
-    `also` names other errors the caller knows a second try resolves (a lost race).
+    By default an error is worth another try when it is transient; a caller that
+    knows more (a race a second try wins, a wait already spent) says so.
     """
     for attempt in Retrying(
-        retry=retry_if_exception(lambda exc: is_transient(exc) or also(exc)),
+        retry=retry_if_exception(retry_if),
         stop=stop_after_attempt(tries),
-        wait=wait_exponential_jitter(multiplier=FIRST_WAIT, max=2.0, jitter=FIRST_WAIT),
+        wait=wait_exponential(multiplier=FIRST_WAIT, max=2.0) + wait_random(0, FIRST_WAIT),
         reraise=True,
     ):
         with attempt:
@@ -84,30 +98,35 @@ def until(
 ) -> T | None:
     """Run `operation`, trying again while its error is transient, for at most `seconds`.
 
-    Waits double from FIRST_WAIT to LONGEST_WAIT and end early when `stop` is
-    set. After a transient error `done_despite(error)` is asked whether the
-    work was done anyway (a COMMIT whose answer was lost): then None is
-    returned instead of trying again. The last error is raised as it is.
+    Waits double from FIRST_WAIT to LONGEST_WAIT; no wait starts that would end
+    past `seconds`, and once `stop` is set no further try starts. After a
+    transient error `done_despite(error)` is asked whether the work was done
+    anyway (a COMMIT whose answer was lost): then None is returned instead of
+    trying again. The last error is raised as it is.
     """
+    failed: list[BaseException] = []
 
     def once() -> T | None:
+        if failed and stop.is_set():
+            raise failed[-1]  # told to stop during the wait: no further write
         try:
             return operation()
         except Exception as exc:
             if is_transient(exc) and done_despite(exc):
                 return None
+            failed.append(exc)
             raise
 
     def give_up(state: RetryCallState) -> bool:
-        return stop.is_set() or bool(stop_after_delay(seconds)(state))
-
-    def pause(seconds: float) -> None:
-        stop.wait(seconds)
+        return stop.is_set() or bool(stop_before_delay(seconds)(state))
 
     def before_sleep(state: RetryCallState) -> None:
         exc = state.outcome.exception() if state.outcome is not None else None
         if exc is not None:
             on_retry(exc)
+
+    def pause(seconds: float) -> None:
+        stop.wait(seconds)
 
     for attempt in Retrying(
         retry=retry_if_exception(is_transient),
