@@ -34,8 +34,12 @@ class Destination:
     batch_url: str | None = None
     max_batch_items: int = 500
     max_batch_bytes: int = 1_000_000
+    kind: str = "http"
+    """Which transport delivers here (relay.transport.TRANSPORTS); `mode` chooses within HTTP."""
 
     def __post_init__(self) -> None:
+        if not isinstance(self.kind, str):
+            raise ConfigError(f"destination kind must be a name, got {self.kind!r}")
         parts = urlsplit(self.url)
         if parts.scheme not in ("http", "https") or not parts.netloc:
             raise ConfigError(f"destination url must be http(s)://host/path, got {self.url!r}")
@@ -56,7 +60,7 @@ class Destination:
         return self.batch_url or self.url.rstrip("/") + "/batch"
 
     def lookup_url(self, reply_id: str) -> str:
-        """The receipt lookup for one reply: GET `<url>/<reply_id>` (the id percent-encoded)."""
+        """The receipt lookup for one message: GET `<url>/<reply_id>` (the id percent-encoded)."""
         return f"{self.url.rstrip('/')}/{quote(reply_id, safe='')}"
 
 
@@ -94,7 +98,7 @@ def load_destinations(path: str | Path) -> dict[str, Destination]:
 
 
 DESTINATION_KEYS = frozenset(
-    {"url", "secret_file", "secret_env", "timeout", "mode", "concurrency"}
+    {"kind", "url", "secret_file", "secret_env", "timeout", "mode", "concurrency"}
     | {"receipt_lookup", "batch_url", "max_batch_items", "max_batch_bytes"}
 )
 
@@ -121,6 +125,7 @@ def destinations_from(document: Mapping[str, Any], path: str | Path) -> dict[str
             if not secret:
                 raise ConfigError(f"destinations.{name}: ${table['secret_env']} is not set")
         destinations[name] = Destination(
+            kind=table.get("kind", "http"),
             url=table["url"],
             secret=secret,
             timeout=float(table.get("timeout", 10.0)),

@@ -21,7 +21,7 @@ from relay.config import Destination
 from relay.metrics import RelayMetrics
 from relay.policy import Dead, Outcome, Retry, Sent, Unsent, longest_retry_window, truncate
 from relay.records import Message
-from relay.transport import Parcel, Transport, transport_for
+from relay.transport import TRANSPORTS, Parcel, Transport, transport_for
 
 log = logging.getLogger("outbox.relay")
 
@@ -41,6 +41,12 @@ class Dispatcher:
         metrics: RelayMetrics,
     ) -> None:
         """Transports are created on first use, on the loop that runs them."""
+        for name, destination in destinations.items():
+            if destination.kind not in TRANSPORTS:
+                raise ConfigError(
+                    f"destination {name!r}: kind {destination.kind!r} is not one of "
+                    f"{sorted(TRANSPORTS)}"
+                )
         self.destinations = destinations
         self.concurrency = concurrency
         self.max_attempts = max_attempts

@@ -3,14 +3,14 @@
 A transport groups a destination's messages into parcels (one request each),
 sends a parcel and classifies the answer into one outcome per message, asks
 for a receipt, and checks how long the destination keeps receipts. A new kind
-of destination is one module implementing Transport plus its entry in
-`transport_for`.
+of destination is one module implementing Transport, its entry in TRANSPORTS
+and the `kind` its config tables name.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from relay.config import Destination
@@ -100,8 +100,7 @@ class HttpTransport(Transport):
         await self.client.close()
 
 
-def transport_for(destination: Destination) -> Transport:
-    """The transport that delivers to `destination`, by its kind and mode."""
+def _http(destination: Destination) -> Transport:
     # Imported here: each implementation builds on this module.
     from relay.http_batch import HttpBatchTransport
     from relay.http_single import HttpSingleTransport
@@ -109,3 +108,12 @@ def transport_for(destination: Destination) -> Transport:
     if destination.mode == "batch":
         return HttpBatchTransport(destination)
     return HttpSingleTransport(destination)
+
+
+TRANSPORTS: dict[str, Callable[[Destination], Transport]] = {"http": _http}
+"""Each destination kind (the `kind` key of its config table) and what builds its transport."""
+
+
+def transport_for(destination: Destination) -> Transport:
+    """The transport that delivers to `destination`, by its kind (and, for HTTP, its mode)."""
+    return TRANSPORTS[destination.kind](destination)

@@ -1,0 +1,85 @@
+"""The destination transport interface: a new kind of destination is one Transport class.
+
+A transport registered under a new kind receives the relay's messages grouped
+into its own parcels, and its outcomes are settled like HTTP's; an unknown
+kind is refused when the relay starts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import ClassVar
+
+import pytest
+import sqlalchemy as sa
+from support.relay_helpers import publish_many, rows
+
+from outbox.errors import ConfigError
+from outbox.testing import ManualClock
+from relay import Destination, Relay
+from relay import transport as transports
+from relay.policy import Outcome, Retry, Sent
+from relay.records import Message
+from relay.transport import Parcel, Transport
+
+
+class InMemoryTransport(Transport):
+    """Delivers into a list, two messages per parcel; refuses messages marked 'refuse'."""
+
+    delivered: ClassVar[list[str]] = []
+    parcel_sizes: ClassVar[list[int]] = []
+
+    def parcels(self, messages: Sequence[Message]) -> list[Parcel]:
+        """Pairs of messages."""
+        return [Parcel(messages[i : i + 2]) for i in range(0, len(messages), 2)]
+
+    async def send(self, parcel: Parcel) -> dict[int, Outcome]:
+        """Append each message's reply_id; 'refuse' ones are retried later."""
+        self.parcel_sizes.append(len(parcel.messages))
+        outcomes: dict[int, Outcome] = {}
+        for message in parcel.messages:
+            if "refuse" in message.reply_id:
+                outcomes[message.id] = Retry(None, "refused by the test transport")
+            else:
+                self.delivered.append(message.reply_id)
+                outcomes[message.id] = Sent(None)
+        return outcomes
+
+    async def holds(self, message: Message) -> bool | None:
+        """Holds what it delivered."""
+        return message.reply_id in self.delivered
+
+    async def retention(self) -> float | None:
+        """Says nothing about retention."""
+        return None
+
+    async def close(self) -> None:
+        """Nothing to release."""
+
+
+def test_a_transport_of_a_new_kind_delivers_and_its_outcomes_settle(
+    db_url: str, engine: sa.Engine, clock: ManualClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(transports.TRANSPORTS, "memory", InMemoryTransport)
+    monkeypatch.setattr(InMemoryTransport, "delivered", [])
+    monkeypatch.setattr(InMemoryTransport, "parcel_sizes", [])
+    publish_many(engine, ["m-1", "m-2", "m-3", "refuse-4"], clock=clock)
+    memory = Destination("http://unused.invalid/", kind="memory")
+    with Relay(db_url, {"default": memory}, clock=clock, batch=10) as relay:
+        verdicts = dict(relay.dispatch_once())
+    assert verdicts == {"m-1": "sent", "m-2": "sent", "m-3": "sent", "refuse-4": "retry"}
+    assert InMemoryTransport.delivered == ["m-1", "m-2", "m-3"]
+    assert sorted(InMemoryTransport.parcel_sizes) == [2, 2]
+    stored = rows(engine)
+    assert [stored[r]["state"] for r in ("m-1", "m-2", "m-3", "refuse-4")] == [
+        "sent",
+        "sent",
+        "sent",
+        "pending",
+    ]
+
+
+def test_an_unknown_kind_is_refused_at_start(db_url: str, engine: sa.Engine) -> None:
+    nats = Destination("http://unused.invalid/", kind="nats")
+    with pytest.raises(ConfigError, match=r"kind 'nats' is not one of \['http'\]"):
+        Relay(db_url, {"default": nats})
