@@ -20,48 +20,45 @@ def parse_duration(text: str) -> float:
     return float(int(match.group(1)) * _UNIT_SECONDS[match.group(2)])
 
 
-def positive_int(text: str) -> int:
-    """A whole number >= 1."""
+def _whole_number(text: str, least: int) -> int:
     try:
         value = int(text)
     except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {text!r}")
+        value = least - 1
+    if value < least:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= {least}, got {text!r}")
     return value
+
+
+def positive_int(text: str) -> int:
+    """A whole number >= 1."""
+    return _whole_number(text, 1)
 
 
 def non_negative_int(text: str) -> int:
     """A whole number >= 0."""
+    return _whole_number(text, 0)
+
+
+def _seconds(text: str, zero_allowed: bool) -> float:
     try:
-        value = int(text)
+        value = float(text)
     except ValueError:
-        value = -1
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected a whole number >= 0, got {text!r}")
+        value = -1.0
+    if not (math.isfinite(value) and (value >= 0 if zero_allowed else value > 0)):
+        wanted = "a number >= 0" if zero_allowed else "a positive number"
+        raise argparse.ArgumentTypeError(f"expected {wanted}, got {text!r}")
     return value
 
 
 def positive_float(text: str) -> float:
     """A number of seconds > 0."""
-    try:
-        value = float(text)
-    except ValueError:
-        value = 0.0
-    if not (value > 0 and math.isfinite(value)):
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
-    return value
+    return _seconds(text, zero_allowed=False)
 
 
 def non_negative_float(text: str) -> float:
     """A number of seconds >= 0."""
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if not (value >= 0 and math.isfinite(value)):
-        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text!r}")
-    return value
+    return _seconds(text, zero_allowed=True)
 
 
 def non_empty(text: str) -> str:
