@@ -7,11 +7,13 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import sqlalchemy as sa
 from sqlalchemy.engine import Connection, RowMapping
 
 from outbox.canonical import NotCanonical, canonical_bytes, sha256_hex
 from outbox.db import message_sql
-from outbox.errors import InvalidMessage, PayloadCollision
+from outbox.db.dialect import is_missing_table
+from outbox.errors import InvalidMessage, PayloadCollision, SchemaNotReady
 
 # Signed as "id.timestamp.body": a '.' in the id would make that string ambiguous.
 REPLY_ID = re.compile(r"[\x21-\x2d\x2f-\x7e]{1,200}")
@@ -174,11 +176,19 @@ def add_message(
         "content_hash": digest,
         "headers": headers,
     }
-    inserted = (
-        conn.execute(message_sql.insert_one_message(conn.dialect.name), {**row, "now": now})
-        .mappings()
-        .first()
-    )
+    try:
+        inserted = (
+            conn.execute(message_sql.insert_one_message(conn.dialect.name), {**row, "now": now})
+            .mappings()
+            .first()
+        )
+    except sa.exc.DBAPIError as exc:
+        if is_missing_table(exc):
+            url = conn.engine.url.render_as_string(hide_password=True)
+            raise SchemaNotReady(
+                f"database {url} has no outbox tables. Run: outbox db upgrade --db {url}"
+            ) from exc
+        raise
     if inserted is not None:
         return message_dict(inserted)
     existing = conn.execute(message_sql.select_message(reply_id)).mappings().one()

@@ -17,13 +17,16 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
 from outbox.clock import Clock
+from outbox.db import message_sql
 from outbox.db import operations_sql as sql
 from outbox.db.dialect import now_expression
 from outbox.db.handle import DatabaseHandle
+from outbox.db.operations_sql import DeadFilter
 from outbox.errors import RequeueRefused
 from outbox.schema import MESSAGE_STATES, TASK_STATES, messages, tasks
 
 PURGE_BATCH = 1000
+ALL_DEAD = DeadFilter()
 RECEIPT_ANSWERS = ("received", "other body", "not received", "unknown", "not checked")
 
 
@@ -39,29 +42,36 @@ class Operations(DatabaseHandle):
         return now_expression(self.clock, self._dialect)
 
     def status(self) -> dict[str, Any]:
-        """Counts per state of tasks and messages, the oldest pending of each, the dead count."""
+        """Counts per state of tasks and messages, the oldest pending of each, the dead count,
+        and the pending messages no running relay delivers (unrouted)."""
         with self._engine.connect() as conn:
             task_counts = _counts(conn, tasks.c.state, TASK_STATES)
             message_counts = _counts(conn, messages.c.state, MESSAGE_STATES)
             oldest_task = _oldest_age(conn, tasks, self._now())
             oldest_message = _oldest_age(conn, messages, self._now())
+            unrouted, unrouted_age = conn.execute(message_sql.unrouted(self._now())).one()
         return {
             "tasks": task_counts,
             "messages": message_counts,
             "oldest_pending_task_age": oldest_task,
             "oldest_pending_message_age": oldest_message,
             "dead": message_counts["dead"],
+            "unrouted": int(unrouted),
+            "oldest_unrouted_age": None if unrouted_age is None else round(float(unrouted_age), 3),
         }
 
-    def dead(self, limit: int = 100) -> list[dict[str, Any]]:
-        """Dead messages, oldest first: why each died and after how many attempts."""
+    def dead(self, limit: int = 100, chosen: DeadFilter = ALL_DEAD) -> list[dict[str, Any]]:
+        """Dead messages that match `chosen`, oldest first: why each died, after how many
+        attempts, and how long ago it was created (`age`, seconds)."""
         if limit < 1:
             raise ValueError(f"limit must be >= 1, got {limit}")
+        query = sql.select_dead(limit, self._now(), chosen)
         with self._engine.connect() as conn:
-            return [dict(row) for row in conn.execute(sql.select_dead(limit)).mappings()]
+            return [dict(row) for row in conn.execute(query).mappings()]
 
     def message(self, reply_id: str) -> dict[str, Any] | None:
-        """One message's delivery record (state, attempts, last status and error), or None."""
+        """One message's delivery record (state, attempts, last status and error, body), or
+        None."""
         with self._engine.connect() as conn:
             row = conn.execute(sql.select_delivery_record(reply_id)).mappings().first()
         return None if row is None else dict(row)

@@ -149,3 +149,15 @@ requeues = sa.Table(
     sa.Column("previous_error", sa.Text()),
     sa.Index("ix_outbox_requeues_reply_id", "reply_id"),
 )
+
+relays = sa.Table(
+    "outbox_relays",
+    metadata,
+    # Each running relay announces the destinations it delivers, until expires_at (it
+    # renews every quarter lease): a pending message whose destination no live relay
+    # announces is unrouted, shown by `outbox status` and the relay's metrics.
+    sa.Column("owner", sa.String(200), primary_key=True),
+    sa.Column("destination", sa.String(200), primary_key=True),
+    sa.Column("expires_at", Epoch(), nullable=False),
+    sa.Index("ix_outbox_relays_destination", "destination"),
+)

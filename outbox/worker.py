@@ -94,6 +94,13 @@ class Worker:
         self._beats_end = threading.Event()
         self._next_reconcile = 0.0  # the _moment() of the next claim that reconciles
 
+    def __enter__(self) -> Worker:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        """Stop claiming (run() in another thread then drains and returns)."""
+        self.stop()
+
     def stop(self) -> None:
         """Stop claiming; running handlers finish within the grace period. Any thread."""
         self._stopping.set()

@@ -12,9 +12,17 @@ from sqlalchemy.engine import Engine
 from outbox.errors import StoreUnavailable
 from outbox.migrations import RECEIVER_BRANCH, upgrade_branch
 from receiver.app import create_app
+from receiver.signatures import verify
 from receiver.store import Receipt, ReceiptStore
 
-__all__ = ["Receipt", "ReceiptStore", "StoreUnavailable", "create_app", "upgrade"]
+__all__ = [
+    "Receipt",
+    "ReceiptStore",
+    "StoreUnavailable",
+    "create_app",
+    "upgrade",
+    "verify",
+]
 
 
 def upgrade(url_or_engine: str | sa.URL | Engine) -> None:

@@ -179,7 +179,8 @@ def create_app(
     """The receiver app: POST /replies, GET /replies/{reply_id}, GET /healthz.
 
     `store` is a ReceiptStore (or anything with its accept/lookup/retention);
-    `effect` overrides the store's effect; `wall_clock` replaces time.time for
+    `effect` runs once per first receipt (None: none; the reference app passes
+    receiver.effects.record_effect); `wall_clock` replaces time.time for
     signature timestamps only, so fixed test vectors can be checked.
     """
     if isinstance(secrets, str | bytes):

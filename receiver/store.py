@@ -105,14 +105,12 @@ class ReceiptStore(DatabaseHandle):
         *,
         clock: Clock | None = None,
         retention: float = DEFAULT_RETENTION,
-        effect: Effect | None = record_effect,
     ) -> None:
         """Open a store on a database upgraded with `receiver.upgrade` (SchemaNotReady if not)."""
         if isinstance(retention, bool) or not isinstance(retention, int | float) or retention <= 0:
             raise ValueError(f"retention must be a positive number of seconds, got {retention!r}")
         self.clock = clock
         self.retention = float(retention)
-        self.effect = effect
         # No ping per checkout (a round trip per request): a connection found dropped
         # fails its statement, and accept and the reads retry on a fresh one.
         self._open(url_or_engine, RECEIVER_BRANCH, pool_pre_ping=False)
@@ -130,7 +128,8 @@ class ReceiptStore(DatabaseHandle):
             super()._check_schema(branch)
 
     def accept(self, reply_id: str, body: bytes, effect: Effect | None = None) -> Receipt:
-        """Store a receipt and run the effect once per reply_id; same id, other body: collision."""
+        """Store a receipt and run `effect` once per reply_id (None: no effect); same id,
+        other body: PayloadCollision."""
         [result] = self._accept_all([(reply_id, body)], effect)
         if isinstance(result, PayloadCollision):
             raise result
@@ -155,7 +154,7 @@ class ReceiptStore(DatabaseHandle):
         for reply_id, body in items:
             _check_item(reply_id, body)
         data = [(reply_id, bytes(body)) for reply_id, body in items]
-        run = self.effect if effect is None else effect
+        run = effect
         # On PostgreSQL the reference effect is written by the receipt insert itself. That
         # one statement is then the whole transaction: it runs in autocommit, and "before
         # commit" is before that statement.

@@ -34,6 +34,8 @@ class Destination:
     batch_url: str | None = None
     max_batch_items: int = 500
     max_batch_bytes: int = 1_000_000
+    require_retention: bool = False
+    """Refuse to start when the destination publishes no receipt retention."""
     kind: str = "http"
     """Which transport delivers here (relay.transport.TRANSPORTS); `mode` chooses within HTTP."""
 
@@ -99,7 +101,7 @@ def load_destinations(path: str | Path) -> dict[str, Destination]:
 
 DESTINATION_KEYS = frozenset(
     {"kind", "url", "secret_file", "secret_env", "timeout", "mode", "concurrency"}
-    | {"receipt_lookup", "batch_url", "max_batch_items", "max_batch_bytes"}
+    | {"receipt_lookup", "batch_url", "max_batch_items", "max_batch_bytes", "require_retention"}
 )
 
 
@@ -135,5 +137,6 @@ def destinations_from(document: Mapping[str, Any], path: str | Path) -> dict[str
             batch_url=table.get("batch_url"),
             max_batch_items=int(table.get("max_batch_items", 500)),
             max_batch_bytes=int(table.get("max_batch_bytes", 1_000_000)),
+            require_retention=bool(table.get("require_retention", False)),
         )
     return check_destinations(destinations)

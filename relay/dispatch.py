@@ -21,7 +21,7 @@ from relay.config import Destination
 from relay.metrics import RelayMetrics
 from relay.policy import Dead, Outcome, Retry, Sent, Unsent, longest_retry_window, truncate
 from relay.records import Message
-from relay.transport import TRANSPORTS, Parcel, Transport, transport_for
+from relay.transport import Parcel, Transport, transport_for
 
 log = logging.getLogger("outbox.relay")
 
@@ -41,12 +41,6 @@ class Dispatcher:
         metrics: RelayMetrics,
     ) -> None:
         """Transports are created on first use, on the loop that runs them."""
-        for name, destination in destinations.items():
-            if destination.kind not in TRANSPORTS:
-                raise ConfigError(
-                    f"destination {name!r}: kind {destination.kind!r} is not one of "
-                    f"{sorted(TRANSPORTS)}"
-                )
         self.destinations = destinations
         self.concurrency = concurrency
         self.max_attempts = max_attempts
@@ -71,19 +65,37 @@ class Dispatcher:
         self._transports.clear()
 
     async def check_retention(self, window: Callable[[Destination], float]) -> None:
-        """Refuse to run when a destination keeps receipts shorter than our retry window."""
-        for name, destination in self.destinations.items():
-            try:
-                retention = await self.transport(name).retention()
-            except (TimeoutError, TransportError) as exc:
-                # Unreachable now is a delivery problem, retried like any other; but say
-                # that the retention could not be checked.
-                log.warning("destination %s: receipt retention not checked (%s)", name, exc)
-                continue
+        """Refuse to run when a destination keeps receipts shorter than our retry window.
+
+        Every destination is asked at once, each within its timeout. One that does
+        not answer is a delivery problem, retried like any other (a warning); one
+        that publishes no retention is a warning too, or an error when its config
+        sets `require_retention`.
+        """
+        names = list(self.destinations)
+        answers = await asyncio.gather(
+            *(self.transport(name).retention() for name in names), return_exceptions=True
+        )
+        for name, answer in zip(names, answers, strict=True):
+            destination = self.destinations[name]
             longest = window(destination)
-            if retention is not None and retention < longest:
+            if isinstance(answer, TimeoutError | TransportError):
+                log.warning("destination %s: receipt retention not checked (%s)", name, answer)
+                continue
+            if isinstance(answer, BaseException):
+                raise answer
+            if answer is None:
+                why = (
+                    f"destination {name!r} publishes no receipt retention: a resend up to "
+                    f"{longest:g}s after the first attempt could apply twice if it forgets sooner"
+                )
+                if destination.require_retention:
+                    raise ConfigError(f"{why} (require_retention is set)")
+                log.warning("%s", why)
+                continue
+            if answer < longest:
                 raise ConfigError(
-                    f"destination {name!r} keeps receipts for {retention:g}s, shorter than the "
+                    f"destination {name!r} keeps receipts for {answer:g}s, shorter than the "
                     f"longest retry window ({longest:g}s): a late resend could apply twice"
                 )
 

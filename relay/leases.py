@@ -35,6 +35,7 @@ class RelayLeases:
         engine: Engine,
         *,
         owner: str,
+        destinations: Collection[str],
         lease: float,
         batch: int,
         max_attempts: int,
@@ -47,6 +48,7 @@ class RelayLeases:
         self._engine = engine
         self._dialect = engine.dialect.name
         self.owner = owner
+        self.destinations = sorted(destinations)
         self.lease = lease
         self.batch = batch
         self.max_attempts = max_attempts
@@ -55,6 +57,7 @@ class RelayLeases:
         self.clock = clock
         self._rng = rng or random.Random()
         self._next_reap = float("-inf")
+        self._next_announce = float("-inf")
         self.claim_in_doubt = False
         """A claim raised after its COMMIT may have happened: its rows are to be adopted."""
 
@@ -88,6 +91,7 @@ class RelayLeases:
         # without BEGIN and COMMIT, one round trip each, on the path from a producer's commit
         # to delivery. SQLite picks, then updates: BEGIN IMMEDIATE holds the write lock.
         with one_statement(self._engine) as conn:
+            self._announce(conn, now)
             self._reap_expired_leases(conn, now)
             rows: list[ClaimedRow] = []
             if adopting:
@@ -99,11 +103,37 @@ class RelayLeases:
                 lease=self.lease,
                 limit=max(self.batch - len(rows), 0),
                 budget=self.max_attempts,
+                destinations=self.destinations,
                 skip_destinations=sorted(busy),
             )
         if adopting:
             self.claim_in_doubt = False
         return rows
+
+    def _announce(self, conn: sa.Connection, now: float | None) -> None:
+        # Renewed every quarter lease, valid for a whole one: a live relay's announcement
+        # never lapses, a dead one's lapses within a lease.
+        moment = time.monotonic() if now is None else now
+        if moment < self._next_announce:
+            return
+        sql.announce(
+            conn, owner=self.owner, destinations=self.destinations, lease=self.lease, now=now
+        )
+        self._next_announce = moment + self.lease / 4
+
+    def withdraw(self) -> None:
+        """Stop announcing this relay's destinations (at a clean stop)."""
+        with self._engine.begin() as conn:
+            sql.withdraw(conn, self.owner)
+        self._next_announce = float("-inf")
+
+    def unrouted(self) -> tuple[int, float | None]:
+        """Pending messages no live relay delivers: how many, and the oldest one's age."""
+        with self._engine.connect() as conn:
+            count, age = conn.execute(
+                message_sql.unrouted(now_expression(self.clock, self._dialect))
+            ).one()
+        return int(count), None if age is None else float(age)
 
     def _reap_expired_leases(self, conn: sa.Connection, now: float | None) -> None:
         # Leases expire on the scale of the lease, not of a turn or a poll: looking every

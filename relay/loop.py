@@ -36,6 +36,7 @@ from relay.metrics import RelayMetrics
 from relay.pipeline import Claimed, Pipeline, by_destination
 from relay.policy import Sent, Verdict, verdict
 from relay.records import Message
+from relay.transport import check_kinds
 from relay.wakeup import Wakeups
 
 log = logging.getLogger("outbox.relay")
@@ -72,6 +73,7 @@ class Relay(DatabaseHandle):
     ) -> None:
         """Validate the configuration and open the database (schema must be current)."""
         self.destinations = check_destinations(destinations)
+        check_kinds(self.destinations)
         longest = max(d.timeout for d in self.destinations.values())
         if not lease > longest:
             raise ConfigError(
@@ -109,6 +111,7 @@ class Relay(DatabaseHandle):
         self.leases = RelayLeases(
             self._engine,
             owner=owner,
+            destinations=list(self.destinations),
             lease=self.lease,
             batch=batch,
             max_attempts=max_attempts,
@@ -124,7 +127,7 @@ class Relay(DatabaseHandle):
         self._unsettled: list[Turn] = []
         self.listening = threading.Event()
         """Set while a LISTEN connection is up (PostgreSQL), so NOTIFY wakes the loop."""
-        self.metrics = RelayMetrics(self.leases.backlog)
+        self.metrics = RelayMetrics(self.leases.backlog, self.leases.unrouted)
         self.dispatcher = Dispatcher(
             self.destinations,
             concurrency=concurrency,
@@ -143,10 +146,18 @@ class Relay(DatabaseHandle):
             # before the engine goes away under it.
             loop.run_until_complete(loop.shutdown_default_executor())
             loop.close()
+        leases = getattr(self, "leases", None)
+        if leases is not None:
+            try:
+                leases.withdraw()
+            except sa.exc.DBAPIError as exc:
+                # Not fatal: the announcement lapses within a lease anyway.
+                log.warning("relay %s: could not withdraw its destinations (%s)", self.owner, exc)
         super().close()
 
     def dispatch_once(self) -> list[tuple[str, Verdict]]:
-        """Claim one batch, deliver it, settle it; returns (reply_id, verdict) per message."""
+        """Claim one batch, deliver and settle each destination's part; (reply_id, verdict)
+        per message."""
         return self._loop.run_until_complete(self._dispatch())
 
     def run(self, install_signal_handlers: bool = True) -> None:
@@ -250,7 +261,21 @@ class Relay(DatabaseHandle):
         claimed = await self._claim_batch()
         if claimed is None:
             return []
-        return await self._record(await self._deliver_batch(*claimed))
+        # As in run(): each destination's part is delivered and settled on its own, so a
+        # slow destination holds up only its own messages' settle.
+        parts = await asyncio.gather(
+            *(self._deliver_and_settle(part) for _, part in by_destination(claimed)),
+            return_exceptions=True,
+        )
+        verdicts: list[tuple[str, Verdict]] = []
+        for part in parts:
+            if isinstance(part, BaseException):
+                raise part
+            verdicts.extend(part)
+        return verdicts
+
+    async def _deliver_and_settle(self, part: Claimed) -> list[tuple[str, Verdict]]:
+        return await self._record(await self._deliver_batch(*part))
 
     async def _claim_next(
         self, flying: set[asyncio.Future[None]], busy: set[str]

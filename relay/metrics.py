@@ -22,11 +22,23 @@ Backlog = Callable[[], tuple[int, float | None]]
 
 
 class _BacklogCollector(Collector):
-    def __init__(self, read: Backlog) -> None:
+    def __init__(self, read: Backlog, unrouted: Backlog) -> None:
         self.read = read
+        self.unrouted = unrouted
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         count, oldest_age = self.read()
+        unrouted, unrouted_age = self.unrouted()
+        yield GaugeMetricFamily(
+            "outbox_relay_unrouted",
+            "Pending messages whose destination no running relay delivers.",
+            value=unrouted,
+        )
+        yield GaugeMetricFamily(
+            "outbox_relay_unrouted_oldest_age_seconds",
+            "Age of the oldest unrouted message (0 when none).",
+            value=unrouted_age or 0.0,
+        )
         yield GaugeMetricFamily(
             "outbox_relay_backlog", "Messages pending or being sent.", value=count
         )
@@ -40,8 +52,9 @@ class _BacklogCollector(Collector):
 class RelayMetrics:
     """The relay's counters, histogram and scrape-time gauges in a registry of its own."""
 
-    def __init__(self, backlog: Backlog) -> None:
-        """Create the metrics; `backlog` reads (count, oldest age) from the database."""
+    def __init__(self, backlog: Backlog, unrouted: Backlog) -> None:
+        """Create the metrics; `backlog` and `unrouted` read (count, oldest age) from the
+        database at scrape time."""
         self.registry = CollectorRegistry()
         self.outcomes = Counter(
             "outbox_relay_outcomes",
@@ -56,7 +69,7 @@ class RelayMetrics:
             registry=self.registry,
             buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
         )
-        self.registry.register(_BacklogCollector(backlog))
+        self.registry.register(_BacklogCollector(backlog, unrouted))
         self.last_turn = time.monotonic()
 
     def record(self, destination: str, outcome: str, status: int | None, count: int = 1) -> None:

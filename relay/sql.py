@@ -13,10 +13,19 @@ from collections.abc import Sequence
 from typing import Any
 
 import sqlalchemy as sa
+from sqlalchemy import and_
 
-from outbox.db.dialect import UNPREPARED, bound_now, database_now, is_postgresql, not_in_names
+from outbox.db.dialect import (
+    UNPREPARED,
+    bound_now,
+    database_now,
+    in_names,
+    is_postgresql,
+    not_in_names,
+    upsert,
+)
 from outbox.db.sql import state_literal
-from outbox.schema import messages
+from outbox.schema import messages, relays
 from outbox.states import MessageState
 from relay.records import ClaimedRow, Settlement
 
@@ -62,8 +71,13 @@ def _claim_values(now: Now, attempts: Any) -> dict[str, Any]:
     }
 
 
-def _not_skipped(m: Any, dialect_name: str) -> Any:
-    return not_in_names(m.c.destination, "skip_destinations", dialect_name)
+def _routed_here(m: Any, dialect_name: str) -> Any:
+    # Only destinations this relay delivers: another relay may deliver the rest, and a
+    # message no relay knows waits, unrouted, instead of going dead.
+    return and_(
+        in_names(m.c.destination, "destinations", dialect_name),
+        not_in_names(m.c.destination, "skip_destinations", dialect_name),
+    )
 
 
 @functools.cache
@@ -77,7 +91,7 @@ def _claim_statements(dialect_name: str) -> tuple[Any, Any]:
             m.c.state == state_literal(MessageState.PENDING),
             m.c.available_at <= now,
             # Destinations with a full pipeline wait (a hung one must not stall the rest).
-            _not_skipped(m, dialect_name),
+            _routed_here(m, dialect_name),
             _first_undelivered_of_its_key(m),
         )
         .order_by(m.c.available_at, m.c.id)
@@ -114,6 +128,7 @@ def claim_messages(
     lease: float,
     limit: int,
     budget: int,
+    destinations: Sequence[str],
     skip_destinations: Sequence[str] = (),
 ) -> list[ClaimedRow]:
     """Lease up to `limit` due messages (oldest first, the first undelivered of each key).
@@ -127,6 +142,7 @@ def claim_messages(
         "lease": lease,
         "limit": limit,
         "budget": budget,
+        "destinations": list(destinations),
         "skip_destinations": list(skip_destinations),
     }
     if pick is None:
@@ -271,3 +287,36 @@ def backlog(now: Now) -> Any:
     """How many messages are undelivered, and the age of the oldest (None when none)."""
     undelivered = messages.c.state.in_((MessageState.PENDING, MessageState.SENDING))
     return sa.select(sa.func.count(), now - sa.func.min(messages.c.created_at)).where(undelivered)
+
+
+@functools.cache
+def _announce_statement(dialect_name: str) -> Any:
+    now = bound_now(dialect_name)
+    return upsert(relays, dialect_name, ["owner", "destination"], ["expires_at"]).values(
+        owner=sa.bindparam("owner", type_=sa.String()),
+        destination=sa.bindparam("destination", type_=sa.String()),
+        expires_at=now + sa.bindparam("lease", type_=sa.Double()),
+    )
+
+
+def announce(
+    conn: sa.Connection,
+    *,
+    owner: str,
+    destinations: Sequence[str],
+    lease: float,
+    now: float | None,
+) -> None:
+    """Say that `owner` delivers `destinations` for the next `lease` seconds (and no others)."""
+    conn.execute(
+        relays.delete().where(relays.c.owner == owner, relays.c.destination.not_in(destinations))
+    )
+    conn.execute(
+        _announce_statement(conn.dialect.name),
+        [{"owner": owner, "destination": d, "lease": lease, "now": now} for d in destinations],
+    )
+
+
+def withdraw(conn: sa.Connection, owner: str) -> None:
+    """`owner` delivers nothing any more (a relay stopping)."""
+    conn.execute(relays.delete().where(relays.c.owner == owner))

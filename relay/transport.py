@@ -10,9 +10,10 @@ and the `kind` its config tables name.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
+from outbox.errors import ConfigError
 from relay.config import Destination
 from relay.http_client import HttpClient
 from relay.policy import Outcome
@@ -112,6 +113,16 @@ def _http(destination: Destination) -> Transport:
 
 TRANSPORTS: dict[str, Callable[[Destination], Transport]] = {"http": _http}
 """Each destination kind (the `kind` key of its config table) and what builds its transport."""
+
+
+def check_kinds(destinations: Mapping[str, Destination]) -> None:
+    """ConfigError unless every destination's kind has a transport."""
+    for name, destination in destinations.items():
+        if destination.kind not in TRANSPORTS:
+            raise ConfigError(
+                f"destination {name!r}: kind {destination.kind!r} is not one of "
+                f"{sorted(TRANSPORTS)}"
+            )
 
 
 def transport_for(destination: Destination) -> Transport:

@@ -30,6 +30,7 @@ ALL_TABLES = (
     "outbox_tasks",
     "outbox_messages",
     "outbox_requeues",
+    "outbox_relays",
     "receiver_receipts",
     "receiver_effects",
 )

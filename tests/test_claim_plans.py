@@ -89,8 +89,16 @@ def test_the_relay_claim_uses_the_deliverable_index(db_url: str) -> None:
     try:
         with engine.connect() as conn:
             _, update = relay_sql._claim_statements("postgresql")
-            values = {"now": None, "claim_owner": "r", "lease": 30.0, "limit": 100, "budget": 3}
-            # Destinations left out of the claim (their pipeline is full) are one more filter.
+            values = {
+                "now": None,
+                "claim_owner": "r",
+                "lease": 30.0,
+                "limit": 100,
+                "budget": 3,
+                "destinations": ["default", "hung"],
+            }
+            # Only the relay's destinations, and of those not the ones whose pipeline is
+            # full: filters on the rows the index walk finds.
             plans = [
                 generic_plan(conn, update, {**values, "skip_destinations": skipped})
                 for skipped in ([], ["hung"])

@@ -6,6 +6,7 @@ import json
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import sqlalchemy as sa
@@ -17,6 +18,7 @@ from support.relay_helpers import publish_many, rows
 import outbox
 from outbox import AuthContext, Envelope, TaskQueue
 from outbox.cli import main
+from outbox.db.operations_sql import DeadFilter
 from outbox.operations import Operations
 from outbox.schema import messages, requeues, tasks
 from outbox.testing import ManualClock
@@ -49,13 +51,16 @@ def seeded(db_url: str, engine: sa.Engine, clock: ManualClock) -> str:
         assert queue.claim("worker-1") is not None  # and this one stays running
     with Session(engine) as session, session.begin():
         outbox.publish(session, "nowhere", "to-nowhere", {"n": 1}, clock=clock)
-    # The relay knows only "default": the message for "nowhere" is dead at once, the
-    # task's reply fails to connect and waits for a retry.
+    # The task's reply fails to connect and waits for a retry; the message for "nowhere"
+    # was refused for good by a destination (410) and is dead.
     with Relay(db_url, {"default": Destination(NOWHERE, timeout=2)}, clock=clock) as relay:
-        assert sorted(relay.dispatch_once()) == [
-            (f"reply:{done.task_id}", "retry"),
-            ("to-nowhere", "dead"),
-        ]
+        assert relay.dispatch_once() == [(f"reply:{done.task_id}", "retry")]
+    with engine.begin() as conn:
+        conn.execute(
+            sa.update(messages)
+            .where(messages.c.reply_id == "to-nowhere")
+            .values(state="dead", attempts=1, last_status=410, last_error="HTTP 410: gone")
+        )
     clock.advance(30)
     return db_url
 
@@ -91,9 +96,11 @@ def test_status_counts_every_state_as_the_database_holds_them(
     }
     assert status["messages"] == {"pending": 1, "sending": 0, "sent": 0, "dead": 1}
     assert status["dead"] == 1
+    assert status["unrouted"] == 1  # the relay stopped: nothing delivers its pending reply
     assert main(["status", "--db", seeded]) == 0
     text = capsys.readouterr().out
     assert "messages pending 1  sending 0  sent 0  dead 1" in text
+    assert "1 unrouted (oldest" in text
     assert "1 dead: see `outbox dead list`" in text
 
 
@@ -112,7 +119,7 @@ def test_dead_list_and_show_explain_why(seeded: str, capsys: pytest.CaptureFixtu
     [dead] = run_json(capsys, "dead", "list", "--db", seeded)  # type: ignore[misc]
     assert dead["reply_id"] == "to-nowhere"
     assert dead["destination"] == "nowhere"
-    assert "unknown destination 'nowhere'" in dead["last_error"]
+    assert dead["last_error"] == "HTTP 410: gone"
     shown = run_json(capsys, "dead", "show", "to-nowhere", "--db", seeded)
     assert isinstance(shown, dict)
     assert shown["state"] == "dead"
@@ -333,3 +340,108 @@ def test_requeue_without_a_receipt_lookup_needs_force(
     assert "requeued 'd-1'" in capsys.readouterr().out
     [kept] = audit_rows(engine)
     assert (kept["receipt"], kept["forced"]) == ("not checked", True)
+
+
+def dead_messages(engine: sa.Engine, clock: ManualClock) -> None:
+    """Four dead messages: created an hour apart, two destinations, three kinds of error."""
+    dead = [
+        ("b-1", "billing", 410, "HTTP 410: gone"),
+        ("b-2", "billing", 409, "HTTP 409 conflict: other body"),
+        ("s-1", "shipping", 410, "HTTP 410: Gone for good"),
+        ("s-2", "shipping", None, "outcome unknown: lease expired while sending"),
+    ]
+    for reply_id, destination, status, error in dead:
+        with Session(engine) as session, session.begin():
+            outbox.publish(session, destination, reply_id, {"id": reply_id}, clock=clock)
+        with engine.begin() as conn:
+            conn.execute(
+                sa.update(messages)
+                .where(messages.c.reply_id == reply_id)
+                .values(state="dead", attempts=1, last_status=status, last_error=error)
+            )
+        clock.advance(3600)
+
+
+def test_dead_list_filters_by_destination_status_error_and_age(
+    db_url: str, engine: sa.Engine, clock: ManualClock
+) -> None:
+    dead_messages(engine, clock)  # created at 0, 1, 2 and 3 hours; now is 4 hours
+
+    def chosen(**fields: Any) -> list[str]:
+        with Operations(db_url, clock=clock) as ops:
+            return [row["reply_id"] for row in ops.dead(chosen=DeadFilter(**fields))]
+
+    assert chosen() == ["b-1", "b-2", "s-1", "s-2"]
+    assert chosen(destination="shipping") == ["s-1", "s-2"]
+    assert chosen(status=410) == ["b-1", "s-1"]
+    assert chosen(error="GONE") == ["b-1", "s-1"]  # any case
+    assert chosen(error="50%") == []  # the text is matched as it is, not as a pattern
+    assert chosen(newer_than=2.5 * 3600) == ["s-1", "s-2"]
+    assert chosen(older_than=2.5 * 3600) == ["b-1", "b-2"]
+    assert chosen(destination="billing", status=409, older_than=3600) == ["b-2"]
+    with Operations(db_url, clock=clock) as ops:
+        ages = [row["age"] for row in ops.dead()]
+    assert ages == [4 * 3600.0, 3 * 3600.0, 2 * 3600.0, 3600.0]
+
+
+def test_dead_list_and_show_print_utc_times_and_the_body(
+    db_url: str, engine: sa.Engine, clock: ManualClock, capsys: pytest.CaptureFixture[str]
+) -> None:
+    dead_messages(engine, clock)
+    listed = run_json(capsys, "dead", "list", "--db", db_url, "--destination", "billing")
+    assert isinstance(listed, list)
+    assert [row["reply_id"] for row in listed] == ["b-1", "b-2"]
+    assert listed[0]["created"] == "1970-01-12T13:46:40Z"  # the manual clock's start
+    filtered = run_json(
+        capsys, "dead", "list", "--db", db_url, "--status", "410", "--error", "good"
+    )
+    assert [row["reply_id"] for row in filtered] == ["s-1"]  # type: ignore[union-attr]
+    shown = run_json(capsys, "dead", "show", "s-1", "--db", db_url)
+    assert isinstance(shown, dict)
+    assert shown["body"] == {"id": "s-1"}
+    assert main(["dead", "show", "s-1", "--db", db_url]) == 0
+    text = capsys.readouterr().out
+    assert '"id": "s-1"' in text
+    assert "1970-01-12T15:46:40Z" in text
+
+
+def test_bulk_requeue_by_filter_with_a_dry_run_first(
+    db_url: str,
+    engine: sa.Engine,
+    clock: ManualClock,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    for name in ("OUTBOX_CONFIG", "OUTBOX_RELAY_CONFIG"):
+        monkeypatch.delenv(name, raising=False)
+    dead_messages(engine, clock)
+    argv = ["dead", "requeue", "--db", db_url, "--status", "410", "--reason", "gone came back"]
+    # Nobody can be asked whether the destinations hold them: refused without --force.
+    assert main([*argv, "--json"]) == 1
+    refused = json.loads(capsys.readouterr().out)
+    assert [(r["reply_id"], r["outcome"]) for r in refused] == [
+        ("b-1", "refused"),
+        ("s-1", "refused"),
+    ]
+    assert main([*argv, "--force", "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "would requeue 2, refused 0" in out
+    assert {r["state"] for r in rows(engine).values()} == {"dead"}  # a dry run changes nothing
+    assert audit_rows(engine) == []
+    assert main([*argv, "--force"]) == 0
+    assert "requeued 2, refused 0" in capsys.readouterr().out
+    states = {reply_id: row["state"] for reply_id, row in rows(engine).items()}
+    assert states == {"b-1": "pending", "b-2": "dead", "s-1": "pending", "s-2": "dead"}
+    assert sorted(row["reply_id"] for row in audit_rows(engine)) == ["b-1", "s-1"]
+
+
+def test_requeue_needs_one_reply_id_or_filters(
+    db_url: str, engine: sa.Engine, clock: ManualClock, capsys: pytest.CaptureFixture[str]
+) -> None:
+    dead_messages(engine, clock)
+    base = ["dead", "requeue", "--db", db_url, "--reason", "r", "--force"]
+    assert main(base) == 2
+    assert "needs a REPLY_ID or at least one filter" in capsys.readouterr().err
+    assert main([*base, "b-1", "--destination", "billing"]) == 2
+    assert "not both" in capsys.readouterr().err
+    assert {r["state"] for r in rows(engine).values()} == {"dead"}

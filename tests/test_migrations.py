@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
+from sqlalchemy.orm import Session
 
 import outbox
 import receiver
@@ -15,7 +16,13 @@ from alembic import command
 from outbox import SchemaNotReady, TaskQueue
 from outbox.migrations import alembic_config, ensure_current
 
-OUTBOX_TABLES = {"outbox_inbox", "outbox_tasks", "outbox_messages", "outbox_requeues"}
+OUTBOX_TABLES = {
+    "outbox_inbox",
+    "outbox_tasks",
+    "outbox_messages",
+    "outbox_requeues",
+    "outbox_relays",
+}
 RECEIVER_TABLES = {"receiver_receipts", "receiver_effects"}
 
 
@@ -130,5 +137,18 @@ def test_partial_task_id_index_keeps_rows_and_the_uniqueness_rule(blank_url: str
             conn.execute(insert, {"reply_id": "r-3", "task_id": None, "body": b"3"})
         with pytest.raises(sa.exc.IntegrityError), engine.begin() as conn:
             conn.execute(insert, {"reply_id": "r-4", "task_id": "t-1", "body": b"4"})
+    finally:
+        engine.dispose()
+
+
+def test_publish_on_a_database_without_the_schema_names_the_command(blank_url: str) -> None:
+    engine = outbox.create_engine(blank_url)
+    try:
+        with (
+            pytest.raises(SchemaNotReady, match=r"no outbox tables\. Run: outbox db upgrade --db"),
+            Session(engine) as session,
+            session.begin(),
+        ):
+            outbox.publish(session, "billing", "order-1:paid", {"order": 1})
     finally:
         engine.dispose()

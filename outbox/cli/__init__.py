@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from typing import NoReturn
 
 from outbox import migrations
-from outbox.cli import demo, operations, receiver, relay, settings, worker
+from outbox.cli import dead, demo, operations, receiver, relay, settings, worker
 from outbox.db.dialect import missing_sqlite_file
 from outbox.errors import OutboxError
 
@@ -61,6 +61,7 @@ def build_parser() -> argparse.ArgumentParser:
         commands.add_parser("demo", help="the end-to-end story, on SQLite files by default")
     )
     operations.add_parsers(commands, _db_argument)
+    dead.add_parser(commands, _db_argument)
     worker.add_parser(commands, _db_argument)
     relay.add_parser(commands)
     receiver.add_parser(commands)
@@ -88,8 +89,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             return demo.run(args)
         if args.command == "worker":
             return worker.run(args)
-        if args.command in ("status", "dead", "purge"):
+        if args.command in ("status", "purge"):
             return operations.run(args)
+        if args.command == "dead":
+            return dead.run(args)
         if args.command == "relay":
             return relay.run(args)
         if args.command == "receiver":

@@ -1,4 +1,7 @@
-"""Argument types shared by the `outbox` subcommands: bad input is a one-line exit 2."""
+"""Argument types and value formats shared by the `outbox` subcommands.
+
+Bad input is a one-line exit 2.
+"""
 
 from __future__ import annotations
 
@@ -66,3 +69,13 @@ def non_empty(text: str) -> str:
     if not text.strip():
         raise argparse.ArgumentTypeError("must not be empty")
     return text
+
+
+def age_text(seconds: float | None) -> str:
+    """A duration for people: 42.0s, 3.5m, 2.0h, 1.5d; "none" for None."""
+    if seconds is None:
+        return "none"
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{seconds / size:.1f}{unit}"
+    return f"{seconds:.1f}s"

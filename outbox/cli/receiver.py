@@ -130,12 +130,19 @@ def _serve(args: argparse.Namespace, retention: float) -> int:
     import uvicorn
 
     from receiver.app import create_app
+    from receiver.effects import record_effect
     from receiver.store import ReceiptStore
 
     secrets = load_secrets(args.secret_file)
     store = ReceiptStore(args.db, retention=retention)
     try:
-        app = create_app(store, secrets, tolerance=args.tolerance, max_body=args.max_body)
+        app = create_app(
+            store,
+            secrets,
+            tolerance=args.tolerance,
+            max_body=args.max_body,
+            effect=record_effect,
+        )
         config = uvicorn.Config(
             app, host=args.host, port=args.port, log_level="warning", lifespan="off"
         )

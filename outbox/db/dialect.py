@@ -8,6 +8,7 @@ PostgreSQL: psycopg 3, FOR UPDATE SKIP LOCKED, NOTIFY on new messages.
 
 from __future__ import annotations
 
+import sqlite3
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -101,6 +102,14 @@ def insert_ignoring_conflicts(table: sa.Table, dialect_name: str) -> Any:
     return sqlite.insert(table).on_conflict_do_nothing()
 
 
+def upsert(table: sa.Table, dialect_name: str, keys: list[str], update: list[str]) -> Any:
+    """INSERT that, where the row with these `keys` exists, sets its `update` columns instead."""
+    statement: Any = (postgresql if dialect_name == "postgresql" else sqlite).insert(table)
+    return statement.on_conflict_do_update(
+        index_elements=keys, set_={name: statement.excluded[name] for name in update}
+    )
+
+
 def supports_skip_locked(dialect_name: str) -> bool:
     """Whether row locks with SKIP LOCKED exist (SQLite has one writer, so it needs none)."""
     return dialect_name == "postgresql"
@@ -112,6 +121,14 @@ def missing_sqlite_file(url: str | sa.URL) -> str | None:
     if parsed.get_backend_name() != "sqlite" or not parsed.database:
         return None
     return None if Path(parsed.database).exists() else parsed.database
+
+
+def is_missing_table(exc: sa.exc.DBAPIError) -> bool:
+    """Whether a statement failed because a table it names does not exist (no schema)."""
+    orig = exc.orig
+    if getattr(orig, "sqlstate", None) == "42P01":  # PostgreSQL undefined_table
+        return True
+    return isinstance(orig, sqlite3.OperationalError) and str(orig).startswith("no such table")
 
 
 def is_postgresql(dialect_name: str) -> bool:
@@ -133,6 +150,14 @@ def not_in_names(column: ColumnElement[str], name: str, dialect_name: str) -> An
         names = sa.bindparam(name, type_=postgresql.ARRAY(sa.String()))
         return column != sa.all_(names)
     return column.not_in(sa.bindparam(name, expanding=True))
+
+
+def in_names(column: ColumnElement[str], name: str, dialect_name: str) -> Any:
+    """`column` is one of the names bound to parameter `name` (a list)."""
+    if is_postgresql(dialect_name):
+        names = sa.bindparam(name, type_=postgresql.ARRAY(sa.String()))
+        return column == sa.any_(names)
+    return column.in_(sa.bindparam(name, expanding=True))
 
 
 # --- time -------------------------------------------------------------------------

@@ -9,7 +9,7 @@ import sqlalchemy as sa
 
 from outbox.db.dialect import bound_now, insert_ignoring_conflicts, supports_skip_locked
 from outbox.db.sql import Now, limit_parameter, picked_once, state_literal
-from outbox.schema import messages
+from outbox.schema import messages, relays
 from outbox.states import MessageState
 
 
@@ -81,3 +81,17 @@ def select_messages(state: str | None, limit: int | None) -> sa.Select[Any]:
     if limit is not None:
         query = query.limit(limit)
     return query
+
+
+def unrouted(now: Now) -> sa.Select[int, float]:
+    """How many pending messages no live relay delivers, and the age of the oldest.
+
+    A relay announces its destinations in outbox_relays until its announcement
+    expires; a destination no live announcement names is unrouted.
+    """
+    routed = sa.exists().where(
+        relays.c.destination == messages.c.destination, relays.c.expires_at > now
+    )
+    return sa.select(sa.func.count(), now - sa.func.min(messages.c.created_at)).where(
+        messages.c.state == MessageState.PENDING.value, ~routed
+    )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import sqlalchemy as sa
@@ -10,6 +11,19 @@ import sqlalchemy as sa
 from outbox.db.sql import Now
 from outbox.schema import messages, requeues
 from outbox.states import MessageState, TaskState
+
+
+@dataclass(frozen=True)
+class DeadFilter:
+    """Which dead messages: by destination, last status, error text, and age in seconds."""
+
+    destination: str | None = None
+    status: int | None = None
+    error: str | None = None
+    """Text the last error contains (case-insensitive)."""
+    newer_than: float | None = None
+    older_than: float | None = None
+
 
 DEAD_FIELDS = (
     messages.c.reply_id,
@@ -35,14 +49,22 @@ def oldest_pending_age(table: sa.Table, now: Now) -> sa.Select[Any]:
     )
 
 
-def select_dead(limit: int) -> sa.Select[Any]:
-    """Dead messages, oldest first."""
-    return (
-        sa.select(*DEAD_FIELDS)
-        .where(messages.c.state == MessageState.DEAD.value)
-        .order_by(messages.c.id)
-        .limit(limit)
+def select_dead(limit: int, now: Now, chosen: DeadFilter) -> sa.Select[Any]:
+    """Dead messages that match `chosen`, oldest first, each with its age."""
+    query = sa.select(*DEAD_FIELDS, (now - messages.c.created_at).label("age")).where(
+        messages.c.state == MessageState.DEAD.value
     )
+    if chosen.destination is not None:
+        query = query.where(messages.c.destination == chosen.destination)
+    if chosen.status is not None:
+        query = query.where(messages.c.last_status == chosen.status)
+    if chosen.error is not None:
+        query = query.where(messages.c.last_error.icontains(chosen.error, autoescape=True))
+    if chosen.newer_than is not None:
+        query = query.where(messages.c.created_at > now - chosen.newer_than)
+    if chosen.older_than is not None:
+        query = query.where(messages.c.created_at <= now - chosen.older_than)
+    return query.order_by(messages.c.id).limit(limit)
 
 
 def select_delivery_record(reply_id: str) -> sa.Select[Any]:
@@ -53,6 +75,7 @@ def select_delivery_record(reply_id: str) -> sa.Select[Any]:
         messages.c.content_hash,
         messages.c.ordering_key,
         messages.c.sent_at,
+        messages.c.body,
         sa.func.length(messages.c.body).label("body_bytes"),
     ).where(messages.c.reply_id == reply_id)
 

@@ -12,8 +12,10 @@ receipt makes the second try a duplicate.
 
 from __future__ import annotations
 
+import random
 import sqlite3
 import threading
+import time
 from collections.abc import Callable
 from typing import TypeVar
 
@@ -77,10 +79,17 @@ def quickly(
     By default an error is worth another try when it is transient; a caller that
     knows more (a race a second try wins, a wait already spent) says so.
     """
+    # The first try runs bare: it is the common case, on hot paths, and succeeds.
+    try:
+        return operation()
+    except Exception as exc:
+        if tries <= 1 or not retry_if(exc):
+            raise
+    time.sleep(FIRST_WAIT + random.uniform(0, FIRST_WAIT))
     for attempt in Retrying(
         retry=retry_if_exception(retry_if),
-        stop=stop_after_attempt(tries),
-        wait=wait_exponential(multiplier=FIRST_WAIT, max=2.0) + wait_random(0, FIRST_WAIT),
+        stop=stop_after_attempt(tries - 1),
+        wait=wait_exponential(multiplier=2 * FIRST_WAIT, max=2.0) + wait_random(0, FIRST_WAIT),
         reraise=True,
     ):
         with attempt:
@@ -104,10 +113,25 @@ def until(
     anyway (a COMMIT whose answer was lost): then None is returned instead of
     trying again. The last error is raised as it is.
     """
-    failed: list[BaseException] = []
+    started = time.monotonic()
+    # The first try runs bare: it is the common case, once per task, and succeeds.
+    try:
+        return operation()
+    except Exception as exc:
+        if not is_transient(exc):
+            raise
+        if done_despite(exc):
+            return None
+        failed: list[BaseException] = [exc]
+    left = seconds - (time.monotonic() - started) - FIRST_WAIT
+    if left <= 0 or stop.is_set():
+        raise failed[-1]
+    on_retry(failed[-1])
+    if stop.wait(FIRST_WAIT):
+        raise failed[-1]  # told to stop during the wait: no further write
 
     def once() -> T | None:
-        if failed and stop.is_set():
+        if stop.is_set():
             raise failed[-1]  # told to stop during the wait: no further write
         try:
             return operation()
@@ -118,7 +142,7 @@ def until(
             raise
 
     def give_up(state: RetryCallState) -> bool:
-        return stop.is_set() or bool(stop_before_delay(seconds)(state))
+        return stop.is_set() or bool(stop_before_delay(left)(state))
 
     def before_sleep(state: RetryCallState) -> None:
         exc = state.outcome.exception() if state.outcome is not None else None
@@ -131,7 +155,7 @@ def until(
     for attempt in Retrying(
         retry=retry_if_exception(is_transient),
         stop=give_up,
-        wait=wait_exponential(multiplier=FIRST_WAIT, max=LONGEST_WAIT),
+        wait=wait_exponential(multiplier=2 * FIRST_WAIT, max=LONGEST_WAIT),
         sleep=pause,
         before_sleep=before_sleep,
         reraise=True,

@@ -20,11 +20,12 @@ Set-up, chosen so that examples are cheap and replay exactly from their blob:
 - one migrated database per test (`db_url`), shared by every example: each example
   empties every table (DELETE on SQLite, TRUNCATE on PostgreSQL) instead of copying a
   file or creating a database;
-- one reference receiver per test: `create_app(ReceiptStore(db_url))`, the code that
-  `outbox receiver` serves, run by uvicorn on a thread from a socket that is bound and
-  listening before the thread starts (so nothing waits for it to come up). It works on
-  the same database, so it sees each example's reset. A thin ASGI wrapper logs its
-  answers (stored / duplicate per reply_id), which a child process would hide;
+- one reference receiver per test: `create_app(ReceiptStore(db_url), ...)` with the
+  reference effect, the code that `outbox receiver` serves, run by uvicorn on a thread
+  from a socket that is bound and listening before the thread starts (so nothing waits
+  for it to come up). It works on the same database, so it sees each example's reset.
+  A thin ASGI wrapper logs its answers (stored / duplicate per reply_id), which a child
+  process would hide;
 - one TaskQueue and one relay per mode (single, batch) per test, on shared engines:
   opening one checks the schema, which costs more than a whole step. Each example
   starts with the one ManualClock moved far ahead (nothing a relay scheduled by the
@@ -81,6 +82,7 @@ from outbox import AuthContext, Claim, Envelope, Fenced, PayloadCollision, TaskQ
 from outbox.failpoints import Crash, arm
 from outbox.testing import ManualClock
 from receiver import ReceiptStore, create_app
+from receiver.effects import record_effect
 from relay import Destination, Relay
 
 START = 1_000_000.0
@@ -1247,7 +1249,7 @@ def harness(backend: str, db_url: str) -> Iterator[Harness]:
     )
     reader = reader_engine.raw_connection()
     store = ReceiptStore(db_url)
-    log = AnswerLog(create_app(store, [SECRET]))
+    log = AnswerLog(create_app(store, [SECRET], effect=record_effect))
     try:
         with ReceiverThread(log) as server:
             shared = Harness(backend, db_url, engine, relay_engine, reader, log, server.base)

@@ -24,6 +24,7 @@ import outbox
 from outbox.canonical import sha256_hex
 from outbox.signing import sign
 from receiver import ReceiptStore, create_app
+from receiver.effects import record_effect
 from receiver.rules import MAX_DEPTH, RETENTION_HEADER
 
 NOW = 1_700_000_000
@@ -42,7 +43,9 @@ def store(db_url: str) -> Iterator[ReceiptStore]:
 
 def client_for(store: ReceiptStore, secrets: list[str], now: float = NOW) -> AppClient:
     """A test client for an app whose signature clock reads `now`."""
-    app = create_app(store, secrets=secrets, max_body=MAX_BODY, wall_clock=lambda: now)
+    app = create_app(
+        store, secrets=secrets, max_body=MAX_BODY, wall_clock=lambda: now, effect=record_effect
+    )
     return AppClient(app)
 
 
@@ -291,7 +294,7 @@ CATALOGUE = [
 
 
 def _collision(client: AppClient, store: ReceiptStore) -> Any:
-    store.accept("r-bad", b'{"first":true}')
+    store.accept("r-bad", b'{"first":true}', record_effect)
     return client.post("/replies", content=BODY, headers=signed("r-bad", BODY, SECRET, NOW))
 
 

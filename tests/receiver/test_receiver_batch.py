@@ -37,7 +37,7 @@ def post(client: AppClient, body: bytes, **overrides: object) -> tuple[int, obje
 
 
 def test_batch_stores_dedupes_and_flags_each_item(db_url: str, store: ReceiptStore) -> None:
-    client = AppClient(create_app(store, secrets=[SECRET]))
+    client = AppClient(create_app(store, secrets=[SECRET], effect=record_effect))
     first = batch_body(("r-1", '{"a":1}'), ("r-2", '{"a":2}'), ("r-3", "[1,2]"))
     assert post(client, first) == (
         200,
@@ -109,7 +109,7 @@ def test_bad_batch_requests_are_refused_without_effects(
     case: str, db_url: str, store: ReceiptStore
 ) -> None:
     body, overrides, expected = BAD_REQUESTS[case]
-    client = AppClient(create_app(store, secrets=[SECRET]))
+    client = AppClient(create_app(store, secrets=[SECRET], effect=record_effect))
     status, _ = post(client, body, **overrides)
     assert status == expected
     assert stored_receipts(db_url) == {}
@@ -117,7 +117,7 @@ def test_bad_batch_requests_are_refused_without_effects(
 
 
 def test_oversized_batch_is_413(db_url: str, store: ReceiptStore) -> None:
-    client = AppClient(create_app(store, secrets=[SECRET], max_body=64))
+    client = AppClient(create_app(store, secrets=[SECRET], max_body=64, effect=record_effect))
     status, _ = post(client, batch_body(*[(f"r-{n}", "{}") for n in range(10)]))
     assert status == 413
     with store.engine.connect() as conn:

@@ -13,6 +13,7 @@ from support.receiver_helpers import accept_in_child, count_effects, stored_rece
 
 import outbox
 from receiver import ReceiptStore
+from receiver.effects import record_effect
 
 N = 32
 BODY = b'{"kind":"result","task_id":"t-1","status":"done","result":{"n":1}}'
@@ -28,7 +29,7 @@ def test_threads_sharing_one_store(db_url: str) -> None:
     def deliver() -> None:
         try:
             barrier.wait(timeout=30)
-            receipt = store.accept("reply:t-1", BODY)
+            receipt = store.accept("reply:t-1", BODY, record_effect)
             outcome = "duplicate" if receipt.duplicate else "stored"
         except Exception as exc:
             outcome = f"error: {exc!r}"
@@ -113,7 +114,9 @@ def test_serialization_failures_are_retried_not_reported(db_url: str) -> None:
     def deliver() -> None:
         try:
             barrier.wait(timeout=30)
-            outcome = "duplicate" if store.accept("r-rr", BODY).duplicate else "stored"
+            outcome = (
+                "duplicate" if store.accept("r-rr", BODY, record_effect).duplicate else "stored"
+            )
         except Exception as exc:
             outcome = f"error: {exc!r}"
         with lock:

@@ -13,7 +13,7 @@ import pytest
 from support.receiver_helpers import SECRET, count_effects, signed
 
 from receiver import ReceiptStore, create_app
-from receiver.effects import Effect
+from receiver.effects import Effect, record_effect
 from receiver.rules import ReceiverRules
 
 NOW = 1_700_000_000
@@ -43,7 +43,7 @@ def test_replies_that_arrive_during_a_commit_share_the_next_one(
         return result
 
     monkeypatch.setattr(ReceiverRules, "check_message", counting)
-    app = create_app(store, [SECRET], wall_clock=lambda: NOW)
+    app = create_app(store, [SECRET], wall_clock=lambda: NOW, effect=record_effect)
     later = [
         ("r-1", b'{"n":1}'),
         ("r-2", b'{"n":2}'),

@@ -28,6 +28,7 @@ from outbox.cli.receiver import load_secrets, parse_duration
 from outbox.signing import sign
 from outbox.testing import ManualClock
 from receiver import ReceiptStore
+from receiver.effects import record_effect
 from receiver.rules import RETENTION_HEADER
 
 BODY = b'{"kind":"result","task_id":"t-9","status":"done","result":{"ok":true}}'
@@ -164,7 +165,7 @@ def test_bad_durations(text: str) -> None:
 def test_purge_command(db_url: str, capsys: pytest.CaptureFixture[str]) -> None:
     clock = ManualClock(1_000_000.0)
     with ReceiptStore(db_url, clock=clock) as store:
-        store.accept("ancient", b"{}")
+        store.accept("ancient", b"{}", record_effect)
     # The CLI uses the database clock: the manual start lies decades in the past.
     assert main(["receiver", "purge", "--db", db_url, "--older-than", "7d"]) == 2
     assert "retention" in capsys.readouterr().err

@@ -9,7 +9,11 @@ import pytest
 from standardwebhooks import Webhook
 from support.receiver_helpers import OTHER_SECRET, SECRET
 
-from outbox.signing import SignatureError, parse_secret, sign, signature, verify
+import receiver
+from outbox.errors import SignatureError
+from outbox.signing import parse_secret, sign, signature, verify
+from relay.config import Destination
+from relay.webhooks import request_headers
 
 # The published Standard Webhooks / Svix example: computed by someone else's code.
 VECTOR_SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
@@ -122,3 +126,19 @@ def test_bad_secrets_are_refused_up_front(secret: str | bytes) -> None:
 
 def test_a_signing_key_never_shows_its_bytes() -> None:
     assert "receiver-test" not in repr(parse_secret(SECRET))
+
+
+def test_integrators_verify_what_the_relay_signs() -> None:
+    destination = Destination("http://billing.invalid/replies", secret=SECRET)
+    body = b'{"order":17}'
+    headers = request_headers(destination, "order-17:paid", body)
+    now = float(headers["webhook-timestamp"])
+    assert receiver.verify(headers, body, [OTHER_SECRET, SECRET], now=now) == "order-17:paid"
+    with pytest.raises(SignatureError, match="no signature matches"):
+        receiver.verify(headers, body + b" ", [SECRET], now=now)
+    with pytest.raises(SignatureError, match="no signature matches"):
+        receiver.verify(headers, body, [OTHER_SECRET], now=now)
+    with pytest.raises(SignatureError, match="too old"):
+        receiver.verify(headers, body, [SECRET], now=now + 301)
+    with pytest.raises(TypeError, match="a list of secrets"):
+        receiver.verify(headers, body, SECRET, now=now)

@@ -19,7 +19,7 @@ from outbox import PayloadCollision, SchemaNotReady, failpoints
 from outbox.canonical import sha256_hex
 from outbox.testing import ManualClock
 from receiver import Receipt, ReceiptStore, StoreUnavailable
-from receiver.effects import REPLY_ID_KEY
+from receiver.effects import REPLY_ID_KEY, record_effect
 from receiver.schema import effects
 
 DAY = 86_400.0
@@ -40,16 +40,17 @@ def test_public_names_are_the_contract() -> None:
         "StoreUnavailable",
         "create_app",
         "upgrade",
+        "verify",
     ]
 
 
 def test_first_receipt_runs_the_effect_once(
     store: ReceiptStore, db_url: str, clock: ManualClock
 ) -> None:
-    first = store.accept("r-1", b'{"a":1}')
+    first = store.accept("r-1", b'{"a":1}', record_effect)
     assert first == Receipt("r-1", sha256_hex(b'{"a":1}'), clock(), duplicate=False)
     clock.advance(5)
-    again = store.accept("r-1", b'{"a":1}')
+    again = store.accept("r-1", b'{"a":1}', record_effect)
     assert again == Receipt("r-1", first.content_hash, first.received_at, duplicate=True)
     assert count_effects(db_url, "r-1") == 1
     assert stored_receipts(db_url) == {"r-1": b'{"a":1}'}
@@ -58,9 +59,11 @@ def test_first_receipt_runs_the_effect_once(
 def test_same_id_other_bytes_is_a_collision_and_changes_nothing(
     store: ReceiptStore, db_url: str
 ) -> None:
-    store.accept("r-1", b'{"a":1}')
+    store.accept("r-1", b'{"a":1}', record_effect)
     with pytest.raises(PayloadCollision, match="r-1"):
-        store.accept("r-1", b'{"a": 1}')  # same JSON value, other bytes: still a collision
+        store.accept(
+            "r-1", b'{"a": 1}', record_effect
+        )  # same JSON value, other bytes: still a collision
     assert stored_receipts(db_url) == {"r-1": b'{"a":1}'}
     assert count_effects(db_url) == 1
 
@@ -88,13 +91,13 @@ def test_a_failing_effect_rolls_the_receipt_back(store: ReceiptStore, db_url: st
         store.accept("r-1", b"{}", broken)
     assert stored_receipts(db_url) == {}
     assert count_effects(db_url) == 0
-    assert store.accept("r-1", b"{}").duplicate is False
+    assert store.accept("r-1", b"{}", record_effect).duplicate is False
     assert count_effects(db_url) == 1
 
 
 def test_crash_before_commit_leaves_nothing(store: ReceiptStore, db_url: str) -> None:
     with failpoints.arm("receiver.before_commit"), pytest.raises(failpoints.Crash):
-        store.accept("r-1", b"{}")
+        store.accept("r-1", b"{}", record_effect)
     assert stored_receipts(db_url) == {}
     assert count_effects(db_url) == 0
 
@@ -103,16 +106,16 @@ def test_crash_after_commit_is_a_lost_ack_then_a_duplicate(
     store: ReceiptStore, db_url: str
 ) -> None:
     with failpoints.arm("receiver.after_commit"), pytest.raises(failpoints.Crash):
-        store.accept("r-1", b"{}")
+        store.accept("r-1", b"{}", record_effect)
     assert count_effects(db_url) == 1
-    assert store.accept("r-1", b"{}").duplicate is True
+    assert store.accept("r-1", b"{}", record_effect).duplicate is True
     assert count_effects(db_url) == 1
 
 
 def test_lookup_and_body(store: ReceiptStore, clock: ManualClock) -> None:
     assert store.lookup("r-1") is None
     assert store.body("r-1") is None
-    stored = store.accept("r-1", b"[1]")
+    stored = store.accept("r-1", b"[1]", record_effect)
     assert store.lookup("r-1") == Receipt("r-1", stored.content_hash, clock(), duplicate=True)
     assert store.body("r-1") == b"[1]"
 
@@ -120,14 +123,14 @@ def test_lookup_and_body(store: ReceiptStore, clock: ManualClock) -> None:
 @pytest.mark.parametrize("reply_id", ["", "a.b", "a b", "x" * 201, "é", 17])
 def test_invalid_reply_ids_are_refused(store: ReceiptStore, reply_id: object) -> None:
     with pytest.raises(ValueError, match="reply_id"):
-        store.accept(reply_id, b"{}")  # type: ignore[arg-type]
+        store.accept(reply_id, b"{}", record_effect)  # type: ignore[arg-type]
 
 
 def test_purge_respects_the_retention(store: ReceiptStore, db_url: str, clock: ManualClock) -> None:
     for index in range(5):
-        store.accept(f"old-{index}", b"{}")
+        store.accept(f"old-{index}", b"{}", record_effect)
     clock.advance(10 * DAY)
-    store.accept("young", b"{}")
+    store.accept("young", b"{}", record_effect)
     clock.advance(25 * DAY)  # the old ones are 35 days old, "young" 25
     with pytest.raises(ValueError, match="retention"):
         store.purge(7 * DAY)
@@ -139,7 +142,7 @@ def test_purge_respects_the_retention(store: ReceiptStore, db_url: str, clock: M
 
 def test_a_shorter_retention_must_be_explicit(db_url: str, clock: ManualClock) -> None:
     with ReceiptStore(db_url, clock=clock, retention=DAY) as short:
-        short.accept("r-1", b"{}")
+        short.accept("r-1", b"{}", record_effect)
         clock.advance(2 * DAY)
         assert short.purge(DAY) == 1
 
@@ -167,11 +170,11 @@ def test_unreachable_database_is_store_unavailable(db_url: str, backend: str) ->
         engine.dispose()
         down = True
         with pytest.raises(StoreUnavailable):
-            store.accept("r-1", b"{}")
+            store.accept("r-1", b"{}", record_effect)
         with pytest.raises(StoreUnavailable):
             store.lookup("r-1")
         down = False
-        assert store.accept("r-1", b"{}").duplicate is False
+        assert store.accept("r-1", b"{}", record_effect).duplicate is False
     finally:
         engine.dispose()
 
@@ -182,10 +185,10 @@ def test_pooled_connections_dropped_under_the_store_are_replaced(
 ) -> None:
     # The store does not ping each connection it checks out; a dropped one must cost a
     # retry, not a failed request.
-    store.accept("r-1", b'{"a":1}')
+    store.accept("r-1", b'{"a":1}', record_effect)
     assert store.lookup("r-1") is not None
     assert terminate_other_sessions(db_url) >= 1
-    assert store.accept("r-2", b'{"a":2}').duplicate is False
+    assert store.accept("r-2", b'{"a":2}', record_effect).duplicate is False
     assert terminate_other_sessions(db_url) >= 1
     found = store.lookup("r-1")
     assert found is not None
@@ -193,3 +196,12 @@ def test_pooled_connections_dropped_under_the_store_are_replaced(
     assert terminate_other_sessions(db_url) >= 1
     assert store.body("r-2") == b'{"a":2}'
     assert (count_effects(db_url, "r-1"), count_effects(db_url, "r-2")) == (1, 1)
+
+
+def test_accept_without_an_effect_stores_the_receipt_and_nothing_else(db_url: str) -> None:
+    with ReceiptStore(db_url) as store:
+        assert store.accept("r-1", b"{}").duplicate is False
+        assert store.accept("r-1", b"{}").duplicate is True
+        assert store.accept_many([("r-2", b"[]")]) == ["stored"]
+    assert set(stored_receipts(db_url)) == {"r-1", "r-2"}
+    assert count_effects(db_url) == 0

@@ -10,6 +10,7 @@ from support.relay_helpers import SECRET, publish_many, rows
 from support.scripted_server import Answer, ScriptedServer
 
 from outbox import InvalidMessage, publish
+from outbox.operations import Operations
 from outbox.signing import parse_secret, verify
 from outbox.testing import ManualClock
 from relay import ConfigError, Destination, Relay
@@ -126,14 +127,55 @@ def test_connection_refused_retries(db_url: str, engine: sa.Engine, clock: Manua
     assert "connect" in row["last_error"].lower()
 
 
-def test_unknown_destination_is_dead_with_a_clear_error(
+def test_a_destination_this_relay_does_not_deliver_waits_unrouted_not_dead(
     db_url: str, engine: sa.Engine, server: ScriptedServer, clock: ManualClock
 ) -> None:
-    publish_many(engine, ["u-1"], destination="nowhere", clock=clock)
+    publish_many(engine, ["d-1"], clock=clock)
+    publish_many(engine, ["u-1"], destination="billing", clock=clock)
     with make_relay(db_url, server, clock) as relay:
-        assert relay.dispatch_once() == [("u-1", "dead")]
-    assert "unknown destination 'nowhere'" in rows(engine)["u-1"]["last_error"]
-    assert server.received == []
+        # Another relay may deliver billing (or will, once its config is fixed).
+        assert relay.dispatch_once() == [("d-1", "sent")]
+        assert relay.dispatch_once() == []
+        clock.advance(60)
+        assert relay.dispatch_once() == []
+        metrics = relay.metrics.render().decode()
+        assert "outbox_relay_unrouted 1.0" in metrics
+        assert "outbox_relay_unrouted_oldest_age_seconds 60.0" in metrics
+        with Operations(db_url, clock=clock) as ops:
+            status = ops.status()
+        assert (status["unrouted"], status["oldest_unrouted_age"]) == (1, 60.0)
+    row = rows(engine)["u-1"]
+    assert (row["state"], row["attempts"], row["last_error"]) == ("pending", 0, None)
+    assert server.ids() == ["d-1"]
+
+
+def test_a_second_relay_delivers_what_the_first_does_not_know(
+    db_url: str, engine: sa.Engine, server: ScriptedServer, clock: ManualClock
+) -> None:
+    publish_many(engine, ["b-1"], destination="billing", clock=clock)
+    billing = {"billing": Destination(server.url, secret=SECRET, timeout=2)}
+    with make_relay(db_url, server, clock) as other, Relay(db_url, billing, clock=clock) as mine:
+        assert other.dispatch_once() == []
+        with Operations(db_url, clock=clock) as ops:
+            assert ops.status()["unrouted"] == 1  # announced: only "default" so far
+        assert mine.dispatch_once() == [("b-1", "sent")]
+        with Operations(db_url, clock=clock) as ops:
+            assert ops.status()["unrouted"] == 0
+    assert server.ids() == ["b-1"]
+
+
+def test_an_announcement_lapses_when_its_relay_is_gone(
+    db_url: str, engine: sa.Engine, server: ScriptedServer, clock: ManualClock
+) -> None:
+    publish_many(engine, ["g-1"], clock=clock)
+    server.script("g-1", Answer(status=503))
+    relay = make_relay(db_url, server, clock, lease=5)
+    assert relay.dispatch_once() == [("g-1", "retry")]
+    with Operations(db_url, clock=clock) as ops:
+        assert ops.status()["unrouted"] == 0  # the relay announced "default"
+        clock.advance(5.1)  # it died without withdrawing: its announcement lapses
+        assert ops.status()["unrouted"] == 1
+    relay.close()
 
 
 def test_lease_must_outlast_the_attempt_timeout(db_url: str, server: ScriptedServer) -> None:

@@ -13,6 +13,7 @@ from support.relay_helpers import publish_many, rows
 from outbox import failpoints
 from outbox.testing import ManualClock
 from receiver import ReceiptStore
+from receiver.effects import record_effect
 from relay import Destination, Relay
 
 
@@ -83,7 +84,7 @@ def test_same_id_other_body_is_dead_as_a_conflict(
     clock: ManualClock,
 ) -> None:
     with ReceiptStore(db_url) as store:
-        store.accept("c-1", b'{"someone":"else"}')
+        store.accept("c-1", b'{"someone":"else"}', record_effect)
     publish_many(engine, ["c-1", "c-2"], clock=clock)
     with Relay(db_url, {"default": destination(receiver_process, mode)}, clock=clock) as relay:
         assert sorted(drain(relay)) == [("c-1", "dead"), ("c-2", "sent")]
@@ -104,7 +105,7 @@ def test_receipt_lookup_settles_an_unknown_outcome_as_sent(
 ) -> None:
     publish_many(engine, [reply_id], clock=clock)
     with ReceiptStore(db_url) as store:  # the remote committed; its ACK never came back
-        store.accept(reply_id, rows(engine)[reply_id]["body"])
+        store.accept(reply_id, rows(engine)[reply_id]["body"], record_effect)
     target = {"default": destination(receiver_process, "single")}
     with (
         Relay(db_url, target, clock=clock, owner="relay-a", max_attempts=1, lease=6) as crashed,

@@ -295,3 +295,64 @@ def test_a_destination_with_a_full_pipeline_does_not_stop_claims_for_the_others(
         assert time.monotonic() - published < 3
         assert {rows(engine)[i]["state"] for i in ("stuck-1", "stuck-2")} == {"sending"}
         assert wait_until(lambda: {row["state"] for row in rows(engine).values()} == {"sent"}, 10)
+
+
+def test_a_destination_without_a_published_retention_is_a_warning_or_an_error(
+    db_url: str, clock: ManualClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    with (
+        ScriptedServer() as silent,
+        ScriptedServer(extra_headers={"outbox-receipt-retention": "2592000"}) as long,
+    ):
+        destinations = {
+            "quiet": Destination(silent.url, secret=SECRET, timeout=2),
+            "loud": Destination(long.url, secret=SECRET, timeout=2),
+        }
+        with Relay(db_url, destinations, clock=clock) as relay:
+            relay._loop.run_until_complete(relay.check_retention())
+        warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+        assert any("'quiet' publishes no receipt retention" in text for text in warned)
+        assert not any("'loud'" in text for text in warned)
+        strict = {
+            "quiet": Destination(silent.url, secret=SECRET, timeout=2, require_retention=True)
+        }
+        with (
+            Relay(db_url, strict, clock=clock) as relay,
+            pytest.raises(
+                ConfigError, match=r"'quiet' publishes no receipt retention.*require_retention"
+            ),
+        ):
+            relay._loop.run_until_complete(relay.check_retention())
+
+
+def test_retention_checks_ask_every_destination_at_once(
+    db_url: str, clock: ManualClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Each /healthz answers only once both have been asked: asked one after the other,
+    # the first would time out unanswered and its retention go unchecked.
+    gate = threading.Event()
+    with ScriptedServer() as first, ScriptedServer() as second:
+        first.health_gate = second.health_gate = gate
+
+        def open_when_both_asked() -> None:
+            deadline = time.monotonic() + 10
+            while not (first.health_arrivals and second.health_arrivals):
+                if time.monotonic() > deadline:
+                    return
+                gate.wait(0.01)
+            gate.set()
+
+        opener = threading.Thread(target=open_when_both_asked)
+        opener.start()
+        destinations = {
+            "first": Destination(first.url, secret=SECRET, timeout=2),
+            "second": Destination(second.url, secret=SECRET, timeout=2),
+        }
+        try:
+            with Relay(db_url, destinations, clock=clock) as relay:
+                relay._loop.run_until_complete(relay.check_retention())
+        finally:
+            gate.set()
+            opener.join()
+    warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert not any("not checked" in text for text in warned), warned

@@ -20,7 +20,15 @@ def test_settle_matches_id_and_fence_on_every_run(engine: sa.Engine) -> None:
     publish_many(engine, [f"s-{n}" for n in range(TURNS)])
     for turn in range(TURNS):
         with engine.begin() as conn:
-            [claimed] = claim_messages(conn, owner="o", now=None, lease=30, limit=1, budget=3)
+            [claimed] = claim_messages(
+                conn,
+                owner="o",
+                now=None,
+                lease=30,
+                limit=1,
+                budget=3,
+                destinations=["default"],
+            )
         ident, fence = claimed.id, claimed.fence
         outcome = (
             Settlement(ident, fence, "dead", 409, f"conflict {turn}", 0.0, 0)

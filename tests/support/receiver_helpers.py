@@ -18,6 +18,7 @@ import sqlalchemy as sa
 
 import outbox
 from outbox.signing import sign
+from receiver.effects import record_effect
 from receiver.schema import effects, receipts
 
 SECRET = "whsec_" + base64.b64encode(b"receiver-test-secret-one-32bytes").decode()
@@ -190,7 +191,7 @@ def accept_in_child(url: str, reply_id: str, body: bytes, barrier: Any, results:
         return
     try:
         barrier.wait(timeout=60)
-        receipt = store.accept(reply_id, body)
+        receipt = store.accept(reply_id, body, record_effect)
         results.put("duplicate" if receipt.duplicate else "stored")
     except Exception as exc:
         results.put(f"error: {exc!r}")

@@ -45,6 +45,9 @@ class ScriptedServer:
         self.received: list[Received] = []
         self.extra_headers = extra_headers or {}
         self.default = Answer()
+        self.health_gate: threading.Event | None = None
+        """When set to an event, /healthz answers only once that event is set."""
+        self.health_arrivals = 0
         self._lock = threading.Lock()
         with socket.socket() as probe:
             probe.bind(("127.0.0.1", 0))
@@ -90,6 +93,10 @@ class ScriptedServer:
         return Response(answer.body, answer.status, {**self.extra_headers, **answer.headers})
 
     async def _health(self, request: Request) -> Response:
+        with self._lock:
+            self.health_arrivals += 1
+        if self.health_gate is not None:
+            await asyncio.to_thread(self.health_gate.wait, 10)
         return Response(b"{}", 200, self.extra_headers)
 
     def __enter__(self) -> ScriptedServer:

@@ -1,0 +1,35 @@
+"""outbox: relays announce the destinations they deliver, so unrouted messages show
+
+Revision ID: o0005
+Revises: o0004
+Create Date: 2026-12-01
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import sqlalchemy as sa
+
+from alembic import op
+
+revision: str = "o0005"
+down_revision: str | None = "o0004"
+branch_labels: str | Sequence[str] | None = None
+depends_on: str | Sequence[str] | None = None
+
+
+def upgrade() -> None:
+    op.create_table(
+        "outbox_relays",
+        sa.Column("owner", sa.String(200), nullable=False),
+        sa.Column("destination", sa.String(200), nullable=False),
+        sa.Column("expires_at", sa.Double(), nullable=False),
+        sa.PrimaryKeyConstraint("owner", "destination", name=op.f("pk_outbox_relays")),
+    )
+    op.create_index("ix_outbox_relays_destination", "outbox_relays", ["destination"])
+
+
+def downgrade() -> None:
+    op.drop_index("ix_outbox_relays_destination", table_name="outbox_relays")
+    op.drop_table("outbox_relays")
