@@ -11,6 +11,7 @@ from typing import Any
 from alembic import context
 from outbox.db.dialect import create_engine
 from outbox.migrations import VERSION_TABLE
+from outbox.schema import POSTGRESQL_ONLY_INDEXES
 from outbox.schema import metadata as outbox_metadata
 from receiver.schema import metadata as receiver_metadata
 
@@ -27,6 +28,17 @@ def include_object(
     return True
 
 
+def include_object_on(dialect_name: str) -> Any:
+    """include_object, leaving out on other backends the indexes PostgreSQL alone has."""
+
+    def include(obj: Any, name: str | None, type_: str, reflected: bool, compare_to: Any) -> bool:
+        if type_ == "index" and name in POSTGRESQL_ONLY_INDEXES and dialect_name != "postgresql":
+            return False
+        return include_object(obj, name, type_, reflected, compare_to)
+
+    return include
+
+
 def run_migrations(connection: Any) -> None:
     """Run the migrations on an open connection."""
     context.configure(
@@ -34,7 +46,7 @@ def run_migrations(connection: Any) -> None:
         target_metadata=target_metadata,
         version_table=config.attributes.get("version_table", VERSION_TABLE),
         render_as_batch=connection.dialect.name == "sqlite",
-        include_object=include_object,
+        include_object=include_object_on(connection.dialect.name),
         compare_type=True,
     )
     with context.begin_transaction():

@@ -150,6 +150,19 @@ requeues = sa.Table(
     sa.Index("ix_outbox_requeues_reply_id", "reply_id"),
 )
 
+POSTGRESQL_ONLY_INDEXES = frozenset({"ix_outbox_messages_routable"})
+"""Indexes only PostgreSQL has (created with ddl_if); migrations create them there alone."""
+
+# PostgreSQL relays claim per destination (relay.sql), each walking only its own pending
+# messages; SQLite's one relay walks ix_outbox_messages_deliverable instead.
+sa.Index(
+    "ix_outbox_messages_routable",
+    messages.c.destination,
+    messages.c.available_at,
+    messages.c.id,
+    postgresql_where=sa.text("state = 'pending'"),
+).ddl_if(dialect="postgresql")
+
 relays = sa.Table(
     "outbox_relays",
     metadata,

@@ -8,6 +8,7 @@ by re-reading the rows, never by assuming.
 
 from __future__ import annotations
 
+import logging
 import random
 import time
 from collections.abc import Collection, Mapping, Sequence
@@ -23,6 +24,7 @@ from relay import sql
 from relay.policy import Outcome, Retry, Sent, retry_delay, target_state
 from relay.records import ClaimedRow, Message, Settlement
 
+log = logging.getLogger("outbox.relay")
 Leased = tuple[list[Message], list[Message]]
 """Messages to deliver, and messages whose attempts are spent, only to resolve."""
 
@@ -36,6 +38,7 @@ class RelayLeases:
         *,
         owner: str,
         destinations: Collection[str],
+        announce_for: float,
         lease: float,
         batch: int,
         max_attempts: int,
@@ -49,6 +52,8 @@ class RelayLeases:
         self._dialect = engine.dialect.name
         self.owner = owner
         self.destinations = sorted(destinations)
+        self.announce_for = announce_for
+        """How long an announcement holds: longer than the longest gap between claims."""
         self.lease = lease
         self.batch = batch
         self.max_attempts = max_attempts
@@ -71,6 +76,7 @@ class RelayLeases:
         return retry.quickly(lambda: self._claim(busy, may_adopt))
 
     def _claim(self, busy: Collection[str], may_adopt: bool) -> Leased:
+        self._announce(clock_value(self.clock))
         try:
             rows = self._claim_rows(busy, may_adopt)
         except sa.exc.DBAPIError:
@@ -91,7 +97,6 @@ class RelayLeases:
         # without BEGIN and COMMIT, one round trip each, on the path from a producer's commit
         # to delivery. SQLite picks, then updates: BEGIN IMMEDIATE holds the write lock.
         with one_statement(self._engine) as conn:
-            self._announce(conn, now)
             self._reap_expired_leases(conn, now)
             rows: list[ClaimedRow] = []
             if adopting:
@@ -110,15 +115,26 @@ class RelayLeases:
             self.claim_in_doubt = False
         return rows
 
-    def _announce(self, conn: sa.Connection, now: float | None) -> None:
-        # Renewed every quarter lease, valid for a whole one: a live relay's announcement
-        # never lapses, a dead one's lapses within a lease.
+    def _announce(self, now: float | None) -> None:
+        # Renewed at most every quarter lease, at a claim, and valid for `announce_for`
+        # (longer than the longest gap between claims): a live relay's announcement does
+        # not lapse, a dead one's does. Its own short transaction: a failure here says
+        # nothing about the claim, and only the unrouted count depends on it.
         moment = time.monotonic() if now is None else now
         if moment < self._next_announce:
             return
-        sql.announce(
-            conn, owner=self.owner, destinations=self.destinations, lease=self.lease, now=now
-        )
+        try:
+            with self._engine.begin() as conn:
+                sql.announce(
+                    conn,
+                    owner=self.owner,
+                    destinations=self.destinations,
+                    lease=self.announce_for,
+                    now=now,
+                )
+        except sa.exc.DBAPIError as exc:
+            log.warning("relay %s: could not announce its destinations (%s)", self.owner, exc)
+            return
         self._next_announce = moment + self.lease / 4
 
     def withdraw(self) -> None:

@@ -112,6 +112,8 @@ class Relay(DatabaseHandle):
             self._engine,
             owner=owner,
             destinations=list(self.destinations),
+            # A claim may wait for a whole lease behind full pipelines, then a poll.
+            announce_for=2 * self.lease + poll_interval,
             lease=self.lease,
             batch=batch,
             max_attempts=max_attempts,
@@ -150,8 +152,8 @@ class Relay(DatabaseHandle):
         if leases is not None:
             try:
                 leases.withdraw()
-            except sa.exc.DBAPIError as exc:
-                # Not fatal: the announcement lapses within a lease anyway.
+            except Exception as exc:  # noqa: BLE001 - closing goes on: the pool must be released
+                # Not fatal: the announcement lapses on its own.
                 log.warning("relay %s: could not withdraw its destinations (%s)", self.owner, exc)
         super().close()
 

@@ -14,6 +14,7 @@ from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy import and_
+from sqlalchemy.dialects import postgresql
 
 from outbox.db.dialect import (
     UNPREPARED,
@@ -85,22 +86,42 @@ def _claim_statements(dialect_name: str) -> tuple[Any, Any]:
     """(pick, update) for a dialect, built once: SQLAlchemy then reuses their compiled SQL."""
     m = messages.alias("m")
     now = bound_now(dialect_name)
-    pick = (
-        sa.select(m.c.id, m.c.attempts)
-        .where(
-            m.c.state == state_literal(MessageState.PENDING),
-            m.c.available_at <= now,
-            # Destinations with a full pipeline wait (a hung one must not stall the rest).
-            _routed_here(m, dialect_name),
-            _first_undelivered_of_its_key(m),
-        )
-        .order_by(m.c.available_at, m.c.id)
-        .limit(sa.bindparam("limit", type_=sa.Integer()))
+    limit = sa.bindparam("limit", type_=sa.Integer())
+    due = (
+        m.c.state == state_literal(MessageState.PENDING),
+        m.c.available_at <= now,
+        _first_undelivered_of_its_key(m),
     )
     if is_postgresql(dialect_name):
-        # One statement. MATERIALIZED makes PostgreSQL run the LIMIT ... SKIP LOCKED pick
-        # once; as an IN (subquery) a nested-loop plan may rescan it and take every row.
-        picked = pick.with_for_update(skip_locked=True).cte("picked").prefix_with("MATERIALIZED")
+        # Each destination this relay delivers is picked on its own, along the
+        # destination-first index, then the picks are merged in claim order: messages
+        # for destinations it does not deliver (another relay's, or unrouted ones piling
+        # up behind a typo) are never walked. Destinations with a full pipeline are left
+        # out before their pick (a hung one must not stall the rest).
+        names = (
+            sa.func.unnest(sa.bindparam("destinations", type_=postgresql.ARRAY(sa.String())))
+            .table_valued("name")
+            .render_derived(name="d")
+        )
+        per_destination = (
+            sa.select(m.c.id, m.c.attempts, m.c.available_at)
+            .where(m.c.destination == names.c.name, *due)
+            .order_by(m.c.available_at, m.c.id)
+            .limit(limit)
+            .with_for_update(skip_locked=True)
+            .lateral("per_destination")
+        )
+        skipped = sa.bindparam("skip_destinations", type_=postgresql.ARRAY(sa.String()))
+        pick = (
+            sa.select(per_destination.c.id, per_destination.c.attempts)
+            .select_from(names.join(per_destination, sa.true()))
+            .where(names.c.name != sa.all_(skipped))
+            .order_by(per_destination.c.available_at, per_destination.c.id)
+            .limit(limit)
+        )
+        # One statement. MATERIALIZED makes PostgreSQL run the pick once; as an IN
+        # (subquery) a nested-loop plan may rescan it and take every row.
+        picked = pick.cte("picked").prefix_with("MATERIALIZED")
         update = (
             sa.update(messages)
             .where(
@@ -111,6 +132,13 @@ def _claim_statements(dialect_name: str) -> tuple[Any, Any]:
             .returning(*CLAIMED, picked.c.attempts.label("previous_attempts"))
         )
         return None, update
+    # SQLite, one writer and usually one relay: the claim-ordered index walk, filtered.
+    pick = (
+        sa.select(m.c.id, m.c.attempts)
+        .where(*due, _routed_here(m, dialect_name))
+        .order_by(m.c.available_at, m.c.id)
+        .limit(limit)
+    )
     update = (
         sa.update(messages)
         .where(messages.c.id.in_(sa.bindparam("ids", expanding=True)))
@@ -307,9 +335,15 @@ def announce(
     lease: float,
     now: float | None,
 ) -> None:
-    """Say that `owner` delivers `destinations` for the next `lease` seconds (and no others)."""
+    """Say that `owner` delivers `destinations` for the next `lease` seconds (and no others).
+
+    Lapsed announcements of any owner (relays that died) are deleted on the way.
+    """
     conn.execute(
         relays.delete().where(relays.c.owner == owner, relays.c.destination.not_in(destinations))
+    )
+    conn.execute(
+        relays.delete().where(relays.c.expires_at <= bound_now(conn.dialect.name)), {"now": now}
     )
     conn.execute(
         _announce_statement(conn.dialect.name),

@@ -9,11 +9,12 @@ and the `kind` its config tables name.
 
 from __future__ import annotations
 
+import math
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from outbox.errors import ConfigError
+from outbox.errors import ConfigError, TransportError
 from relay.config import Destination
 from relay.http_client import HttpClient
 from relay.policy import Outcome
@@ -88,13 +89,15 @@ class HttpTransport(Transport):
         response = await self.client.request(
             "GET", health, headers={}, seconds=self.destination.timeout
         )
+        if not 200 <= response.status < 300:
+            raise TransportError(f"{health} answered {response.status}")
         advertised = response.headers.get(self.RETENTION_HEADER)
-        if advertised is None:
-            return None
         try:
-            return float(advertised)
+            retention = float(advertised) if advertised is not None else math.nan
         except ValueError:
-            return None
+            retention = math.nan
+        # Absent or unreadable (not a number, NaN, negative): published as none.
+        return retention if math.isfinite(retention) and retention >= 0 else None
 
     async def close(self) -> None:
         """Close the pooled connections."""

@@ -445,3 +445,29 @@ def test_requeue_needs_one_reply_id_or_filters(
     assert main([*base, "b-1", "--destination", "billing"]) == 2
     assert "not both" in capsys.readouterr().err
     assert {r["state"] for r in rows(engine).values()} == {"dead"}
+
+
+def test_bulk_requeue_asks_each_messages_receipt_first(
+    db_url: str,
+    engine: sa.Engine,
+    clock: ManualClock,
+    relay_config: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    publish_many(engine, ["held", "lost"], clock=clock)
+    for reply_id in ("held", "lost"):
+        mark_dead(engine, reply_id)
+    with ReceiptStore(db_url) as store:
+        store.accept("held", bytes(rows(engine)["held"]["body"]))  # the ACK was lost
+    argv = ["dead", "requeue", "--destination", "default", "--reason", "replay"]
+    assert main([*argv, "--config", str(relay_config), "--db", db_url, "--json"]) == 1
+    done = {
+        r["reply_id"]: (r["outcome"], r["receipt"]) for r in json.loads(capsys.readouterr().out)
+    }
+    assert done == {"held": ("refused", "received"), "lost": ("requeued", "not received")}
+    assert {r: row["state"] for r, row in rows(engine).items()} == {
+        "held": "dead",
+        "lost": "pending",
+    }
+    [kept] = audit_rows(engine)
+    assert (kept["reply_id"], kept["receipt"]) == ("lost", "not received")

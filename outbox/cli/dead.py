@@ -80,9 +80,11 @@ def add_parser(commands: Any, db_argument: Callable[[argparse.ArgumentParser], N
 
 
 def _filters(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--destination", help="only this destination's messages")
+    parser.add_argument("--destination", type=non_empty, help="only this destination's messages")
     parser.add_argument("--status", type=positive_int, help="only this last HTTP status")
-    parser.add_argument("--error", help="only where the last error contains this text")
+    parser.add_argument(
+        "--error", type=non_empty, help="only where the last error contains this text"
+    )
     parser.add_argument(
         "--since", type=parse_duration, metavar="DURATION", help="created within, e.g. 2h"
     )

@@ -33,8 +33,9 @@ DEAD_FIELDS = (
     messages.c.last_status,
     messages.c.last_error,
     messages.c.created_at,
+    messages.c.content_hash,
 )
-"""What `outbox dead list` shows of each dead message."""
+"""What `outbox dead list` shows of each dead message (and a requeue's receipt lookup needs)."""
 
 
 def count_by_state(state: sa.Column[str]) -> sa.Select[str, int]:
@@ -72,7 +73,6 @@ def select_delivery_record(reply_id: str) -> sa.Select[Any]:
     return sa.select(
         *DEAD_FIELDS,
         messages.c.state,
-        messages.c.content_hash,
         messages.c.ordering_key,
         messages.c.sent_at,
         messages.c.body,

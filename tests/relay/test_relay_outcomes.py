@@ -173,7 +173,8 @@ def test_an_announcement_lapses_when_its_relay_is_gone(
     assert relay.dispatch_once() == [("g-1", "retry")]
     with Operations(db_url, clock=clock) as ops:
         assert ops.status()["unrouted"] == 0  # the relay announced "default"
-        clock.advance(5.1)  # it died without withdrawing: its announcement lapses
+        # It died without withdrawing: its announcement lapses after two leases and a poll.
+        clock.advance(2 * 5 + 1 + 0.1)
         assert ops.status()["unrouted"] == 1
     relay.close()
 

@@ -1,4 +1,4 @@
-"""outbox: relays announce the destinations they deliver, so unrouted messages show
+"""outbox: relays announce the destinations they deliver; PostgreSQL claims per destination
 
 Revision ID: o0005
 Revises: o0004
@@ -28,8 +28,19 @@ def upgrade() -> None:
         sa.PrimaryKeyConstraint("owner", "destination", name=op.f("pk_outbox_relays")),
     )
     op.create_index("ix_outbox_relays_destination", "outbox_relays", ["destination"])
+    if op.get_bind().dialect.name == "postgresql":
+        # Each relay claims per destination along this index, so pending messages of
+        # destinations it does not deliver are never walked.
+        op.create_index(
+            "ix_outbox_messages_routable",
+            "outbox_messages",
+            ["destination", "available_at", "id"],
+            postgresql_where=sa.text("state = 'pending'"),
+        )
 
 
 def downgrade() -> None:
+    if op.get_bind().dialect.name == "postgresql":
+        op.drop_index("ix_outbox_messages_routable", table_name="outbox_messages")
     op.drop_index("ix_outbox_relays_destination", table_name="outbox_relays")
     op.drop_table("outbox_relays")
