@@ -3,7 +3,7 @@
     reply_id = receiver.verify(request.headers, body, secrets=["whsec_..."])
 
 Returns the signed `webhook-id` (the message's reply_id, or a batch's id) and
-raises `SignatureError` for anything else: a missing or malformed header, a
+raises `outbox.errors.SignatureError` for anything else: a missing or malformed header, a
 timestamp outside the tolerance, no signature made with a current secret.
 Several secrets are accepted at once, for rotation.
 """

@@ -31,7 +31,8 @@ class _BacklogCollector(Collector):
         unrouted, unrouted_age = self.unrouted()
         yield GaugeMetricFamily(
             "outbox_relay_unrouted",
-            "Pending messages whose destination no running relay delivers.",
+            "Pending messages whose destination no running relay delivers (database-wide: "
+            "every relay reports the same figure; aggregate with max, not sum).",
             value=unrouted,
         )
         yield GaugeMetricFamily(

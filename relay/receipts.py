@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 from typing import Literal
 
 from outbox.errors import TransportError
@@ -45,12 +46,26 @@ async def lookup_receipt(
 
 def ask_receipt(destination: Destination, reply_id: str, content_hash: str) -> Receipt | None:
     """lookup_receipt for command-line tools: blocking, on a client of its own."""
+    return ask_receipts(destination, [(reply_id, content_hash)])[0]
 
-    async def ask() -> Receipt | None:
-        client = HttpClient(1)
+
+def ask_receipts(
+    destination: Destination, messages: Sequence[tuple[str, str]]
+) -> list[Receipt | None]:
+    """The receipts of many (reply_id, content_hash), asked on one client, `concurrency`
+    at a time (blocking; for command-line tools)."""
+
+    async def ask_all() -> list[Receipt | None]:
+        client = HttpClient(destination.concurrency)
+        limit = asyncio.Semaphore(destination.concurrency)
+
+        async def ask(reply_id: str, content_hash: str) -> Receipt | None:
+            async with limit:
+                return await lookup_receipt(client, destination, reply_id, content_hash)
+
         try:
-            return await lookup_receipt(client, destination, reply_id, content_hash)
+            return list(await asyncio.gather(*(ask(r, h) for r, h in messages)))
         finally:
             await client.close()
 
-    return asyncio.run(ask())
+    return asyncio.run(ask_all())

@@ -25,7 +25,7 @@ from outbox.errors import RequeueRefused
 from outbox.operations import Operations
 from outbox.states import MessageState
 from relay.config import Destination, load_destinations
-from relay.receipts import ask_receipt
+from relay.receipts import Receipt, ask_receipt, ask_receipts
 
 ERROR_WIDTH = 60
 BULK_LIMIT = 10_000
@@ -215,10 +215,24 @@ class Requeuer:
             {} if self.config is None else load_destinations(self.config)
         )
         self._unasked: set[str] = set()
+        self._answers: dict[str, str] = {}
+
+    def ask_ahead(self, chosen: list[dict[str, Any]]) -> None:
+        """Ask every chosen message's receipt lookup now, many at a time per destination."""
+        by_destination: dict[str, list[dict[str, Any]]] = {}
+        for message in chosen:
+            by_destination.setdefault(message["destination"], []).append(message)
+        for name, group in by_destination.items():
+            destination = self.destinations.get(name)
+            if destination is None or not destination.receipt_lookup:
+                continue
+            pairs = [(m["reply_id"], m["content_hash"]) for m in group]
+            for message, answer in zip(group, ask_receipts(destination, pairs), strict=True):
+                self._answers[message["reply_id"]] = _receipt_answer(answer)
 
     def requeue(self, message: dict[str, Any]) -> Requeued:
         """Ask, then requeue (or say why not, or what a dry run would do)."""
-        receipt = self._ask(message)
+        receipt = self._answers.pop(message["reply_id"], None) or self._ask(message)
         reply_id = message["reply_id"]
         if receipt in REFUSALS and not self.args.force:
             return Requeued(reply_id, receipt, "refused", REFUSALS[receipt])
@@ -249,10 +263,16 @@ class Requeuer:
                     file=sys.stderr,
                 )
             return "not checked"
-        answer = ask_receipt(destination, message["reply_id"], message["content_hash"])
-        if answer is None:
-            return "unknown"
-        return {"held": "received", "other body": "other body", "absent": "not received"}[answer]
+        return _receipt_answer(
+            ask_receipt(destination, message["reply_id"], message["content_hash"])
+        )
+
+
+def _receipt_answer(answer: Receipt | None) -> str:
+    """The audit's word for a receipt lookup's answer (see RECEIPT_ANSWERS)."""
+    if answer is None:
+        return "unknown"
+    return {"held": "received", "other body": "other body", "absent": "not received"}[answer]
 
 
 def _dead_requeue(ops: Operations, args: argparse.Namespace) -> int:
@@ -301,6 +321,7 @@ def _requeue_many(
     ops: Operations, requeuer: Requeuer, chosen: DeadFilter, args: argparse.Namespace
 ) -> int:
     chosen_messages = ops.dead(args.limit, chosen)
+    requeuer.ask_ahead(chosen_messages)
     results: list[Requeued] = []
     progress = sys.stderr.isatty() and not args.json
     for index, message in enumerate(chosen_messages, start=1):
