@@ -143,6 +143,12 @@ class RelayLeases:
             sql.withdraw(conn, self.owner)
         self._next_announce = float("-inf")
 
+    def ping(self) -> bool:
+        """A round trip to the database (raises when it does not answer)."""
+        with self._engine.connect() as conn:
+            conn.execute(sa.select(sa.literal(1))).one()
+        return True
+
     def unrouted(self) -> tuple[int, float | None]:
         """Pending messages no live relay delivers: how many, and the oldest one's age."""
         with self._engine.connect() as conn:
@@ -192,14 +198,14 @@ class RelayLeases:
                     message.attempts, self.backoff, self.backoff_cap, outcome.after, self._rng
                 )
             rows.append(
-                Settlement(
-                    id=message.id,
-                    fence=message.fence,
-                    state=target_state(outcome).value,
-                    status=outcome.status,
-                    error=None if isinstance(outcome, Sent) else outcome.error,
-                    delay=delay,
-                    refund=1 if message.id in unattempted else 0,
+                Settlement(  # positional, in field order: keywords cost more per message
+                    message.id,
+                    message.fence,
+                    target_state(outcome),
+                    outcome.status,
+                    None if isinstance(outcome, Sent) else outcome.error,
+                    delay,
+                    1 if message.id in unattempted else 0,
                 )
             )
         with self._engine.begin() as conn:

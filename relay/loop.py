@@ -35,6 +35,7 @@ from relay.leases import RelayLeases
 from relay.metrics import RelayMetrics
 from relay.pipeline import Claimed, Pipeline, by_destination
 from relay.policy import Sent, Verdict, verdict
+from relay.probe import Probe
 from relay.records import Message
 from relay.transport import check_kinds
 from relay.wakeup import Wakeups
@@ -130,6 +131,7 @@ class Relay(DatabaseHandle):
         self.listening = threading.Event()
         """Set while a LISTEN connection is up (PostgreSQL), so NOTIFY wakes the loop."""
         self.metrics = RelayMetrics(self.leases.backlog, self.leases.unrouted)
+        self._database_answers = Probe(self.leases.ping)
         self.dispatcher = Dispatcher(
             self.destinations,
             concurrency=concurrency,
@@ -369,17 +371,42 @@ class Relay(DatabaseHandle):
             said = verdict(outcome)
             kinds[message.destination, said, outcome.status] += 1
             if not isinstance(outcome, Sent):
-                log.info(
-                    "message %s %s: %s",
+                fields = {
+                    "reply_id": message.reply_id,
+                    "destination": message.destination,
+                    "outcome": said,
+                    "status": outcome.status,
+                    "reason": outcome.error,
+                }
+                # A message going dead needs someone's decision; a retry is routine.
+                log.log(
+                    logging.WARNING if said == "dead" else logging.INFO,
+                    "message %s to %s %s: %s",
                     message.reply_id,
+                    message.destination,
                     said,
                     outcome.error,
-                    extra={"fields": {"reply_id": message.reply_id, "outcome": said}},
+                    extra={"fields": fields},
                 )
             verdicts.append((message.reply_id, said))
+        totals: Counter[str] = Counter()
         for (destination, kind, status), count in kinds.items():
             self.metrics.record(destination, kind, status, count)
+            totals[kind] += count
+        log.info(
+            "turn: %d settled: %d sent, %d retried, %d dead",
+            len(verdicts),
+            totals["sent"],
+            totals["retry"],
+            totals["dead"],
+            extra={"fields": {"settled": len(verdicts), **totals}},
+        )
         return verdicts
+
+    def readiness(self) -> dict[str, Any]:
+        """Readiness for /readyz: the database answers (checked at most once a second)."""
+        answered = self._database_answers() is not None
+        return {"ok": answered, "owner": self.owner, "database": answered}
 
     def health(self) -> dict[str, Any]:
         """Liveness for /healthz: the loop has turned recently."""

@@ -8,6 +8,7 @@ scrape time, so they are true even when the relay is stuck.
 from __future__ import annotations
 
 import json
+import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -18,17 +19,27 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from relay.probe import Probe
+
+log = logging.getLogger("outbox.relay")
 Backlog = Callable[[], tuple[int, float | None]]
 
 
 class _BacklogCollector(Collector):
     def __init__(self, read: Backlog, unrouted: Backlog) -> None:
-        self.read = read
-        self.unrouted = unrouted
+        self.figures = Probe(lambda: (read(), unrouted()))
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
-        count, oldest_age = self.read()
-        unrouted, unrouted_age = self.unrouted()
+        figures = self.figures()
+        yield GaugeMetricFamily(
+            "outbox_relay_database_up",
+            "1 when the database answered this scrape's reads in time, else 0 (and the "
+            "backlog gauges are left out).",
+            value=0 if figures is None else 1,
+        )
+        if figures is None:
+            return
+        (count, oldest_age), (unrouted, unrouted_age) = figures
         yield GaugeMetricFamily(
             "outbox_relay_unrouted",
             "Pending messages whose destination no running relay delivers (database-wide: "
@@ -82,21 +93,33 @@ class RelayMetrics:
         return generate_latest(self.registry)
 
 
+class _LoggingServer(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        # Through logging (JSON lines with --log-format json), not a raw traceback on stderr.
+        log.exception("metrics server: request from %s failed", client_address[0])
+
+
 class MetricsServer:
     """GET /metrics and GET /healthz on a background thread."""
 
     def __init__(
-        self, metrics: RelayMetrics, port: int, health: Callable[[], dict[str, Any]]
+        self,
+        metrics: RelayMetrics,
+        port: int,
+        health: Callable[[], dict[str, Any]],
+        ready: Callable[[], dict[str, Any]],
     ) -> None:
-        """Bind 0.0.0.0:`port` (0 picks a free port)."""
+        """Bind 0.0.0.0:`port` (0 picks a free port); /healthz is liveness, /readyz readiness."""
         owner = self
 
         class Handler(BaseHTTPRequestHandler):
             def do_GET(self) -> None:
                 if self.path == "/metrics":
                     body, kind, status = metrics.render(), "text/plain; version=0.0.4", 200
-                elif self.path == "/healthz":
-                    state = health()
+                elif self.path in ("/healthz", "/readyz"):
+                    state = health() if self.path == "/healthz" else ready()
                     status = 200 if state.get("ok") else 503
                     body, kind = json.dumps(state).encode(), "application/json"
                 else:
@@ -110,7 +133,7 @@ class MetricsServer:
             def log_message(self, format: str, *args: Any) -> None:
                 pass  # scrapes every few seconds would drown the relay's own logs
 
-        self._server = ThreadingHTTPServer(("0.0.0.0", port), Handler)  # noqa: S104
+        self._server = _LoggingServer(("0.0.0.0", port), Handler)  # noqa: S104
         self.port = int(self._server.server_address[1])
         self._thread = threading.Thread(target=owner._server.serve_forever, daemon=True)
 

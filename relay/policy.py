@@ -130,10 +130,15 @@ def verdict(outcome: Outcome) -> Verdict:
     return "dead"
 
 
-def target_state(outcome: Outcome) -> MessageState:
-    """The state an outcome settles its message in."""
+_SENT, _DEAD, _PENDING = (
+    s.value for s in (MessageState.SENT, MessageState.DEAD, MessageState.PENDING)
+)
+
+
+def target_state(outcome: Outcome) -> str:
+    """The state (a MessageState value) an outcome settles its message in."""
     if isinstance(outcome, Sent):
-        return MessageState.SENT
+        return _SENT
     if isinstance(outcome, Dead):
-        return MessageState.DEAD
-    return MessageState.PENDING
+        return _DEAD
+    return _PENDING

@@ -42,6 +42,8 @@ CLAIMED = (
     messages.c.fence,
 )
 """The columns of a claimed row; `previous_attempts` follows them (see ClaimedRow)."""
+# Claimed rows become ClaimedRow records by position, which is cheap per row: the
+# RETURNING lists above and the record's fields stay in the same order (a test checks).
 
 
 def _first_undelivered_of_its_key(m: Any) -> sa.ColumnElement[bool]:
@@ -174,14 +176,14 @@ def claim_messages(
         "skip_destinations": list(skip_destinations),
     }
     if pick is None:
-        return [ClaimedRow(**row._mapping) for row in conn.execute(update, params)]
+        return [ClaimedRow._make(row) for row in conn.execute(update, params)]
     # SQLite: the transaction holds the write lock (BEGIN IMMEDIATE), so reading the
     # candidates first cannot race; its RETURNING cannot name the FROM table's columns.
     previous: dict[int, int] = {row[0]: row[1] for row in conn.execute(pick, params)}
     if not previous:
         return []
     updated = conn.execute(update, {**params, "ids": list(previous)})
-    return [ClaimedRow(**row._mapping, previous_attempts=previous[row.id]) for row in updated]
+    return [ClaimedRow._make((*row, previous[row.id])) for row in updated]
 
 
 @functools.cache
@@ -211,7 +213,7 @@ def adopt_messages(
     """
     params = {"now": now, "claim_owner": owner, "lease": lease}
     rows = conn.execute(_adopt_statement(conn.dialect.name), params)
-    return [ClaimedRow(**row._mapping) for row in rows]
+    return [ClaimedRow._make(row) for row in rows]
 
 
 # Every outcome of a turn settles in ONE statement. A turn's outcomes are mostly alike,

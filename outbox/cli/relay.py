@@ -144,7 +144,9 @@ def run(args: argparse.Namespace) -> int:
     with Relay(args.db, destinations, **options) as relay:
         server = None
         if args.metrics_port:
-            server = MetricsServer(relay.metrics, args.metrics_port, relay.health).start()
+            server = MetricsServer(
+                relay.metrics, args.metrics_port, relay.health, relay.readiness
+            ).start()
         try:
             relay.run()
         finally:

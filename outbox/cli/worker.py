@@ -83,6 +83,8 @@ def run(args: argparse.Namespace) -> int:
             poll_interval=args.poll_interval,
             grace=args.grace,
         )
-        logging.getLogger("outbox.worker").info("worker %s started", worker.owner)
+        log = logging.getLogger("outbox.worker")
+        log.info("worker %s started", worker.owner)
         worker.run()
+        log.info("worker %s stopped", worker.owner)
     return 0

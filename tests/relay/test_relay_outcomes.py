@@ -6,9 +6,11 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
 from support.db_faults import terminate_other_sessions
+from support.receiver_helpers import wait_until
 from support.relay_helpers import SECRET, publish_many, rows
 from support.scripted_server import Answer, ScriptedServer
 
+import outbox
 from outbox import InvalidMessage, publish
 from outbox.operations import Operations
 from outbox.signing import parse_secret, verify
@@ -228,3 +230,57 @@ def test_connections_dropped_under_the_relay_are_replaced(
         assert terminate_other_sessions(db_url) >= 1
         assert relay.dispatch_once() == [("d-2", "sent")]
     assert {row["state"] for row in rows(engine).values()} == {"sent"}
+
+
+def test_metrics_and_liveness_answer_while_the_database_does_not(
+    db_url: str, engine: sa.Engine, server: ScriptedServer, clock: ManualClock
+) -> None:
+    relay_engine = outbox.create_engine(db_url)
+    with make_relay(relay_engine, server, clock) as relay:
+        assert relay.readiness()["ok"] is True
+        assert "outbox_relay_database_up 1.0" in relay.metrics.render().decode()
+
+        @sa.event.listens_for(relay_engine, "do_connect")
+        def refuse(*args: object) -> None:
+            raise ConnectionRefusedError("the database is down")
+
+        relay_engine.dispose()
+        # The last good reads are kept for a second: poll until the scrape says so.
+        wait_until(
+            lambda: "outbox_relay_database_up 0.0" in relay.metrics.render().decode(),
+            10,
+            "a scrape that says the database is down",
+        )
+        text = relay.metrics.render().decode()
+        assert "outbox_relay_backlog " not in text  # left out, not a made-up figure
+        assert "outbox_relay_delivery_seconds" in text  # the relay's own figures still answer
+        wait_until(lambda: not relay.readiness()["ok"], 10, "not ready")
+        assert relay.readiness() == {"ok": False, "owner": relay.owner, "database": False}
+        assert relay.health()["ok"] is True  # alive: the loop is not stuck
+        sa.event.remove(relay_engine, "do_connect", refuse)
+    relay_engine.dispose()
+
+
+def test_a_message_going_dead_is_a_warning_with_its_fields_and_each_turn_sums_up(
+    db_url: str,
+    engine: sa.Engine,
+    server: ScriptedServer,
+    clock: ManualClock,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    publish_many(engine, ["ok-1", "gone-1", "busy-1"], clock=clock)
+    server.script("gone-1", Answer(status=410))
+    server.script("busy-1", Answer(status=503))
+    caplog.set_level("INFO", logger="outbox.relay")
+    with make_relay(db_url, server, clock) as relay:
+        relay.dispatch_once()
+    [dead] = [r for r in caplog.records if r.levelname == "WARNING"]
+    assert dead.fields == {  # type: ignore[attr-defined]
+        "reply_id": "gone-1",
+        "destination": "default",
+        "outcome": "dead",
+        "status": 410,
+        "reason": "HTTP 410: {}",  # with the start of the answer's body
+    }
+    [summary] = [r for r in caplog.records if r.getMessage().startswith("turn:")]
+    assert summary.getMessage() == "turn: 3 settled: 1 sent, 1 retried, 1 dead"

@@ -122,9 +122,17 @@ def test_metrics_and_health_are_served(
             20,
             "the sent counter",
         )
+        # The database gauges are read at most once a second: poll until they catch up.
+        wait_until(
+            lambda: "outbox_relay_backlog 0.0" in httpx.get(base + "/metrics", timeout=5).text,
+            20,
+            "the backlog gauge to read 0",
+        )
         text = httpx.get(base + "/metrics", timeout=5).text
-        assert "outbox_relay_backlog 0.0" in text
+        assert "outbox_relay_database_up 1.0" in text
         assert "outbox_relay_delivery_seconds_count" in text
+        ready = httpx.get(base + "/readyz", timeout=5)
+        assert (ready.status_code, ready.json()["database"]) == (200, True)
         assert httpx.get(base + "/nothing", timeout=5).status_code == 404
     finally:
         proc.send_signal(signal.SIGTERM)

@@ -57,3 +57,10 @@ def test_settle_matches_id_and_fence_on_every_run(engine: sa.Engine) -> None:
             assert (row["state"], row["last_status"], row["last_error"]) == ("sent", 200, None)
             assert row["sent_at"] is not None
         assert row["lease_until"] is None
+
+
+def test_claimed_rows_are_read_into_records_in_their_returning_order() -> None:
+    from relay.records import ClaimedRow
+    from relay.sql import CLAIMED
+
+    assert [c.name for c in CLAIMED] + ["previous_attempts"] == list(ClaimedRow._fields)
