@@ -134,7 +134,7 @@ class RelayLeases:
                 )
         except sa.exc.DBAPIError as exc:
             log.warning("relay %s: could not announce its destinations (%s)", self.owner, exc)
-            return
+        # Failed or not, the next try is a quarter lease on: not one per claim.
         self._next_announce = moment + self.lease / 4
 
     def withdraw(self) -> None:

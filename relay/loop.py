@@ -389,17 +389,19 @@ class Relay(DatabaseHandle):
                     extra={"fields": fields},
                 )
             verdicts.append((message.reply_id, said))
-        totals: Counter[str] = Counter()
+        totals = dict.fromkeys(("sent", "retry", "dead"), 0)
         for (destination, kind, status), count in kinds.items():
             self.metrics.record(destination, kind, status, count)
             totals[kind] += count
+        part = everything[0].destination if everything else None
         log.info(
-            "turn: %d settled: %d sent, %d retried, %d dead",
+            "turn for %s: %d settled: %d sent, %d retried, %d dead",
+            part,
             len(verdicts),
             totals["sent"],
             totals["retry"],
             totals["dead"],
-            extra={"fields": {"settled": len(verdicts), **totals}},
+            extra={"fields": {"destination": part, "settled": len(verdicts), **totals}},
         )
         return verdicts
 

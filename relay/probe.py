@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Generic, TypeVar
 
 log = logging.getLogger("outbox.relay")
+STUCK = 30.0  # seconds a read may run before another is started beside it
 T = TypeVar("T")
 
 
@@ -30,7 +31,9 @@ class _Last(Generic[T]):
 class Probe(Generic[T]):
     """One database read, answered within `deadline` seconds: its value, or None."""
 
-    def __init__(self, read: Callable[[], T], *, deadline: float = 2.0, max_age: float = 1.0):
+    def __init__(
+        self, read: Callable[[], T], *, deadline: float = 2.0, max_age: float = 1.0
+    ) -> None:
         """`read` raises when the database cannot answer."""
         self._read = read
         self.deadline = deadline
@@ -38,6 +41,7 @@ class Probe(Generic[T]):
         self._lock = threading.Lock()
         self._last: _Last[T] = _Last()
         self._running: threading.Event | None = None
+        self._running_since = 0.0
 
     def __call__(self) -> T | None:
         """The value of a recent read, or None when the database did not answer in time."""
@@ -45,25 +49,33 @@ class Probe(Generic[T]):
             if time.monotonic() - self._last.at < self.max_age:
                 return self._last.value if self._last.ok else None
             done = self._running
-            if done is None:
+            # A read stuck far past its deadline (a half-open connection can hang for
+            # minutes) no longer speaks for the database: start another beside it.
+            stuck = done is not None and time.monotonic() - self._running_since > STUCK
+            if done is None or stuck:
                 done = self._running = threading.Event()
-                threading.Thread(target=self._run, args=(done,), daemon=True).start()
+                self._running_since = time.monotonic()
+                threading.Thread(
+                    target=self._run, args=(done, self._running_since), daemon=True
+                ).start()
         done.wait(self.deadline)
         with self._lock:
-            fresh = self._last.ok and time.monotonic() - self._last.at < self.deadline
+            fresh = (
+                self._last.ok and time.monotonic() - self._last.at < self.deadline + self.max_age
+            )
             return self._last.value if fresh else None
 
-    def _run(self, done: threading.Event) -> None:
+    def _run(self, done: threading.Event, started: float) -> None:
+        last: _Last[T]
         try:
-            value = self._read()
+            last = _Last(self._read(), True, started)
         except Exception as exc:  # noqa: BLE001 - any failure means "not answering"
             log.warning("database read for metrics or readiness failed (%s)", exc)
-            with self._lock:
-                self._last = _Last(None, False, time.monotonic())
-        else:
-            with self._lock:
-                self._last = _Last(value, True, time.monotonic())
-        finally:
-            with self._lock:
+            last = _Last(None, False, started)
+        with self._lock:
+            # Stamped with when the read began; a late answer never replaces a newer one.
+            if started >= self._last.at:
+                self._last = last
+            if self._running is done:
                 self._running = None
-            done.set()
+        done.set()

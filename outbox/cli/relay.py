@@ -65,7 +65,7 @@ HELP = {
     "concurrency": "requests in flight, all destinations (default 32)",
     "poll_interval": "seconds between looks for work without NOTIFY (default 1)",
     "grace": "SIGTERM drain in seconds, 0 for none (default: the lease)",
-    "metrics_port": "serve Prometheus /metrics and /healthz on this port (0: off)",
+    "metrics_port": "serve /metrics, /healthz (liveness), /readyz on this port (0: off)",
     "log_format": "text or json (default text)",
     "log_level": "default INFO",
 }

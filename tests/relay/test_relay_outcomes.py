@@ -282,5 +282,12 @@ def test_a_message_going_dead_is_a_warning_with_its_fields_and_each_turn_sums_up
         "status": 410,
         "reason": "HTTP 410: {}",  # with the start of the answer's body
     }
-    [summary] = [r for r in caplog.records if r.getMessage().startswith("turn:")]
-    assert summary.getMessage() == "turn: 3 settled: 1 sent, 1 retried, 1 dead"
+    [summary] = [r for r in caplog.records if r.getMessage().startswith("turn for")]
+    assert summary.getMessage() == "turn for default: 3 settled: 1 sent, 1 retried, 1 dead"
+    assert summary.fields == {  # type: ignore[attr-defined]
+        "destination": "default",
+        "settled": 3,
+        "sent": 1,
+        "retry": 1,
+        "dead": 1,
+    }
