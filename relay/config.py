@@ -8,6 +8,8 @@ would show up in `ps`.
 from __future__ import annotations
 
 import os
+import secrets
+import socket
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -140,3 +142,34 @@ def destinations_from(document: Mapping[str, Any], path: str | Path) -> dict[str
             require_retention=bool(table.get("require_retention", False)),
         )
     return check_destinations(destinations)
+
+
+def check_relay_settings(
+    destinations: Mapping[str, Destination],
+    *,
+    owner: str | None,
+    lease: float,
+    counts: Mapping[str, int],
+    backoff: float,
+    backoff_cap: float,
+    poll_interval: float,
+) -> str:
+    """Validate a relay's settings (ConfigError names the bad one); returns its owner name."""
+    longest = max(d.timeout for d in destinations.values())
+    if not lease > longest:
+        raise ConfigError(
+            f"lease ({lease:g}s) must be longer than the longest attempt timeout "
+            f"({longest:g}s), or a slow attempt would outlive its lease"
+        )
+    for name, value in counts.items():
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ConfigError(f"{name} must be an int >= 1, got {value!r}")
+    if not (backoff > 0 and backoff_cap >= backoff and poll_interval > 0):
+        raise ConfigError("backoff, backoff_cap and poll_interval must be positive")
+    if owner is None:
+        # Unique per instance: relays sharing an owner name could not tell their leases
+        # apart.
+        owner = f"relay-{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"[-200:]
+    if not isinstance(owner, str) or not 1 <= len(owner) <= 200 or "\x00" in owner:
+        raise ConfigError("owner must be a str of 1..200 characters without NUL")
+    return owner

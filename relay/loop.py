@@ -10,11 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import random
-import secrets
 import signal
-import socket
 import threading
 import time
 from collections import Counter, defaultdict
@@ -28,8 +25,7 @@ from outbox import failpoints
 from outbox.clock import Clock
 from outbox.db.dialect import listen_conninfo
 from outbox.db.handle import DatabaseHandle
-from outbox.errors import ConfigError
-from relay.config import Destination, check_destinations
+from relay.config import Destination, check_destinations, check_relay_settings
 from relay.dispatch import Dispatcher, Turn, retry_window
 from relay.leases import RelayLeases
 from relay.metrics import RelayMetrics
@@ -75,27 +71,15 @@ class Relay(DatabaseHandle):
         """Validate the configuration and open the database (schema must be current)."""
         self.destinations = check_destinations(destinations)
         check_kinds(self.destinations)
-        longest = max(d.timeout for d in self.destinations.values())
-        if not lease > longest:
-            raise ConfigError(
-                f"lease ({lease:g}s) must be longer than the longest attempt timeout "
-                f"({longest:g}s), or a slow attempt would outlive its lease"
-            )
-        for name, value in (
-            ("max_attempts", max_attempts),
-            ("batch", batch),
-            ("concurrency", concurrency),
-        ):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ConfigError(f"{name} must be an int >= 1, got {value!r}")
-        if not (backoff > 0 and backoff_cap >= backoff and poll_interval > 0):
-            raise ConfigError("backoff, backoff_cap and poll_interval must be positive")
-        if owner is None:
-            # Unique per instance: relays sharing an owner name could not tell their
-            # leases apart.
-            owner = f"relay-{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"[-200:]
-        if not isinstance(owner, str) or not 1 <= len(owner) <= 200 or "\x00" in owner:
-            raise ConfigError("owner must be a str of 1..200 characters without NUL")
+        owner = check_relay_settings(
+            self.destinations,
+            owner=owner,
+            lease=lease,
+            counts={"max_attempts": max_attempts, "batch": batch, "concurrency": concurrency},
+            backoff=backoff,
+            backoff_cap=backoff_cap,
+            poll_interval=poll_interval,
+        )
         self.owner = owner
         self.clock = clock
         self.lease = float(lease)
