@@ -23,7 +23,7 @@ from outbox import failpoints, task_results
 from outbox.clock import Clock
 from outbox.db import message_sql, task_sql
 from outbox.db import sql as db_sql
-from outbox.db.dialect import READ_ONLY, is_postgresql, now_expression, one_statement
+from outbox.db.dialect import READ_ONLY, clock_value, is_postgresql, now_expression, one_statement
 from outbox.db.handle import DatabaseHandle
 from outbox.errors import BatchFailed, OutboxError, PayloadCollision
 from outbox.intake import Accepted, Ack, AuthContext, Envelope, accept, authorize, check_name
@@ -99,10 +99,6 @@ class TaskQueue(DatabaseHandle):
 
     def _now(self) -> sa.ColumnElement[float]:
         return now_expression(self.clock, self._dialect)
-
-    def _now_value(self) -> float | None:
-        """The `now` to bind: a manual clock's time, or None for the database's clock."""
-        return None if self.clock is None else float(self.clock())
 
     @contextmanager
     def _reading(self) -> Iterator[Connection]:
@@ -201,7 +197,7 @@ class TaskQueue(DatabaseHandle):
         check_name("owner", owner)
         if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
             raise ValueError(f"limit must be an int >= 1, got {limit!r}")
-        now = self._now_value()
+        now = clock_value(self.clock)
         # Without reconciling or a tenant cap, the claim is one statement (see one_statement).
         single = not reconcile and self.tenant_cap is None
         with one_statement(self._engine, "claim.before_commit", single=single) as conn:
@@ -250,7 +246,7 @@ class TaskQueue(DatabaseHandle):
         with self._engine.begin() as conn:
             lease_until = conn.execute(
                 task_sql.renew_lease(self._dialect),
-                {**self._holding(claim, self._now_value()), "lease": self.lease},
+                {**self._holding(claim, clock_value(self.clock)), "lease": self.lease},
             ).scalar()
             if lease_until is None:
                 raise task_results.fenced(conn, claim)
@@ -284,7 +280,7 @@ class TaskQueue(DatabaseHandle):
     def finish_in(self, conn: Connection, claim: Claim, result: Any) -> None:
         """Write `done`, the result and its reply on an open connection; never commits."""
         (refused,) = task_results.complete(
-            conn, [(claim, result)], self.reply_destination, self._now_value()
+            conn, [(claim, result)], self.reply_destination, clock_value(self.clock)
         )
         if refused is not None:
             raise refused
@@ -299,7 +295,7 @@ class TaskQueue(DatabaseHandle):
         # PostgreSQL writes the whole batch in one statement (see one_statement).
         with one_statement(self._engine, "finish.before_commit") as conn:
             refused = task_results.complete(
-                conn, finished, self.reply_destination, self._now_value()
+                conn, finished, self.reply_destination, clock_value(self.clock)
             )
         failpoints.hit("finish.after_commit")
         return refused
@@ -310,7 +306,7 @@ class TaskQueue(DatabaseHandle):
         reason = str(reason).replace("\x00", "\\x00")[:MAX_REASON_CHARS]
         delay = backoff_delay(claim.attempt, self.backoff, self.backoff_cap, self._rng)
         with self._engine.begin() as conn:
-            now = self._now_value()
+            now = clock_value(self.clock)
             state = conn.execute(
                 task_sql.fail_task(self._dialect),
                 {
@@ -331,7 +327,7 @@ class TaskQueue(DatabaseHandle):
     def cancel(self, task_id: str) -> bool:
         """Cancel a pending or running task with its reply; False when it is already final."""
         with self._engine.begin() as conn:
-            now = self._now_value()
+            now = clock_value(self.clock)
             cancelled = conn.execute(
                 task_sql.cancel_task(self._dialect), {"cancelled_task": task_id, "now": now}
             )
@@ -347,7 +343,7 @@ class TaskQueue(DatabaseHandle):
         totals = {"expired": 0, "requeued": 0, "failed": 0, "messages_requeued": 0}
         while True:
             with self._engine.begin() as conn:
-                now = self._now_value()
+                now = clock_value(self.clock)
                 counts = self._reconcile_in(conn, now)
                 counts["messages_requeued"] = len(
                     conn.execute(

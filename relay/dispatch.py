@@ -14,6 +14,7 @@ import logging
 import time
 from collections import defaultdict
 from collections.abc import Awaitable, Callable, Mapping, Sequence
+from functools import partial
 
 from outbox import failpoints
 from outbox.errors import ConfigError, TransportError
@@ -21,7 +22,7 @@ from relay.config import Destination
 from relay.metrics import RelayMetrics
 from relay.policy import Dead, Outcome, Retry, Sent, Unsent, longest_retry_window, truncate
 from relay.records import Message
-from relay.transport import Parcel, Transport, transport_for
+from relay.transport import Transport, transport_for
 
 log = logging.getLogger("outbox.relay")
 
@@ -134,18 +135,12 @@ class Dispatcher:
         for name, group in by_destination.items():
             transport = self.transport(name)
             jobs.extend(
-                self._limited(name, parcel.messages, self._sender(transport, parcel), deadline)
+                self._limited(name, parcel.messages, partial(transport.send, parcel), deadline)
                 for parcel in transport.parcels(group)
             )
         for result in await asyncio.gather(*jobs):
             outcomes.update(result)
         return outcomes
-
-    @staticmethod
-    def _sender(
-        transport: Transport, parcel: Parcel
-    ) -> Callable[[], Awaitable[dict[int, Outcome]]]:
-        return lambda: transport.send(parcel)
 
     async def _limited(
         self,
@@ -174,26 +169,12 @@ class Dispatcher:
         last: Mapping[int, Outcome] | None = None,
     ) -> dict[int, Outcome]:
         """Settle messages that may not be sent again: a matching receipt means sent, else dead."""
-
-        def lookup(
-            transport: Transport, message: Message
-        ) -> Callable[[], Awaitable[dict[int, Outcome]]]:
-            async def ask() -> dict[int, Outcome]:
-                found = await transport.holds(message)
-                return {message.id: Sent(None)} if found else {}
-
-            return ask
-
         jobs: list[Awaitable[dict[int, Outcome]]] = []
         for message in messages:
             destination = self.destinations.get(message.destination)
             if destination is not None and destination.receipt_lookup:
-                transport = self.transport(message.destination)
-                jobs.append(
-                    self._limited(
-                        message.destination, [message], lookup(transport, message), deadline
-                    )
-                )
+                held = partial(_held_outcome, self.transport(message.destination), message)
+                jobs.append(self._limited(message.destination, [message], held, deadline))
         # A lookup answers Sent, nothing (no matching receipt), or Unsent (no lease time left).
         answered: dict[int, Outcome] = {}
         for result in await asyncio.gather(*jobs):
@@ -208,6 +189,11 @@ class Dispatcher:
             status = previous.status if isinstance(previous, Retry | Dead) else None
             outcomes[message.id] = Dead(status, truncate(f"outcome unknown: {why}{tail}"))
         return outcomes
+
+
+async def _held_outcome(transport: Transport, message: Message) -> dict[int, Outcome]:
+    found = await transport.holds(message)
+    return {message.id: Sent(None)} if found else {}
 
 
 def retry_window(

@@ -11,7 +11,8 @@ from __future__ import annotations
 import logging
 import random
 import time
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
+from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
@@ -151,11 +152,7 @@ class RelayLeases:
 
     def unrouted(self) -> tuple[int, float | None]:
         """Pending messages no live relay delivers: how many, and the oldest one's age."""
-        with self._engine.connect() as conn:
-            count, age = conn.execute(
-                message_sql.unrouted(now_expression(self.clock, self._dialect))
-            ).one()
-        return int(count), None if age is None else float(age)
+        return self._count_and_age(message_sql.unrouted)
 
     def _reap_expired_leases(self, conn: sa.Connection, now: float | None) -> None:
         # Leases expire on the scale of the lease, not of a turn or a poll: looking every
@@ -233,6 +230,11 @@ class RelayLeases:
 
     def backlog(self) -> tuple[int, float | None]:
         """How many messages are undelivered, and the age of the oldest (None when none)."""
+        return self._count_and_age(sql.backlog)
+
+    def _count_and_age(
+        self, query: Callable[[sa.ColumnElement[float]], Any]
+    ) -> tuple[int, float | None]:
         with self._engine.connect() as conn:
-            count, age = conn.execute(sql.backlog(now_expression(self.clock, self._dialect))).one()
+            count, age = conn.execute(query(now_expression(self.clock, self._dialect))).one()
         return int(count), None if age is None else float(age)

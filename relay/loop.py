@@ -32,7 +32,6 @@ from relay.metrics import RelayMetrics
 from relay.pipeline import Claimed, Pipeline, by_destination
 from relay.policy import Sent, Verdict, verdict
 from relay.probe import Probe
-from relay.records import Message
 from relay.transport import check_kinds
 from relay.wakeup import Wakeups
 
@@ -263,7 +262,7 @@ class Relay(DatabaseHandle):
         return verdicts
 
     async def _deliver_and_settle(self, part: Claimed) -> list[tuple[str, Verdict]]:
-        return await self._record(await self._deliver_batch(*part))
+        return await self._record(await self.dispatcher.deliver_batch(*part))
 
     async def _claim_next(
         self, flying: set[asyncio.Future[None]], busy: set[str]
@@ -289,7 +288,7 @@ class Relay(DatabaseHandle):
 
     async def _deliver_and_record(self, claimed: Claimed, delivered: asyncio.Future[None]) -> None:
         try:
-            turn = await self._deliver_batch(*claimed)
+            turn = await self.dispatcher.deliver_batch(*claimed)
         except Exception:
             # Nothing known to settle: the rows' leases expire and they are taken again.
             log.exception("relay %s delivery failed; its leases will expire", self.owner)
@@ -329,11 +328,6 @@ class Relay(DatabaseHandle):
         # The lease runs from the claim: an attempt that could not finish before it ends is
         # not started, or another relay might send the same message at the same time.
         return deliver, resolve, started + self.lease - LEASE_MARGIN
-
-    async def _deliver_batch(
-        self, deliver: list[Message], resolve: list[Message], deadline: float
-    ) -> Turn:
-        return await self.dispatcher.deliver_batch(deliver, resolve, deadline)
 
     async def _record(self, turn: Turn) -> list[tuple[str, Verdict]]:
         everything, outcomes, unattempted = turn

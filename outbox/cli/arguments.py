@@ -6,8 +6,10 @@ Bad input is a one-line exit 2.
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import re
+from typing import Any
 
 _DURATION = re.compile(r"(\d+)([dhms]?)")
 _UNIT_SECONDS = {"d": 86_400, "h": 3_600, "m": 60, "s": 1, "": 1}
@@ -79,3 +81,13 @@ def age_text(seconds: float | None) -> str:
         if seconds >= size:
             return f"{seconds / size:.1f}{unit}"
     return f"{seconds:.1f}s"
+
+
+def json_flag(parser: argparse.ArgumentParser) -> None:
+    """--json: a command prints JSON for scripts instead of text."""
+    parser.add_argument("--json", action="store_true", help="print JSON instead of text")
+
+
+def print_json(document: Any) -> None:
+    """Print a document as indented JSON with sorted keys."""
+    print(json.dumps(document, indent=2, sort_keys=True))

@@ -17,7 +17,14 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from outbox.cli.arguments import age_text, non_empty, parse_duration, positive_int
+from outbox.cli.arguments import (
+    age_text,
+    json_flag,
+    non_empty,
+    parse_duration,
+    positive_int,
+    print_json,
+)
 from outbox.cli.relay import CONFIG_ENV as RELAY_CONFIG_ENV
 from outbox.cli.settings import CONFIG_ENV
 from outbox.db.operations_sql import DeadFilter
@@ -45,11 +52,11 @@ def add_parser(commands: Any, db_argument: Callable[[argparse.ArgumentParser], N
     db_argument(listing)
     listing.add_argument("--limit", type=positive_int, default=100)
     _filters(listing)
-    _json_flag(listing)
+    json_flag(listing)
     show = dead_commands.add_parser("show", help="one message's last error, attempts and body")
     db_argument(show)
     show.add_argument("reply_id")
-    _json_flag(show)
+    json_flag(show)
     requeue = dead_commands.add_parser(
         "requeue",
         help="send dead messages again (same reply_id and body), audited: one REPLY_ID, "
@@ -76,7 +83,7 @@ def add_parser(commands: Any, db_argument: Callable[[argparse.ArgumentParser], N
         default=BULK_LIMIT,
         help=f"at most this many with filters (default {BULK_LIMIT})",
     )
-    _json_flag(requeue)
+    json_flag(requeue)
 
 
 def _filters(parser: argparse.ArgumentParser) -> None:
@@ -91,10 +98,6 @@ def _filters(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--until", type=parse_duration, metavar="DURATION", help="created at least this long ago"
     )
-
-
-def _json_flag(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--json", action="store_true", help="print JSON instead of text")
 
 
 def _chosen(args: argparse.Namespace) -> DeadFilter:
@@ -117,10 +120,6 @@ def run(args: argparse.Namespace) -> int:
         return _dead_show(ops, args.reply_id, args.json)
 
 
-def _print_json(document: Any) -> None:
-    print(json.dumps(document, indent=2, sort_keys=True))
-
-
 def _iso(epoch: float | None) -> str | None:
     """Epoch seconds as ISO-8601 in UTC."""
     if epoch is None:
@@ -134,7 +133,7 @@ def _dead_list(ops: Operations, limit: int, chosen: DeadFilter, as_json: bool) -
         row["created"] = _iso(row["created_at"])
         row["age"] = round(float(row["age"]), 3)
     if as_json:
-        _print_json(rows)
+        print_json(rows)
         return 0
     if not rows:
         print("no dead messages")
@@ -179,7 +178,7 @@ def _dead_show(ops: Operations, reply_id: str, as_json: bool) -> int:
     except (UnicodeDecodeError, ValueError):
         message["body"] = None  # not UTF-8 JSON: body_bytes says how long it is
     if as_json:
-        _print_json(message)
+        print_json(message)
         return 0
     for name, value in message.items():
         if name != "body":
@@ -306,7 +305,7 @@ def _requeue_one(ops: Operations, requeuer: Requeuer, args: argparse.Namespace) 
         print(f"outbox: not requeued: {done.why}{hint}", file=sys.stderr)
         return 1
     if args.json:
-        _print_json(done.audit if done.audit is not None else vars(done))
+        print_json(done.audit if done.audit is not None else vars(done))
     elif done.audit is None:
         print(f"would requeue {args.reply_id!r} (receipt: {done.receipt})")
     else:
@@ -332,7 +331,7 @@ def _requeue_many(
         print(file=sys.stderr)
     refused = [r for r in results if r.outcome == "refused"]
     if args.json:
-        _print_json([vars(r) for r in results])
+        print_json([vars(r) for r in results])
     else:
         for result in results:
             why = f": {result.why}" if result.why else ""

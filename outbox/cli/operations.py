@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from collections.abc import Callable
 from typing import Any
 
-from outbox.cli.arguments import age_text, parse_duration, positive_int
+from outbox.cli.arguments import age_text, json_flag, parse_duration, positive_int, print_json
 from outbox.operations import PURGE_BATCH, Operations
 
 ERROR_WIDTH = 60
@@ -18,7 +17,7 @@ def add_parsers(commands: Any, db_argument: Callable[[argparse.ArgumentParser], 
     """Register status and purge."""
     status = commands.add_parser("status", help="tasks and messages per state, oldest pending")
     db_argument(status)
-    _json_flag(status)
+    json_flag(status)
 
     purge = commands.add_parser("purge", help="delete messages sent long ago, in batches")
     db_argument(purge)
@@ -30,11 +29,7 @@ def add_parsers(commands: Any, db_argument: Callable[[argparse.ArgumentParser], 
         help="e.g. 30d, 12h, 90m",
     )
     purge.add_argument("--batch", type=positive_int, default=PURGE_BATCH)
-    _json_flag(purge)
-
-
-def _json_flag(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--json", action="store_true", help="print JSON instead of text")
+    json_flag(purge)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -45,14 +40,10 @@ def run(args: argparse.Namespace) -> int:
         return _purge(ops, args.sent_older_than, args.batch, args.json)
 
 
-def _print_json(document: Any) -> None:
-    print(json.dumps(document, indent=2, sort_keys=True))
-
-
 def _status(ops: Operations, as_json: bool) -> int:
     status = ops.status()
     if as_json:
-        _print_json(status)
+        print_json(status)
         return 0
     for kind in ("tasks", "messages"):
         counts = "  ".join(f"{state} {count}" for state, count in status[kind].items())
@@ -77,7 +68,7 @@ def _purge(ops: Operations, older_than: float, batch: int, as_json: bool) -> int
     if sys.stderr.isatty() and removed:
         print(file=sys.stderr)
     if as_json:
-        _print_json({"purged": removed, "sent_older_than_seconds": older_than})
+        print_json({"purged": removed, "sent_older_than_seconds": older_than})
     else:
         print(f"purged {removed} sent messages older than {age_text(older_than)}")
     return 0
