@@ -41,7 +41,7 @@ from benchmarks.relay_bench import (
 )
 from benchmarks.task_throughput import prefill_tasks
 from outbox.canonical import canonical_bytes
-from outbox.messages import TASK_REPLY_PREFIX, task_reply_body
+from outbox.messages import TASK_REPLY_PREFIX, TaskReply, task_reply_body
 from outbox.schema import messages
 from outbox.tasks import TaskQueue
 
@@ -120,7 +120,7 @@ def add_history(url: str, rows: int) -> None:
                     "payload_tail": payload_tail,
                 },
             )
-            body_head, body_tail = around_marker(task_reply_body(MARKER, "done", "null"))
+            body_head, body_tail = around_marker(task_reply_body(TaskReply(MARKER, "done", "null")))
             conn.execute(
                 HISTORY_REPLIES,
                 {"reply_prefix": TASK_REPLY_PREFIX, "body_head": body_head, "body_tail": body_tail},

@@ -22,7 +22,7 @@ from outbox.errors import (
 from outbox.intake import Ack, AuthContext, Envelope
 from outbox.migrations import upgrade
 from outbox.publish import publish
-from outbox.states import MessageState, TaskState
+from outbox.states import ErrorCode, MessageState, TaskState
 from outbox.tasks import Claim, TaskQueue
 from outbox.worker import Worker
 
@@ -32,6 +32,7 @@ __all__ = [
     "BatchFailed",
     "Claim",
     "Envelope",
+    "ErrorCode",
     "Fenced",
     "InvalidEnvelope",
     "InvalidMessage",

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, RowMapping
@@ -14,6 +14,7 @@ from outbox.canonical import NotCanonical, canonical_bytes, sha256_hex
 from outbox.db import message_sql
 from outbox.db.dialect import is_missing_table
 from outbox.errors import InvalidMessage, PayloadCollision, SchemaNotReady
+from outbox.states import ErrorCode
 
 # Signed as "id.timestamp.body": a '.' in the id would make that string ambiguous.
 REPLY_ID = re.compile(r"[\x21-\x2d\x2f-\x7e]{1,200}")
@@ -106,26 +107,45 @@ def encode_body(body: object, max_bytes: int) -> bytes:
         raise InvalidMessage(f"body: {exc}") from exc
 
 
-def task_reply_body(task_id: str, status: str, result_json: str | None) -> bytes:
+class ReplyError(NamedTuple):
+    """Why a task ended other than `done`, as its reply's `error` object says."""
+
+    code: ErrorCode
+    reason: str
+
+
+class TaskReply(NamedTuple):
+    """What one task's terminal reply says: its status, and its result or its error."""
+
+    task_id: str
+    status: str
+    result_json: str | None = None
+    error: ReplyError | None = None
+
+
+def task_reply_body(reply: TaskReply) -> bytes:
     """The one terminal reply of a task; identical bytes whatever retry writes it."""
-    result = None if result_json is None else json.loads(result_json)
-    return canonical_bytes(
-        {"kind": "result", "task_id": task_id, "status": status, "result": result},
-        max_bytes=None,
-    )
+    result = None if reply.result_json is None else json.loads(reply.result_json)
+    body: dict[str, Any] = {
+        "kind": "result",
+        "task_id": reply.task_id,
+        "status": reply.status,
+        "result": result,
+    }
+    if reply.error is not None:
+        body["error"] = {"code": str(reply.error.code), "reason": reply.error.reason}
+    return canonical_bytes(body, max_bytes=None)
 
 
-def task_reply_rows(
-    replies: Sequence[tuple[str, str, str | None]], destination: str
-) -> list[dict[str, Any]]:
-    """The outbox rows of each (task_id, status, result_json)'s reply, bodies encoded."""
+def task_reply_rows(replies: Sequence[TaskReply], destination: str) -> list[dict[str, Any]]:
+    """The outbox rows of each task reply, bodies encoded."""
     rows = []
-    for task_id, status, result_json in replies:
-        body = task_reply_body(task_id, status, result_json)
+    for reply in replies:
+        body = task_reply_body(reply)
         rows.append(
             {
-                "reply_id": TASK_REPLY_PREFIX + task_id,
-                "task_id": task_id,
+                "reply_id": TASK_REPLY_PREFIX + reply.task_id,
+                "task_id": reply.task_id,
                 "destination": destination,
                 "ordering_key": None,
                 "body": body,
@@ -138,11 +158,11 @@ def task_reply_rows(
 
 def add_task_replies(
     conn: Connection,
-    replies: Sequence[tuple[str, str, str | None]],
+    replies: Sequence[TaskReply],
     destination: str,
     now: float | None,
 ) -> None:
-    """Insert the reply of each (task_id, status, result_json); joins the caller's transaction.
+    """Insert each task reply; joins the caller's transaction.
 
     `now` is a manual clock's time, or None for the database's clock.
     """

@@ -26,6 +26,20 @@ class MessageState(StrEnum):
     DEAD = "dead"
 
 
+class ErrorCode(StrEnum):
+    """Why a task ended other than `done`: the stable `code` of its reply's `error` object."""
+
+    PERMANENT_FAILURE = "permanent_failure"
+    """The handler (or `fail(permanent=True)`) said that trying again cannot succeed."""
+    ATTEMPTS_EXHAUSTED = "attempts_exhausted"
+    """A retryable failure on the task's last attempt."""
+    LEASE_EXPIRED = "lease_expired"
+    """The last attempt's lease expired without a result (its worker stopped or hung)."""
+    CANCELLED = "cancelled"
+    DEADLINE_PASSED = "deadline_passed"
+    HOP_LIMIT = "hop_limit"
+
+
 TERMINAL_TASK_STATES = tuple(
     s for s in TaskState if s not in (TaskState.PENDING, TaskState.RUNNING)
 )

@@ -17,7 +17,7 @@ from outbox.canonical import NotCanonical, canonical_bytes
 from outbox.db import task_sql
 from outbox.db.dialect import is_postgresql
 from outbox.errors import Fenced, InvalidMessage, OutboxError
-from outbox.messages import add_task_replies, task_reply_rows
+from outbox.messages import TaskReply, add_task_replies, task_reply_rows
 from outbox.states import TaskState
 
 if TYPE_CHECKING:
@@ -63,7 +63,7 @@ def complete(
         completions.append((claim.task_id, claim.owner, claim.fence, result_json))
     if is_postgresql(conn.dialect.name):
         replies = task_reply_rows(
-            [(task_id, TaskState.DONE, result) for task_id, _, _, result in completions],
+            [TaskReply(task_id, TaskState.DONE, result) for task_id, _, _, result in completions],
             destination,
         )
         done = task_sql.complete_tasks_with_replies(conn, completions, replies, now)
@@ -72,7 +72,7 @@ def complete(
         add_task_replies(
             conn,
             [
-                (task_id, TaskState.DONE, result)
+                TaskReply(task_id, TaskState.DONE, result)
                 for task_id, _, _, result in completions
                 if task_id in done
             ],

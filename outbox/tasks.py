@@ -27,9 +27,15 @@ from outbox.db.dialect import READ_ONLY, clock_value, is_postgresql, now_express
 from outbox.db.handle import DatabaseHandle
 from outbox.errors import BatchFailed, OutboxError, PayloadCollision
 from outbox.intake import Accepted, Ack, AuthContext, Envelope, accept, authorize, check_name
-from outbox.messages import add_task_replies, check_destination, message_dict
+from outbox.messages import (
+    ReplyError,
+    TaskReply,
+    add_task_replies,
+    check_destination,
+    message_dict,
+)
 from outbox.schema import inbox
-from outbox.states import TaskState
+from outbox.states import ErrorCode, TaskState
 
 RECONCILE_BATCH = 100
 MAX_REASON_CHARS = 2000
@@ -46,6 +52,11 @@ class Claim:
     payload: dict[str, Any]
     lease_until: float | None = None
     deadline: float | None = None
+
+
+def _storable_reason(reason: object) -> str:
+    """Free text from a worker or an operator, minus what the database cannot store."""
+    return str(reason).replace("\x00", "\\x00")[:MAX_REASON_CHARS]
 
 
 def backoff_delay(attempt: int, backoff: float, cap: float, rng: random.Random) -> float:
@@ -153,9 +164,11 @@ class TaskQueue(DatabaseHandle):
             return Ack(task_id=task_id, duplicate=True)
         state, error = TaskState.PENDING, None
         if item.deadline <= now:
-            state, error = TaskState.EXPIRED, "deadline passed before intake"
+            state = TaskState.EXPIRED
+            error = ReplyError(ErrorCode.DEADLINE_PASSED, "deadline passed before intake")
         elif item.hops >= self.max_hops:
-            state, error = TaskState.HOP_LIMIT, f"hops {item.hops} >= max_hops {self.max_hops}"
+            state = TaskState.HOP_LIMIT
+            error = ReplyError(ErrorCode.HOP_LIMIT, f"hops {item.hops} >= max_hops {self.max_hops}")
         terminal = state != TaskState.PENDING
         conn.execute(
             task_sql.insert_task().values(
@@ -170,14 +183,16 @@ class TaskQueue(DatabaseHandle):
                 max_attempts=item.max_attempts,
                 available_at=now,
                 fence=0,
-                last_error=error,
+                last_error=None if error is None else error.reason,
                 created_at=now,
                 updated_at=now,
                 finished_at=now if terminal else None,
             )
         )
         if terminal:
-            add_task_replies(conn, [(item.task_id, state, None)], self.reply_destination, now)
+            add_task_replies(
+                conn, [TaskReply(item.task_id, state, error=error)], self.reply_destination, now
+            )
         return Ack(task_id=item.task_id, duplicate=False)
 
     # --- leases ---------------------------------------------------------------------
@@ -302,8 +317,7 @@ class TaskQueue(DatabaseHandle):
 
     def fail(self, claim: Claim, reason: str, permanent: bool = False) -> str:
         """Record a failed attempt: back to pending after backoff, or `failed` with its reply."""
-        # Free text from a worker: keep it, minus what the database cannot store.
-        reason = str(reason).replace("\x00", "\\x00")[:MAX_REASON_CHARS]
+        reason = _storable_reason(reason)
         delay = backoff_delay(claim.attempt, self.backoff, self.backoff_cap, self._rng)
         with self._engine.begin() as conn:
             now = clock_value(self.clock)
@@ -319,22 +333,32 @@ class TaskQueue(DatabaseHandle):
             if state is None:
                 raise task_results.fenced(conn, claim)
             if state == TaskState.FAILED:
+                code = ErrorCode.PERMANENT_FAILURE if permanent else ErrorCode.ATTEMPTS_EXHAUSTED
                 add_task_replies(
-                    conn, [(claim.task_id, TaskState.FAILED, None)], self.reply_destination, now
+                    conn,
+                    [TaskReply(claim.task_id, state, error=ReplyError(code, reason))],
+                    self.reply_destination,
+                    now,
                 )
         return str(state)
 
-    def cancel(self, task_id: str) -> bool:
+    def cancel(self, task_id: str, reason: str = "cancelled") -> bool:
         """Cancel a pending or running task with its reply; False when it is already final."""
+        reason = _storable_reason(reason)
         with self._engine.begin() as conn:
             now = clock_value(self.clock)
             cancelled = conn.execute(
-                task_sql.cancel_task(self._dialect), {"cancelled_task": task_id, "now": now}
+                task_sql.cancel_task(self._dialect),
+                {"cancelled_task": task_id, "reason": reason, "now": now},
             )
             if cancelled.rowcount != 1:
                 return False
+            error = ReplyError(ErrorCode.CANCELLED, reason)
             add_task_replies(
-                conn, [(task_id, TaskState.CANCELLED, None)], self.reply_destination, now
+                conn,
+                [TaskReply(task_id, TaskState.CANCELLED, error=error)],
+                self.reply_destination,
+                now,
             )
         return True
 
@@ -358,13 +382,21 @@ class TaskQueue(DatabaseHandle):
 
     def _reconcile_in(self, conn: Connection, now: float | None) -> dict[str, int]:
         params = {"now": now, "limit": RECONCILE_BATCH}
-        expired = conn.execute(task_sql.expire_past_deadline(self._dialect), params).scalars().all()
+        expired = conn.execute(task_sql.expire_past_deadline(self._dialect), params).all()
         reaped = conn.execute(task_sql.reap_expired_task_leases(self._dialect), params).all()
-        failed = [task_id for task_id, state in reaped if state == TaskState.FAILED]
+        failed = [(task_id, why) for task_id, state, why in reaped if state == TaskState.FAILED]
         add_task_replies(
             conn,
-            [(task_id, TaskState.EXPIRED, None) for task_id in expired]
-            + [(task_id, TaskState.FAILED, None) for task_id in failed],
+            [
+                TaskReply(
+                    task_id, TaskState.EXPIRED, error=ReplyError(ErrorCode.DEADLINE_PASSED, why)
+                )
+                for task_id, why in expired
+            ]
+            + [
+                TaskReply(task_id, TaskState.FAILED, error=ReplyError(ErrorCode.LEASE_EXPIRED, why))
+                for task_id, why in failed
+            ],
             self.reply_destination,
             now,
         )

@@ -14,6 +14,7 @@ def test_exported_names_are_exactly_the_contract() -> None:
             "BatchFailed",
             "Claim",
             "Envelope",
+            "ErrorCode",
             "Fenced",
             "InvalidEnvelope",
             "InvalidMessage",

@@ -279,7 +279,8 @@ def fail_task(dialect_name: str) -> sa.Update:
 
 @functools.cache
 def cancel_task(dialect_name: str) -> sa.Update:
-    """Cancel :cancelled_task at once when it is pending or running; built once."""
+    """Cancel :cancelled_task at once when it is pending or running, :reason its last error;
+    built once."""
     now = bound_now(dialect_name)
     return (
         sa.update(tasks)
@@ -289,6 +290,7 @@ def cancel_task(dialect_name: str) -> sa.Update:
         )
         .values(
             state=TaskState.CANCELLED.value,
+            last_error=sa.bindparam("reason", type_=sa.Text()),
             cancel_requested_at=now,
             lease_until=None,
             finished_at=now,
@@ -329,7 +331,7 @@ def expire_past_deadline(dialect_name: str) -> sa.Update:
             finished_at=now,
             updated_at=now,
         )
-        .returning(tasks.c.task_id)
+        .returning(tasks.c.task_id, tasks.c.last_error)
     )
 
 
@@ -353,11 +355,13 @@ def reap_expired_task_leases(dialect_name: str) -> sa.Update:
         )
         .values(
             state=sa.case((exhausted, TaskState.FAILED.value), else_=TaskState.PENDING.value),
-            last_error=sa.case((exhausted, "attempts exhausted"), else_="lease expired"),
+            last_error=sa.case(
+                (exhausted, "lease expired with no attempts left"), else_="lease expired"
+            ),
             finished_at=sa.case((exhausted, now), else_=None),
             available_at=now,
             lease_until=None,
             updated_at=now,
         )
-        .returning(tasks.c.task_id, tasks.c.state)
+        .returning(tasks.c.task_id, tasks.c.state, tasks.c.last_error)
     )

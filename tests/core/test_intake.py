@@ -493,9 +493,16 @@ def reply_body(reply: dict[str, Any]) -> dict[str, Any]:
     return body
 
 
-def assert_single_terminal_reply(queue: TaskQueue, task_id: str, status: str) -> None:
+EXPIRED_AT_INTAKE = {"code": "deadline_passed", "reason": "deadline passed before intake"}
+
+
+def assert_single_terminal_reply(
+    queue: TaskQueue, task_id: str, status: str, error: dict[str, str]
+) -> None:
     [reply] = queue.messages()
-    expected = canonical({"kind": "result", "task_id": task_id, "status": status, "result": None})
+    expected = canonical(
+        {"kind": "result", "task_id": task_id, "status": status, "result": None, "error": error}
+    )
     assert reply["reply_id"] == "reply:" + task_id
     assert reply["task_id"] == task_id
     assert reply["body"] == expected
@@ -512,7 +519,7 @@ def test_deadline_already_past_stores_an_expired_task_with_its_reply(
     task = queue.task(ack.task_id)
     assert task is not None
     assert (task["state"], task["attempts"], task["finished_at"]) == ("expired", 0, clock())
-    assert_single_terminal_reply(queue, ack.task_id, "expired")
+    assert_single_terminal_reply(queue, ack.task_id, "expired", EXPIRED_AT_INTAKE)
     assert queue.claim("w") is None
     again = queue.receive(A, envelope(deadline=clock() + offset))
     assert again.duplicate
@@ -524,7 +531,7 @@ def test_deadline_in_the_past_as_datetime_expires(queue: TaskQueue, clock: Manua
     task = queue.task(ack.task_id)
     assert task is not None
     assert task["state"] == "expired"
-    assert_single_terminal_reply(queue, ack.task_id, "expired")
+    assert_single_terminal_reply(queue, ack.task_id, "expired", EXPIRED_AT_INTAKE)
 
 
 @pytest.mark.parametrize("hops", [4, 5, 1000])
@@ -534,7 +541,12 @@ def test_hops_at_or_over_max_hops_is_hop_limit_with_its_reply(queue: TaskQueue, 
     task = queue.task(ack.task_id)
     assert task is not None
     assert (task["state"], task["hops"]) == ("hop_limit", hops)
-    assert_single_terminal_reply(queue, ack.task_id, "hop_limit")
+    assert_single_terminal_reply(
+        queue,
+        ack.task_id,
+        "hop_limit",
+        {"code": "hop_limit", "reason": f"hops {hops} >= max_hops 4"},
+    )
     assert queue.claim("w") is None
 
 

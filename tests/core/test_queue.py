@@ -18,7 +18,7 @@ import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
 from outbox import AuthContext, Claim, Envelope, Fenced, InvalidMessage, TaskQueue, task_results
-from outbox.tasks import RECONCILE_BATCH
+from outbox.tasks import MAX_REASON_CHARS, RECONCILE_BATCH
 from outbox.testing import ManualClock
 
 A = AuthContext("agent-a")
@@ -98,12 +98,32 @@ def replies_for(queue: TaskQueue, task_id: str) -> list[dict[str, Any]]:
     return [r for r in queue.messages() if r["task_id"] == task_id]
 
 
-def assert_one_reply(queue: TaskQueue, task_id: str, status: str, result: Any = None) -> None:
-    """Exactly one reply for the task, with the canonical terminal body."""
+DEADLINE_PASSED = ("deadline_passed", "deadline passed")
+CANCELLED = ("cancelled", "cancelled")
+
+
+def assert_one_reply(
+    queue: TaskQueue,
+    task_id: str,
+    status: str,
+    result: Any = None,
+    error: tuple[str, str] | None = None,
+) -> None:
+    """Exactly one reply for the task, with the canonical terminal body; `error` is
+    (code, reason), required for every status but done."""
+    assert (status == "done") == (error is None), (status, error)
     replies = replies_for(queue, task_id)
     assert len(replies) == 1, replies
     [reply] = replies
-    body = canonical({"kind": "result", "task_id": task_id, "status": status, "result": result})
+    expected: dict[str, Any] = {
+        "kind": "result",
+        "task_id": task_id,
+        "status": status,
+        "result": result,
+    }
+    if error is not None:
+        expected["error"] = {"code": error[0], "reason": error[1]}
+    body = canonical(expected)
     assert reply["reply_id"] == "reply:" + task_id
     assert reply["body"] == body
     assert reply["content_hash"] == hashlib.sha256(body).hexdigest()
@@ -399,12 +419,13 @@ def test_exhausted_retries_fail_the_task_with_one_reply(
         clock(),
     )
     assert row["lease_until"] is None
-    assert_one_reply(q, tid, "failed")
+    exhausted = ("attempts_exhausted", "second")
+    assert_one_reply(q, tid, "failed", error=exhausted)
     clock.advance(1000)
     assert q.claim("w") is None
     q.reconcile()
     assert_fenced_everywhere(q, last)
-    assert_one_reply(q, tid, "failed")
+    assert_one_reply(q, tid, "failed", error=exhausted)
 
 
 def test_permanent_failure_fails_at_once(queue: TaskQueue, clock: ManualClock) -> None:
@@ -413,10 +434,10 @@ def test_permanent_failure_fails_at_once(queue: TaskQueue, clock: ManualClock) -
     assert queue.fail(held, "bad input", permanent=True) == "failed"
     row = task(queue, tid)
     assert (row["state"], row["attempts"], row["last_error"]) == ("failed", 1, "bad input")
-    assert_one_reply(queue, tid, "failed")
+    assert_one_reply(queue, tid, "failed", error=("permanent_failure", "bad input"))
     clock.advance(1000)
     assert queue.claim("w") is None
-    assert_one_reply(queue, tid, "failed")
+    assert_one_reply(queue, tid, "failed", error=("permanent_failure", "bad input"))
 
 
 @pytest.mark.parametrize("via", ["reconcile", "claim"])
@@ -442,14 +463,15 @@ def test_lease_expiry_without_attempts_left_fails_the_task(
     row = task(queue, tid)
     assert (row["state"], row["last_error"], row["attempts"]) == (
         "failed",
-        "attempts exhausted",
+        "lease expired with no attempts left",
         2,
     )
     assert row["finished_at"] == clock()
-    assert_one_reply(queue, tid, "failed")
+    lease_expired = ("lease_expired", "lease expired with no attempts left")
+    assert_one_reply(queue, tid, "failed", error=lease_expired)
     assert_fenced_everywhere(queue, second)
     assert queue.reconcile()["failed"] == 0
-    assert_one_reply(queue, tid, "failed")
+    assert_one_reply(queue, tid, "failed", error=lease_expired)
 
 
 # --- deadlines ---------------------------------------------------------------------
@@ -477,10 +499,10 @@ def test_deadline_passing_while_running_expires_the_task(
     assert queue.reconcile() == {"expired": 1, "requeued": 0, "failed": 0, "messages_requeued": 0}
     row = task(queue, tid)
     assert (row["state"], row["last_error"], row["result"]) == ("expired", "deadline passed", None)
-    assert_one_reply(queue, tid, "expired")
+    assert_one_reply(queue, tid, "expired", error=DEADLINE_PASSED)
     assert_fenced_everywhere(queue, held)
     assert queue.reconcile()["expired"] == 0
-    assert_one_reply(queue, tid, "expired")
+    assert_one_reply(queue, tid, "expired", error=DEADLINE_PASSED)
 
 
 @pytest.mark.parametrize("via", ["reconcile", "claim"])
@@ -494,7 +516,7 @@ def test_pending_task_past_its_deadline_expires(
     else:
         assert queue.claim("w") is None
     assert task(queue, tid)["state"] == "expired"
-    assert_one_reply(queue, tid, "expired")
+    assert_one_reply(queue, tid, "expired", error=DEADLINE_PASSED)
 
 
 def test_retry_scheduled_after_the_deadline_expires(
@@ -506,7 +528,7 @@ def test_retry_scheduled_after_the_deadline_expires(
     clock.advance(20)
     assert q.claim("w") is None
     assert task(q, tid)["state"] == "expired"
-    assert_one_reply(q, tid, "expired")
+    assert_one_reply(q, tid, "expired", error=DEADLINE_PASSED)
 
 
 # --- cancel ---------------------------------------------------------------------------
@@ -521,10 +543,10 @@ def test_cancel_pending_task(queue: TaskQueue, clock: ManualClock) -> None:
         clock(),
         clock(),
     )
-    assert_one_reply(queue, tid, "cancelled")
+    assert_one_reply(queue, tid, "cancelled", error=CANCELLED)
     assert queue.claim("w") is None
     assert queue.cancel(tid) is False
-    assert_one_reply(queue, tid, "cancelled")
+    assert_one_reply(queue, tid, "cancelled", error=CANCELLED)
 
 
 def test_cancel_task_waiting_for_its_retry(make_queue: MakeQueue, clock: ManualClock) -> None:
@@ -535,7 +557,7 @@ def test_cancel_task_waiting_for_its_retry(make_queue: MakeQueue, clock: ManualC
     clock.advance(100)
     assert q.claim("w") is None
     assert task(q, tid)["state"] == "cancelled"
-    assert_one_reply(q, tid, "cancelled")
+    assert_one_reply(q, tid, "cancelled", error=CANCELLED)
 
 
 def test_cancel_running_task_fences_its_worker(queue: TaskQueue, clock: ManualClock) -> None:
@@ -543,13 +565,33 @@ def test_cancel_running_task_fences_its_worker(queue: TaskQueue, clock: ManualCl
     held = claim(queue)
     assert queue.cancel(tid) is True
     assert task(queue, tid)["state"] == "cancelled"
-    assert_one_reply(queue, tid, "cancelled")
+    assert_one_reply(queue, tid, "cancelled", error=CANCELLED)
     assert_fenced_everywhere(queue, held)
     clock.advance(LEASE + 1)
     assert queue.reconcile() == {"expired": 0, "requeued": 0, "failed": 0, "messages_requeued": 0}
     assert queue.claim("w2") is None
     assert task(queue, tid)["state"] == "cancelled"
-    assert_one_reply(queue, tid, "cancelled")
+    assert_one_reply(queue, tid, "cancelled", error=CANCELLED)
+
+
+def test_cancel_reason_is_stored_and_carried_by_the_reply(
+    queue: TaskQueue, clock: ManualClock
+) -> None:
+    tid = submit(queue, clock, "m-1")
+    assert queue.cancel(tid, reason="order withdrawn by the customer") is True
+    assert task(queue, tid)["last_error"] == "order withdrawn by the customer"
+    assert_one_reply(
+        queue, tid, "cancelled", error=("cancelled", "order withdrawn by the customer")
+    )
+
+
+def test_reply_reason_is_cut_to_the_stored_limit(queue: TaskQueue, clock: ManualClock) -> None:
+    tid = submit(queue, clock, "m-1")
+    long_reason = "\x00" + "é" * (MAX_REASON_CHARS * 3)
+    assert queue.fail(claim(queue), long_reason, permanent=True) == "failed"
+    stored = task(queue, tid)["last_error"]
+    assert stored == ("\\x00" + "é" * MAX_REASON_CHARS)[:MAX_REASON_CHARS]
+    assert_one_reply(queue, tid, "failed", error=("permanent_failure", stored))
 
 
 def finish_one(queue: TaskQueue, clock: ManualClock) -> str:
@@ -804,7 +846,7 @@ def test_finish_many_commits_each_held_claim_and_refuses_the_others_alone(
     assert replies_for(queue, stale.task_id) == []
     assert task(queue, stale.task_id)["state"] == "running"
     assert task(queue, unstorable.task_id)["state"] == "running"
-    assert_one_reply(queue, cancelled.task_id, "cancelled")
+    assert_one_reply(queue, cancelled.task_id, "cancelled", error=CANCELLED)
 
 
 @pytest.mark.parametrize("stale_first", [True, False], ids=["stale-first", "fresh-first"])
@@ -1007,7 +1049,9 @@ def test_without_a_manual_clock_the_database_clock_governs(db_url: str) -> None:
         q.finish(held, "ok")
         assert task(q, live)["state"] == "done"
         assert_one_reply(q, live, "done", "ok")
-        assert_one_reply(q, late, "expired")
+        assert_one_reply(
+            q, late, "expired", error=("deadline_passed", "deadline passed before intake")
+        )
 
 
 def test_manual_clock_only_moves_forward() -> None:

@@ -98,6 +98,13 @@ TASK_LEASE = 10.0
 BACKOFF = 2.0
 BACKOFF_CAP = 300.0
 MAX_HOPS = 4
+# The `error.code` a reply may carry for each terminal state other than done.
+END_CODES = {
+    "failed": {"permanent_failure", "attempts_exhausted", "lease_expired"},
+    "cancelled": {"cancelled"},
+    "expired": {"deadline_passed"},
+    "hop_limit": {"hop_limit"},
+}
 RELAY_LEASE = 30.0
 # Two attempts: a message reclaimed twice without an answer reaches the "resolve" path.
 RELAY_ATTEMPTS = 2
@@ -591,11 +598,12 @@ class ModelMachine(RuleBasedStateMachine):
 
     # --- model transitions --------------------------------------------------------
 
-    def _add_reply(self, task: TaskModel, status: str) -> None:
+    def _add_reply(self, task: TaskModel, status: str, error: tuple[str, str] | None) -> None:
         """The task's one terminal reply, written with its terminal state."""
-        body = canonical(
-            {"kind": "result", "task_id": task.task_id, "status": status, "result": task.result}
-        )
+        reply = {"kind": "result", "task_id": task.task_id, "status": status, "result": task.result}
+        if error is not None:
+            reply["error"] = {"code": error[0], "reason": error[1]}
+        body = canonical(reply)
         reply_id = "reply:" + task.task_id
         assert reply_id not in self.messages, f"model: second reply for task {task.task_id}"
         self.seq += 1
@@ -603,11 +611,12 @@ class ModelMachine(RuleBasedStateMachine):
             reply_id, task.task_id, body, None, available_at=self.clock(), seq=self.seq
         )
 
-    def _terminate(self, task: TaskModel, state: str) -> None:
-        """Move a task to a terminal state with its reply."""
+    def _terminate(self, task: TaskModel, state: str, error: tuple[str, str] | None = None) -> None:
+        """Move a task to a terminal state with its reply; `error` is (code, reason)."""
+        assert (state == "done") == (error is None), (state, error)
         task.state = state
         task.lease_until = None
-        self._add_reply(task, state)
+        self._add_reply(task, state, error)
 
     def _store(self, key: tuple[str, str], envelope: Envelope) -> None:
         """Intake committed a new envelope."""
@@ -628,15 +637,16 @@ class ModelMachine(RuleBasedStateMachine):
         )
         self.tasks[task_id] = task
         if deadline <= now:
-            self._terminate(task, "expired")
+            self._terminate(task, "expired", ("deadline_passed", "deadline passed before intake"))
         elif envelope.hops >= MAX_HOPS:
-            self._terminate(task, "hop_limit")
+            why = f"hops {envelope.hops} >= max_hops {MAX_HOPS}"
+            self._terminate(task, "hop_limit", ("hop_limit", why))
 
     def _reconcile_tasks(self, now: float) -> tuple[int, int, int]:
         """Deadlines first, then expired leases; returns (expired, requeued, failed)."""
         expired = [t for t in self.tasks.values() if t.state in LIVE and t.deadline <= now]
         for task in expired:
-            self._terminate(task, "expired")
+            self._terminate(task, "expired", ("deadline_passed", "deadline passed"))
         reaped = [
             t
             for t in self.tasks.values()
@@ -647,7 +657,8 @@ class ModelMachine(RuleBasedStateMachine):
             task.available_at = now
             if task.attempts >= task.max_attempts:
                 failed += 1
-                self._terminate(task, "failed")
+                why = "lease expired with no attempts left"
+                self._terminate(task, "failed", ("lease_expired", why))
             else:
                 task.state = "pending"
                 task.lease_until = None
@@ -1006,7 +1017,8 @@ class ModelMachine(RuleBasedStateMachine):
         task = self.tasks[claim.task_id]
         if permanent or task.attempts >= task.max_attempts:
             assert state == "failed", state
-            self._terminate(task, "failed")
+            code = "permanent_failure" if permanent else "attempts_exhausted"
+            self._terminate(task, "failed", (code, "boom"))
             return
         assert state == "pending", state
         row = self.queue.task(task.task_id)
@@ -1019,15 +1031,25 @@ class ModelMachine(RuleBasedStateMachine):
         task.lease_until = None
         task.available_at = row["available_at"]
 
-    @rule(source=st.sampled_from(SOURCES), message_id=st.sampled_from(MESSAGE_IDS))
+    @rule(
+        source=st.sampled_from(SOURCES),
+        message_id=st.sampled_from(MESSAGE_IDS),
+        reason=st.sampled_from([None, "order withdrawn", "caf\u00e9 \U0001f600\x00end"]),
+    )
     @step
-    def cancel(self, source: str, message_id: str) -> None:
+    def cancel(self, source: str, message_id: str, reason: str | None) -> None:
         """Cancel: pending or running -> cancelled with its reply; otherwise False."""
         task = self.tasks.get(task_id_for(source, message_id))
         expected = task is not None and task.state in LIVE
-        assert self.queue.cancel(task_id_for(source, message_id)) is expected
+        task_id = task_id_for(source, message_id)
+        cancelled = (
+            self.queue.cancel(task_id) if reason is None else self.queue.cancel(task_id, reason)
+        )
+        assert cancelled is expected
         if task is not None and expected:
-            self._terminate(task, "cancelled")
+            # NUL cannot be stored: it is kept as the four characters \x00.
+            why = "cancelled" if reason is None else reason.replace("\x00", "\\x00")
+            self._terminate(task, "cancelled", ("cancelled", why))
 
     # Hypothesis shrinks steps towards its first rule (no bundle, fewest arguments, then
     # name): that is this one, which touches no database, so shrinking runs fast.
@@ -1181,12 +1203,19 @@ class ModelMachine(RuleBasedStateMachine):
             assert replies[task_id] == (1 if row["state"] in TERMINAL else 0), (task_id, row)
             if row["state"] in TERMINAL:
                 body = json.loads(snap.messages["reply:" + task_id]["body"])
+                error = body.pop("error", None)
                 assert body == {
                     "kind": "result",
                     "task_id": task_id,
                     "status": row["state"],
                     "result": row["result"],
                 }, body
+                if row["state"] == "done":
+                    assert error is None, error
+                else:
+                    assert error["code"] in END_CODES[row["state"]], (task_id, error)
+                    assert isinstance(error["reason"], str), error
+                    assert error["reason"], error
 
     @invariant()
     @checked
