@@ -11,7 +11,7 @@ import os
 import secrets
 import socket
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -92,56 +92,176 @@ def read_secret(path: str | Path) -> str:
     raise ConfigError(f"secret file {path} is empty")
 
 
-def load_destinations(path: str | Path) -> dict[str, Destination]:
-    """The `[destinations.NAME]` tables of a TOML config file."""
-    try:
-        document = tomllib.loads(Path(path).read_text(encoding="utf-8"))
-    except (OSError, tomllib.TOMLDecodeError) as exc:
-        raise ConfigError(f"cannot read relay config {path}: {exc}") from exc
-    return destinations_from(document, path)
+def load_destinations(
+    path: str | Path | None, environ: Mapping[str, str] = os.environ
+) -> dict[str, Destination]:
+    """The destinations of a TOML config file (if any) and of OUTBOX_DESTINATION_* variables."""
+    document: dict[str, Any] = {}
+    if path is not None:
+        try:
+            document = tomllib.loads(Path(path).read_text(encoding="utf-8"))
+        except (OSError, tomllib.TOMLDecodeError) as exc:
+            raise ConfigError(f"cannot read relay config {path}: {exc}") from exc
+    return destinations_from(document, path, environ)
 
 
-DESTINATION_KEYS = frozenset(
-    {"kind", "url", "secret_file", "secret_env", "timeout", "mode", "concurrency"}
-    | {"receipt_lookup", "batch_url", "max_batch_items", "max_batch_bytes", "require_retention"}
-)
+def _text(value: object) -> str:
+    if not isinstance(value, str):
+        raise ValueError(f"expected a string, got {value!r}")
+    return value
 
 
-def destinations_from(document: Mapping[str, Any], path: str | Path) -> dict[str, Destination]:
-    """The destinations of a parsed config file (`path` names it in errors)."""
+def _number(value: object) -> float:
+    if isinstance(value, str):
+        return float(value)
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValueError(f"expected a number, got {value!r}")
+    return float(value)
+
+
+def _count(value: object) -> int:
+    if isinstance(value, str):
+        return int(value)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"expected a whole number, got {value!r}")
+    return value
+
+
+def _flag(value: object) -> bool:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.lower() in ("true", "1", "yes", "false", "0", "no"):
+        return value.lower() in ("true", "1", "yes")
+    raise ValueError(f"expected true or false, got {value!r}")
+
+
+# Each key of a [destinations.NAME] table (or OUTBOX_DESTINATION_NAME_KEY variable) and
+# how its value is read: TOML gives typed values, the environment gives text.
+DESTINATION_KEYS: dict[str, Callable[[object], Any]] = {
+    "kind": _text,
+    "url": _text,
+    "secret": _text,
+    "secret_file": _text,
+    "secret_env": _text,
+    "timeout": _number,
+    "mode": _text,
+    "concurrency": _count,
+    "receipt_lookup": _flag,
+    "batch_url": _text,
+    "max_batch_items": _count,
+    "max_batch_bytes": _count,
+    "require_retention": _flag,
+}
+SECRET_KEYS = ("secret", "secret_file", "secret_env")
+DESTINATION_ENV_PREFIX = "OUTBOX_DESTINATION_"
+# Longest first, so that OUTBOX_DESTINATION_BILLING_BATCH_URL is billing's batch_url.
+_ENV_KEYS = sorted(DESTINATION_KEYS, key=len, reverse=True)
+
+
+def destination_variable(name: str) -> tuple[str, str] | None:
+    """(destination, key) named by an OUTBOX_DESTINATION_NAME_KEY variable, or None."""
+    if not name.startswith(DESTINATION_ENV_PREFIX):
+        return None
+    rest = name[len(DESTINATION_ENV_PREFIX) :]
+    for key in _ENV_KEYS:
+        suffix = "_" + key.upper()
+        if rest.endswith(suffix) and len(rest) > len(suffix):
+            return rest[: -len(suffix)].lower(), key
+    return None
+
+
+def environment_tables(environ: Mapping[str, str]) -> dict[str, dict[str, str]]:
+    """The destination tables that OUTBOX_DESTINATION_NAME_KEY variables define."""
+    tables: dict[str, dict[str, str]] = {}
+    for variable in sorted(environ):
+        if not variable.startswith(DESTINATION_ENV_PREFIX):
+            continue
+        named = destination_variable(variable)
+        if named is None:
+            keys = ", ".join(key.upper() for key in DESTINATION_KEYS)
+            raise ConfigError(
+                f"{variable}: expected {DESTINATION_ENV_PREFIX}<NAME>_<KEY> with KEY one of {keys}"
+            )
+        if not environ[variable]:
+            raise ConfigError(f"{variable} is set but empty")
+        name, key = named
+        tables.setdefault(name, {})[key] = environ[variable]
+    return tables
+
+
+def referenced_variables(document: Mapping[str, Any]) -> set[str]:
+    """The environment variables a config file names as secret sources (`secret_env`)."""
     tables = document.get("destinations")
-    if not isinstance(tables, dict) or not tables:
-        raise ConfigError(f"{path}: at least one [destinations.NAME] table is required")
-    destinations: dict[str, Destination] = {}
+    if not isinstance(tables, dict):
+        return set()
+    return {
+        table["secret_env"]
+        for table in tables.values()
+        if isinstance(table, dict) and isinstance(table.get("secret_env"), str)
+    }
+
+
+def destinations_from(
+    document: Mapping[str, Any],
+    path: str | Path | None,
+    environ: Mapping[str, str] = os.environ,
+) -> dict[str, Destination]:
+    """The destinations of a parsed config file (`path` names it in errors) and of the
+    OUTBOX_DESTINATION_* variables, which take precedence key by key."""
+    tables = document.get("destinations", {})
+    if not isinstance(tables, dict):
+        raise ConfigError(f"{path}: destinations must be tables [destinations.NAME]")
+    merged: dict[str, tuple[str, dict[str, Any]]] = {}
     for name, table in tables.items():
         if not isinstance(table, dict):
             raise ConfigError(f"{path}: destinations.{name} must be a table")
-        unknown = set(table) - DESTINATION_KEYS
-        if unknown:
-            raise ConfigError(f"{path}: destinations.{name}: unknown keys {sorted(unknown)}")
-        if "url" not in table:
-            raise ConfigError(f"{path}: destinations.{name}: url is required")
-        secret = None
-        if "secret_file" in table:
-            secret = read_secret(table["secret_file"])
-        elif "secret_env" in table:
-            secret = os.environ.get(table["secret_env"])
-            if not secret:
-                raise ConfigError(f"destinations.{name}: ${table['secret_env']} is not set")
-        destinations[name] = Destination(
-            kind=table.get("kind", "http"),
-            url=table["url"],
-            secret=secret,
-            timeout=float(table.get("timeout", 10.0)),
-            mode=table.get("mode", "single"),
-            concurrency=int(table.get("concurrency", Destination.concurrency)),
-            receipt_lookup=bool(table.get("receipt_lookup", False)),
-            batch_url=table.get("batch_url"),
-            max_batch_items=int(table.get("max_batch_items", 500)),
-            max_batch_bytes=int(table.get("max_batch_bytes", 1_000_000)),
-            require_retention=bool(table.get("require_retention", False)),
+        if "secret" in table:
+            raise ConfigError(
+                f"{path}: destinations.{name}: a secret is not written in the file; "
+                "use secret_file or secret_env"
+            )
+        merged[name] = (f"{path}: destinations.{name}", dict(table))
+    for name, table in environment_tables(environ).items():
+        where, values = merged.get(name, ("", {}))
+        if any(key in table for key in SECRET_KEYS):
+            for key in SECRET_KEYS:  # the environment's secret replaces the file's
+                values.pop(key, None)
+        where = f"{where} and " if where else ""
+        merged[name] = (f"{where}{DESTINATION_ENV_PREFIX}{name.upper()}_*", {**values, **table})
+    if not merged:
+        raise ConfigError(
+            "at least one destination is required: a [destinations.NAME] table in the config "
+            f"file, or {DESTINATION_ENV_PREFIX}<NAME>_URL and its other variables"
         )
-    return check_destinations(destinations)
+    return check_destinations(
+        {name: _destination(where, table, environ) for name, (where, table) in merged.items()}
+    )
+
+
+def _destination(where: str, table: Mapping[str, Any], environ: Mapping[str, str]) -> Destination:
+    """One destination from its merged table; ConfigError names `where` it came from."""
+    unknown = set(table) - set(DESTINATION_KEYS)
+    if unknown:
+        raise ConfigError(f"{where}: unknown keys {sorted(unknown)}")
+    if "url" not in table:
+        raise ConfigError(f"{where}: url is required")
+    given = [key for key in SECRET_KEYS if key in table]
+    if len(given) > 1:
+        raise ConfigError(f"{where}: give one of {', '.join(given)}, not several")
+    values: dict[str, Any] = {}
+    for key, value in table.items():
+        try:
+            values[key] = DESTINATION_KEYS[key](value)
+        except ValueError as exc:
+            raise ConfigError(f"{where}: {key}: {exc}") from exc
+    if "secret_file" in values:
+        values["secret"] = read_secret(values.pop("secret_file"))
+    elif "secret_env" in values:
+        variable = values.pop("secret_env")
+        values["secret"] = environ.get(variable)
+        if not values["secret"]:
+            raise ConfigError(f"{where}: secret_env: ${variable} is not set")
+    return Destination(**values)
 
 
 def check_relay_settings(

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Sequence
 from typing import NoReturn
 
-from outbox import migrations
+from outbox import failpoints, migrations
 from outbox.cli import dead, demo, operations, receiver, relay, settings, worker
+from outbox.cli.environment import check_environment
 from outbox.db.dialect import missing_sqlite_file
 from outbox.errors import OutboxError
 
@@ -72,6 +74,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the exit status."""
     args = build_parser().parse_args(argv)
     try:
+        check_environment(os.environ, known_variables(), _config_path(args))
         if args.command != "demo":  # the demo makes its own databases unless given --db
             settings.resolve(args, command_options(args.command))
             missing = None if _creates_schema(args) else missing_sqlite_file(args.db)
@@ -101,6 +104,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"outbox: error: {exc}", file=sys.stderr)
         return 2
     raise AssertionError(f"unhandled command {args.command!r}")
+
+
+def known_variables() -> set[str]:
+    """Every OUTBOX_* variable a command reads (destinations' aside)."""
+    known = {settings.DB.env, settings.CONFIG_ENV, relay.CONFIG_ENV, receiver.SECRETS_ENV}
+    known |= {failpoints.ENV_VAR, failpoints.ACTION_VAR}
+    return known | {option.env for options in OPTIONS.values() for option in options}
+
+
+def _config_path(args: argparse.Namespace) -> str | None:
+    """The config file a command reads, if any."""
+    return (
+        getattr(args, "config", None)
+        or os.environ.get(settings.CONFIG_ENV)
+        or os.environ.get(relay.CONFIG_ENV)
+    )
 
 
 def command_options(command: str) -> tuple[settings.Option, ...]:

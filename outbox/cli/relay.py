@@ -1,8 +1,9 @@
-"""`outbox relay`: run the relay sidecar from a TOML configuration file.
+"""`outbox relay`: run the relay sidecar from a TOML file, the environment, or both.
 
-The file's `[destinations.NAME]` tables say where messages go; every `[relay]`
-setting is also a flag and an OUTBOX_RELAY_* variable, resolved like every
-other command's settings (flag, environment, file, default).
+`[destinations.NAME]` tables, or OUTBOX_DESTINATION_<NAME>_<KEY> variables (which
+win key by key), say where messages go, so a container needs no file. Every
+`[relay]` setting is also a flag and an OUTBOX_RELAY_* variable, resolved like
+every other command's settings (flag, environment, file, default).
 """
 
 from __future__ import annotations
@@ -115,7 +116,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         "--config",
         default=os.environ.get(CONFIG_ENV) or None,
         help="TOML file with [relay] settings and [destinations.NAME] tables "
-        f"(env {CONFIG_ENV} or OUTBOX_CONFIG)",
+        f"(env {CONFIG_ENV} or OUTBOX_CONFIG); optional when OUTBOX_DESTINATION_<NAME>_<KEY> "
+        "variables define the destinations",
     )
     add_flags(parser, OPTIONS, HELP)
     return parser
@@ -124,9 +126,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 def run(args: argparse.Namespace) -> int:
     """Run the relay until SIGTERM; exit 0 after draining."""
     path = args.config or os.environ.get("OUTBOX_CONFIG")
-    if not path:
-        raise ConfigError(f"--config (or {CONFIG_ENV}, or OUTBOX_CONFIG) is required")
-    document = load(path)
+    document = load(path) if path else {}
     unknown = set(document.get("relay", {})) - RELAY_KEYS
     if "attempts" in unknown:
         raise ConfigError(f"{path}: [relay]: `attempts` is now called `max_attempts`")
@@ -134,7 +134,7 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(
             f"{path}: [relay]: unknown keys {sorted(unknown)}; known: {sorted(RELAY_KEYS)}"
         )
-    destinations = destinations_from(document, path)
+    destinations = destinations_from(document, path, os.environ)
     configure_logging(args.log_format, args.log_level)
     options = {
         option.dest: getattr(args, option.dest)

@@ -1,0 +1,52 @@
+"""The OUTBOX_* environment: a variable no command reads is refused, so a typo is not ignored.
+
+A setting's variable names the command it belongs to (OUTBOX_RELAY_BATCH), and a shared
+environment file for several sidecars is normal, so any command's settings are known
+to every command. A few variables are read by the project's own tests and benchmarks;
+they are named here so that the commands those tests start accept them.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Iterable, Mapping
+
+from outbox.cli.settings import load
+from outbox.errors import ConfigError
+from relay.config import DESTINATION_ENV_PREFIX, destination_variable, referenced_variables
+
+PREFIX = "OUTBOX_"
+DEVELOPMENT_VARIABLES = frozenset(
+    {
+        "OUTBOX_TEST_PG_URL",
+        "OUTBOX_TEST_PG_BIN",
+        "OUTBOX_TEST_GATE",
+        "OUTBOX_SOAK_SEED",
+        "OUTBOX_FAULTS_REPORT",
+        "OUTBOX_BENCH_PG_URL",
+        "OUTBOX_BENCH_CONCURRENCY",
+        "OUTBOX_BENCH_BATCH_ITEMS",
+    }
+)
+"""Read by tests/ and benchmarks/, never by a command."""
+
+
+def check_environment(
+    environ: Mapping[str, str], known: Iterable[str], config: str | None = None
+) -> None:
+    """Refuse any OUTBOX_* variable that is not `known`, a destination's, one the `config`
+    file names as a secret source, or a development one."""
+    names = set(known) | DEVELOPMENT_VARIABLES
+    if config:
+        names |= referenced_variables(load(config))
+    for variable in sorted(environ):
+        if not variable.startswith(PREFIX) or variable in names:
+            continue
+        if variable.startswith(DESTINATION_ENV_PREFIX) and destination_variable(variable):
+            continue
+        close = difflib.get_close_matches(variable, sorted(names), n=1)
+        hint = f" (did you mean {close[0]}?)" if close else ""
+        raise ConfigError(
+            f"unknown environment variable {variable}{hint}; the commands read only the "
+            f"variables their --help lists and {DESTINATION_ENV_PREFIX}<NAME>_<KEY>"
+        )

@@ -1,0 +1,232 @@
+"""Destinations from a file, from OUTBOX_DESTINATION_* variables or both, and the refusal
+of OUTBOX_* variables that no command reads."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+from support.receiver_helpers import ROOT, wait_until
+from support.relay_helpers import SECRET, publish_many, rows
+from support.scripted_server import ScriptedServer
+
+from outbox.cli import main
+from outbox.errors import ConfigError
+from relay.config import Destination, destination_variable, destinations_from
+
+FILE = {
+    "destinations": {
+        "billing": {"url": "https://billing.example/hooks", "secret_env": "BILLING_KEY"},
+    }
+}
+
+
+def test_a_destination_defined_only_by_the_environment() -> None:
+    env = {
+        "OUTBOX_DESTINATION_BILLING_URL": "https://billing.example/hooks",
+        "OUTBOX_DESTINATION_BILLING_SECRET": SECRET,
+        "OUTBOX_DESTINATION_BILLING_MODE": "batch",
+        "OUTBOX_DESTINATION_BILLING_BATCH_URL": "https://billing.example/many",
+        "OUTBOX_DESTINATION_BILLING_TIMEOUT": "2.5",
+        "OUTBOX_DESTINATION_BILLING_MAX_BATCH_ITEMS": "50",
+        "OUTBOX_DESTINATION_BILLING_RECEIPT_LOOKUP": "true",
+        "OUTBOX_DESTINATION_BILLING_REQUIRE_RETENTION": "no",
+        "OUTBOX_DESTINATION_EU_ORDERS_URL": "http://orders.eu.example/in",
+        "OUTBOX_DESTINATION_EU_ORDERS_SECRET": SECRET,
+    }
+    found = destinations_from({}, None, env)
+    assert found == {
+        "billing": Destination(
+            "https://billing.example/hooks",
+            secret=SECRET,
+            mode="batch",
+            batch_url="https://billing.example/many",
+            timeout=2.5,
+            max_batch_items=50,
+            receipt_lookup=True,
+            require_retention=False,
+        ),
+        "eu_orders": Destination("http://orders.eu.example/in", secret=SECRET),
+    }
+    assert found["billing"].secret == SECRET  # repr hides it, equality does not
+
+
+def test_the_environment_wins_over_the_file_key_by_key() -> None:
+    env = {
+        "BILLING_KEY": "whsec_from-the-file-reference",
+        "OUTBOX_DESTINATION_BILLING_TIMEOUT": "3",
+    }
+    found = destinations_from(FILE, "relay.toml", env)["billing"]
+    assert (found.url, found.timeout, found.secret) == (
+        "https://billing.example/hooks",
+        3.0,
+        "whsec_from-the-file-reference",
+    )
+    # A secret given in the environment replaces the file's way of finding one.
+    env = {"OUTBOX_DESTINATION_BILLING_SECRET": SECRET}
+    assert destinations_from(FILE, "relay.toml", env)["billing"].secret == SECRET
+
+
+@pytest.mark.parametrize(
+    ("document", "env", "said"),
+    [
+        ({}, {}, "at least one destination is required"),
+        ({}, {"OUTBOX_DESTINATION_BILLING_SECRET": SECRET}, "url is required"),
+        ({}, {"OUTBOX_DESTINATION_BILLING_URL": ""}, "OUTBOX_DESTINATION_BILLING_URL is set but"),
+        ({}, {"OUTBOX_DESTINATION_BILLING_URLS": "x"}, "expected OUTBOX_DESTINATION_<NAME>_<KEY>"),
+        ({}, {"OUTBOX_DESTINATION_URL": "http://x.example"}, "expected OUTBOX_DESTINATION_"),
+        (
+            {},
+            {"OUTBOX_DESTINATION_B_URL": "http://b.example", "OUTBOX_DESTINATION_B_TIMEOUT": "x"},
+            r"OUTBOX_DESTINATION_B_\*: timeout: could not convert",
+        ),
+        (
+            {},
+            {
+                "OUTBOX_DESTINATION_B_URL": "http://b.example",
+                "OUTBOX_DESTINATION_B_RECEIPT_LOOKUP": "maybe",
+            },
+            "receipt_lookup: expected true or false",
+        ),
+        (
+            {"destinations": {"b": {"url": "http://b.example", "receipt_lookup": 1}}},
+            {},
+            r"relay.toml: destinations.b: receipt_lookup: expected true or false, got 1",
+        ),
+        (
+            {"destinations": {"b": {"url": "http://b.example", "timeout": True}}},
+            {},
+            "timeout: expected a number, got True",
+        ),
+        (
+            {"destinations": {"b": {"url": "http://b.example", "secret": SECRET}}},
+            {},
+            "a secret is not written in the file",
+        ),
+        (
+            {
+                "destinations": {
+                    "b": {"url": "http://b.example", "secret_env": "X", "secret_file": "f"}
+                }
+            },
+            {},
+            "give one of secret_file, secret_env, not several",
+        ),
+        (
+            {"destinations": {"b": {"url": "http://b.example", "secret_env": "UNSET_SECRET"}}},
+            {},
+            r"secret_env: \$UNSET_SECRET is not set",
+        ),
+    ],
+)
+def test_bad_destinations_are_refused_naming_where_they_came_from(
+    document: dict[str, object], env: dict[str, str], said: str
+) -> None:
+    with pytest.raises(ConfigError, match=said):
+        destinations_from(document, "relay.toml", env)
+
+
+@pytest.mark.parametrize(
+    ("variable", "named"),
+    [
+        ("OUTBOX_DESTINATION_BILLING_URL", ("billing", "url")),
+        ("OUTBOX_DESTINATION_BILLING_BATCH_URL", ("billing", "batch_url")),
+        ("OUTBOX_DESTINATION_BILLING_SECRET_FILE", ("billing", "secret_file")),
+        ("OUTBOX_DESTINATION_A_B_C_MAX_BATCH_BYTES", ("a_b_c", "max_batch_bytes")),
+        ("OUTBOX_DESTINATION_BILLING", None),
+        ("OUTBOX_DESTINATION_BILLING_COLOUR", None),
+        ("OUTBOX_RELAY_BATCH", None),
+    ],
+)
+def test_destination_variables_are_read_by_their_longest_key(
+    variable: str, named: tuple[str, str] | None
+) -> None:
+    assert destination_variable(variable) == named
+
+
+@pytest.mark.parametrize(
+    ("variable", "said"),
+    [
+        (
+            "OUTBOX_RELAY_BACH",
+            "unknown environment variable OUTBOX_RELAY_BACH (did you mean OUTBOX_RELAY_BATCH?)",
+        ),
+        ("OUTBOX_DATABASE", "unknown environment variable OUTBOX_DATABASE"),
+        ("OUTBOX_DESTINATION_BILLING_URI", "unknown environment variable OUTBOX_DESTINATION_"),
+    ],
+)
+def test_an_unknown_outbox_variable_is_an_error(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    variable: str,
+    said: str,
+) -> None:
+    db = f"sqlite:///{tmp_path / 'outbox.db'}"
+    assert main(["db", "upgrade", "--db", db]) == 0
+    capsys.readouterr()
+    monkeypatch.setenv(variable, "1")
+    assert main(["status", "--db", db]) == 2
+    assert said in capsys.readouterr().err
+
+
+def test_known_and_referenced_variables_are_accepted(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    db = f"sqlite:///{tmp_path / 'outbox.db'}"
+    assert main(["db", "upgrade", "--db", db]) == 0
+    config = tmp_path / "relay.toml"
+    config.write_text(
+        '[destinations.billing]\nurl = "http://b.example"\nsecret_env = "OUTBOX_BILLING_KEY"\n',
+        encoding="utf-8",
+    )
+    # Another command's setting (a shared env file), a destination, a secret the file
+    # names, and a variable the project's own tests read.
+    monkeypatch.setenv("OUTBOX_WORKER_CONCURRENCY", "4")
+    monkeypatch.setenv("OUTBOX_DESTINATION_ORDERS_URL", "http://o.example")
+    monkeypatch.setenv("OUTBOX_BILLING_KEY", SECRET)
+    monkeypatch.setenv("OUTBOX_SOAK_SEED", "7")
+    capsys.readouterr()
+    assert main(["status", "--db", db, "--config", str(config)]) == 0, capsys.readouterr().err
+
+
+def test_a_sidecar_runs_from_the_environment_alone(
+    db_url: str, engine: sa.Engine, server: ScriptedServer
+) -> None:
+    env = {
+        key: value
+        for key, value in os.environ.items()
+        if not key.startswith("OUTBOX_") or key == "OUTBOX_TEST_PG_URL"
+    }
+    env.update(
+        {
+            "OUTBOX_DB": db_url,
+            "OUTBOX_DESTINATION_DEFAULT_URL": server.url,
+            "OUTBOX_DESTINATION_DEFAULT_SECRET": SECRET,
+            "OUTBOX_DESTINATION_DEFAULT_TIMEOUT": "5",
+            "OUTBOX_RELAY_LEASE": "10",
+            "OUTBOX_RELAY_POLL_INTERVAL": "0.05",
+        }
+    )
+    publish_many(engine, ["env-1", "env-2"])
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "outbox.cli", "relay"],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        wait_until(
+            lambda: {row["state"] for row in rows(engine).values()} == {"sent"}, 20, "delivery"
+        )
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 0, err.decode(errors="replace")
+    assert sorted(server.ids()) == ["env-1", "env-2"]
