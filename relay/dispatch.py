@@ -22,7 +22,7 @@ from relay.config import Destination
 from relay.metrics import RelayMetrics
 from relay.policy import Dead, Outcome, Retry, Sent, Unsent, longest_retry_window, truncate
 from relay.records import Message
-from relay.transport import Transport, transport_for
+from relay.transport import Parcel, Transport, transport_for
 
 log = logging.getLogger("outbox.relay")
 
@@ -135,7 +135,7 @@ class Dispatcher:
         for name, group in by_destination.items():
             transport = self.transport(name)
             jobs.extend(
-                self._limited(name, parcel.messages, partial(transport.send, parcel), deadline)
+                self._limited(name, parcel.messages, partial(_sent, transport, parcel), deadline)
                 for parcel in transport.parcels(group)
             )
         for result in await asyncio.gather(*jobs):
@@ -191,8 +191,36 @@ class Dispatcher:
         return outcomes
 
 
+async def _sent(transport: Transport, parcel: Parcel) -> dict[int, Outcome]:
+    """One outcome for each message of the parcel, whatever the destination answered.
+
+    Nothing a destination sends may raise out of delivery: the turn's other outcomes
+    would be lost with it. A transport that fails to read an answer, or leaves a
+    message out, has met a bad answer, which is worth another try.
+    """
+    try:
+        outcomes = await transport.send(parcel)
+    except Exception as exc:  # any fault here is the answer's, see above
+        log.warning(
+            "destination %s: unreadable answer (%s: %s); retrying its %d messages",
+            transport.destination.url,
+            type(exc).__name__,
+            exc,
+            len(parcel.messages),
+            exc_info=True,
+        )
+        bad = Retry(None, truncate(f"unreadable answer: {type(exc).__name__}: {exc}"))
+        return dict.fromkeys((m.id for m in parcel.messages), bad)
+    missing = Retry(None, "the transport gave this message no outcome")
+    return {m.id: outcomes.get(m.id, missing) for m in parcel.messages}
+
+
 async def _held_outcome(transport: Transport, message: Message) -> dict[int, Outcome]:
-    found = await transport.holds(message)
+    try:
+        found = await transport.holds(message)
+    except Exception:  # an unreadable lookup answer is no answer
+        log.warning("receipt lookup of %s: unreadable answer", message.reply_id, exc_info=True)
+        found = None
     return {message.id: Sent(None)} if found else {}
 
 

@@ -37,8 +37,11 @@ class Response:
         return self.body.decode("utf-8", errors="replace")
 
     def json(self) -> Any:
-        """The body parsed as JSON (ValueError when it is not)."""
-        return json.loads(self.body)
+        """The body parsed as JSON (ValueError when it is not, or nests too deep to parse)."""
+        try:
+            return json.loads(self.body)
+        except RecursionError as exc:
+            raise ValueError("answer nests too deep to parse") from exc
 
 
 class HttpClient:

@@ -61,6 +61,9 @@ def classify(status: int, retry_after: str | None = None, detail: str = "") -> O
     if 200 <= status < 300:
         return Sent(status)
     error = truncate(f"HTTP {status}" + (f": {detail}" if detail else ""))
+    if not 200 <= status < 600:
+        # Not a final HTTP answer: unreadable, so worth another try rather than a verdict.
+        return Retry(status, truncate(f"not a final HTTP answer: {error}"))
     if status in RETRYABLE_STATUSES or 500 <= status < 600:
         return Retry(status, error, parse_retry_after(retry_after))
     if status == 409:
@@ -79,16 +82,17 @@ def parse_retry_after(value: str | None, now: float | None = None) -> float | No
     if value is None:
         return None
     value = value.strip()
-    if value.isdigit():
+    if value.isascii() and value.isdigit():
         return float(value)
     try:
         when = email.utils.parsedate_to_datetime(value)
-    except (TypeError, ValueError):
-        return None
-    if when.tzinfo is None:
-        when = when.replace(tzinfo=UTC)
+        if when.tzinfo is None:
+            when = when.replace(tzinfo=UTC)
+        moment = when.timestamp()
+    except (TypeError, ValueError, IndexError, OverflowError):
+        return None  # whatever the peer wrote, a hint we cannot read is no hint
     reference = now if now is not None else datetime.now(UTC).timestamp()
-    return max(0.0, when.timestamp() - reference)
+    return max(0.0, moment - reference)
 
 
 def retry_delay(
