@@ -19,6 +19,7 @@ from urllib.parse import quote, urlsplit
 
 from outbox.errors import ConfigError
 from outbox.messages import check_destination
+from outbox.signing import parse_secret
 
 Mode = Literal["single", "batch"]
 
@@ -40,6 +41,8 @@ class Destination:
     """Refuse to start when the destination publishes no receipt retention."""
     kind: str = "http"
     """Which transport delivers here (relay.transport.TRANSPORTS); `mode` chooses within HTTP."""
+    unsigned: bool = False
+    """Send without signatures: only when said, never because the secret was left out."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.kind, str):
@@ -55,8 +58,19 @@ class Destination:
             raise ConfigError(f"destination concurrency must be >= 1, got {self.concurrency!r}")
         if self.max_batch_items < 1 or self.max_batch_bytes < 1024:
             raise ConfigError("max_batch_items must be >= 1 and max_batch_bytes >= 1024")
-        if self.secret is not None and not self.secret.strip():
-            raise ConfigError("destination secret is empty")
+        if self.secret is None and not self.unsigned:
+            raise ConfigError(
+                "destination has no secret: give secret_file or secret_env (or "
+                "OUTBOX_DESTINATION_<NAME>_SECRET), or unsigned = true to send unsigned"
+            )
+        if self.secret is not None and self.unsigned:
+            raise ConfigError("destination has a secret and unsigned = true: choose one")
+        if self.secret is not None:
+            try:
+                parse_secret(self.secret)
+            except (TypeError, ValueError) as exc:
+                # The message never holds the value: it may be almost the real secret.
+                raise ConfigError(f"destination secret: {exc}") from None
 
     @property
     def post_batch_url(self) -> str:
@@ -151,6 +165,7 @@ DESTINATION_KEYS: dict[str, Callable[[object], Any]] = {
     "max_batch_items": _count,
     "max_batch_bytes": _count,
     "require_retention": _flag,
+    "unsigned": _flag,
 }
 SECRET_KEYS = ("secret", "secret_file", "secret_env")
 DESTINATION_ENV_PREFIX = "OUTBOX_DESTINATION_"
@@ -261,7 +276,10 @@ def _destination(where: str, table: Mapping[str, Any], environ: Mapping[str, str
         values["secret"] = environ.get(variable)
         if not values["secret"]:
             raise ConfigError(f"{where}: secret_env: ${variable} is not set")
-    return Destination(**values)
+    try:
+        return Destination(**values)
+    except ConfigError as exc:
+        raise ConfigError(f"{where}: {exc}") from None
 
 
 def check_relay_settings(

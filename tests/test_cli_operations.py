@@ -53,7 +53,9 @@ def seeded(db_url: str, engine: sa.Engine, clock: ManualClock) -> str:
         outbox.publish(session, "nowhere", "to-nowhere", {"n": 1}, clock=clock)
     # The task's reply fails to connect and waits for a retry; the message for "nowhere"
     # was refused for good by a destination (410) and is dead.
-    with Relay(db_url, {"default": Destination(NOWHERE, timeout=2)}, clock=clock) as relay:
+    with Relay(
+        db_url, {"default": Destination(NOWHERE, timeout=2, unsigned=True)}, clock=clock
+    ) as relay:
         assert relay.dispatch_once() == [(f"reply:{done.task_id}", "retry")]
     with engine.begin() as conn:
         conn.execute(

@@ -146,7 +146,7 @@ def test_a_missing_sqlite_file_is_a_typo_not_a_new_database(
 
 RELAY_FILE = (
     "[relay]\nlease = 12\nbatch = 40\nmax_attempts = 4\n"
-    '[destinations.default]\nurl = "http://127.0.0.1:9/replies"\n'
+    '[destinations.default]\nurl = "http://127.0.0.1:9/replies"\nunsigned = true\n'
 )
 
 

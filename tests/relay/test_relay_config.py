@@ -3,6 +3,7 @@ of OUTBOX_* variables that no command reads."""
 
 from __future__ import annotations
 
+import base64
 import os
 import signal
 import subprocess
@@ -19,6 +20,7 @@ from outbox.cli import main
 from outbox.errors import ConfigError
 from relay.config import Destination, destination_variable, destinations_from
 
+OTHER_SECRET = "whsec_" + base64.b64encode(b"the file names this one").decode()
 FILE = {
     "destinations": {
         "billing": {"url": "https://billing.example/hooks", "secret_env": "BILLING_KEY"},
@@ -58,14 +60,14 @@ def test_a_destination_defined_only_by_the_environment() -> None:
 
 def test_the_environment_wins_over_the_file_key_by_key() -> None:
     env = {
-        "BILLING_KEY": "whsec_from-the-file-reference",
+        "BILLING_KEY": OTHER_SECRET,
         "OUTBOX_DESTINATION_BILLING_TIMEOUT": "3",
     }
     found = destinations_from(FILE, "relay.toml", env)["billing"]
     assert (found.url, found.timeout, found.secret) == (
         "https://billing.example/hooks",
         3.0,
-        "whsec_from-the-file-reference",
+        OTHER_SECRET,
     )
     # A secret given in the environment replaces the file's way of finding one.
     env = {"OUTBOX_DESTINATION_BILLING_SECRET": SECRET}
@@ -230,3 +232,36 @@ def test_a_sidecar_runs_from_the_environment_alone(
         _, err = proc.communicate(timeout=30)
     assert proc.returncode == 0, err.decode(errors="replace")
     assert sorted(server.ids()) == ["env-1", "env-2"]
+
+
+@pytest.mark.parametrize(
+    ("secret", "said"),
+    [
+        ("whsec_not*base64!", "not valid base64"),
+        ("whsec_c2hvcnQ=", "shorter than 16 bytes"),
+        ("   ", "not valid base64|shorter than 16 bytes"),
+    ],
+)
+def test_a_bad_secret_is_refused_at_start_without_echoing_it(secret: str, said: str) -> None:
+    env = {
+        "OUTBOX_DESTINATION_BILLING_URL": "http://b.example",
+        "OUTBOX_DESTINATION_BILLING_SECRET": secret,
+    }
+    with pytest.raises(ConfigError, match=said) as refused:
+        destinations_from({}, None, env)
+    assert "OUTBOX_DESTINATION_BILLING_*" in str(refused.value)
+    if secret.strip():
+        assert secret.removeprefix("whsec_") not in str(refused.value)
+
+
+def test_unsigned_delivery_only_when_the_config_says_so() -> None:
+    with pytest.raises(ConfigError, match=r"no secret.*unsigned = true"):
+        destinations_from({}, None, {"OUTBOX_DESTINATION_B_URL": "http://b.example"})
+    found = destinations_from(
+        {},
+        None,
+        {"OUTBOX_DESTINATION_B_URL": "http://b.example", "OUTBOX_DESTINATION_B_UNSIGNED": "true"},
+    )
+    assert (found["b"].secret, found["b"].unsigned) == (None, True)
+    with pytest.raises(ConfigError, match="a secret and unsigned = true"):
+        Destination("http://b.example", secret=SECRET, unsigned=True)

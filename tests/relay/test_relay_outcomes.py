@@ -183,7 +183,7 @@ def test_an_announcement_lapses_when_its_relay_is_gone(
 
 def test_lease_must_outlast_the_attempt_timeout(db_url: str, server: ScriptedServer) -> None:
     with pytest.raises(ConfigError, match="lease"):
-        Relay(db_url, {"default": Destination(server.url, timeout=10)}, lease=10)
+        Relay(db_url, {"default": Destination(server.url, timeout=10, unsigned=True)}, lease=10)
 
 
 def test_traceparent_captured_at_publish_is_forwarded(

@@ -64,7 +64,7 @@ def test_a_transport_of_a_new_kind_delivers_and_its_outcomes_settle(
     monkeypatch.setattr(InMemoryTransport, "delivered", [])
     monkeypatch.setattr(InMemoryTransport, "parcel_sizes", [])
     publish_many(engine, ["m-1", "m-2", "m-3", "refuse-4"], clock=clock)
-    memory = Destination("http://unused.invalid/", kind="memory")
+    memory = Destination("http://unused.invalid/", kind="memory", unsigned=True)
     with Relay(db_url, {"default": memory}, clock=clock, batch=10) as relay:
         verdicts = dict(relay.dispatch_once())
     assert verdicts == {"m-1": "sent", "m-2": "sent", "m-3": "sent", "refuse-4": "retry"}
@@ -80,6 +80,6 @@ def test_a_transport_of_a_new_kind_delivers_and_its_outcomes_settle(
 
 
 def test_an_unknown_kind_is_refused_at_start(db_url: str, engine: sa.Engine) -> None:
-    nats = Destination("http://unused.invalid/", kind="nats")
+    nats = Destination("http://unused.invalid/", kind="nats", unsigned=True)
     with pytest.raises(ConfigError, match=r"kind 'nats' is not one of \['http'\]"):
         Relay(db_url, {"default": nats})
