@@ -33,15 +33,29 @@ RESERVED_HEADERS = frozenset(
 MAX_HEADER_VALUE = 4096
 # Task replies are "reply:" + task_id; publish() may not take ids from that namespace.
 TASK_REPLY_PREFIX = "reply:"
+# A batch request is signed with a "batch:" id, which no message may take: a captured
+# batch request then cannot pass as one message at a receiver, nor the reverse.
+BATCH_ID_PREFIX = "batch:"
+
+
+def is_reply_id(text: object) -> bool:
+    """Whether `text` may identify a message (see check_reply_id)."""
+    return (
+        isinstance(text, str)
+        and REPLY_ID.fullmatch(text) is not None
+        and not text.startswith(BATCH_ID_PREFIX)
+    )
 
 
 def check_reply_id(reply_id: object) -> str:
-    """A reply_id: 1..200 printable ASCII characters, no whitespace, control characters or '.'."""
-    if not isinstance(reply_id, str) or not REPLY_ID.fullmatch(reply_id):
+    """A reply_id: 1..200 printable ASCII characters, no whitespace, control characters or '.',
+    not starting with the batch requests' prefix."""
+    if not is_reply_id(reply_id):
         raise InvalidMessage(
             f"reply_id must be 1..200 printable ASCII characters without whitespace or '.', "
-            f"got {reply_id!r:.80}"
+            f"not starting with {BATCH_ID_PREFIX!r}, got {reply_id!r:.80}"
         )
+    assert isinstance(reply_id, str)
     return reply_id
 
 

@@ -16,13 +16,19 @@ POST /replies, in this order (the first failure decides the status):
 Checks 1-4 (``check_message``) need no I/O; ``store_messages`` stores messages
 that arrived together in one transaction, each with its own answer.
 
+A signature is bound to its endpoint: POST /replies refuses a ``webhook-id``
+starting with ``batch:``, POST /replies/batch requires one (400 otherwise), and
+no reply_id may take that prefix, so a captured request replayed to the other
+endpoint is refused.
+
 POST /replies/batch takes the same checks 1-4 for the whole request, whose
-JSON is ``{"replies": [{"reply_id": str, "body": str}, ...]}`` (each body is
-the exact stored text of one message, at most ``MAX_BATCH_ITEMS`` items), then
+JSON is ``{"replies": [{"reply_id": str, "body": str, "headers": {...}}, ...]}``
+(each body is the exact stored text of one message, ``headers`` its optional
+headers as an object of strings, at most ``MAX_BATCH_ITEMS`` items), then
 stores every valid item in ONE transaction with per-item dedupe and answers
 200 ``{"results": [{"reply_id", "status"}]}``, status one of ``stored``,
-``duplicate``, ``conflict`` or ``invalid`` (a bad reply_id or a body that is
-not strict JSON), in request order.
+``duplicate``, ``conflict`` or ``invalid`` (a bad reply_id, a body that is not
+strict JSON, or headers that are not an object of strings), in request order.
 
 GET /replies/{reply_id} is signed the same way with ``webhook-id`` equal to
 the reply_id and an empty body; it answers the receipt (200) or 404.
@@ -33,12 +39,13 @@ so a relay can refuse to resend past it.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from outbox.errors import SignatureError, StoreUnavailable
-from outbox.messages import REPLY_ID
+from outbox.messages import BATCH_ID_PREFIX, is_reply_id
 from outbox.signing import SigningKey, verify
 from receiver.effects import Effect
 from receiver.store import Receipt
@@ -93,6 +100,14 @@ def _reject_constant(name: str) -> Any:
     raise InvalidJSON(f"{name} is not JSON")
 
 
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if value in (math.inf, -math.inf):
+        # 1e400 is valid JSON text but no float: it would be read as infinity.
+        raise InvalidJSON(f"number {text[:40]} is out of range")
+    return value
+
+
 def _unique_object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     result = dict(pairs)
     if len(result) != len(pairs):
@@ -111,7 +126,7 @@ def _check_text(text: str) -> None:
 
 # One decoder for every call: json.loads would build a new one per call with these hooks.
 _STRICT_DECODER = json.JSONDecoder(
-    parse_constant=_reject_constant, object_pairs_hook=_unique_object
+    parse_constant=_reject_constant, object_pairs_hook=_unique_object, parse_float=_finite_float
 )
 
 
@@ -215,8 +230,12 @@ class ReceiverRules:
         if isinstance(checked, Answer):
             return checked
         reply_id, _ = checked
-        if not REPLY_ID.fullmatch(reply_id):
-            return error(400, "webhook-id is not a valid reply_id")
+        if not is_reply_id(reply_id):
+            return error(
+                400,
+                f"webhook-id is not a valid reply_id (ids starting with {BATCH_ID_PREFIX!r} "
+                "are for /replies/batch)",
+            )
         return reply_id, body
 
     def store_messages(self, items: Sequence[tuple[str, bytes]]) -> list[Answer]:
@@ -243,7 +262,10 @@ class ReceiverRules:
         checked = self._checked(headers, body)
         if isinstance(checked, Answer):
             return checked
-        _, document = checked
+        batch_id, document = checked
+        if not batch_id.startswith(BATCH_ID_PREFIX):
+            # Signed for /replies: the same bytes must not be read as a batch.
+            return error(400, f"webhook-id of a batch must start with {BATCH_ID_PREFIX!r}")
         items = document.get("replies") if isinstance(document, dict) else None
         if not isinstance(items, list) or not 1 <= len(items) <= MAX_BATCH_ITEMS:
             return error(400, f'expected {{"replies": [1..{MAX_BATCH_ITEMS} items]}}')
@@ -254,10 +276,10 @@ class ReceiverRules:
             reply_id = item.get("reply_id") if isinstance(item, dict) else None
             text = item.get("body") if isinstance(item, dict) else None
             ids.append(reply_id if isinstance(reply_id, str) else "")
-            if not isinstance(reply_id, str) or not REPLY_ID.fullmatch(reply_id):
+            if not isinstance(reply_id, str) or not is_reply_id(reply_id):
                 statuses.append("invalid")
                 continue
-            if not isinstance(text, str):
+            if not isinstance(text, str) or not _headers_or_none(item.get("headers")):
                 statuses.append("invalid")
                 continue
             data = text.encode("utf-8")
@@ -300,6 +322,14 @@ class ReceiverRules:
                 "received_at": receipt.received_at,
             },
         )
+
+
+def _headers_or_none(value: object) -> bool:
+    """Whether a batch item's `headers` is absent or an object of strings."""
+    return value is None or (
+        isinstance(value, dict)
+        and all(isinstance(k, str) and isinstance(v, str) for k, v in value.items())
+    )
 
 
 def _header(headers: Mapping[str, str], name: str) -> str | None:

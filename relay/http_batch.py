@@ -1,22 +1,25 @@
 """HTTP batch: many messages in one signed POST, each settled by the per-item answer.
 
-The body is `{"replies": [{"reply_id": str, "body": str}, ...]}`, each body the
-exact stored text of one message; the answer is `{"results": [{"reply_id",
-"status"}]}` with stored, duplicate, conflict or invalid per item.
+The body is `{"replies": [{"reply_id": str, "body": str, "headers": {...}}, ...]}`,
+each body the exact stored text of one message, `headers` its stored headers (left
+out when it has none), and the request signed with a `batch:` id; the answer is
+`{"results": [{"reply_id", "status"}]}` with stored, duplicate, conflict or invalid
+per item.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from json.encoder import encode_basestring
 
+from outbox.messages import BATCH_ID_PREFIX
 from relay.http_client import Response
 from relay.policy import Dead, Outcome, Retry, Sent, classify, truncate
 from relay.records import Message
 from relay.transport import HttpTransport, Parcel
 from relay.webhooks import post, request_headers, snippet
 
-BATCH_ID_PREFIX = "batch:"
 _BATCH_HEAD = b'{"replies":['
 _BATCH_TAIL = b"]}"
 
@@ -37,6 +40,9 @@ def pack_batches(
             + encode_basestring(message.reply_id)
             + ',"body":'
             + encode_basestring(message.body.decode("utf-8"))
+            # A message's own headers (its traceparent among them) travel with it, as
+            # they do as HTTP headers in single mode.
+            + (',"headers":' + json.dumps(dict(message.headers)) if message.headers else "")
             + "}"
         ).encode()
         if group and (len(group) >= max_items or size + len(item) + 1 > max_bytes):

@@ -154,6 +154,22 @@ def test_task_reply_ids_are_reserved(queue: TaskQueue, clock: ManualClock) -> No
     assert queue.messages() == [reply]
 
 
+def test_batch_request_ids_are_reserved(queue: TaskQueue, clock: ManualClock) -> None:
+    """A message named "batch:..." could be confused with a batch request at a receiver."""
+    with pytest.raises(InvalidMessage, match="not starting with 'batch:'"):
+        publish_committed(queue, clock, reply_id="batch:1-2-2")
+    assert queue.messages() == []
+
+
+@pytest.mark.parametrize("number", [float("inf"), float("-inf"), float("nan")])
+def test_a_body_that_is_not_finite_json_is_refused(
+    queue: TaskQueue, clock: ManualClock, number: float
+) -> None:
+    with pytest.raises(InvalidMessage):
+        publish_committed(queue, clock, body={"x": number})
+    assert queue.messages() == []
+
+
 def test_without_a_clock_times_come_from_the_database(queue: TaskQueue) -> None:
     with Session(queue.engine) as session:
         publish(session, "billing", "k-1", BODY)

@@ -122,3 +122,53 @@ def test_oversized_batch_is_413(db_url: str, store: ReceiptStore) -> None:
     assert status == 413
     with store.engine.connect() as conn:
         assert conn.execute(sa.text("select count(*) from receiver_receipts")).scalar() == 0
+
+
+def test_a_captured_request_cannot_be_replayed_to_the_other_endpoint(
+    db_url: str, store: ReceiptStore
+) -> None:
+    client = AppClient(create_app(store, secrets=[SECRET], effect=record_effect))
+    batch = batch_body(("r-1", '{"a":1}'))
+    batch_headers = signed("batch:1-1-1", batch)
+    # A batch request sent to /replies would store the whole batch as one message.
+    replayed = client.post("/replies", content=batch, headers=batch_headers)
+    assert replayed.status_code == 400
+    assert "batch" in replayed.json()["error"]
+    # A single reply whose body has the batch shape, sent to /replies/batch.
+    single = batch_body(("r-2", '{"b":2}'))
+    single_headers = signed("order-7", single)
+    assert client.post("/replies", content=single, headers=single_headers).status_code == 200
+    replayed = client.post("/replies/batch", content=single, headers=single_headers)
+    assert replayed.status_code == 400
+    assert "must start with 'batch:'" in replayed.json()["error"]
+    assert stored_receipts(db_url) == {"order-7": single}
+    assert count_effects(db_url) == 1
+    # No message may take a batch id, even in a batch.
+    sneaky = batch_body(("batch:9-9-1", "{}"))
+    assert post(client, sneaky) == (
+        200,
+        {"results": [{"reply_id": "batch:9-9-1", "status": "invalid"}]},
+    )
+
+
+def test_batch_items_may_carry_their_headers_as_strings(db_url: str, store: ReceiptStore) -> None:
+    client = AppClient(create_app(store, secrets=[SECRET], effect=record_effect))
+    items = [
+        {"reply_id": "h-1", "body": "{}", "headers": {"traceparent": "00-ab-cd-01"}},
+        {"reply_id": "h-2", "body": "{}", "headers": {"x": 1}},
+        {"reply_id": "h-3", "body": "{}", "headers": ["x"]},
+    ]
+    status, answer = post(client, json.dumps({"replies": items}).encode())
+    assert status == 200
+    assert [r["status"] for r in answer["results"]] == ["stored", "invalid", "invalid"]  # type: ignore[index]
+
+
+@pytest.mark.parametrize("number", ["1e400", "-1e400", "1.5e999"])
+def test_a_number_that_overflows_to_infinity_is_refused(store: ReceiptStore, number: str) -> None:
+    client = AppClient(create_app(store, secrets=[SECRET], effect=record_effect))
+    body = ('{"x":' + number + "}").encode()
+    response = client.post("/replies", content=body, headers=signed("inf-1", body))
+    assert response.status_code == 400
+    assert "out of range" in response.json()["error"]
+    status, answer = post(client, batch_body(("inf-2", body.decode())))
+    assert (status, answer["results"][0]["status"]) == (200, "invalid")  # type: ignore[index]

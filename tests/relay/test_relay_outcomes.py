@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
@@ -186,16 +188,40 @@ def test_lease_must_outlast_the_attempt_timeout(db_url: str, server: ScriptedSer
         Relay(db_url, {"default": Destination(server.url, timeout=10, unsigned=True)}, lease=10)
 
 
-def test_traceparent_captured_at_publish_is_forwarded(
-    db_url: str, engine: sa.Engine, server: ScriptedServer, clock: ManualClock
+@pytest.mark.parametrize("mode", ["single", "batch"])
+def test_traceparent_and_headers_captured_at_publish_are_forwarded(
+    db_url: str, engine: sa.Engine, server: ScriptedServer, clock: ManualClock, mode: str
 ) -> None:
     trace = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
     with Session(engine) as session, session.begin():
-        publish(session, "default", "tp-1", {"n": 1}, clock=clock, traceparent=trace)
-    with make_relay(db_url, server, clock) as relay:
+        publish(
+            session,
+            "default",
+            "tp-1",
+            {"n": 1},
+            clock=clock,
+            traceparent=trace,
+            headers={"x-tenant": "acme"},
+        )
+    destination = Destination(
+        server.url,
+        secret=SECRET,
+        timeout=2,
+        mode=mode,
+        batch_url=server.url,  # type: ignore[arg-type]
+    )
+    server.default = Answer(body=b'{"results":[{"reply_id":"tp-1","status":"stored"}]}')
+    with Relay(db_url, {"default": destination}, clock=clock) as relay:
         assert relay.dispatch_once() == [("tp-1", "sent")]
     [request] = server.received
-    assert request.headers["traceparent"] == trace
+    if mode == "single":
+        forwarded = request.headers
+    else:
+        # In a batch each message's headers travel in its item, not as HTTP headers.
+        assert "traceparent" not in request.headers
+        [item] = json.loads(request.body)["replies"]
+        forwarded = item["headers"]
+    assert (forwarded["traceparent"], forwarded["x-tenant"]) == (trace, "acme")
 
 
 @pytest.mark.parametrize(
