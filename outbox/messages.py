@@ -31,6 +31,10 @@ RESERVED_HEADERS = frozenset(
     }
 )
 MAX_HEADER_VALUE = 4096
+# Headers ride with every attempt of the message (and in every batch item): a few small
+# ones, not a second body.
+MAX_HEADERS = 32
+MAX_HEADERS_BYTES = 16 * 1024
 # Task replies are "reply:" + task_id; publish() may not take ids from that namespace.
 TASK_REPLY_PREFIX = "reply:"
 # A batch request is signed with a "batch:" id, which no message may take: a captured
@@ -94,11 +98,18 @@ def check_traceparent(value: object) -> str:
 
 
 def check_headers(headers: Mapping[str, str] | None) -> str:
-    """Extra HTTP headers to send, as canonical JSON; signature headers are reserved."""
+    """Extra HTTP headers to send, as canonical JSON; signature headers are reserved.
+
+    At most MAX_HEADERS headers of MAX_HEADERS_BYTES in all (names and values). They are
+    not part of a message's identity: publishing the same reply_id and body again with
+    other headers is a no-op that keeps the first ones.
+    """
     if headers is None:
         return "{}"
     if not isinstance(headers, Mapping):
         raise InvalidMessage("headers must be a mapping of str to str")
+    if len(headers) > MAX_HEADERS:
+        raise InvalidMessage(f"at most {MAX_HEADERS} headers, got {len(headers)}")
     for name, value in headers.items():
         if not isinstance(name, str) or not HEADER_NAME.fullmatch(name):
             raise InvalidMessage(f"invalid header name {name!r:.80}")
@@ -110,6 +121,9 @@ def check_headers(headers: Mapping[str, str] | None) -> str:
             or not re.fullmatch(r"[\x20-\x7e\t]*", value)
         ):
             raise InvalidMessage(f"invalid value for header {name!r}")
+    size = sum(len(name) + len(value) for name, value in headers.items())
+    if size > MAX_HEADERS_BYTES:
+        raise InvalidMessage(f"headers hold {size} bytes, more than {MAX_HEADERS_BYTES}")
     return json.dumps(dict(headers), sort_keys=True, separators=(",", ":"))
 
 

@@ -19,6 +19,7 @@ from functools import partial
 from outbox import failpoints
 from outbox.errors import ConfigError, TransportError
 from relay.config import Destination
+from relay.http_client import redact_urls
 from relay.metrics import RelayMetrics
 from relay.policy import Dead, Outcome, Retry, Sent, Unsent, longest_retry_window, truncate
 from relay.records import Message
@@ -203,13 +204,15 @@ async def _sent(transport: Transport, parcel: Parcel) -> dict[int, Outcome]:
     except Exception as exc:  # any fault here is the answer's, see above
         log.warning(
             "destination %s: unreadable answer (%s: %s); retrying its %d messages",
-            transport.destination.url,
+            redact_urls(transport.destination.url),
             type(exc).__name__,
-            exc,
+            redact_urls(str(exc)),
             len(parcel.messages),
             exc_info=True,
         )
-        bad = Retry(None, truncate(f"unreadable answer: {type(exc).__name__}: {exc}"))
+        bad = Retry(
+            None, truncate(f"unreadable answer: {type(exc).__name__}: {redact_urls(str(exc))}")
+        )
         return dict.fromkeys((m.id for m in parcel.messages), bad)
     missing = Retry(None, "the transport gave this message no outcome")
     return {m.id: outcomes.get(m.id, missing) for m in parcel.messages}

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -108,6 +109,24 @@ async def _whole(answer: aiohttp.ClientResponse) -> bytes:
     return bytes(data)
 
 
+# scheme://[userinfo@]rest[?query][#fragment], the parts that may hold credentials marked.
+_URL = re.compile(
+    r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)(?P<userinfo>[^\s/@'\"]*@)?(?P<rest>[^\s?#'\"]*)(?P<query>\?[^\s#'\"]*)?(?P<fragment>#[^\s'\"]*)?"
+)
+
+
+def redact_urls(text: str) -> str:
+    """`text` with every URL's userinfo and query string (tokens, passwords) hidden."""
+
+    def hide(found: re.Match[str]) -> str:
+        userinfo = "<redacted>@" if found["userinfo"] else ""
+        query = "?<redacted>" if found["query"] else ""
+        return f"{found['scheme']}{userinfo}{found['rest']}{query}"
+
+    return _URL.sub(hide, text)
+
+
 def _describe(exc: aiohttp.ClientError) -> str:
-    detail = str(exc).strip()
+    # aiohttp's errors may quote the request URL, and a destination URL may carry a token.
+    detail = redact_urls(str(exc).strip())
     return f"{type(exc).__name__}: {detail}" if detail else type(exc).__name__

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from outbox.errors import ConfigError, TransportError
 from relay.config import Destination
-from relay.http_client import HttpClient
+from relay.http_client import HttpClient, redact_urls
 from relay.policy import Outcome
 from relay.receipts import receipt_matches
 from relay.records import Message
@@ -90,7 +90,7 @@ class HttpTransport(Transport):
             "GET", health, headers={}, seconds=self.destination.timeout
         )
         if not 200 <= response.status < 300:
-            raise TransportError(f"{health} answered {response.status}")
+            raise TransportError(f"{redact_urls(health)} answered {response.status}")
         advertised = response.headers.get(self.RETENTION_HEADER)
         try:
             retention = float(advertised) if advertised is not None else math.nan

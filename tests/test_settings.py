@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
+from support.cli_helpers import one_line_error
 
 import outbox
 from outbox.cli import build_parser, command_options, main
@@ -201,3 +202,22 @@ def test_the_relay_refuses_unknown_keys_in_its_table(
     capsys.readouterr()
     assert main(["relay", "--db", db, "--config", str(config)]) == 2
     assert said in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("argv", "said"),
+    [
+        # The value, left over, is read as the receiver's action: shown redacted.
+        (["receiver", "--secret", "whsec_c2VjcmV0LXZhbHVlLTAxMjM0NTY3"], "'whsec_<redacted>'"),
+        (["receiver", "--secret=whsec_c2VjcmV0LXZhbHVlLTAxMjM0NTY3"], "arguments: --secret "),
+        (["relay", "--metrics-por", "9100"], "arguments: --metrics-por "),
+        (["dead", "list", "--dest", "billing"], "arguments: --dest "),
+    ],
+)
+def test_options_must_be_spelled_out_and_errors_never_echo_values(
+    capsys: pytest.CaptureFixture[str], argv: list[str], said: str
+) -> None:
+    line = one_line_error(argv, capsys)
+    assert said in line
+    assert "c2VjcmV0" not in line
+    assert "9100" not in line

@@ -5,9 +5,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 from collections.abc import Sequence
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from outbox import failpoints, migrations
 from outbox.cli import dead, demo, operations, receiver, relay, settings, worker
@@ -16,6 +17,7 @@ from outbox.db.dialect import missing_sqlite_file
 from outbox.errors import OutboxError
 
 DEFAULT_DB = settings.DEFAULT_DB
+SECRET_LIKE = re.compile(r"whsec_[A-Za-z0-9+/=_-]*")
 # Settings each command resolves from flag, environment, config file and default.
 OPTIONS = {"worker": worker.OPTIONS, "relay": relay.OPTIONS, "receiver": receiver.OPTIONS}
 
@@ -35,10 +37,25 @@ def _db_argument(parser: argparse.ArgumentParser) -> None:
 
 
 class OneLineErrors(argparse.ArgumentParser):
-    """Bad arguments: one line on stderr and exit status 2, without the usage block."""
+    """Bad arguments: one line on stderr and exit status 2, without the usage block.
+
+    Options must be spelled out: with prefix matching, `--secret VALUE` was taken as
+    `--secret-file`. An error names the options it refuses, never their values, which
+    may be secrets.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        """A parser (and, through add_subparsers, its subcommands) without abbreviations."""
+        kwargs["allow_abbrev"] = False
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> NoReturn:
-        """Print `prog: error: message` and exit 2."""
+        """Print `prog: error: message` without argument values, and exit 2."""
+        if message.startswith("unrecognized arguments: "):
+            options = [word for word in message.split()[2:] if word.startswith("-")]
+            shown = " ".join(option.partition("=")[0] for option in options)
+            message = f"unrecognized arguments: {shown or '(values not shown)'}"
+        message = SECRET_LIKE.sub("whsec_<redacted>", message)
         self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
 
 

@@ -237,3 +237,28 @@ def test_invalid_publish_adds_nothing(
         assert isinstance(raised.value, ValueError)
         session.commit()
     assert queue.messages() == []
+
+
+@pytest.mark.parametrize(
+    ("headers", "said"),
+    [
+        ({f"x-h{n}": "v" for n in range(33)}, "at most 32 headers"),
+        ({f"x-h{n}": "v" * 4000 for n in range(5)}, "more than 16384"),
+    ],
+)
+def test_headers_are_capped_in_count_and_size(
+    queue: TaskQueue, clock: ManualClock, headers: dict[str, str], said: str
+) -> None:
+    with pytest.raises(InvalidMessage, match=said):
+        publish_committed(queue, clock, headers=headers)
+    assert queue.messages() == []
+    largest = {f"x-h{n}": "v" * 500 for n in range(32)}
+    assert publish_committed(queue, clock, headers=largest)["headers"] == largest
+
+
+def test_headers_are_not_part_of_the_identity(queue: TaskQueue, clock: ManualClock) -> None:
+    first = publish_committed(queue, clock, headers={"x-a": "1"})
+    again = publish_committed(queue, clock, headers={"x-a": "2"})
+    assert again["headers"] == first["headers"]
+    [stored] = queue.messages()
+    assert stored["headers"] == {"x-a": "1"}

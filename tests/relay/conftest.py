@@ -6,6 +6,7 @@ from collections.abc import Iterator
 
 import pytest
 import sqlalchemy as sa
+from support.raw_peer import RawPeer, raw_peer
 from support.scripted_server import ScriptedServer
 
 import outbox
@@ -24,3 +25,10 @@ def engine(db_url: str) -> Iterator[sa.Engine]:
     created = outbox.create_engine(db_url)
     yield created
     created.dispose()
+
+
+@pytest.fixture
+def peer() -> Iterator[RawPeer]:
+    """A raw TCP peer answering with the bytes a test sets."""
+    with raw_peer() as running:
+        yield running

@@ -8,16 +8,13 @@ every message it claimed: none is left `sending` for its lease to run out.
 from __future__ import annotations
 
 import json
-import socket
-import socketserver
-import threading
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 import sqlalchemy as sa
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from support.raw_peer import RawPeer
 from support.relay_helpers import SECRET, publish_many, rows
 
 from outbox.schema import messages
@@ -26,54 +23,6 @@ from relay import Destination, Relay
 from relay.policy import parse_retry_after
 
 LEASE = 10.0
-
-
-class RawPeer(socketserver.ThreadingTCPServer):
-    """Answers every request with the bytes set for its method, then closes."""
-
-    daemon_threads = True
-    allow_reuse_address = True
-
-    def __init__(self) -> None:
-        super().__init__(("127.0.0.1", 0), _Handler)
-        self.answers: dict[str, bytes] = {}
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.server_address[1]}/replies"
-
-
-class _Handler(socketserver.StreamRequestHandler):
-    def handle(self) -> None:
-        self.connection.settimeout(5)
-        try:
-            request_line = self.rfile.readline(65536)
-            length = 0
-            while True:
-                line = self.rfile.readline(65536)
-                if line in (b"\r\n", b"\n", b""):
-                    break
-                name, _, value = line.partition(b":")
-                if name.strip().lower() == b"content-length":
-                    length = int(value)
-            self.rfile.read(length)
-            method = request_line.split(b" ", 1)[0].decode()
-            assert isinstance(self.server, RawPeer)
-            self.wfile.write(self.server.answers.get(method, b""))
-            self.wfile.flush()
-            self.connection.shutdown(socket.SHUT_WR)
-        except OSError:
-            pass
-
-
-@pytest.fixture
-def peer() -> Iterator[RawPeer]:
-    server = RawPeer()
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield server
-    server.shutdown()
-    server.server_close()
 
 
 HEADER_NAMES = [

@@ -3,11 +3,13 @@ or the database refuses a settle: nothing sent twice while a lease holds, nothin
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Collection
 
 import pytest
 import sqlalchemy as sa
+from support.raw_peer import RawPeer
 from support.relay_helpers import SECRET, publish_many, rows
 from support.scripted_server import Answer, ScriptedServer
 
@@ -15,6 +17,7 @@ from outbox.testing import ManualClock
 from relay import Destination, Relay
 from relay import http_client as relay_http
 from relay.http_batch import pack_batches
+from relay.http_client import redact_urls
 from relay.records import Message
 
 
@@ -163,3 +166,33 @@ def test_an_answer_over_the_size_limit_is_a_transport_error(
         verdicts = dict(relay.dispatch_once())
     assert verdicts == {"small": "sent", "huge": "retry"}
     assert "answer larger than 4096 bytes" in rows(engine)["huge"]["last_error"]
+
+
+def test_a_token_in_the_destination_url_never_reaches_stored_errors_or_logs(
+    db_url: str,
+    engine: sa.Engine,
+    peer: RawPeer,
+    clock: ManualClock,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    publish_many(engine, ["t-1"], clock=clock)
+    peer.answers = {"POST": b"garbage\r\n\r\n"}
+    secret_url = peer.url + "?token=s3cret-token"
+    destination = Destination(secret_url, secret=SECRET, timeout=2)
+    with (
+        caplog.at_level(logging.DEBUG),
+        Relay(db_url, {"default": destination}, clock=clock) as relay,
+    ):
+        assert relay.dispatch_once() == [("t-1", "retry")]
+    error = rows(engine)["t-1"]["last_error"]
+    assert "Bad status line" in error
+    assert "?<redacted>" in error
+    assert "s3cret-token" not in error
+    assert "s3cret-token" not in caplog.text
+
+
+def test_urls_lose_their_credentials_and_query_strings() -> None:
+    text = "failed: url='https://user:pw@h.example:8443/a/b?token=x&y=2#frag' and http://ok/x"
+    assert redact_urls(text) == (
+        "failed: url='https://<redacted>@h.example:8443/a/b?<redacted>' and http://ok/x"
+    )
