@@ -34,7 +34,7 @@ from sqlalchemy.orm import Session
 
 from outbox.errors import PayloadCollision, SignatureError, StoreUnavailable
 from outbox.signing import DEFAULT_TOLERANCE, parse_secret
-from receiver import ReceiptStore, verify
+from receiver import ReceiptStore, is_reply_id, verify
 from receiver.effects import REPLY_ID_KEY
 
 # Relay bodies stay far below this (64 KiB published, 256 KiB task results); refusing
@@ -114,6 +114,10 @@ def create_app(
             reply_id = verify(request.headers, body, secrets, tolerance)
         except SignatureError as exc:
             return _answer(401, {"error": str(exc)})
+        if not is_reply_id(reply_id):
+            # A batch request's id (batch:...): signed for another endpoint, so a captured
+            # batch replayed here must not be stored as one message.
+            return _answer(400, {"error": "webhook-id is not a reply_id"})
         try:
             json.loads(body.decode("utf-8"))
         except (ValueError, RecursionError):  # not UTF-8, not JSON, or nested too deep

@@ -10,6 +10,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
 from outbox.errors import StoreUnavailable
+from outbox.messages import is_reply_id
 from outbox.migrations import RECEIVER_BRANCH, upgrade_branch
 from receiver.app import create_app
 from receiver.signatures import verify
@@ -20,6 +21,7 @@ __all__ = [
     "ReceiptStore",
     "StoreUnavailable",
     "create_app",
+    "is_reply_id",
     "upgrade",
     "verify",
 ]

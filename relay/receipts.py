@@ -41,6 +41,8 @@ async def lookup_receipt(
         held = response.json().get("content_hash")
     except (ValueError, AttributeError):
         return None
+    if not isinstance(held, str):
+        return None  # a 200 that names no hash says nothing about which body is held
     return "held" if held == content_hash else "other body"
 
 

@@ -13,6 +13,7 @@ import math
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from urllib.parse import urlsplit, urlunsplit
 
 from outbox.errors import ConfigError, TransportError
 from relay.config import Destination
@@ -85,7 +86,7 @@ class HttpTransport(Transport):
         Unreachable now is a delivery problem, retried like any other: the caller
         is told by TimeoutError or TransportError that it could not be checked.
         """
-        health = self.destination.url.rstrip("/").rsplit("/", 1)[0] + "/healthz"
+        health = health_url(self.destination.url)
         response = await self.client.request(
             "GET", health, headers={}, seconds=self.destination.timeout
         )
@@ -102,6 +103,13 @@ class HttpTransport(Transport):
     async def close(self) -> None:
         """Close the pooled connections."""
         await self.client.close()
+
+
+def health_url(url: str) -> str:
+    """The /healthz next to a destination url: a sibling of its last path segment."""
+    parts = urlsplit(url)
+    path = parts.path.rstrip("/").rsplit("/", 1)[0] if "/" in parts.path.strip("/") else ""
+    return urlunsplit((parts.scheme, parts.netloc, path + "/healthz", "", ""))
 
 
 def _http(destination: Destination) -> Transport:

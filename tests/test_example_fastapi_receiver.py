@@ -282,6 +282,9 @@ def test_the_answers_the_document_promises(example: Example, db_url: str) -> Non
         assert http.post("/replies", content=body, headers=stale).status_code == 401
         not_json = http.post("/replies", content=b"{", headers=signed("h-1", b"{"))
         assert not_json.status_code == 400
+        batch = b'{"replies":[{"reply_id":"h-3","body":"{}"}]}'
+        replayed = http.post("/replies", content=batch, headers=signed("batch:1-1-1", batch))
+        assert replayed.status_code == 400  # a batch's signature does not fit this endpoint
         assert stored_receipts(db_url) == {}
         assert applied(example) == Counter()
 

@@ -39,6 +39,7 @@ def test_public_names_are_the_contract() -> None:
         "ReceiptStore",
         "StoreUnavailable",
         "create_app",
+        "is_reply_id",
         "upgrade",
         "verify",
     ]

@@ -7,20 +7,23 @@ kind is refused when the relay starts.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Sequence
 from typing import ClassVar
 
 import pytest
 import sqlalchemy as sa
-from support.relay_helpers import publish_many, rows
+from support.raw_peer import RawPeer
+from support.relay_helpers import SECRET, publish_many, rows
 
 from outbox.errors import ConfigError
 from outbox.testing import ManualClock
 from relay import Destination, Relay
 from relay import transport as transports
 from relay.policy import Outcome, Retry, Sent
+from relay.receipts import ask_receipt
 from relay.records import Message
-from relay.transport import Parcel, Transport
+from relay.transport import Parcel, Transport, health_url
 
 
 class InMemoryTransport(Transport):
@@ -83,3 +86,36 @@ def test_an_unknown_kind_is_refused_at_start(db_url: str, engine: sa.Engine) -> 
     nats = Destination("http://unused.invalid/", kind="nats", unsigned=True)
     with pytest.raises(ConfigError, match=r"kind 'nats' is not one of \['http'\]"):
         Relay(db_url, {"default": nats})
+
+
+@pytest.mark.parametrize(
+    ("url", "health"),
+    [
+        ("http://h:8000", "http://h:8000/healthz"),
+        ("http://h:8000/", "http://h:8000/healthz"),
+        ("http://h/replies", "http://h/healthz"),
+        ("http://h/api/replies/?token=x", "http://h/api/healthz"),
+    ],
+)
+def test_the_retention_is_read_next_to_the_destination_url(url: str, health: str) -> None:
+    assert health_url(url) == health
+
+
+@pytest.mark.parametrize(
+    ("answer", "said"),
+    [
+        (b'{"content_hash":"%s"}', "held"),
+        (b'{"content_hash":"0000"}', "other body"),
+        (b'{"reply_id":"r-1"}', None),
+        (b'{"content_hash":null}', None),
+        (b"[]", None),
+    ],
+)
+def test_a_lookup_answer_without_a_hash_says_nothing(
+    peer: RawPeer, answer: bytes, said: str | None
+) -> None:
+    digest = hashlib.sha256(b"{}").hexdigest()
+    body = answer.replace(b"%s", digest.encode())
+    peer.answers = {"GET": b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)}
+    destination = Destination(peer.url, secret=SECRET, timeout=2)
+    assert ask_receipt(destination, "r-1", digest) == said
