@@ -24,6 +24,7 @@ from outbox.db.handle import DatabaseHandle
 from outbox.db.operations_sql import DeadFilter
 from outbox.errors import RequeueRefused
 from outbox.schema import MESSAGE_STATES, TASK_STATES, messages, tasks
+from outbox.states import DeadDecision
 
 PURGE_BATCH = 1000
 ALL_DEAD = DeadFilter()
@@ -98,7 +99,8 @@ class Operations(DatabaseHandle):
             if dead is None or changed != 1:
                 raise RequeueRefused(f"message {reply_id!r} is not dead; nothing requeued")
             audit = conn.execute(
-                sql.insert_requeue_audit(
+                sql.insert_decision_audit(
+                    action=DeadDecision.REQUEUE.value,
                     reply_id=reply_id,
                     requested_by=by,
                     reason=reason,

@@ -94,7 +94,13 @@ def test_status_counts_every_state_as_the_database_holds_them(
         "expired": 0,
         "hop_limit": 0,
     }
-    assert status["messages"] == {"pending": 1, "sending": 0, "sent": 0, "dead": 1}
+    assert status["messages"] == {
+        "pending": 1,
+        "sending": 0,
+        "sent": 0,
+        "dead": 1,
+        "resolved": 0,
+    }
     assert status["dead"] == 1
     assert status["unrouted"] == 1  # the relay stopped: nothing delivers its pending reply
     assert main(["status", "--db", seeded]) == 0
@@ -275,7 +281,7 @@ def test_requeue_sends_the_same_reply_again_and_keeps_an_audit(
         before["content_hash"],
     )
     [kept] = audit_rows(engine)
-    assert kept["reply_id"] == "lost-1"
+    assert (kept["reply_id"], kept["action"]) == ("lost-1", "requeue")
     assert kept["requested_by"] == "ops-anna"
     assert kept["reason"] == "receiver was down"
     assert (kept["previous_attempts"], kept["previous_status"]) == (3, 503)

@@ -105,8 +105,8 @@ def requeue_dead(message_id: int, now: Now) -> sa.Update:
     )
 
 
-def insert_requeue_audit(**values: Any) -> Any:
-    """One row of `outbox_requeues`, returned whole."""
+def insert_decision_audit(**values: Any) -> Any:
+    """One audit row of a decision about a dead message (`outbox_requeues`), returned whole."""
     return requeues.insert().values(**values).returning(*requeues.c)
 
 
