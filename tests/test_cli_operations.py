@@ -1,4 +1,4 @@
-"""`outbox status`, `outbox dead list|show` and `outbox purge` against seeded states."""
+"""`outbox status`, `outbox dead list|show|requeue` and `outbox purge` against seeded states."""
 
 from __future__ import annotations
 
@@ -12,6 +12,14 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
 from support.cli_helpers import one_line_error
+from support.operations_helpers import (
+    audit_rows,
+    dead_messages,
+    mark_dead,
+    mark_sent,
+    run_json,
+    state_rows,
+)
 from support.receiver_helpers import SECRET, ReceiverProcess
 from support.relay_helpers import publish_many, rows
 
@@ -20,7 +28,7 @@ from outbox import AuthContext, Envelope, TaskQueue
 from outbox.cli import main
 from outbox.db.operations_sql import DeadFilter
 from outbox.operations import Operations
-from outbox.schema import messages, requeues, tasks
+from outbox.schema import messages, tasks
 from outbox.testing import ManualClock
 from receiver import ReceiptStore
 from relay import Destination, Relay
@@ -70,12 +78,6 @@ def state_counts(engine: sa.Engine, table: sa.Table) -> dict[str, int]:
     with engine.connect() as conn:
         query = sa.select(table.c.state, sa.func.count()).group_by(table.c.state)
         return {state: int(count) for state, count in conn.execute(query)}
-
-
-def run_json(capsys: pytest.CaptureFixture[str], *argv: str) -> object:
-    """`outbox ARGV --json`, which must exit 0; its decoded output."""
-    assert main([*argv, "--json"]) == 0
-    return json.loads(capsys.readouterr().out)
 
 
 def test_status_counts_every_state_as_the_database_holds_them(
@@ -147,28 +149,6 @@ def test_dead_show_of_a_missing_or_live_reply_is_a_one_line_error(
     assert err.count("\n") == 1
 
 
-def state_rows(db_url: str) -> list[dict[str, object]]:
-    """Every message's reply_id and state."""
-    engine = outbox.create_engine(db_url)
-    try:
-        with engine.connect() as conn:
-            query = sa.select(messages.c.reply_id, messages.c.state)
-            return [dict(row) for row in conn.execute(query).mappings()]
-    finally:
-        engine.dispose()
-
-
-def mark_sent(engine: sa.Engine, sent_at: dict[str, float]) -> None:
-    """Seed: these messages were sent at these times."""
-    with engine.begin() as conn:
-        for reply_id, moment in sent_at.items():
-            conn.execute(
-                messages.update()
-                .where(messages.c.reply_id == reply_id)
-                .values(state="sent", sent_at=moment)
-            )
-
-
 def test_purge_deletes_only_sent_replies_past_the_age_in_batches(
     db_url: str, engine: sa.Engine, clock: ManualClock
 ) -> None:
@@ -219,23 +199,6 @@ def test_bad_arguments_are_a_one_line_error_and_exit_2(
 
 
 # --- requeue -------------------------------------------------------------------------
-
-
-def mark_dead(engine: sa.Engine, reply_id: str, attempts: int = 3) -> None:
-    """Seed: this message died after `attempts` attempts."""
-    with engine.begin() as conn:
-        conn.execute(
-            messages.update()
-            .where(messages.c.reply_id == reply_id)
-            .values(state="dead", attempts=attempts, last_status=503, last_error="HTTP 503")
-        )
-
-
-def audit_rows(engine: sa.Engine) -> list[dict[str, object]]:
-    """The requeue audit, oldest first."""
-    with engine.connect() as conn:
-        query = sa.select(requeues).order_by(requeues.c.id)
-        return [dict(row) for row in conn.execute(query).mappings()]
 
 
 @pytest.fixture
@@ -346,26 +309,6 @@ def test_requeue_without_a_receipt_lookup_needs_force(
     assert "requeued 'd-1'" in capsys.readouterr().out
     [kept] = audit_rows(engine)
     assert (kept["receipt"], kept["forced"]) == ("not checked", True)
-
-
-def dead_messages(engine: sa.Engine, clock: ManualClock) -> None:
-    """Four dead messages: created an hour apart, two destinations, three kinds of error."""
-    dead = [
-        ("b-1", "billing", 410, "HTTP 410: gone"),
-        ("b-2", "billing", 409, "HTTP 409 conflict: other body"),
-        ("s-1", "shipping", 410, "HTTP 410: Gone for good"),
-        ("s-2", "shipping", None, "outcome unknown: lease expired while sending"),
-    ]
-    for reply_id, destination, status, error in dead:
-        with Session(engine) as session, session.begin():
-            outbox.publish(session, destination, reply_id, {"id": reply_id}, clock=clock)
-        with engine.begin() as conn:
-            conn.execute(
-                sa.update(messages)
-                .where(messages.c.reply_id == reply_id)
-                .values(state="dead", attempts=1, last_status=status, last_error=error)
-            )
-        clock.advance(3600)
 
 
 def test_dead_list_filters_by_destination_status_error_and_age(

@@ -1,7 +1,9 @@
-"""`outbox dead list|show|requeue`: the messages that will not be delivered, and decisions.
+"""`outbox dead list|show|requeue|resolve`: the messages that will not be delivered, and
+decisions about them.
 
-The decisions live in their own modules (outbox.cli.requeue); what they share,
-choosing dead messages by REPLY_ID or filters, in outbox.cli.decisions.
+The decisions live in their own modules (outbox.cli.requeue, outbox.cli.resolve);
+what they share, choosing dead messages by REPLY_ID or filters and reporting, in
+outbox.cli.decisions.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
-from outbox.cli import requeue
+from outbox.cli import requeue, resolve
 from outbox.cli.arguments import age_text, json_flag, positive_int, print_json
 from outbox.cli.decisions import add_decision_arguments, add_filters, chosen_filter, dead_message
 from outbox.db.operations_sql import DeadFilter
@@ -22,7 +24,7 @@ ERROR_WIDTH = 60
 
 
 def add_parser(commands: Any, db_argument: Callable[[argparse.ArgumentParser], None]) -> None:
-    """Register `outbox dead list|show|requeue`."""
+    """Register `outbox dead list|show|requeue|resolve`."""
     dead = commands.add_parser("dead", help="messages that will not be delivered")
     dead_commands = dead.add_subparsers(dest="dead_command", required=True)
     listing = dead_commands.add_parser("list", help="dead messages, oldest first")
@@ -42,6 +44,13 @@ def add_parser(commands: Any, db_argument: Callable[[argparse.ArgumentParser], N
     db_argument(requeuing)
     add_decision_arguments(requeuing, "requeued")
     requeue.add_arguments(requeuing)
+    resolving = dead_commands.add_parser(
+        "resolve",
+        help="settle dead messages as needing no delivery (final; purge deletes them later), "
+        "audited: one REPLY_ID, or every one the filters choose",
+    )
+    db_argument(resolving)
+    add_decision_arguments(resolving, "resolved")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -51,6 +60,8 @@ def run(args: argparse.Namespace) -> int:
             return _dead_list(ops, args.limit, chosen_filter(args), args.json)
         if args.dead_command == "requeue":
             return requeue.run(ops, args)
+        if args.dead_command == "resolve":
+            return resolve.run(ops, args)
         return _dead_show(ops, args.reply_id, args.json)
 
 

@@ -91,11 +91,16 @@ def chosen_many(args: argparse.Namespace, verb: str) -> DeadFilter | None:
 def dead_message(ops: Operations, reply_id: str) -> dict[str, Any] | None:
     """The dead message, or None after saying on stderr why there is none."""
     message = ops.message(reply_id)
-    if message is None or message["state"] != MessageState.DEAD:
-        found = "no message" if message is None else f"message is {message['state']}, not dead:"
-        print(f"outbox: {found} {reply_id!r}", file=sys.stderr)
-        return None
-    return message
+    if message is not None and message["state"] == MessageState.DEAD:
+        return message
+    if message is None:
+        found = "no message"
+    elif message["state"] == MessageState.RESOLVED:
+        found = "message is resolved, which is final (it needs no delivery):"
+    else:
+        found = f"message is {message['state']}, not dead:"
+    print(f"outbox: {found} {reply_id!r}", file=sys.stderr)
+    return None
 
 
 @dataclass

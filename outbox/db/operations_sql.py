@@ -1,4 +1,5 @@
-"""The statements behind `outbox status`, `outbox dead` and `outbox purge`."""
+"""The statements behind `outbox status`, `outbox dead` (list, show, requeue, resolve) and
+`outbox purge`."""
 
 from __future__ import annotations
 
@@ -103,6 +104,24 @@ def requeue_dead(message_id: int, now: Now) -> sa.Update:
             last_error=None,
         )
     )
+
+
+def resolve_dead(reply_id: str, now: Now) -> sa.Update:
+    """A dead message resolved, never to be delivered; guarded by its state. Returns the
+    outcome it keeps (attempts, last status and error), or no row when it was not dead."""
+    # One statement both checks and changes: of a resolve and a requeue (or two resolves)
+    # at once, one changes the row and the other's guard no longer matches it.
+    return (
+        messages.update()
+        .where(messages.c.reply_id == reply_id, messages.c.state == MessageState.DEAD.value)
+        .values(state=MessageState.RESOLVED.value, resolved_at=now)
+        .returning(messages.c.attempts, messages.c.last_status, messages.c.last_error)
+    )
+
+
+def select_state(reply_id: str) -> sa.Select[Any]:
+    """One message's state, to say why a decision found nothing to change."""
+    return sa.select(messages.c.state).where(messages.c.reply_id == reply_id)
 
 
 def insert_decision_audit(**values: Any) -> Any:
