@@ -28,6 +28,8 @@ from outbox.schema import MESSAGE_STATES, TASK_STATES, messages, tasks
 from outbox.states import DeadDecision, MessageState
 
 PURGE_BATCH = 1000
+PURGED_STATES = (MessageState.SENT.value, MessageState.RESOLVED.value)
+"""The states `purge` deletes once old enough: nothing is left to do for them."""
 ALL_DEAD = DeadFilter()
 RECEIPT_ANSWERS = ("received", "other body", "not received", "unknown", "not checked")
 
@@ -139,32 +141,34 @@ class Operations(DatabaseHandle):
             )
             return dict(audit.mappings().one())
 
-    def purge_sent(
+    def purge(
         self,
         older_than: float,
         batch: int = PURGE_BATCH,
         progress: Callable[[int], None] | None = None,
-    ) -> int:
-        """Delete messages sent more than `older_than` seconds ago, `batch` rows per transaction.
+    ) -> dict[str, int]:
+        """Delete messages sent, or resolved, more than `older_than` seconds ago, `batch` rows
+        per transaction; how many of each state were deleted.
 
-        Returns how many were deleted; `progress` is told the running total after
-        each batch. Short transactions keep the relays and writers moving meanwhile.
+        `progress` is told the running total after each batch. Short transactions
+        keep the relays and writers moving meanwhile.
         """
         if not older_than >= 0:
             raise ValueError(f"older_than must be a number of seconds >= 0, got {older_than!r}")
         if batch < 1:
             raise ValueError(f"batch must be >= 1, got {batch}")
-        removed = 0
+        removed = dict.fromkeys(PURGED_STATES, 0)
         while True:
             with self._engine.begin() as conn:
                 cutoff = self._now() - older_than
-                ids = list(conn.execute(sql.select_sent_before(cutoff, batch)).scalars())
-                if ids:
-                    conn.execute(sql.delete_messages(ids))
-            removed += len(ids)
-            if progress is not None and ids:
-                progress(removed)
-            if len(ids) < batch:
+                chosen = conn.execute(sql.select_purgeable(cutoff, batch)).all()
+                if chosen:
+                    conn.execute(sql.delete_messages([row.id for row in chosen]))
+            for row in chosen:
+                removed[row.state] += 1
+            if progress is not None and chosen:
+                progress(sum(removed.values()))
+            if len(chosen) < batch:
                 return removed
 
 

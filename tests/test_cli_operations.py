@@ -16,6 +16,7 @@ from support.operations_helpers import (
     audit_rows,
     dead_messages,
     mark_dead,
+    mark_resolved,
     mark_sent,
     run_json,
     state_rows,
@@ -149,42 +150,61 @@ def test_dead_show_of_a_missing_or_live_reply_is_a_one_line_error(
     assert err.count("\n") == 1
 
 
-def test_purge_deletes_only_sent_replies_past_the_age_in_batches(
+def test_purge_deletes_sent_and_resolved_messages_past_the_age_in_batches(
     db_url: str, engine: sa.Engine, clock: ManualClock
 ) -> None:
-    ids = [f"p-{n}" for n in range(6)]
+    ids = [f"p-{n}" for n in range(9)]
     for reply_id in ids:
         with Session(engine) as session, session.begin():
             outbox.publish(session, "default", reply_id, {"id": reply_id}, clock=clock)
+    clock.advance(3 * DAY)
     now = clock()
-    # Three sent long ago, one sent recently, two never sent.
+    # Sent: three long ago and one recently. Resolved: two long ago and one recently,
+    # though created as long ago as the rest. One still dead, one never sent.
     mark_sent(engine, {"p-0": now - 3 * DAY, "p-1": now - 2 * DAY, "p-2": now - 2 * DAY})
     mark_sent(engine, {"p-3": now - 60})
+    mark_resolved(engine, {"p-4": now - 2 * DAY, "p-5": now - 2 * DAY, "p-6": now - 60})
+    mark_dead(engine, "p-7")
     seen: list[int] = []
     with Operations(db_url, clock=clock) as ops:
-        assert ops.purge_sent(DAY, batch=2, progress=seen.append) == 3
-    assert seen == [2, 3]
-    assert sorted(r["reply_id"] for r in state_rows(db_url)) == ["p-3", "p-4", "p-5"]
+        assert ops.purge(DAY, batch=2, progress=seen.append) == {"sent": 3, "resolved": 2}
+    assert seen == [2, 4, 5]
+    assert sorted(r["reply_id"] for r in state_rows(db_url)) == ["p-3", "p-6", "p-7", "p-8"]
 
 
+@pytest.mark.parametrize("flag", ["--older-than", "--sent-older-than"])
 def test_purge_command_uses_the_database_clock(
-    db_url: str, engine: sa.Engine, clock: ManualClock, capsys: pytest.CaptureFixture[str]
+    flag: str,
+    db_url: str,
+    engine: sa.Engine,
+    clock: ManualClock,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
-    for reply_id in ("old", "new"):
+    for reply_id in ("old", "new", "old-resolved", "new-resolved"):
         with Session(engine) as session, session.begin():
             outbox.publish(session, "default", reply_id, {"id": reply_id}, clock=clock)
     mark_sent(engine, {"old": time.time() - 8 * DAY, "new": time.time()})
-    result = run_json(capsys, "purge", "--sent-older-than", "7d", "--db", db_url)
-    assert result == {"purged": 1, "sent_older_than_seconds": 7 * DAY}
-    assert [r["reply_id"] for r in state_rows(db_url)] == ["new"]
+    mark_resolved(engine, {"old-resolved": time.time() - 8 * DAY, "new-resolved": time.time()})
+    # --sent-older-than is the flag's name from before resolved messages: the same purge.
+    result = run_json(capsys, "purge", flag, "7d", "--db", db_url)
+    assert result == {
+        "purged": 2,
+        "by_state": {"sent": 1, "resolved": 1},
+        "older_than_seconds": 7 * DAY,
+    }
+    assert sorted(r["reply_id"] for r in state_rows(db_url)) == ["new", "new-resolved"]
+    assert main(["purge", flag, "7d", "--db", db_url]) == 0
+    assert "purged 0 messages sent or resolved more than 7.0d ago (0 sent, 0 resolved)" in (
+        capsys.readouterr().out
+    )
 
 
 @pytest.mark.parametrize(
     ("argv", "complaint"),
     [
-        (["purge", "--sent-older-than", "7x"], "invalid duration '7x'"),
+        (["purge", "--older-than", "7x"], "invalid duration '7x'"),
         (["purge", "--sent-older-than=-1d"], "invalid duration '-1d'"),
-        (["purge"], "the following arguments are required: --sent-older-than"),
+        (["purge"], "the following arguments are required: --older-than/--sent-older-than"),
         (["dead", "list", "--limit", "0"], "expected a whole number >= 1, got '0'"),
         (["dead", "frob"], "invalid choice: 'frob'"),
         (["status", "--verbose"], "unrecognized arguments: --verbose"),

@@ -129,11 +129,20 @@ def insert_decision_audit(**values: Any) -> Any:
     return requeues.insert().values(**values).returning(*requeues.c)
 
 
-def select_sent_before(cutoff: Now, batch: int) -> sa.Select[Any]:
-    """The ids of up to `batch` messages sent before `cutoff`, oldest first."""
+def select_purgeable(cutoff: Now, batch: int) -> sa.Select[Any]:
+    """The ids and states of up to `batch` messages sent, or resolved, before `cutoff`, oldest
+    first."""
     return (
-        sa.select(messages.c.id)
-        .where(messages.c.state == MessageState.SENT.value, messages.c.sent_at < cutoff)
+        sa.select(messages.c.id, messages.c.state)
+        .where(
+            sa.or_(
+                sa.and_(messages.c.state == MessageState.SENT.value, messages.c.sent_at < cutoff),
+                sa.and_(
+                    messages.c.state == MessageState.RESOLVED.value,
+                    messages.c.resolved_at < cutoff,
+                ),
+            )
+        )
         .order_by(messages.c.id)
         .limit(batch)
     )
