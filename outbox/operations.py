@@ -35,7 +35,7 @@ RECEIPT_ANSWERS = ("received", "other body", "not received", "unknown", "not che
 
 
 class Operations(DatabaseHandle):
-    """Status, dead messages and purges on one outbox database."""
+    """Status, dead messages, decisions about them, and purges on one outbox database."""
 
     def __init__(self, url_or_engine: str | sa.URL | Engine, clock: Clock | None = None) -> None:
         """Open the database (its schema must be current)."""

@@ -144,10 +144,8 @@ def decide_many(
     else:
         for result in results:
             print(result.line())
-        print(
-            f"{f'would {verb}' if args.dry_run else done} {len(results) - len(refused)}, "
-            f"refused {len(refused)}"
-        )
+        counted = f"would {verb}" if args.dry_run else done
+        print(f"{counted} {len(results) - len(refused)}, refused {len(refused)}")
         if len(messages) == args.limit:
             print(f"(first {args.limit}; --limit chooses more)")
     return 1 if refused else 0
