@@ -10,6 +10,7 @@ OutboxError
 ├── SchemaNotReady        the database schema is missing or older than the code
 ├── PermanentFailure      raised by a worker's handler: fail the task now, no retry
 ├── RequeueRefused        a requeue found the message missing or not dead
+├── ResolveRefused        a resolve found the message missing or not dead
 ├── ConfigError           (also ValueError) the relay's configuration is unusable
 ├── TransportError        the relay's request failed below HTTP
 ├── SignatureError        a request is not signed by a current secret in time
@@ -68,7 +69,13 @@ class PermanentFailure(OutboxError):
 
 
 class RequeueRefused(OutboxError):
-    """The message is missing or not dead (perhaps requeued meanwhile): nothing was changed."""
+    """Nothing to requeue: the message is missing or not dead (perhaps requeued or resolved
+    meanwhile); nothing was changed."""
+
+
+class ResolveRefused(OutboxError):
+    """Nothing to resolve: the message is missing or not dead (perhaps requeued or resolved
+    meanwhile); nothing was changed."""
 
 
 class ConfigError(OutboxError, ValueError):

@@ -1,11 +1,12 @@
-"""Operating a running outbox: counts per state, dead messages, requeues, purges.
+"""Operating a running outbox: counts per state, dead messages, decisions, purges.
 
 The queries behind `outbox status`, `outbox dead` and `outbox purge`
 (outbox.db.operations_sql). Ages are measured against the database's clock
-(or a manual clock in tests), never the operator's. A requeue is an explicit,
-audited decision: the same reply_id and body go out again, and
-`outbox_requeues` keeps who, when, why and what the destination's receipt
-lookup said.
+(or a manual clock in tests), never the operator's. Requeue and resolve are
+explicit, audited decisions about a dead message: a requeue sends the same
+reply_id and body again; a resolve says it needs no delivery, for good. Each
+writes a row of `outbox_requeues` (who, when, why, what the destination's
+receipt lookup said) in the transaction that changes the message.
 """
 
 from __future__ import annotations
@@ -22,16 +23,19 @@ from outbox.db import operations_sql as sql
 from outbox.db.dialect import now_expression
 from outbox.db.handle import DatabaseHandle
 from outbox.db.operations_sql import DeadFilter
-from outbox.errors import RequeueRefused
+from outbox.errors import RequeueRefused, ResolveRefused
 from outbox.schema import MESSAGE_STATES, TASK_STATES, messages, tasks
+from outbox.states import DeadDecision, MessageState
 
 PURGE_BATCH = 1000
+PURGED_STATES = (MessageState.SENT.value, MessageState.RESOLVED.value)
+"""The states `purge` deletes once old enough: nothing is left to do for them."""
 ALL_DEAD = DeadFilter()
 RECEIPT_ANSWERS = ("received", "other body", "not received", "unknown", "not checked")
 
 
 class Operations(DatabaseHandle):
-    """Status, dead messages and purges on one outbox database."""
+    """Status, dead messages, decisions about them, and purges on one outbox database."""
 
     def __init__(self, url_or_engine: str | sa.URL | Engine, clock: Clock | None = None) -> None:
         """Open the database (its schema must be current)."""
@@ -84,10 +88,7 @@ class Operations(DatabaseHandle):
         `receipt` is what the destination's lookup said (one of RECEIPT_ANSWERS);
         the caller decides beforehand whether that allows a requeue.
         """
-        if not reason.strip():
-            raise ValueError("a reason is required: it is kept in the audit table")
-        if not by.strip():
-            raise ValueError("who requeues must be named")
+        _check_decision(reason, by)
         if receipt not in RECEIPT_ANSWERS:
             raise ValueError(f"receipt must be one of {RECEIPT_ANSWERS}, got {receipt!r}")
         with self._engine.begin() as conn:
@@ -96,9 +97,10 @@ class Operations(DatabaseHandle):
                 0 if dead is None else conn.execute(sql.requeue_dead(dead.id, self._now())).rowcount
             )
             if dead is None or changed != 1:
-                raise RequeueRefused(f"message {reply_id!r} is not dead; nothing requeued")
+                raise RequeueRefused(_not_dead(conn, reply_id, "nothing requeued"))
             audit = conn.execute(
-                sql.insert_requeue_audit(
+                sql.insert_decision_audit(
+                    action=DeadDecision.REQUEUE.value,
                     reply_id=reply_id,
                     requested_by=by,
                     reason=reason,
@@ -112,33 +114,80 @@ class Operations(DatabaseHandle):
             )
             return dict(audit.mappings().one())
 
-    def purge_sent(
+    def resolve(self, reply_id: str, *, reason: str, by: str) -> dict[str, Any]:
+        """Settle a dead message as needing no delivery (final), and record why; the audit row.
+
+        Nothing is asked of the destination: the operator vouches that the
+        message needs no delivery (say, the destination confirmed it some other way).
+        """
+        _check_decision(reason, by)
+        with self._engine.begin() as conn:
+            kept = conn.execute(sql.resolve_dead(reply_id, self._now())).first()
+            if kept is None:
+                raise ResolveRefused(_not_dead(conn, reply_id, "nothing resolved"))
+            audit = conn.execute(
+                sql.insert_decision_audit(
+                    action=DeadDecision.RESOLVE.value,
+                    reply_id=reply_id,
+                    requested_by=by,
+                    reason=reason,
+                    requested_at=self._now(),
+                    receipt="not checked",
+                    forced=False,
+                    previous_attempts=kept.attempts,
+                    previous_status=kept.last_status,
+                    previous_error=kept.last_error,
+                )
+            )
+            return dict(audit.mappings().one())
+
+    def purge(
         self,
         older_than: float,
         batch: int = PURGE_BATCH,
         progress: Callable[[int], None] | None = None,
-    ) -> int:
-        """Delete messages sent more than `older_than` seconds ago, `batch` rows per transaction.
+    ) -> dict[str, int]:
+        """Delete messages sent, or resolved, more than `older_than` seconds ago, `batch` rows
+        per transaction; how many of each state were deleted.
 
-        Returns how many were deleted; `progress` is told the running total after
-        each batch. Short transactions keep the relays and writers moving meanwhile.
+        `progress` is told the running total after each batch. Short transactions
+        keep the relays and writers moving meanwhile.
         """
         if not older_than >= 0:
             raise ValueError(f"older_than must be a number of seconds >= 0, got {older_than!r}")
         if batch < 1:
             raise ValueError(f"batch must be >= 1, got {batch}")
-        removed = 0
+        removed = dict.fromkeys(PURGED_STATES, 0)
         while True:
             with self._engine.begin() as conn:
                 cutoff = self._now() - older_than
-                ids = list(conn.execute(sql.select_sent_before(cutoff, batch)).scalars())
-                if ids:
-                    conn.execute(sql.delete_messages(ids))
-            removed += len(ids)
-            if progress is not None and ids:
-                progress(removed)
-            if len(ids) < batch:
+                chosen = conn.execute(sql.select_purgeable(cutoff, batch)).all()
+                if chosen:
+                    conn.execute(sql.delete_messages([row.id for row in chosen]))
+            for row in chosen:
+                removed[row.state] += 1
+            if progress is not None and chosen:
+                progress(sum(removed.values()))
+            if len(chosen) < batch:
                 return removed
+
+
+def _check_decision(reason: str, by: str) -> None:
+    """A decision names who takes it and why: both are kept in the audit."""
+    if not reason.strip():
+        raise ValueError("a reason is required: it is kept in the audit table")
+    if not by.strip():
+        raise ValueError("who decides must be named")
+
+
+def _not_dead(conn: sa.Connection, reply_id: str, consequence: str) -> str:
+    """Why a decision about `reply_id` found no dead message to change."""
+    state = conn.execute(sql.select_state(reply_id)).scalar_one_or_none()
+    if state is None:
+        return f"no message {reply_id!r}; {consequence}"
+    if state == MessageState.RESOLVED:
+        return f"message {reply_id!r} is resolved, which is final; {consequence}"
+    return f"message {reply_id!r} is {state}, not dead; {consequence}"
 
 
 def _counts(conn: sa.Connection, state: sa.Column[str], states: tuple[str, ...]) -> dict[str, int]:

@@ -11,7 +11,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from outbox.states import MessageState, TaskState
+from outbox.states import DeadDecision, MessageState, TaskState
 
 NAMING_CONVENTION = {
     "ix": "ix_%(column_0_label)s",
@@ -23,6 +23,7 @@ NAMING_CONVENTION = {
 
 TASK_STATES = tuple(str(state) for state in TaskState)
 MESSAGE_STATES = tuple(str(state) for state in MessageState)
+DEAD_DECISIONS = tuple(str(decision) for decision in DeadDecision)
 
 metadata = sa.MetaData(naming_convention=NAMING_CONVENTION)
 
@@ -113,6 +114,9 @@ messages = sa.Table(
     sa.Column("last_status", sa.Integer()),
     sa.Column("created_at", Epoch(), nullable=False),
     sa.Column("sent_at", Epoch()),
+    # When an operator resolved the dead message: `outbox purge` ages resolved rows by it,
+    # as it ages sent rows by sent_at.
+    sa.Column("resolved_at", Epoch()),
     sa.CheckConstraint(_in("state", MESSAGE_STATES), name="state"),
     sa.Index(
         "ix_outbox_messages_deliverable", "available_at", "id", **_partial("state = 'pending'")
@@ -135,8 +139,10 @@ messages = sa.Table(
 requeues = sa.Table(
     "outbox_requeues",
     metadata,
-    # Every `outbox dead requeue`: who sent a dead message again, when, why, and what the
-    # destination's receipt lookup said first. Kept, never updated.
+    # Every decision about a dead message (`outbox dead requeue` or `outbox dead resolve`):
+    # which, who, when, why, what the destination's receipt lookup said first (a resolve
+    # asks nothing: "not checked"), and the outcome it replaced. Kept, never updated, and
+    # not purged with the messages. The name is older than resolves.
     sa.Column("id", BigIdentity, primary_key=True, autoincrement=True),
     sa.Column("reply_id", sa.String(200), nullable=False),
     sa.Column("requested_by", sa.String(200), nullable=False),
@@ -147,6 +153,8 @@ requeues = sa.Table(
     sa.Column("previous_attempts", sa.Integer(), nullable=False),
     sa.Column("previous_status", sa.Integer()),
     sa.Column("previous_error", sa.Text()),
+    sa.Column("action", sa.String(16), nullable=False),
+    sa.CheckConstraint(_in("action", DEAD_DECISIONS), name="action"),
     sa.Index("ix_outbox_requeues_reply_id", "reply_id"),
 )
 

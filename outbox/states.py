@@ -1,4 +1,7 @@
-"""The states of a task and of a message; docs/state_machine.md draws their transitions."""
+"""The states of a task and of a message, and the operators' decisions about dead messages.
+
+docs/state_machine.md draws the transitions.
+"""
 
 from __future__ import annotations
 
@@ -18,12 +21,22 @@ class TaskState(StrEnum):
 
 
 class MessageState(StrEnum):
-    """Where a message is: waiting, leased to a relay, delivered, or given up on."""
+    """Where a message is: waiting, leased to a relay, delivered, given up on, or given up on
+    and settled by an operator (resolved: no delivery is needed)."""
 
     PENDING = "pending"
     SENDING = "sending"
     SENT = "sent"
     DEAD = "dead"
+    RESOLVED = "resolved"
+
+
+class DeadDecision(StrEnum):
+    """What an operator decided about a dead message: send it again, or that it needs no
+    delivery. Each decision is one audit row."""
+
+    REQUEUE = "requeue"
+    RESOLVE = "resolve"
 
 
 class ErrorCode(StrEnum):

@@ -1,4 +1,4 @@
-"""`outbox status`, `outbox dead list|show` and `outbox purge` against seeded states."""
+"""`outbox status`, `outbox dead list|show|requeue` and `outbox purge` against seeded states."""
 
 from __future__ import annotations
 
@@ -12,6 +12,15 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
 from support.cli_helpers import one_line_error
+from support.operations_helpers import (
+    audit_rows,
+    dead_messages,
+    mark_dead,
+    mark_resolved,
+    mark_sent,
+    run_json,
+    state_rows,
+)
 from support.receiver_helpers import SECRET, ReceiverProcess
 from support.relay_helpers import publish_many, rows
 
@@ -20,7 +29,7 @@ from outbox import AuthContext, Envelope, TaskQueue
 from outbox.cli import main
 from outbox.db.operations_sql import DeadFilter
 from outbox.operations import Operations
-from outbox.schema import messages, requeues, tasks
+from outbox.schema import messages, tasks
 from outbox.testing import ManualClock
 from receiver import ReceiptStore
 from relay import Destination, Relay
@@ -74,12 +83,6 @@ def state_counts(engine: sa.Engine, table: sa.Table) -> dict[str, int]:
         return {state: int(count) for state, count in conn.execute(query)}
 
 
-def run_json(capsys: pytest.CaptureFixture[str], *argv: str) -> object:
-    """`outbox ARGV --json`, which must exit 0; its decoded output."""
-    assert main([*argv, "--json"]) == 0
-    return json.loads(capsys.readouterr().out)
-
-
 def test_status_counts_every_state_as_the_database_holds_them(
     seeded: str, engine: sa.Engine, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -96,7 +99,13 @@ def test_status_counts_every_state_as_the_database_holds_them(
         "expired": 0,
         "hop_limit": 0,
     }
-    assert status["messages"] == {"pending": 1, "sending": 0, "sent": 0, "dead": 1}
+    assert status["messages"] == {
+        "pending": 1,
+        "sending": 0,
+        "sent": 0,
+        "dead": 1,
+        "resolved": 0,
+    }
     assert status["dead"] == 1
     assert status["unrouted"] == 1  # the relay stopped: nothing delivers its pending reply
     assert main(["status", "--db", seeded]) == 0
@@ -143,64 +152,61 @@ def test_dead_show_of_a_missing_or_live_reply_is_a_one_line_error(
     assert err.count("\n") == 1
 
 
-def state_rows(db_url: str) -> list[dict[str, object]]:
-    """Every message's reply_id and state."""
-    engine = outbox.create_engine(db_url)
-    try:
-        with engine.connect() as conn:
-            query = sa.select(messages.c.reply_id, messages.c.state)
-            return [dict(row) for row in conn.execute(query).mappings()]
-    finally:
-        engine.dispose()
-
-
-def mark_sent(engine: sa.Engine, sent_at: dict[str, float]) -> None:
-    """Seed: these messages were sent at these times."""
-    with engine.begin() as conn:
-        for reply_id, moment in sent_at.items():
-            conn.execute(
-                messages.update()
-                .where(messages.c.reply_id == reply_id)
-                .values(state="sent", sent_at=moment)
-            )
-
-
-def test_purge_deletes_only_sent_replies_past_the_age_in_batches(
+def test_purge_deletes_sent_and_resolved_messages_past_the_age_in_batches(
     db_url: str, engine: sa.Engine, clock: ManualClock
 ) -> None:
-    ids = [f"p-{n}" for n in range(6)]
+    ids = [f"p-{n}" for n in range(9)]
     for reply_id in ids:
         with Session(engine) as session, session.begin():
             outbox.publish(session, "default", reply_id, {"id": reply_id}, clock=clock)
+    clock.advance(3 * DAY)
     now = clock()
-    # Three sent long ago, one sent recently, two never sent.
+    # Sent: three long ago and one recently. Resolved: two long ago and one recently,
+    # though created as long ago as the rest. One still dead, one never sent.
     mark_sent(engine, {"p-0": now - 3 * DAY, "p-1": now - 2 * DAY, "p-2": now - 2 * DAY})
     mark_sent(engine, {"p-3": now - 60})
+    mark_resolved(engine, {"p-4": now - 2 * DAY, "p-5": now - 2 * DAY, "p-6": now - 60})
+    mark_dead(engine, "p-7")
     seen: list[int] = []
     with Operations(db_url, clock=clock) as ops:
-        assert ops.purge_sent(DAY, batch=2, progress=seen.append) == 3
-    assert seen == [2, 3]
-    assert sorted(r["reply_id"] for r in state_rows(db_url)) == ["p-3", "p-4", "p-5"]
+        assert ops.purge(DAY, batch=2, progress=seen.append) == {"sent": 3, "resolved": 2}
+    assert seen == [2, 4, 5]
+    assert sorted(r["reply_id"] for r in state_rows(db_url)) == ["p-3", "p-6", "p-7", "p-8"]
 
 
+@pytest.mark.parametrize("flag", ["--older-than", "--sent-older-than"])
 def test_purge_command_uses_the_database_clock(
-    db_url: str, engine: sa.Engine, clock: ManualClock, capsys: pytest.CaptureFixture[str]
+    flag: str,
+    db_url: str,
+    engine: sa.Engine,
+    clock: ManualClock,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
-    for reply_id in ("old", "new"):
+    for reply_id in ("old", "new", "old-resolved", "new-resolved"):
         with Session(engine) as session, session.begin():
             outbox.publish(session, "default", reply_id, {"id": reply_id}, clock=clock)
     mark_sent(engine, {"old": time.time() - 8 * DAY, "new": time.time()})
-    result = run_json(capsys, "purge", "--sent-older-than", "7d", "--db", db_url)
-    assert result == {"purged": 1, "sent_older_than_seconds": 7 * DAY}
-    assert [r["reply_id"] for r in state_rows(db_url)] == ["new"]
+    mark_resolved(engine, {"old-resolved": time.time() - 8 * DAY, "new-resolved": time.time()})
+    # --sent-older-than is the flag's name from before resolved messages: the same purge.
+    result = run_json(capsys, "purge", flag, "7d", "--db", db_url)
+    assert result == {
+        "purged": 2,
+        "by_state": {"sent": 1, "resolved": 1},
+        "older_than_seconds": 7 * DAY,
+    }
+    assert sorted(r["reply_id"] for r in state_rows(db_url)) == ["new", "new-resolved"]
+    assert main(["purge", flag, "7d", "--db", db_url]) == 0
+    assert "purged 0 messages sent or resolved more than 7.0d ago (0 sent, 0 resolved)" in (
+        capsys.readouterr().out
+    )
 
 
 @pytest.mark.parametrize(
     ("argv", "complaint"),
     [
-        (["purge", "--sent-older-than", "7x"], "invalid duration '7x'"),
+        (["purge", "--older-than", "7x"], "invalid duration '7x'"),
         (["purge", "--sent-older-than=-1d"], "invalid duration '-1d'"),
-        (["purge"], "the following arguments are required: --sent-older-than"),
+        (["purge"], "the following arguments are required: --older-than/--sent-older-than"),
         (["dead", "list", "--limit", "0"], "expected a whole number >= 1, got '0'"),
         (["dead", "frob"], "invalid choice: 'frob'"),
         (["status", "--verbose"], "unrecognized arguments: --verbose"),
@@ -215,23 +221,6 @@ def test_bad_arguments_are_a_one_line_error_and_exit_2(
 
 
 # --- requeue -------------------------------------------------------------------------
-
-
-def mark_dead(engine: sa.Engine, reply_id: str, attempts: int = 3) -> None:
-    """Seed: this message died after `attempts` attempts."""
-    with engine.begin() as conn:
-        conn.execute(
-            messages.update()
-            .where(messages.c.reply_id == reply_id)
-            .values(state="dead", attempts=attempts, last_status=503, last_error="HTTP 503")
-        )
-
-
-def audit_rows(engine: sa.Engine) -> list[dict[str, object]]:
-    """The requeue audit, oldest first."""
-    with engine.connect() as conn:
-        query = sa.select(requeues).order_by(requeues.c.id)
-        return [dict(row) for row in conn.execute(query).mappings()]
 
 
 @pytest.fixture
@@ -277,7 +266,7 @@ def test_requeue_sends_the_same_reply_again_and_keeps_an_audit(
         before["content_hash"],
     )
     [kept] = audit_rows(engine)
-    assert kept["reply_id"] == "lost-1"
+    assert (kept["reply_id"], kept["action"]) == ("lost-1", "requeue")
     assert kept["requested_by"] == "ops-anna"
     assert kept["reason"] == "receiver was down"
     assert (kept["previous_attempts"], kept["previous_status"]) == (3, 503)
@@ -342,26 +331,6 @@ def test_requeue_without_a_receipt_lookup_needs_force(
     assert "requeued 'd-1'" in capsys.readouterr().out
     [kept] = audit_rows(engine)
     assert (kept["receipt"], kept["forced"]) == ("not checked", True)
-
-
-def dead_messages(engine: sa.Engine, clock: ManualClock) -> None:
-    """Four dead messages: created an hour apart, two destinations, three kinds of error."""
-    dead = [
-        ("b-1", "billing", 410, "HTTP 410: gone"),
-        ("b-2", "billing", 409, "HTTP 409 conflict: other body"),
-        ("s-1", "shipping", 410, "HTTP 410: Gone for good"),
-        ("s-2", "shipping", None, "outcome unknown: lease expired while sending"),
-    ]
-    for reply_id, destination, status, error in dead:
-        with Session(engine) as session, session.begin():
-            outbox.publish(session, destination, reply_id, {"id": reply_id}, clock=clock)
-        with engine.begin() as conn:
-            conn.execute(
-                sa.update(messages)
-                .where(messages.c.reply_id == reply_id)
-                .values(state="dead", attempts=1, last_status=status, last_error=error)
-            )
-        clock.advance(3600)
 
 
 def test_dead_list_filters_by_destination_status_error_and_age(

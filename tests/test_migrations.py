@@ -152,3 +152,78 @@ def test_publish_on_a_database_without_the_schema_names_the_command(blank_url: s
             outbox.publish(session, "billing", "order-1:paid", {"order": 1})
     finally:
         engine.dispose()
+
+
+MESSAGE_COLUMNS = (
+    "reply_id, destination, body, content_hash, headers, state, attempts, fence, "
+    "available_at, created_at"
+)
+AUDIT_COLUMNS = "reply_id, requested_by, reason, requested_at, receipt, forced, previous_attempts"
+
+
+def test_resolved_state_upgrades_and_downgrades_without_losing_a_decision(
+    blank_url: str,
+) -> None:
+    # o0006: `resolved` is a message state and each audit row names its decision.
+    engine = outbox.create_engine(blank_url)
+    message = sa.text(
+        f"INSERT INTO outbox_messages ({MESSAGE_COLUMNS}) "
+        "VALUES (:reply_id, 'd', :body, 'h', '{}', :state, 3, 1, 0, 0)"
+    )
+    decision = sa.text(
+        f"INSERT INTO outbox_requeues ({AUDIT_COLUMNS}, action) "
+        "VALUES (:reply_id, 'ops', :reason, 0, 'not checked', false, 3, :action)"
+    )
+    audit = sa.text("SELECT reply_id, action, reason FROM outbox_requeues ORDER BY id")
+    try:
+        with engine.begin() as conn:
+            command.upgrade(alembic_config(conn), "outbox@o0005")
+            conn.execute(message, {"reply_id": "r-1", "body": b"1", "state": "dead"})
+            conn.execute(
+                sa.text(
+                    f"INSERT INTO outbox_requeues ({AUDIT_COLUMNS}) "
+                    "VALUES ('r-0', 'ops', 'receiver was down', 0, 'not received', false, 3)"
+                )
+            )
+        with pytest.raises(sa.exc.IntegrityError), engine.begin() as conn:
+            conn.execute(message, {"reply_id": "r-2", "body": b"2", "state": "resolved"})
+
+        outbox.upgrade(blank_url)
+        with engine.begin() as conn:
+            # What was there is a requeue, and the message survived SQLite's table rebuild.
+            assert [tuple(r) for r in conn.execute(audit)] == [
+                ("r-0", "requeue", "receiver was down")
+            ]
+            conn.execute(
+                sa.text(
+                    "UPDATE outbox_messages SET state = 'resolved', resolved_at = 5 "
+                    "WHERE reply_id = 'r-1'"
+                )
+            )
+            conn.execute(decision, {"reply_id": "r-1", "reason": "seen", "action": "resolve"})
+        for bad in ({"action": "forget"}, {"action": None}):  # no default: each row names it
+            with pytest.raises(sa.exc.IntegrityError), engine.begin() as conn:
+                conn.execute(decision, {"reply_id": "r-1", "reason": "x", **bad})
+
+        with engine.begin() as conn:
+            command.downgrade(alembic_config(conn), "outbox@o0005")
+        with engine.begin() as conn:
+            # Back where the decision found it; the audit row stays and says it was undone.
+            kept = conn.execute(sa.text("SELECT reply_id, state, body FROM outbox_messages"))
+            assert [(r.reply_id, r.state, bytes(r.body)) for r in kept] == [("r-1", "dead", b"1")]
+            reasons = conn.execute(sa.text("SELECT reason FROM outbox_requeues ORDER BY id"))
+            assert list(reasons.scalars()) == [
+                "receiver was down",
+                "resolve (undone by downgrade): seen",
+            ]
+        with pytest.raises(sa.exc.IntegrityError), engine.begin() as conn:
+            conn.execute(message, {"reply_id": "r-2", "body": b"2", "state": "resolved"})
+
+        outbox.upgrade(blank_url)
+        with engine.begin() as conn:
+            assert [tuple(r) for r in conn.execute(audit)] == [
+                ("r-0", "requeue", "receiver was down"),
+                ("r-1", "resolve", "resolve (undone by downgrade): seen"),
+            ]
+    finally:
+        engine.dispose()

@@ -19,14 +19,19 @@ def add_parsers(commands: Any, db_argument: Callable[[argparse.ArgumentParser], 
     db_argument(status)
     json_flag(status)
 
-    purge = commands.add_parser("purge", help="delete messages sent long ago, in batches")
+    purge = commands.add_parser(
+        "purge", help="delete messages sent or resolved long ago, in batches"
+    )
     db_argument(purge)
+    # --sent-older-than is the name from before resolved messages, kept for existing jobs.
     purge.add_argument(
+        "--older-than",
         "--sent-older-than",
+        dest="older_than",
         type=parse_duration,
         required=True,
         metavar="DURATION",
-        help="e.g. 30d, 12h, 90m",
+        help="sent or resolved at least this long ago, e.g. 30d, 12h, 90m",
     )
     purge.add_argument("--batch", type=positive_int, default=PURGE_BATCH)
     json_flag(purge)
@@ -37,7 +42,7 @@ def run(args: argparse.Namespace) -> int:
     with Operations(args.db) as ops:
         if args.command == "status":
             return _status(ops, args.json)
-        return _purge(ops, args.sent_older_than, args.batch, args.json)
+        return _purge(ops, args.older_than, args.batch, args.json)
 
 
 def _status(ops: Operations, as_json: bool) -> int:
@@ -64,11 +69,16 @@ def _purge(ops: Operations, older_than: float, batch: int, as_json: bool) -> int
     def progress(removed: int) -> None:
         print(f"\rpurged {removed}", end="", file=sys.stderr, flush=True)
 
-    removed = ops.purge_sent(older_than, batch, progress if sys.stderr.isatty() else None)
-    if sys.stderr.isatty() and removed:
+    removed = ops.purge(older_than, batch, progress if sys.stderr.isatty() else None)
+    total = sum(removed.values())
+    if sys.stderr.isatty() and total:
         print(file=sys.stderr)
     if as_json:
-        print_json({"purged": removed, "sent_older_than_seconds": older_than})
+        print_json({"purged": total, "by_state": removed, "older_than_seconds": older_than})
     else:
-        print(f"purged {removed} sent messages older than {age_text(older_than)}")
+        each = ", ".join(f"{count} {state}" for state, count in removed.items())
+        print(
+            f"purged {total} messages sent or resolved more than {age_text(older_than)} ago "
+            f"({each})"
+        )
     return 0

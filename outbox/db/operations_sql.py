@@ -1,4 +1,5 @@
-"""The statements behind `outbox status`, `outbox dead` and `outbox purge`."""
+"""The statements behind `outbox status`, `outbox dead` (list, show, requeue, resolve) and
+`outbox purge`."""
 
 from __future__ import annotations
 
@@ -105,16 +106,43 @@ def requeue_dead(message_id: int, now: Now) -> sa.Update:
     )
 
 
-def insert_requeue_audit(**values: Any) -> Any:
-    """One row of `outbox_requeues`, returned whole."""
+def resolve_dead(reply_id: str, now: Now) -> sa.Update:
+    """A dead message resolved, never to be delivered; guarded by its state. Returns the
+    outcome it keeps (attempts, last status and error), or no row when it was not dead."""
+    # One statement both checks and changes: of a resolve and a requeue (or two resolves)
+    # at once, one changes the row and the other's guard no longer matches it.
+    return (
+        messages.update()
+        .where(messages.c.reply_id == reply_id, messages.c.state == MessageState.DEAD.value)
+        .values(state=MessageState.RESOLVED.value, resolved_at=now)
+        .returning(messages.c.attempts, messages.c.last_status, messages.c.last_error)
+    )
+
+
+def select_state(reply_id: str) -> sa.Select[Any]:
+    """One message's state, to say why a decision found nothing to change."""
+    return sa.select(messages.c.state).where(messages.c.reply_id == reply_id)
+
+
+def insert_decision_audit(**values: Any) -> Any:
+    """One audit row of a decision about a dead message (`outbox_requeues`), returned whole."""
     return requeues.insert().values(**values).returning(*requeues.c)
 
 
-def select_sent_before(cutoff: Now, batch: int) -> sa.Select[Any]:
-    """The ids of up to `batch` messages sent before `cutoff`, oldest first."""
+def select_purgeable(cutoff: Now, batch: int) -> sa.Select[Any]:
+    """The ids and states of up to `batch` messages sent, or resolved, before `cutoff`, oldest
+    first."""
     return (
-        sa.select(messages.c.id)
-        .where(messages.c.state == MessageState.SENT.value, messages.c.sent_at < cutoff)
+        sa.select(messages.c.id, messages.c.state)
+        .where(
+            sa.or_(
+                sa.and_(messages.c.state == MessageState.SENT.value, messages.c.sent_at < cutoff),
+                sa.and_(
+                    messages.c.state == MessageState.RESOLVED.value,
+                    messages.c.resolved_at < cutoff,
+                ),
+            )
+        )
         .order_by(messages.c.id)
         .limit(batch)
     )

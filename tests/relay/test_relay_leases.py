@@ -10,6 +10,7 @@ from support.relay_helpers import SECRET, publish_many, rows
 from support.scripted_server import Answer, ScriptedServer
 
 from outbox import TaskQueue
+from outbox.operations import Operations
 from outbox.testing import ManualClock
 from relay import Destination, Relay
 from relay.policy import Sent
@@ -87,6 +88,32 @@ def test_ordering_key_delivers_in_commit_order_across_a_retry(
     keyed = [i for i in server.ids() if i.startswith("k-")]
     assert keyed == ["k-1", "k-1", "k-2", "k-3"]
     assert {r["state"] for r in rows(engine).values()} == {"sent"}
+
+
+def test_a_resolved_message_is_never_claimed_and_holds_no_ordering_key(
+    db_url: str, engine: sa.Engine, server: ScriptedServer, clock: ManualClock
+) -> None:
+    publish_many(engine, ["k-1", "k-2"], ordering_key="order-4", clock=clock)
+    publish_many(engine, ["done-1"], clock=clock)
+    for reply_id in ("k-1", "done-1"):
+        server.script(reply_id, Answer(status=410))
+    with relay_for(db_url, server, clock, "relay-1", lease=5) as relay:
+        assert sorted(relay.dispatch_once()) == [("done-1", "dead"), ("k-1", "dead")]
+        with Operations(db_url, clock=clock) as ops:
+            for reply_id in ("k-1", "done-1"):
+                ops.resolve(reply_id, reason="the destination confirmed it", by="ops")
+        # Due, unleased and long past any lease: still nothing a claim may take.
+        clock.advance(60)
+        assert relay.dispatch_once() == [("k-2", "sent")]  # k-1 no longer holds the key
+        clock.advance(60)
+        assert relay.dispatch_once() == []
+        assert "outbox_relay_backlog 0.0" in relay.metrics.render().decode()
+    assert Counter(server.ids()) == Counter(["k-1", "done-1", "k-2"])  # each posted once
+    assert {r: row["state"] for r, row in rows(engine).items()} == {
+        "k-1": "resolved",
+        "k-2": "sent",
+        "done-1": "resolved",
+    }
 
 
 def test_lease_expired_with_no_attempts_left_is_dead_outcome_unknown(

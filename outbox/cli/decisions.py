@@ -1,0 +1,151 @@
+"""What the decisions on dead messages share: choosing them, and reporting what was done.
+
+An operator decides about one REPLY_ID, or about every dead message the `dead list`
+filters choose; each message gets its own audited decision, and a bulk run reports
+one line per message and exits 1 when any was refused.
+"""
+
+from __future__ import annotations
+
+import argparse
+import getpass
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from outbox.cli.arguments import json_flag, non_empty, parse_duration, positive_int, print_json
+from outbox.db.operations_sql import DeadFilter
+from outbox.operations import Operations
+from outbox.states import MessageState
+
+BULK_LIMIT = 10_000
+
+
+def add_filters(parser: argparse.ArgumentParser) -> None:
+    """The `dead list` filters: destination, last status, error text, creation time."""
+    parser.add_argument("--destination", type=non_empty, help="only this destination's messages")
+    parser.add_argument("--status", type=positive_int, help="only this last HTTP status")
+    parser.add_argument(
+        "--error", type=non_empty, help="only where the last error contains this text"
+    )
+    parser.add_argument(
+        "--since", type=parse_duration, metavar="DURATION", help="created within, e.g. 2h"
+    )
+    parser.add_argument(
+        "--until", type=parse_duration, metavar="DURATION", help="created at least this long ago"
+    )
+
+
+def chosen_filter(args: argparse.Namespace) -> DeadFilter:
+    """The filter the command line's --destination/--status/--error/--since/--until name."""
+    return DeadFilter(
+        destination=args.destination,
+        status=args.status,
+        error=args.error,
+        newer_than=args.since,
+        older_than=args.until,
+    )
+
+
+def add_decision_arguments(parser: argparse.ArgumentParser, done: str) -> None:
+    """REPLY_ID or filters, --reason, --by, --dry-run, --limit and --json for a decision."""
+    parser.add_argument("reply_id", nargs="?")
+    add_filters(parser)
+    parser.add_argument("--reason", required=True, type=non_empty, help="kept in the audit")
+    parser.add_argument(
+        "--by", type=non_empty, default=None, help="who decides (default: the login name)"
+    )
+    parser.add_argument(
+        "--dry-run", action="store_true", help=f"list what would be {done}; change nothing"
+    )
+    parser.add_argument(
+        "--limit",
+        type=positive_int,
+        default=BULK_LIMIT,
+        help=f"at most this many with filters (default {BULK_LIMIT})",
+    )
+    json_flag(parser)
+
+
+def operator(args: argparse.Namespace) -> str:
+    """Who decides: --by, or the login name."""
+    return str(args.by or getpass.getuser())
+
+
+def chosen_many(args: argparse.Namespace, verb: str) -> DeadFilter | None:
+    """The filter a bulk decision runs on, or None for the one REPLY_ID given."""
+    chosen = chosen_filter(args)
+    if args.reply_id is not None and chosen != DeadFilter():
+        raise ValueError("give a REPLY_ID or filters, not both")
+    if args.reply_id is not None:
+        return None
+    if chosen == DeadFilter():
+        raise ValueError(
+            f"{verb} needs a REPLY_ID or at least one filter "
+            "(--destination, --status, --error, --since, --until)"
+        )
+    return chosen
+
+
+def dead_message(ops: Operations, reply_id: str) -> dict[str, Any] | None:
+    """The dead message, or None after saying on stderr why there is none."""
+    message = ops.message(reply_id)
+    if message is not None and message["state"] == MessageState.DEAD:
+        return message
+    if message is None:
+        found = "no message"
+    elif message["state"] == MessageState.RESOLVED:
+        found = "message is resolved, which is final (it needs no delivery):"
+    else:
+        found = f"message is {message['state']}, not dead:"
+    print(f"outbox: {found} {reply_id!r}", file=sys.stderr)
+    return None
+
+
+@dataclass
+class Decided:
+    """What a decision did with one message."""
+
+    reply_id: str
+    outcome: str  # the verb's past tense, "would" and the verb, or refused
+    why: str | None = None
+    audit: dict[str, Any] | None = None
+
+    def detail(self) -> str:
+        """What the report adds after the reply_id (nothing, unless a decision says more)."""
+        return ""
+
+    def line(self) -> str:
+        """One line of a bulk run's report."""
+        why = f": {self.why}" if self.why else ""
+        return f"{self.outcome:<13} {self.reply_id}{self.detail()}{why}"
+
+
+def decide_many(
+    messages: Sequence[dict[str, Any]],
+    decide: Callable[[dict[str, Any]], Decided],
+    args: argparse.Namespace,
+    verb: str,
+    done: str,
+) -> int:
+    """Decide each chosen message in turn, then report; exit status 1 when any was refused."""
+    results: list[Decided] = []
+    progress = sys.stderr.isatty() and not args.json
+    for index, message in enumerate(messages, start=1):
+        results.append(decide(message))
+        if progress:
+            print(f"\r{index}/{len(messages)}", end="", file=sys.stderr, flush=True)
+    if progress and messages:
+        print(file=sys.stderr)
+    refused = [r for r in results if r.outcome == "refused"]
+    if args.json:
+        print_json([vars(r) for r in results])
+    else:
+        for result in results:
+            print(result.line())
+        counted = f"would {verb}" if args.dry_run else done
+        print(f"{counted} {len(results) - len(refused)}, refused {len(refused)}")
+        if len(messages) == args.limit:
+            print(f"(first {args.limit}; --limit chooses more)")
+    return 1 if refused else 0
