@@ -277,6 +277,30 @@ def test_requeue_sends_the_same_reply_again_and_keeps_an_audit(
     assert len(audit_rows(engine)) == 1
 
 
+def test_requeue_finds_the_receipt_lookup_of_a_destination_from_the_environment(
+    db_url: str,
+    engine: sa.Engine,
+    clock: ManualClock,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    secret_file = tmp_path / "secret"
+    secret_file.write_text(SECRET + "\n", encoding="utf-8")
+    process = ReceiverProcess(db_url, secret_file).wait_ready()
+    try:
+        monkeypatch.setenv("OUTBOX_DESTINATION_DEFAULT_URL", f"{process.base}/replies")
+        monkeypatch.setenv("OUTBOX_DESTINATION_DEFAULT_SECRET", SECRET)
+        monkeypatch.setenv("OUTBOX_DESTINATION_DEFAULT_RECEIPT_LOOKUP", "true")
+        publish_many(engine, ["env-lost"], clock=clock)
+        mark_dead(engine, "env-lost")
+        audit = run_json(capsys, "dead", "requeue", "env-lost", "--reason", "down", "--db", db_url)
+    finally:
+        process.stop()
+    assert isinstance(audit, dict)
+    assert audit["receipt"] == "not received"  # asked, not "not checked"
+
+
 @pytest.mark.parametrize(
     ("other_body", "complaint", "answer"),
     [

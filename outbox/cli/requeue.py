@@ -19,7 +19,7 @@ from outbox.cli.relay import CONFIG_ENV as RELAY_CONFIG_ENV
 from outbox.cli.settings import CONFIG_ENV
 from outbox.errors import RequeueRefused
 from outbox.operations import Operations
-from relay.config import Destination, load_destinations
+from relay.config import DESTINATION_ENV_PREFIX, Destination, load_destinations
 from relay.receipts import Receipt, ask_receipt, ask_receipts
 
 REFUSALS = {
@@ -54,13 +54,17 @@ class Requeuer:
     """Requeues dead messages one at a time, each asking its receipt lookup first."""
 
     def __init__(self, ops: Operations, args: argparse.Namespace) -> None:
-        """Reads the destinations' lookups from the relay config, when one is named."""
+        """Reads the destinations' lookups from the relay config file and the
+        OUTBOX_DESTINATION_* variables, as the relay does."""
         self.ops = ops
         self.args = args
-        self.config = args.config or os.environ.get(CONFIG_ENV) or os.environ.get(RELAY_CONFIG_ENV)
-        self.destinations: dict[str, Destination] = (
-            {} if self.config is None else load_destinations(self.config)
-        )
+        config = args.config or os.environ.get(CONFIG_ENV) or os.environ.get(RELAY_CONFIG_ENV)
+        from_environment = any(name.startswith(DESTINATION_ENV_PREFIX) for name in os.environ)
+        sources = [config] if config else []
+        sources += [f"{DESTINATION_ENV_PREFIX}* variables"] if from_environment else []
+        self.source = " and ".join(sources) or None
+        """Where the destinations come from, for messages; None when nowhere."""
+        self.destinations: dict[str, Destination] = load_destinations(config) if self.source else {}
         self._unasked: set[str] = set()
         self._answers: dict[str, str] = {}
 
@@ -102,11 +106,11 @@ class Requeuer:
         name = message["destination"]
         destination = self.destinations.get(name)
         if destination is None or not destination.receipt_lookup:
-            if self.config is not None and name not in self._unasked:
+            if self.source is not None and name not in self._unasked:
                 self._unasked.add(name)  # said once per destination, however many messages
                 print(
                     f"outbox: receipt not checked: destination {name!r} has no receipt "
-                    f"lookup in {self.config}",
+                    f"lookup in {self.source}",
                     file=sys.stderr,
                 )
             return "not checked"
@@ -126,10 +130,10 @@ def run(ops: Operations, args: argparse.Namespace) -> int:
     """Run `outbox dead requeue`; returns the exit status."""
     chosen = chosen_many(args, "requeue")
     requeuer = Requeuer(ops, args)
-    if requeuer.config is None:
+    if requeuer.source is None:
         print(
-            "outbox: receipt not checked: no config file (--config) names the "
-            "destinations' receipt lookups",
+            "outbox: receipt not checked: no config file (--config) or "
+            f"{DESTINATION_ENV_PREFIX}* variables name the destinations' receipt lookups",
             file=sys.stderr,
         )
     if chosen is None:

@@ -128,7 +128,8 @@ def tally(
     for reply_id, message in messages.items():
         if message.state in LIVE_MESSAGE_STATES:
             found.note("stuck", f"reply {reply_id} is {message.state}")
-        elif message.state == "dead":
+        elif message.state in ("dead", "resolved"):
+            # Not delivered by the relay: dead, or dead and then settled by an operator.
             found.dead += 1
         elif reply_id not in receipts:
             found.note("lost", f"reply {reply_id} is sent but the receiver has no receipt")
