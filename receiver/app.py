@@ -21,6 +21,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from outbox.signing import DEFAULT_TOLERANCE, parse_secret
 from receiver.effects import Effect
+from receiver.guards import SingleHeaders
 from receiver.rules import MAX_BATCH_ITEMS, Answer, ReceiverRules, Store, error, receiver_rules
 
 DEFAULT_MAX_BODY = 1_048_576
@@ -163,6 +164,7 @@ def build_app(decide: ReceiverRules) -> Starlette:
             Route("/healthz", healthz, methods=["GET"]),
         ]
     )
+    app.add_middleware(SingleHeaders)
     app.add_middleware(_RetentionHeader, headers=decide.retention_headers())
     return app
 

@@ -327,3 +327,25 @@ def test_a_valid_body_of_any_json_type_is_accepted(client: AppClient) -> None:
     for index, body in enumerate([b"[1,2]", b'"text"', b"17", b"null", json.dumps({"é": "✓"})]):
         data = body if isinstance(body, bytes) else body.encode()
         assert post(client, f"r-{index}", data).status_code == 200
+
+
+@pytest.mark.parametrize(
+    "repeated", ["webhook-signature", "webhook-id", "webhook-timestamp", "content-type"]
+)
+@pytest.mark.parametrize("path", ["/replies", "/replies/batch", "/replies/dup-1"])
+def test_a_repeated_security_header_is_refused_on_every_endpoint(
+    client: AppClient, db_url: str, repeated: str, path: str
+) -> None:
+    body = b"{}" if path != "/replies/batch" else b'{"replies":[{"reply_id":"d","body":"{}"}]}'
+    webhook_id = "batch:1-1-1" if path == "/replies/batch" else "dup-1"
+    method = "GET" if path == "/replies/dup-1" else "POST"
+    headers = list(signed(webhook_id, b"" if method == "GET" else body).items())
+    # A second copy after the valid one: read first by one layer, last by another.
+    other = dict(signed("dup-2", b"other")) | {"content-type": "text/plain"}
+    headers.append((repeated, other[repeated]))
+    answer = client.request(
+        method, path, content=body if method == "POST" else None, headers=headers
+    )
+    assert answer.status_code == 400
+    assert answer.json() == {"error": f"header {repeated} appears more than once"}
+    assert stored_receipts(db_url) == {}

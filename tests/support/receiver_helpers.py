@@ -81,7 +81,7 @@ class AppClient:
         method: str,
         path: str,
         content: bytes | Iterator[bytes] | None = None,
-        headers: dict[str, str] | None = None,
+        headers: dict[str, str] | list[tuple[str, str]] | None = None,
     ) -> httpx.Response:
         """One request; an iterator body is sent chunk by chunk (chunked transfer)."""
 
