@@ -144,12 +144,6 @@ class RelayLeases:
             sql.withdraw(conn, self.owner)
         self._next_announce = float("-inf")
 
-    def ping(self) -> bool:
-        """A round trip to the database (raises when it does not answer)."""
-        with self._engine.connect() as conn:
-            conn.execute(sa.select(sa.literal(1))).one()
-        return True
-
     def unrouted(self) -> tuple[int, float | None]:
         """Pending messages no live relay delivers: how many, and the oldest one's age."""
         return self._count_and_age(message_sql.unrouted)

@@ -25,13 +25,13 @@ from outbox import failpoints
 from outbox.clock import Clock
 from outbox.db.dialect import listen_conninfo
 from outbox.db.handle import DatabaseHandle
+from outbox.observability.probe import Probe
 from relay.config import Destination, check_destinations, check_relay_settings
 from relay.dispatch import Dispatcher, Turn, retry_window
 from relay.leases import RelayLeases
 from relay.metrics import RelayMetrics
 from relay.pipeline import Claimed, Pipeline, by_destination
 from relay.policy import Sent, Verdict, verdict
-from relay.probe import Probe
 from relay.transport import check_kinds
 from relay.wakeup import Wakeups
 
@@ -114,7 +114,7 @@ class Relay(DatabaseHandle):
         self.listening = threading.Event()
         """Set while a LISTEN connection is up (PostgreSQL), so NOTIFY wakes the loop."""
         self.metrics = RelayMetrics(self.leases.backlog, self.leases.unrouted)
-        self._database_answers = Probe(self.leases.ping)
+        self._database_answers = Probe(self.ping)
         self.dispatcher = Dispatcher(
             self.destinations,
             concurrency=concurrency,

@@ -1,4 +1,4 @@
-"""Relay observability: Prometheus metrics and a health endpoint on one small HTTP server.
+"""Relay observability: Prometheus counters, a latency histogram and scrape-time gauges.
 
 Counters and the latency histogram are updated by the loop; the backlog and
 the age of the oldest undelivered message are read from the database at
@@ -7,21 +7,15 @@ scrape time, so they are true even when the relay is stuck.
 
 from __future__ import annotations
 
-import json
-import logging
-import threading
 import time
 from collections.abc import Callable, Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from relay.probe import Probe
+from outbox.observability.probe import Probe
 
-log = logging.getLogger("outbox.relay")
 Backlog = Callable[[], tuple[int, float | None]]
 
 
@@ -91,58 +85,3 @@ class RelayMetrics:
     def render(self) -> bytes:
         """The Prometheus text exposition."""
         return generate_latest(self.registry)
-
-
-class _LoggingServer(ThreadingHTTPServer):
-    daemon_threads = True
-
-    def handle_error(self, request: Any, client_address: Any) -> None:
-        # Through logging (JSON lines with --log-format json), not a raw traceback on stderr.
-        log.exception("metrics server: request from %s failed", client_address[0])
-
-
-class MetricsServer:
-    """GET /metrics and GET /healthz on a background thread."""
-
-    def __init__(
-        self,
-        metrics: RelayMetrics,
-        port: int,
-        health: Callable[[], dict[str, Any]],
-        ready: Callable[[], dict[str, Any]],
-    ) -> None:
-        """Bind 0.0.0.0:`port` (0 picks a free port); /healthz is liveness, /readyz readiness."""
-        owner = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:
-                if self.path == "/metrics":
-                    body, kind, status = metrics.render(), "text/plain; version=0.0.4", 200
-                elif self.path in ("/healthz", "/readyz"):
-                    state = health() if self.path == "/healthz" else ready()
-                    status = 200 if state.get("ok") else 503
-                    body, kind = json.dumps(state).encode(), "application/json"
-                else:
-                    body, kind, status = b"not found\n", "text/plain", 404
-                self.send_response(status)
-                self.send_header("content-type", kind)
-                self.send_header("content-length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, format: str, *args: Any) -> None:
-                pass  # scrapes every few seconds would drown the relay's own logs
-
-        self._server = _LoggingServer(("0.0.0.0", port), Handler)  # noqa: S104
-        self.port = int(self._server.server_address[1])
-        self._thread = threading.Thread(target=owner._server.serve_forever, daemon=True)
-
-    def start(self) -> MetricsServer:
-        """Serve in the background."""
-        self._thread.start()
-        return self
-
-    def close(self) -> None:
-        """Stop serving."""
-        self._server.shutdown()
-        self._server.server_close()

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from collections.abc import Sequence
 from typing import NoReturn
 
 from outbox import migrations
 from outbox.cli import dead, demo, operations, receiver, relay, settings, worker
+from outbox.cli.logs import report_error
 from outbox.db.dialect import missing_sqlite_file
 from outbox.errors import OutboxError
 
@@ -98,7 +98,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "receiver":
             return receiver.run(args)
     except (ValueError, OSError, OutboxError) as exc:
-        print(f"outbox: error: {exc}", file=sys.stderr)
+        report_error(f"outbox: error: {exc}")
         return 2
     raise AssertionError(f"unhandled command {args.command!r}")
 
