@@ -124,7 +124,10 @@ def test_metrics_and_health_are_served(
         )
         # The database gauges are read at most once a second: poll until they catch up.
         wait_until(
-            lambda: "outbox_relay_backlog 0.0" in httpx.get(base + "/metrics", timeout=5).text,
+            lambda: (
+                'outbox_relay_backlog{destination="default"} 0.0'
+                in httpx.get(base + "/metrics", timeout=5).text
+            ),
             20,
             "the backlog gauge to read 0",
         )
