@@ -2,8 +2,10 @@
 
 With `--log-format json` every line on stderr is one JSON object: records
 carry their `fields` (reply_id, destination, ...) as keys, a traceback goes in
-`exception`, and an uncaught exception, in the main thread or any other, is
-logged rather than printed raw, so a log shipper never sees a stray line.
+`exception`, and an uncaught exception (in the main thread or any other) or
+a Python warning is logged rather than printed raw, so a log shipper never
+sees a stray line. Only a bad command line, refused before logging starts,
+is one plain line.
 """
 
 from __future__ import annotations
@@ -80,6 +82,7 @@ def configure_logging(log_format: str, level: str = "INFO") -> None:
     if _json:
         sys.excepthook = _log_uncaught
         threading.excepthook = _log_uncaught_in_thread
+        logging.captureWarnings(True)  # warnings.warn writes to stderr itself otherwise
 
 
 def report_error(message: str) -> None:
