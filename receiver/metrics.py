@@ -94,10 +94,6 @@ class CountingStore:
         """The wrapped store's lookup."""
         return self.store.lookup(reply_id)
 
-    def ping(self) -> object:
-        """The wrapped store's ping."""
-        return self.store.ping()
-
 
 class CountRequests:
     """ASGI middleware: counts each HTTP request by route template, method and status."""

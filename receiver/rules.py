@@ -64,10 +64,6 @@ class Store(Protocol):
         """The stored receipt or None."""
         ...
 
-    def ping(self) -> object:
-        """One round trip to the database; raises when it does not answer (for /readyz)."""
-        ...
-
 
 class InvalidJSON(ValueError):
     """The body is not strict JSON."""

@@ -111,6 +111,26 @@ def test_readiness_follows_the_database_and_liveness_does_not(db_url: str) -> No
     engine.dispose()
 
 
+class StoreWithoutPing:
+    """A store of an application's own: accept_many, lookup and retention, no ping."""
+
+    def __init__(self, store: ReceiptStore) -> None:
+        self.retention = store.retention
+        self.accept_many = store.accept_many
+        self.lookup = store.lookup
+
+
+def test_a_store_without_ping_is_served_and_always_ready(db_url: str) -> None:
+    with ReceiptStore(db_url) as store:
+        client = AppClient(create_app(StoreWithoutPing(store), [SECRET]))
+        assert post(client, "n-1", BODY) == 200
+        ready = client.get("/readyz")
+        assert (ready.status_code, ready.json()) == (200, {"ok": True})
+        page = client.get("/metrics").text
+    assert 'outbox_receiver_receipts_total{outcome="stored"} 1.0' in page
+    assert "outbox_receiver_database_up" not in page
+
+
 def json_lines(err: bytes) -> list[dict[str, Any]]:
     """Every stderr line as JSON (fails on a line that is not one JSON object)."""
     lines = err.decode().splitlines()
