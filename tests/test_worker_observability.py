@@ -15,9 +15,9 @@ from typing import Any
 
 import httpx
 import pytest
-import sqlalchemy as sa
 from prometheus_client.parser import text_string_to_metric_families
 from support.cli_helpers import running_in_thread
+from support.db_faults import database_down
 from support.receiver_helpers import free_port, wait_until
 
 import outbox
@@ -140,21 +140,14 @@ def test_readiness_follows_the_database_and_liveness_does_not(db_url: str) -> No
         worker = Worker(queue, lambda claim, stop: "ok", poll_interval=0.05, metrics=metrics)
         with running_in_thread(worker):
             assert worker.readiness() == {"ok": True, "owner": worker.owner, "database": True}
-
-            @sa.event.listens_for(engine, "do_connect")
-            def refuse(*args: object) -> None:
-                # As the driver says it: the worker's claim loop expects database errors.
-                raise engine.dialect.loaded_dbapi.OperationalError("the database is down")
-
-            engine.dispose()
-            # The last answer is kept for a second: poll until readiness says so.
-            wait_until(lambda: not worker.readiness()["ok"], 10, "not ready")
-            assert worker.readiness()["database"] is False
-            assert worker.health()["ok"] is True  # alive: the claim loop still turns
-            text = metrics.render().decode()
-            assert "outbox_worker_database_up 0.0" in text
-            assert "outbox_worker_claimed_total" in text  # the counters still answer
-            sa.event.remove(engine, "do_connect", refuse)
+            with database_down(engine):
+                # The last answer is kept for a second: poll until readiness says so.
+                wait_until(lambda: not worker.readiness()["ok"], 10, "not ready")
+                assert worker.readiness()["database"] is False
+                assert worker.health()["ok"] is True  # alive: the claim loop still turns
+                text = metrics.render().decode()
+                assert "outbox_worker_database_up 0.0" in text
+                assert "outbox_worker_claimed_total" in text  # the counters still answer
             wait_until(lambda: worker.readiness()["ok"], 10, "ready again")
     engine.dispose()
 

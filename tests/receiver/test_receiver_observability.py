@@ -11,6 +11,7 @@ import httpx
 import pytest
 import sqlalchemy as sa
 from prometheus_client.parser import text_string_to_metric_families
+from support.db_faults import database_down
 from support.receiver_helpers import SECRET, AppClient, ReceiverProcess, signed, wait_until
 
 import outbox
@@ -94,19 +95,14 @@ def test_readiness_follows_the_database_and_liveness_does_not(db_url: str) -> No
         ready = client.get("/readyz")
         assert (ready.status_code, ready.json()) == (200, {"ok": True, "database": True})
 
-        @sa.event.listens_for(engine, "do_connect")
-        def refuse(*args: object) -> None:
-            raise engine.dialect.loaded_dbapi.OperationalError("the database is down")
-
-        engine.dispose()
-        # The last answer is kept for a second: poll until readiness says so.
-        wait_until(lambda: client.get("/readyz").status_code == 503, 10, "not ready")
-        assert client.get("/readyz").json() == {"ok": False, "database": False}
-        assert client.get("/healthz").status_code == 200  # alive all the same
-        page = client.get("/metrics")
-        assert page.status_code == 200  # /metrics answers without the database
-        assert "outbox_receiver_database_up 0.0" in page.text
-        sa.event.remove(engine, "do_connect", refuse)
+        with database_down(engine):
+            # The last answer is kept for a second: poll until readiness says so.
+            wait_until(lambda: client.get("/readyz").status_code == 503, 10, "not ready")
+            assert client.get("/readyz").json() == {"ok": False, "database": False}
+            assert client.get("/healthz").status_code == 200  # alive all the same
+            page = client.get("/metrics")
+            assert page.status_code == 200  # /metrics answers without the database
+            assert "outbox_receiver_database_up 0.0" in page.text
         wait_until(lambda: client.get("/readyz").status_code == 200, 10, "ready again")
     engine.dispose()
 

@@ -7,6 +7,7 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 from prometheus_client.parser import text_string_to_metric_families
+from support.db_faults import database_down
 from support.receiver_helpers import wait_until
 from support.relay_helpers import SECRET, publish_many
 from support.scripted_server import Answer, ScriptedServer
@@ -187,16 +188,10 @@ def test_a_claim_that_fails_against_the_database_is_counted(
 ) -> None:
     relay_engine = outbox.create_engine(db_url)
     with make_relay(relay_engine, server, clock) as relay:  # type: ignore[arg-type]
-
-        @sa.event.listens_for(relay_engine, "do_connect")
-        def refuse(*args: object) -> None:
-            raise ConnectionRefusedError("the database is down")
-
-        relay_engine.dispose()
-        with pytest.raises(ConnectionRefusedError):
+        with database_down(relay_engine), pytest.raises(sa.exc.OperationalError):
             relay.dispatch_once()
-        scrape = scrape_once(relay)
-        sa.event.remove(relay_engine, "do_connect", refuse)
+        with database_down(relay_engine):
+            scrape = scrape_once(relay)
     relay_engine.dispose()
     errors = {
         dict(labels)["operation"]: value
