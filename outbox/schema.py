@@ -171,6 +171,15 @@ sa.Index(
     postgresql_where=sa.text("state = 'pending'"),
 ).ddl_if(dialect="postgresql")
 
+# Dead messages per destination, for the relay's metrics at every scrape and `outbox dead
+# list --destination`: only dead rows are indexed, so delivered history is never read.
+sa.Index(
+    "ix_outbox_messages_dead",
+    messages.c.destination,
+    messages.c.id,
+    **_partial("state = 'dead'"),
+)
+
 relays = sa.Table(
     "outbox_relays",
     metadata,

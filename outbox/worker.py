@@ -27,6 +27,8 @@ import sqlalchemy as sa
 
 from outbox.db import retry
 from outbox.errors import Fenced, InvalidMessage, PermanentFailure
+from outbox.observability.probe import Probe
+from outbox.observability.worker_metrics import WorkerMetrics
 from outbox.result_group_commit import ResultGroupCommit
 from outbox.states import TaskState
 from outbox.tasks import Claim, TaskQueue
@@ -65,8 +67,12 @@ class Worker:
         poll_interval: float = 1.0,
         heartbeat: float | None = None,
         grace: float | None = None,
+        metrics: WorkerMetrics | None = None,
     ) -> None:
-        """Heartbeat defaults to a third of the lease; grace (the SIGTERM drain) to the lease."""
+        """Heartbeat defaults to a third of the lease; grace (the SIGTERM drain) to the lease.
+
+        `metrics`, when given, counts claims, outcomes, lost leases and handler time.
+        """
         if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
             raise ValueError(f"concurrency must be an int >= 1, got {concurrency!r}")
         self.heartbeat = queue.lease / 3 if heartbeat is None else heartbeat
@@ -93,6 +99,11 @@ class Worker:
         self._wake = threading.Event()
         self._beats_end = threading.Event()
         self._next_reconcile = 0.0  # the _moment() of the next claim that reconciles
+        self.metrics = metrics
+        self.last_turn = time.monotonic()
+        self._database_answers = Probe(queue.ping)
+        if metrics is not None:
+            metrics.watch(self._database_answers, lambda: len(self._running))
 
     def __enter__(self) -> Worker:
         return self
@@ -115,6 +126,24 @@ class Worker:
         if install_signal_handlers:
             for signum in (signal.SIGTERM, signal.SIGINT):
                 signal.signal(signum, self._on_signal)
+        handler = f"{getattr(self.handler, '__module__', '?')}:" + getattr(
+            self.handler, "__qualname__", type(self.handler).__name__
+        )
+        log.info(
+            "worker %s started: concurrency %d, lease %gs, handler %s",
+            self.owner,
+            self.concurrency,
+            self.queue.lease,
+            handler,
+            extra={
+                "fields": {
+                    "owner": self.owner,
+                    "concurrency": self.concurrency,
+                    "lease": self.queue.lease,
+                    "handler": handler,
+                }
+            },
+        )
         beat = threading.Thread(target=self._heartbeats, name="outbox-heartbeat", daemon=True)
         beat.start()
         # One thread per slot, started once: a thread per task cost a tenth of a busy
@@ -129,6 +158,7 @@ class Worker:
             ).start()
         try:
             while not self._stopping.is_set():
+                self.last_turn = time.monotonic()
                 self._wake.clear()
                 # Slots are counted by outcome: a handler wakes this loop once its
                 # outcome is written.
@@ -144,11 +174,34 @@ class Worker:
                     # Wait for a free slot, new work (the poll) or stop.
                     self._wake.wait(self.poll_interval)
         finally:
-            self._drain()
+            abandoned = self._drain()
             for _ in range(self.concurrency):
                 claimed.put(None)  # idle threads end now, late ones once their handler returns
             self._beats_end.set()
             beat.join()
+            fields = {"owner": self.owner, "drained": not abandoned, "abandoned": abandoned}
+            log.info(
+                "worker %s stopped: %s",
+                self.owner,
+                f"{abandoned} running tasks abandoned" if abandoned else "drained",
+                extra={"fields": fields},
+            )
+
+    def health(self) -> dict[str, Any]:
+        """Liveness for /healthz: the claim loop has turned recently."""
+        idle = time.monotonic() - self.last_turn
+        limit = max(3 * self.poll_interval, 2 * self.queue.lease)
+        return {
+            "ok": idle < limit,
+            "owner": self.owner,
+            "seconds_since_last_turn": round(idle, 3),
+            "running": len(self._running),
+        }
+
+    def readiness(self) -> dict[str, Any]:
+        """Readiness for /readyz: the database answers (checked at most once a second)."""
+        answered = self._database_answers() is not None
+        return {"ok": answered, "owner": self.owner, "database": answered}
 
     def _on_signal(self, signum: int, frame: object) -> None:
         if self._stopping.is_set():
@@ -166,6 +219,8 @@ class Worker:
             claims = self.queue.claim_many(self.owner, limit, reconcile=reconcile)
             if reconcile:
                 self._next_reconcile = moment + self.queue.lease / RECONCILES_PER_LEASE
+            if claims and self.metrics is not None:
+                self.metrics.claimed(len(claims))
             return claims
         except sa.exc.DBAPIError as exc:
             # Nothing was leased, or the leases expire and are taken again.
@@ -177,17 +232,19 @@ class Worker:
         on the monotonic clock."""
         return self.queue.clock() if self.queue.clock is not None else time.monotonic()
 
-    def _drain(self) -> None:
-        """Let running handlers finish within the grace period; then stop and disown them."""
+    def _drain(self) -> int:
+        """Let running handlers finish within the grace period; then stop and disown them.
+
+        Returns how many were still running (abandoned to lease expiry)."""
         with self._lock:
             if not self._running:
-                return
+                return 0
         log.info("worker %s: draining running tasks", self.owner)
         deadline = time.monotonic() + self.grace
         while True:
             with self._lock:
                 if not self._running:
-                    return
+                    return 0
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 break
@@ -205,6 +262,7 @@ class Worker:
             log.warning(
                 "worker %s: abandoned %d running tasks to lease expiry", self.owner, len(late)
             )
+        return len(late)
 
     def _handle_each(self, claimed: SimpleQueue[_Running | None]) -> None:
         while (running := claimed.get()) is not None:
@@ -215,24 +273,41 @@ class Worker:
                 log.exception(
                     "task %s: handler raised; its lease will expire", running.claim.task_id
                 )
+                self._count("unrecorded")
 
     def _handle(self, running: _Running) -> None:
         claim = running.claim
         try:
+            started = time.perf_counter()
             try:
                 result = self.handler(claim, running.stop)
             except Exception as exc:  # noqa: BLE001 - any handler error fails the attempt
+                self._handled(started)
                 self._settle(running, partial(self._fail, claim, exc))
             else:
+                self._handled(started)
                 self._settle(running, partial(self._finish, claim, result))
         except Exception:
             log.exception("task %s: outcome not recorded; its lease will expire", claim.task_id)
+            self._count("unrecorded")
         finally:
             with self._lock:
                 self._running.pop(running.key, None)
             self._wake.set()
 
-    def _finish(self, claim: Claim, result: Any) -> None:
+    def _handled(self, started: float) -> None:
+        if self.metrics is not None:
+            self.metrics.handled(time.perf_counter() - started)
+
+    def _count(self, outcome: str) -> None:
+        if self.metrics is not None:
+            self.metrics.outcome(outcome)
+
+    def _lease_lost(self) -> None:
+        if self.metrics is not None:
+            self.metrics.lease_lost()
+
+    def _finish(self, claim: Claim, result: Any) -> str:
         try:
             self._results.finish(claim, result)
         except InvalidMessage as exc:
@@ -240,22 +315,26 @@ class Worker:
             # would repeat its side effects for the same refusal.
             self.queue.fail(claim, f"result refused: {exc}", permanent=True)
             log.error("task %s: result refused (%s); failed", claim.task_id, exc)
+            return "failed"
+        return "done"
 
-    def _fail(self, claim: Claim, exc: Exception) -> None:
+    def _fail(self, claim: Claim, exc: Exception) -> str:
         reason = f"{type(exc).__name__}: {exc}"
         state = self.queue.fail(claim, reason, permanent=isinstance(exc, PermanentFailure))
         log.info("task %s attempt %d failed (%s): %s", claim.task_id, claim.attempt, state, reason)
+        return "retry" if state == TaskState.PENDING else state
 
-    def _settle(self, running: _Running, write: Callable[[], None]) -> None:
+    def _settle(self, running: _Running, write: Callable[[], str]) -> None:
         """Commit the handler's outcome unless the lease is gone; re-read after an error."""
         if running.lost:
             log.warning("task %s: lease lost; outcome discarded", running.claim.task_id)
+            self._count("discarded")
             return
         task_id = running.claim.task_id
         try:
             # Until the lease would have run out: after that, another worker may hold the
             # task. A refused renewal or the end of the grace period sets `stop`: give up.
-            retry.until(
+            outcome = retry.until(
                 partial(self._write, running, write),
                 seconds=self.queue.lease,
                 stop=running.stop,
@@ -265,14 +344,21 @@ class Worker:
             )
         except Fenced as exc:
             log.warning("task %s: %s; outcome discarded", task_id, exc)
+            self._lease_lost()
+            self._count("discarded")
             return
         except sa.exc.DBAPIError:
             log.error("task %s: outcome not recorded; its lease will expire", task_id)
+            self._count("unrecorded")
+            return
+        # None: a write whose COMMIT answer was lost, found done when the task was re-read.
+        self._count("unknown" if outcome is None else outcome)
 
     @staticmethod
-    def _write(running: _Running, write: Callable[[], None]) -> None:
-        write()
+    def _write(running: _Running, write: Callable[[], str]) -> str:
+        outcome = write()
         running.written = True
+        return outcome
 
     def _settled(self, claim: Claim) -> bool:
         try:
@@ -297,6 +383,7 @@ class Worker:
                         continue  # finished since this beat began: refused, but not lost
                     entry.lost = True
                     entry.stop.set()
+                    self._lease_lost()
                     log.warning("task %s: renewal refused (%s); stopping it", task_id, exc)
                 except sa.exc.DBAPIError as exc:
                     # The lease may still hold: the next beat tries again.

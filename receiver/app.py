@@ -4,7 +4,9 @@ The decisions (and their order) are documented in ``receiver.rules``. This
 module only streams the body with a size cap (so an oversized or chunked body
 is refused before it is buffered), runs the blocking store calls in the
 thread pool (single messages that arrive together in one group commit), and
-adds the retention header to every response.
+adds the retention header to every response. It also answers GET /healthz
+(liveness, and the retention a relay checks at start), GET /readyz (503 while
+the database does not answer) and GET /metrics (receiver.metrics).
 """
 
 from __future__ import annotations
@@ -19,12 +21,17 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from outbox.observability.probe import Probe
+from outbox.observability.server import METRICS_CONTENT_TYPE
 from outbox.signing import DEFAULT_TOLERANCE, parse_secret
 from receiver.effects import Effect
 from receiver.guards import SingleHeaders
+from receiver.metrics import CountingStore, CountRequests, ReceiverMetrics
 from receiver.rules import MAX_BATCH_ITEMS, Answer, ReceiverRules, Store, error, receiver_rules
 
 DEFAULT_MAX_BODY = 1_048_576
+READY_DEADLINE = 1.0
+"""Seconds /readyz waits for the database before it answers 503."""
 
 
 class _TooLarge(Exception):
@@ -117,8 +124,14 @@ class _RetentionHeader:
         await self.app(scope, receive, send_with_header)
 
 
-def build_app(decide: ReceiverRules) -> Starlette:
-    """A Starlette app answering with `decide`."""
+def build_app(
+    decide: ReceiverRules,
+    metrics: ReceiverMetrics | None = None,
+    database: Callable[[], object | None] | None = None,
+) -> Starlette:
+    """A Starlette app answering with `decide`, counting into `metrics`; `database` (a
+    Probe) says whether the database answers, for /readyz (None: always ready)."""
+    metrics = metrics or ReceiverMetrics()
 
     async def read_body(request: Request) -> bytes | Answer:
         try:
@@ -156,16 +169,33 @@ def build_app(decide: ReceiverRules) -> Starlette:
     async def healthz(request: Request) -> Response:
         return JSONResponse({"status": "ok"})
 
+    async def readyz(request: Request) -> Response:
+        if database is None:
+            return JSONResponse({"ok": True})  # a store that cannot be asked: nothing to check
+        # The probe waits up to its deadline on a thread, never on the event loop.
+        answered = await run_in_threadpool(database) is not None
+        return JSONResponse(
+            {"ok": answered, "database": answered}, status_code=200 if answered else 503
+        )
+
+    async def metrics_page(request: Request) -> Response:
+        # Rendering reads the database gauge through the probe: also off the event loop.
+        body = await run_in_threadpool(metrics.render)
+        return Response(body, headers={"content-type": METRICS_CONTENT_TYPE})
+
     app = Starlette(
         routes=[
             Route("/replies", post_message, methods=["POST"]),
             Route("/replies/batch", post_batch, methods=["POST"]),
             Route("/replies/{reply_id:path}", get_receipt, methods=["GET"]),
             Route("/healthz", healthz, methods=["GET"]),
+            Route("/readyz", readyz, methods=["GET"]),
+            Route("/metrics", metrics_page, methods=["GET"]),
         ]
     )
     app.add_middleware(SingleHeaders)
     app.add_middleware(_RetentionHeader, headers=decide.retention_headers())
+    app.add_middleware(CountRequests, metrics=metrics)
     return app
 
 
@@ -177,22 +207,31 @@ def create_app(
     effect: Effect | None = None,
     *,
     wall_clock: Callable[[], float] | None = None,
+    metrics: ReceiverMetrics | None = None,
 ) -> Starlette:
-    """The receiver app: POST /replies, GET /replies/{reply_id}, GET /healthz.
+    """The receiver app: POST /replies, GET /replies/{reply_id}, /healthz, /readyz, /metrics.
 
-    `store` is a ReceiptStore (or anything with its accept/lookup/retention);
+    `store` is a ReceiptStore (or anything with its accept_many/lookup/retention, and
+    ping for /readyz);
     `effect` runs once per first receipt (None: none; the reference app passes
     receiver.effects.record_effect); `wall_clock` replaces time.time for
-    signature timestamps only, so fixed test vectors can be checked.
+    signature timestamps only, so fixed test vectors can be checked; `metrics`
+    (default: new ones) is what /metrics shows.
     """
     if isinstance(secrets, str | bytes):
         raise TypeError("secrets must be a list of secrets, not one secret")
+    metrics = metrics or ReceiverMetrics()
+    # A store of the caller's own may have no ping: then readiness does not ask the database.
+    ping = getattr(store, "ping", None)
+    database = None if ping is None else Probe(ping, deadline=READY_DEADLINE)
+    if database is not None:
+        metrics.watch(database)
     decide = receiver_rules(
-        store,
+        CountingStore(store, metrics),
         [parse_secret(secret) for secret in secrets],
         tolerance=tolerance,
         max_body=max_body,
         effect=effect,
         wall_clock=wall_clock,
     )
-    return build_app(decide)
+    return build_app(decide, metrics, database)

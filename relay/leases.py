@@ -11,8 +11,7 @@ from __future__ import annotations
 import logging
 import random
 import time
-from collections.abc import Callable, Collection, Mapping, Sequence
-from typing import Any
+from collections.abc import Collection, Mapping, Sequence
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
@@ -22,6 +21,7 @@ from outbox.clock import Clock
 from outbox.db import message_sql, retry
 from outbox.db.dialect import clock_value, now_expression, one_statement
 from relay import sql
+from relay.figures import Figures, figures_from
 from relay.policy import Outcome, Retry, Sent, retry_delay, target_state
 from relay.records import ClaimedRow, Message, Settlement
 
@@ -144,16 +144,6 @@ class RelayLeases:
             sql.withdraw(conn, self.owner)
         self._next_announce = float("-inf")
 
-    def ping(self) -> bool:
-        """A round trip to the database (raises when it does not answer)."""
-        with self._engine.connect() as conn:
-            conn.execute(sa.select(sa.literal(1))).one()
-        return True
-
-    def unrouted(self) -> tuple[int, float | None]:
-        """Pending messages no live relay delivers: how many, and the oldest one's age."""
-        return self._count_and_age(message_sql.unrouted)
-
     def _reap_expired_leases(self, conn: sa.Connection, now: float | None) -> None:
         # Leases expire on the scale of the lease, not of a turn or a poll: looking every
         # quarter lease finds an expired one soon enough and saves a statement per turn.
@@ -228,13 +218,11 @@ class RelayLeases:
             if (row.fence, row.state) == expected[row.id] and row.owner == self.owner
         }
 
-    def backlog(self) -> tuple[int, float | None]:
-        """How many messages are undelivered, and the age of the oldest (None when none)."""
-        return self._count_and_age(sql.backlog)
-
-    def _count_and_age(
-        self, query: Callable[[sa.ColumnElement[float]], Any]
-    ) -> tuple[int, float | None]:
+    def figures(self) -> Figures:
+        """Backlog, dead count and oldest undelivered age per destination, and the unrouted
+        messages: one grouped read over undelivered and dead messages, none over history."""
+        now = now_expression(self.clock, self._dialect)
         with self._engine.connect() as conn:
-            count, age = conn.execute(query(now_expression(self.clock, self._dialect))).one()
-        return int(count), None if age is None else float(age)
+            rows = conn.execute(sql.destination_figures(now)).all()
+            routed = set(conn.execute(sql.live_destinations(now)).scalars())
+        return figures_from(rows, routed, self.destinations)

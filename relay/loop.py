@@ -25,13 +25,13 @@ from outbox import failpoints
 from outbox.clock import Clock
 from outbox.db.dialect import listen_conninfo
 from outbox.db.handle import DatabaseHandle
+from outbox.observability.probe import Probe
 from relay.config import Destination, check_destinations, check_relay_settings
 from relay.dispatch import Dispatcher, Turn, retry_window
 from relay.leases import RelayLeases
 from relay.metrics import RelayMetrics
 from relay.pipeline import Claimed, Pipeline, by_destination
 from relay.policy import Sent, Verdict, verdict
-from relay.probe import Probe
 from relay.transport import check_kinds
 from relay.wakeup import Wakeups
 
@@ -113,8 +113,8 @@ class Relay(DatabaseHandle):
         self._unsettled: list[Turn] = []
         self.listening = threading.Event()
         """Set while a LISTEN connection is up (PostgreSQL), so NOTIFY wakes the loop."""
-        self.metrics = RelayMetrics(self.leases.backlog, self.leases.unrouted)
-        self._database_answers = Probe(self.leases.ping)
+        self.metrics = RelayMetrics(self.leases.figures, self.destinations)
+        self._database_answers = Probe(self.ping)
         self.dispatcher = Dispatcher(
             self.destinations,
             concurrency=concurrency,
@@ -321,9 +321,14 @@ class Relay(DatabaseHandle):
     ) -> Claimed | None:
         """Lease a batch: (messages to deliver, messages to resolve, the turn's deadline)."""
         started = time.monotonic()
-        deliver, resolve = await asyncio.to_thread(self.leases.claim, busy, may_adopt)
+        try:
+            deliver, resolve = await asyncio.to_thread(self.leases.claim, busy, may_adopt)
+        except Exception:
+            self.metrics.database_error("claim")
+            raise
         if not deliver and not resolve:
             return None
+        self.metrics.claimed(m.destination for m in (*deliver, *resolve))
         failpoints.hit("relay.after_claim")
         # The lease runs from the claim: an attempt that could not finish before it ends is
         # not started, or another relay might send the same message at the same time.
@@ -333,7 +338,9 @@ class Relay(DatabaseHandle):
         everything, outcomes, unattempted = turn
         try:
             settled = await asyncio.to_thread(self.leases.settle, everything, outcomes, unattempted)
-        except BaseException:
+        except BaseException as exc:
+            if isinstance(exc, Exception):  # not a cancellation at shutdown
+                self.metrics.database_error("settle")
             if not any(kept is turn for kept in self._unsettled):
                 self._unsettled.append(turn)
             raise
@@ -344,6 +351,7 @@ class Relay(DatabaseHandle):
         for message in everything:
             if message.id not in settled:
                 log.warning("message %s was taken over; not settled here", message.reply_id)
+                self.metrics.lease_lost(message.destination)
                 continue
             outcome = outcomes[message.id]
             said = verdict(outcome)
@@ -373,13 +381,21 @@ class Relay(DatabaseHandle):
             totals[kind] += count
         part = everything[0].destination if everything else None
         log.info(
-            "turn for %s: %d settled: %d sent, %d retried, %d dead",
+            "turn for %s: %d claimed, %d settled: %d sent, %d retried, %d dead",
             part,
+            len(everything),
             len(verdicts),
             totals["sent"],
             totals["retry"],
             totals["dead"],
-            extra={"fields": {"destination": part, "settled": len(verdicts), **totals}},
+            extra={
+                "fields": {
+                    "destination": part,
+                    "claimed": len(everything),
+                    "settled": len(verdicts),
+                    **totals,
+                }
+            },
         )
         return verdicts
 

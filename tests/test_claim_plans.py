@@ -16,6 +16,7 @@ import sqlalchemy as sa
 from psycopg import sql as psycopg_sql
 
 from outbox.db import message_sql, task_sql
+from outbox.db.dialect import bound_now
 from relay import sql as relay_sql
 
 PARAMETER = re.compile(r"%\((\w+)\)s")
@@ -151,3 +152,20 @@ def test_the_reconcile_steps_of_a_claim_walk_partial_indexes(
     assert any(index in line for line in scans), plan
     for line in scans:
         assert "Seq Scan" not in line, plan
+
+
+@pytest.mark.parametrize("backend", ["postgresql"], indirect=True)
+def test_the_relay_gauges_read_no_delivered_history(db_url: str) -> None:
+    engine = with_history(db_url)
+    try:
+        with engine.connect() as conn:
+            statement = relay_sql.destination_figures(bound_now("postgresql"))
+            plan = generic_plan(conn, statement, {"now": None})
+    finally:
+        engine.dispose()
+    # Pending, sending and dead each walk their own partial index: none reads sent rows.
+    scans = [line for line in plan.splitlines() if "Scan" in line]
+    assert len(scans) >= 3, plan
+    for line in scans:
+        assert "Seq Scan" not in line, plan
+    assert "ix_outbox_messages_dead" in plan, plan

@@ -6,13 +6,13 @@ import argparse
 import json
 import os
 import re
-import sys
 from collections.abc import Sequence
 from typing import Any, NoReturn
 
 from outbox import failpoints, migrations
 from outbox.cli import dead, demo, operations, receiver, relay, settings, worker
 from outbox.cli.environment import check_environment
+from outbox.cli.logs import report_error
 from outbox.db.dialect import missing_sqlite_file
 from outbox.errors import OutboxError
 
@@ -118,7 +118,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "receiver":
             return receiver.run(args)
     except (ValueError, OSError, OutboxError) as exc:
-        print(f"outbox: error: {exc}", file=sys.stderr)
+        report_error(f"outbox: error: {exc}")
         return 2
     raise AssertionError(f"unhandled command {args.command!r}")
 

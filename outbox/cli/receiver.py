@@ -13,12 +13,13 @@ accepted at once so they can be rotated.
 from __future__ import annotations
 
 import argparse
+import logging
 import os
-import sys
 from pathlib import Path
 from typing import Any
 
 from outbox.cli.arguments import parse_duration, positive_int
+from outbox.cli.logs import LOG_HELP, configure_logging, log_options
 from outbox.cli.settings import Option, add_flags
 from outbox.signing import DEFAULT_TOLERANCE
 from receiver.app import DEFAULT_MAX_BODY
@@ -60,6 +61,7 @@ OPTIONS = (
     Option.of("receiver", "tolerance", parse_duration, float(DEFAULT_TOLERANCE)),
     Option.of("receiver", "max_body", positive_int, DEFAULT_MAX_BODY),
     Option.of("receiver", "retention", parse_duration),
+    *log_options("receiver"),
 )
 """Serving settings: each a flag, an OUTBOX_RECEIVER_* variable, or receiver.* in the file."""
 
@@ -70,6 +72,7 @@ HELP = {
     "tolerance": "signature timestamp tolerance (default 300s)",
     "max_body": "largest body in bytes (default 1 MiB)",
     "retention": "receipt retention to publish (default 30d)",
+    **LOG_HELP,
 }
 
 
@@ -134,6 +137,7 @@ def _serve(args: argparse.Namespace, retention: float) -> int:
     from receiver.store import ReceiptStore
 
     secrets = load_secrets(args.secret_file)
+    configure_logging(args.log_format, args.log_level)
     store = ReceiptStore(args.db, retention=retention)
     try:
         app = create_app(
@@ -143,14 +147,23 @@ def _serve(args: argparse.Namespace, retention: float) -> int:
             max_body=args.max_body,
             effect=record_effect,
         )
+        # uvicorn's loggers go through ours (log_config=None: it installs no handlers), so
+        # its lines are JSON too; one line per request would cost more than /metrics tells.
         config = uvicorn.Config(
-            app, host=args.host, port=args.port, log_level="warning", lifespan="off"
+            app,
+            host=args.host,
+            port=args.port,
+            log_config=None,
+            access_log=False,
+            lifespan="off",
         )
-        print(
-            f"receiver listening on http://{args.host}:{args.port} "
-            f"(retention {retention:g}s, {len(secrets)} secret(s))",
-            file=sys.stderr,
-            flush=True,
+        logging.getLogger("outbox.receiver").info(
+            "receiver listening on http://%s:%d (retention %gs, %d secret(s))",
+            args.host,
+            args.port,
+            retention,
+            len(secrets),
+            extra={"fields": {"host": args.host, "port": args.port, "retention": retention}},
         )
         uvicorn.Server(config).run()
     finally:

@@ -9,10 +9,7 @@ every other command's settings (flag, environment, file, default).
 from __future__ import annotations
 
 import argparse
-import json
-import logging
 import os
-import sys
 from typing import Any
 
 from outbox.cli.arguments import (
@@ -21,19 +18,14 @@ from outbox.cli.arguments import (
     positive_float,
     positive_int,
 )
+from outbox.cli.logs import LOG_HELP, configure_logging, log_options
 from outbox.cli.settings import Option, add_flags, load
 from outbox.errors import ConfigError
+from outbox.observability.server import MetricsServer
 from relay import Relay
 from relay.config import destinations_from
-from relay.metrics import MetricsServer
 
 CONFIG_ENV = "OUTBOX_RELAY_CONFIG"
-
-
-def _choice(text: str, *choices: str) -> str:
-    if text not in choices:
-        raise argparse.ArgumentTypeError(f"expected one of {', '.join(choices)}, got {text!r}")
-    return text
 
 
 # The Relay's own settings: absent ones take the Relay's defaults.
@@ -51,8 +43,7 @@ RELAY_OPTIONS = (
 OPTIONS = (
     *RELAY_OPTIONS,
     Option.of("relay", "metrics_port", non_negative_int),
-    Option.of("relay", "log_format", lambda text: _choice(text, "text", "json"), "text"),
-    Option.of("relay", "log_level", default="INFO"),
+    *log_options("relay"),
 )
 """Every `outbox relay` setting: a flag, an OUTBOX_RELAY_* variable, or relay.* in the file."""
 
@@ -67,41 +58,9 @@ HELP = {
     "poll_interval": "seconds between looks for work without NOTIFY (default 1)",
     "grace": "SIGTERM drain in seconds, 0 for none (default: the lease)",
     "metrics_port": "serve /metrics, /healthz (liveness), /readyz on this port (0: off)",
-    "log_format": "text or json (default text)",
-    "log_level": "default INFO",
+    **LOG_HELP,
 }
 RELAY_KEYS = frozenset(option.dest for option in OPTIONS)
-
-
-class JsonFormatter(logging.Formatter):
-    """One JSON object per log line, for log shippers."""
-
-    def format(self, record: logging.LogRecord) -> str:
-        """Render a record as JSON."""
-        entry: dict[str, Any] = {
-            "ts": round(record.created, 3),
-            "level": record.levelname.lower(),
-            "logger": record.name,
-            "message": record.getMessage(),
-        }
-        entry.update(getattr(record, "fields", {}))
-        if record.exc_info:
-            entry["exception"] = self.formatException(record.exc_info)
-        return json.dumps(entry, separators=(",", ":"))
-
-
-def configure_logging(log_format: str, level: str = "INFO") -> None:
-    """Logs to stderr, as text or JSON lines."""
-    handler = logging.StreamHandler(sys.stderr)
-    if log_format == "json":
-        handler.setFormatter(JsonFormatter())
-    else:
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s %(message)s"))
-    root = logging.getLogger()
-    root.handlers[:] = [handler]
-    root.setLevel(level)
-    # aiohttp logs each dropped keep-alive connection; those are retried, not news.
-    logging.getLogger("aiohttp").setLevel(logging.WARNING)
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -145,7 +104,10 @@ def run(args: argparse.Namespace) -> int:
         server = None
         if args.metrics_port:
             server = MetricsServer(
-                relay.metrics, args.metrics_port, relay.health, relay.readiness
+                args.metrics_port,
+                render=relay.metrics.render,
+                health=relay.health,
+                ready=relay.readiness,
             ).start()
         try:
             relay.run()

@@ -4,14 +4,17 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import logging
 import os
 import sys
 from collections.abc import Callable
+from contextlib import nullcontext
 from typing import Any
 
-from outbox.cli.arguments import positive_float, positive_int
+from outbox.cli.arguments import non_negative_int, positive_float, positive_int
+from outbox.cli.logs import LOG_HELP, configure_logging, log_options
 from outbox.cli.settings import Option, add_flags
+from outbox.observability.server import MetricsServer
+from outbox.observability.worker_metrics import WorkerMetrics
 from outbox.tasks import TaskQueue
 from outbox.worker import Handler, Worker
 
@@ -44,7 +47,8 @@ OPTIONS = (
     Option.of("worker", "poll_interval", positive_float, 1.0),
     Option.of("worker", "grace", positive_float),
     Option.of("worker", "reply_destination", default="default"),
-    Option.of("worker", "log_level", default="INFO"),
+    Option.of("worker", "metrics_port", non_negative_int),
+    *log_options("worker"),
 )
 """The worker's settings: each a flag, an OUTBOX_WORKER_* variable, or worker.* in the file."""
 
@@ -56,7 +60,8 @@ HELP = {
     "poll_interval": "seconds between looks for work (default 1)",
     "grace": "SIGTERM drain in seconds (default: the lease)",
     "reply_destination": "destination of task replies (default: default)",
-    "log_level": "default INFO",
+    "metrics_port": "serve /metrics, /healthz (liveness), /readyz on this port (0: off)",
+    **LOG_HELP,
 }
 
 
@@ -69,12 +74,9 @@ def add_parser(commands: Any, db_argument: Callable[[argparse.ArgumentParser], N
 
 def run(args: argparse.Namespace) -> int:
     """Run the worker until SIGTERM/SIGINT; 0 after a clean drain."""
-    logging.basicConfig(
-        stream=sys.stderr,
-        level=args.log_level.upper(),
-        format="%(asctime)s %(levelname)s %(name)s %(message)s",
-    )
+    configure_logging(args.log_format, args.log_level)
     with TaskQueue(args.db, lease=args.lease, reply_destination=args.reply_destination) as queue:
+        metrics = WorkerMetrics() if args.metrics_port else None
         worker = Worker(
             queue,
             args.handler,
@@ -82,9 +84,18 @@ def run(args: argparse.Namespace) -> int:
             concurrency=args.concurrency,
             poll_interval=args.poll_interval,
             grace=args.grace,
+            metrics=metrics,
         )
-        log = logging.getLogger("outbox.worker")
-        log.info("worker %s started", worker.owner)
-        worker.run()
-        log.info("worker %s stopped", worker.owner)
+        server = (
+            nullcontext()
+            if metrics is None
+            else MetricsServer(
+                args.metrics_port,
+                render=metrics.render,
+                health=worker.health,
+                ready=worker.readiness,
+            )
+        )
+        with server:
+            worker.run()
     return 0

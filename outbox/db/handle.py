@@ -41,6 +41,12 @@ class DatabaseHandle:
         """The engine this object runs on."""
         return self._engine
 
+    def ping(self) -> bool:
+        """One round trip to the database (raises when it does not answer); for readiness."""
+        with self._engine.connect() as conn:
+            conn.execute(sa.select(sa.literal(1))).one()
+        return True
+
     def close(self) -> None:
         """Release the connection pool when this object created it."""
         if self._owns_engine:

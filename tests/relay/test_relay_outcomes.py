@@ -278,7 +278,8 @@ def test_metrics_and_liveness_answer_while_the_database_does_not(
             "a scrape that says the database is down",
         )
         text = relay.metrics.render().decode()
-        assert "outbox_relay_backlog " not in text  # left out, not a made-up figure
+        for gauge in ("outbox_relay_backlog", "outbox_relay_dead", "outbox_relay_unrouted"):
+            assert gauge not in text  # left out, not a made-up figure
         assert "outbox_relay_delivery_seconds" in text  # the relay's own figures still answer
         wait_until(lambda: not relay.readiness()["ok"], 10, "not ready")
         assert relay.readiness() == {"ok": False, "owner": relay.owner, "database": False}
@@ -309,9 +310,12 @@ def test_a_message_going_dead_is_a_warning_with_its_fields_and_each_turn_sums_up
         "reason": "HTTP 410: {}",  # with the start of the answer's body
     }
     [summary] = [r for r in caplog.records if r.getMessage().startswith("turn for")]
-    assert summary.getMessage() == "turn for default: 3 settled: 1 sent, 1 retried, 1 dead"
+    assert summary.getMessage() == (
+        "turn for default: 3 claimed, 3 settled: 1 sent, 1 retried, 1 dead"
+    )
     assert summary.fields == {  # type: ignore[attr-defined]
         "destination": "default",
+        "claimed": 3,
         "settled": 3,
         "sent": 1,
         "retry": 1,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -124,7 +125,10 @@ def test_metrics_and_health_are_served(
         )
         # The database gauges are read at most once a second: poll until they catch up.
         wait_until(
-            lambda: "outbox_relay_backlog 0.0" in httpx.get(base + "/metrics", timeout=5).text,
+            lambda: (
+                'outbox_relay_backlog{destination="default"} 0.0'
+                in httpx.get(base + "/metrics", timeout=5).text
+            ),
             20,
             "the backlog gauge to read 0",
         )
@@ -162,3 +166,49 @@ def test_a_relay_killed_at_a_failpoint_loses_nothing(
     # never recorded): sent again. Window D (sent was committed): nothing more to do.
     sends = {"relay.after_claim": 1, "relay.after_sent_commit": 1}.get(point, 2)
     assert len(server.ids()) == sends
+
+
+def json_lines(err: str) -> list[dict[str, object]]:
+    """Every stderr line as JSON (fails on a line that is not one JSON object)."""
+    lines = err.splitlines()
+    assert lines, "nothing logged"
+    parsed = [json.loads(line) for line in lines]
+    assert all(isinstance(entry, dict) for entry in parsed), lines
+    return parsed
+
+
+def test_json_logs_are_one_object_per_line_with_the_dead_reply_and_turn_summary(
+    db_url: str, engine: sa.Engine, server: ScriptedServer, tmp_path: Path
+) -> None:
+    publish_many(engine, ["j-ok", "j-gone"])
+    server.script("j-gone", Answer(status=410))
+    config = write_config(tmp_path, server, owner="r-json")
+    proc = start_relay(db_url, config, "--log-format", "json")
+    try:
+        wait_until(lambda: rows(engine)["j-gone"]["state"] == "dead", 20, "the dead reply")
+        wait_until(lambda: rows(engine)["j-ok"]["state"] == "sent", 20, "the sent reply")
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        status, err = finish(proc)
+    assert status == 0, err
+    logged = json_lines(err)
+    [dead] = [e for e in logged if e["level"] == "warning" and "reply_id" in e]
+    assert (dead["reply_id"], dead["destination"], dead["status"]) == ("j-gone", "default", 410)
+    assert str(dead["reason"]).startswith("HTTP 410")
+    turns = [entry for entry in logged if str(entry["message"]).startswith("turn for default")]
+    assert sum(int(turn["claimed"]) for turn in turns) == 2  # type: ignore[call-overload]
+    assert {key for turn in turns for key in turn} >= {"claimed", "sent", "retry", "dead"}
+    messages = [entry["message"] for entry in logged]
+    assert "relay r-json started" in messages
+    assert messages[-1] == "relay r-json stopped"
+
+
+def test_a_relay_that_cannot_reach_its_database_logs_the_traceback_as_json(
+    server: ScriptedServer, tmp_path: Path
+) -> None:
+    closed = f"postgresql://postgres@127.0.0.1:{free_port()}/nothing"
+    proc = start_relay(closed, write_config(tmp_path, server), "--log-format", "json")
+    status, err = finish(proc)
+    assert status != 0
+    logged = json_lines(err)
+    assert any("Traceback" in str(entry.get("exception", "")) for entry in logged), logged

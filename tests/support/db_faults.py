@@ -1,6 +1,9 @@
-"""Database faults for tests: sessions killed under a running component."""
+"""Database faults for tests: sessions killed, or the database gone, under a running component."""
 
 from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import sqlalchemy as sa
 
@@ -22,3 +25,28 @@ def terminate_other_sessions(db_url: str) -> int:
             )
     finally:
         admin.dispose()
+
+
+@contextmanager
+def database_down(engine: sa.Engine) -> Iterator[None]:
+    """Within the block `engine` cannot reach its database, as if the server were gone.
+
+    New connections are refused with the driver's own error, and a pooled one is
+    dropped (closed) when checked out, so nothing is disposed under a running
+    component: a connection it holds is returned and closed, not leaked.
+    """
+    down = engine.dialect.loaded_dbapi.OperationalError
+
+    def refuse(*args: object) -> None:
+        raise down("the database is down")
+
+    def drop(*args: object) -> None:
+        raise sa.exc.DisconnectionError("the database is down")
+
+    sa.event.listen(engine, "do_connect", refuse)
+    sa.event.listen(engine, "checkout", drop)
+    try:
+        yield
+    finally:
+        sa.event.remove(engine, "checkout", drop)
+        sa.event.remove(engine, "do_connect", refuse)

@@ -26,3 +26,10 @@ def gated(claim: Claim, stop: threading.Event) -> dict[str, Any]:
             raise TimeoutError("never released")
         stop.wait(0.01)
     return {"n": claim.payload["n"]}
+
+
+def double_or_fail(claim: Claim, stop: threading.Event) -> dict[str, Any]:
+    """Doubles payload["n"]; an odd n fails the attempt with an error."""
+    if claim.payload["n"] % 2:
+        raise RuntimeError(f"odd input {claim.payload['n']}")
+    return {"n": claim.payload["n"] * 2}

@@ -1,4 +1,4 @@
-"""relay.probe.Probe: database reads for /metrics and /readyz, answered within a deadline."""
+"""Probe: database reads for /metrics and /readyz, answered within a deadline."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import threading
 
 import pytest
 
-from relay import probe as probes
-from relay.probe import Probe
+from outbox.observability import probe as probes
+from outbox.observability.probe import Probe
 
 
 def test_a_read_that_does_not_answer_in_time_reads_as_none_and_is_not_doubled() -> None:

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
-log = logging.getLogger("outbox.relay")
+log = logging.getLogger("outbox.observability")
 STUCK = 30.0  # seconds a read may run before another is started beside it
 T = TypeVar("T")
 

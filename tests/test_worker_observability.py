@@ -1,0 +1,231 @@
+"""The worker's metrics, health, readiness and logs: in-process and as `outbox worker`."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+from support.cli_helpers import running_in_thread
+from support.db_faults import database_down
+from support.receiver_helpers import free_port, wait_until
+
+import outbox
+from outbox import AuthContext, Claim, Envelope, PermanentFailure, TaskQueue
+from outbox.observability.worker_metrics import WorkerMetrics
+from outbox.worker import Worker
+
+SOURCE = AuthContext("agent-a")
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture
+def queue(db_url: str) -> Iterator[TaskQueue]:
+    """A queue on the database clock, with retries far off so a failed attempt stays put."""
+    q = TaskQueue(db_url, allowed_sources=("agent-a",), lease=2, backoff=60, backoff_cap=60)
+    yield q
+    q.close()
+
+
+def submit(queue: TaskQueue, count: int) -> list[str]:
+    """`count` tasks with payload {"n": i}; their ids."""
+    deadline = time.time() + 3600
+    return [
+        queue.receive(SOURCE, Envelope(f"m-{n}", "agent-a", {"n": n}, deadline)).task_id
+        for n in range(count)
+    ]
+
+
+def states(queue: TaskQueue, ids: list[str]) -> list[str]:
+    """Each task's state."""
+    return [queue.task(task_id)["state"] for task_id in ids]  # type: ignore[index]
+
+
+def scrape(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """Every sample of a Prometheus text: (name, sorted labels) -> value."""
+    return {
+        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+    }
+
+
+def outcomes(samples: dict[Any, float]) -> dict[str, float]:
+    """outbox_worker_outcomes_total by outcome, without the zeros."""
+    return {
+        dict(labels)["outcome"]: value
+        for (name, labels), value in samples.items()
+        if name == "outbox_worker_outcomes_total" and value
+    }
+
+
+def test_claims_outcomes_and_handler_time_are_counted(queue: TaskQueue) -> None:
+    ids = submit(queue, 4)
+
+    def handler(claim: Claim, stop: threading.Event) -> dict[str, Any]:
+        n = claim.payload["n"]
+        if n == 2:
+            raise RuntimeError("try again later")
+        if n == 3:
+            raise PermanentFailure("never")
+        return {"n": n}
+
+    metrics = WorkerMetrics()
+    worker = Worker(queue, handler, concurrency=2, poll_interval=0.05, metrics=metrics)
+    with running_in_thread(worker):
+        wait_until(
+            lambda: states(queue, ids) == ["done", "done", "pending", "failed"], 15, "outcomes"
+        )
+        wait_until(
+            lambda: sum(outcomes(scrape(metrics.render().decode())).values()) == 4, 15, "counts"
+        )
+    wait_until(
+        lambda: "outbox_worker_database_up 1.0" in metrics.render().decode(),
+        20,
+        "a scrape that reached the database",
+    )
+    samples = scrape(metrics.render().decode())
+    assert samples["outbox_worker_claimed_total", ()] == 4.0
+    assert outcomes(samples) == {"done": 2.0, "retry": 1.0, "failed": 1.0}
+    assert samples["outbox_worker_handler_seconds_count", ()] == 4.0
+    assert samples["outbox_worker_lease_losses_total", ()] == 0.0
+    assert samples["outbox_worker_running_tasks", ()] == 0.0
+
+
+def test_a_lost_lease_is_counted_and_its_outcome_discarded(queue: TaskQueue) -> None:
+    [task_id] = submit(queue, 1)
+    started = threading.Event()
+
+    def handler(claim: Claim, stop: threading.Event) -> str:
+        started.set()
+        stop.wait(15)
+        return "late"
+
+    metrics = WorkerMetrics()
+    worker = Worker(queue, handler, poll_interval=0.05, heartbeat=0.05, metrics=metrics)
+    with running_in_thread(worker):
+        assert started.wait(15)
+        assert queue.cancel(task_id)  # the next renewal is refused
+        wait_until(
+            lambda: outcomes(scrape(metrics.render().decode())) == {"discarded": 1.0},
+            15,
+            "the outcome to be discarded",
+        )
+    samples = scrape(metrics.render().decode())
+    assert samples["outbox_worker_lease_losses_total", ()] == 1.0
+
+
+def test_without_metrics_the_worker_runs_as_before(queue: TaskQueue) -> None:
+    ids = submit(queue, 2)
+    worker = Worker(queue, lambda claim, stop: "ok", poll_interval=0.05)
+    with running_in_thread(worker):
+        wait_until(lambda: states(queue, ids) == ["done", "done"], 15, "both tasks")
+    assert worker.metrics is None
+
+
+def test_readiness_follows_the_database_and_liveness_does_not(db_url: str) -> None:
+    engine = outbox.create_engine(db_url)
+    with TaskQueue(engine, lease=2) as queue:
+        metrics = WorkerMetrics()
+        worker = Worker(queue, lambda claim, stop: "ok", poll_interval=0.05, metrics=metrics)
+        with running_in_thread(worker):
+            assert worker.readiness() == {"ok": True, "owner": worker.owner, "database": True}
+            with database_down(engine):
+                # The last answer is kept for a second: poll until readiness says so.
+                wait_until(lambda: not worker.readiness()["ok"], 10, "not ready")
+                assert worker.readiness()["database"] is False
+                assert worker.health()["ok"] is True  # alive: the claim loop still turns
+                text = metrics.render().decode()
+                assert "outbox_worker_database_up 0.0" in text
+                assert "outbox_worker_claimed_total" in text  # the counters still answer
+            wait_until(lambda: worker.readiness()["ok"], 10, "ready again")
+    engine.dispose()
+
+
+def json_lines(err: bytes) -> list[dict[str, Any]]:
+    """Every stderr line as JSON (fails on a line that is not one JSON object)."""
+    lines = err.decode().splitlines()
+    assert lines, "nothing logged"
+    parsed = []
+    for line in lines:
+        entry = json.loads(line)
+        assert isinstance(entry, dict), line
+        parsed.append(entry)
+    return parsed
+
+
+def worker_command(db_url: str, *extra: str) -> list[str]:
+    """`outbox worker` over the test handlers."""
+    return [
+        *(sys.executable, "-m", "outbox.cli", "worker", "--db", db_url),
+        *("--handler", "support.worker_handlers:double_or_fail", "--poll-interval", "0.05"),
+        *extra,
+    ]
+
+
+def test_the_worker_process_serves_metrics_and_logs_json(
+    db_url: str, queue: TaskQueue, tmp_path: Path
+) -> None:
+    ids = submit(queue, 3)  # n = 1 fails its attempt: an error in the logs
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "tests"), "OUTBOX_WORKER_LOG_FORMAT": "json"}
+    proc = subprocess.Popen(
+        worker_command(db_url, "--metrics-port", str(port), "--owner", "w-json"),
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    try:
+
+        def metrics() -> dict[Any, float]:
+            try:
+                return scrape(httpx.get(base + "/metrics", timeout=5).text)
+            except httpx.TransportError:
+                return {}
+
+        wait_until(lambda: outcomes(metrics()) == {"done": 2.0, "retry": 1.0}, 30, "outcomes")
+        assert states(queue, ids) == ["done", "pending", "done"]
+        wait_until(lambda: metrics().get(("outbox_worker_database_up", ())) == 1.0, 20, "the gauge")
+        assert metrics()["outbox_worker_claimed_total", ()] == 3.0
+        assert httpx.get(base + "/healthz", timeout=5).status_code == 200
+        ready = httpx.get(base + "/readyz", timeout=5)
+        assert (ready.status_code, ready.json()["database"]) == (200, True)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 0, err.decode()
+    logged = json_lines(err)
+    started = next(e for e in logged if e["message"].startswith("worker w-json started"))
+    assert (started["owner"], started["concurrency"], started["lease"]) == ("w-json", 1, 30.0)
+    assert started["handler"] == "support.worker_handlers:double_or_fail"
+    assert any("odd input 1" in e["message"] for e in logged)
+    stopped = logged[-1]
+    assert stopped["message"] == "worker w-json stopped: drained"
+    assert (stopped["drained"], stopped["abandoned"]) == (True, 0)
+
+
+def test_a_worker_that_cannot_reach_its_database_logs_its_traceback_as_json() -> None:
+    closed = f"postgresql://postgres@127.0.0.1:{free_port()}/nothing"
+    result = subprocess.run(
+        worker_command(closed, "--log-format", "json"),
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT / "tests")},
+        capture_output=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode != 0
+    logged = json_lines(result.stderr)
+    assert any("Traceback" in entry.get("exception", "") for entry in logged), logged
