@@ -21,7 +21,7 @@ from outbox.cli.arguments import (
 from outbox.cli.logs import LOG_HELP, configure_logging, log_options
 from outbox.cli.settings import Option, add_flags, load
 from outbox.errors import ConfigError
-from outbox.observability.server import MetricsServer
+from outbox.observability.server import DEFAULT_HOST, MetricsServer
 from relay import Relay
 from relay.config import destinations_from
 
@@ -43,6 +43,7 @@ RELAY_OPTIONS = (
 OPTIONS = (
     *RELAY_OPTIONS,
     Option.of("relay", "metrics_port", non_negative_int),
+    Option.of("relay", "metrics_host", default=DEFAULT_HOST),
     *log_options("relay"),
 )
 """Every `outbox relay` setting: a flag, an OUTBOX_RELAY_* variable, or relay.* in the file."""
@@ -58,6 +59,7 @@ HELP = {
     "poll_interval": "seconds between looks for work without NOTIFY (default 1)",
     "grace": "SIGTERM drain in seconds, 0 for none (default: the lease)",
     "metrics_port": "serve /metrics, /healthz (liveness), /readyz on this port (0: off)",
+    "metrics_host": f"address the metrics port binds (default {DEFAULT_HOST}; 0.0.0.0 for all)",
     **LOG_HELP,
 }
 RELAY_KEYS = frozenset(option.dest for option in OPTIONS)
@@ -105,6 +107,7 @@ def run(args: argparse.Namespace) -> int:
         if args.metrics_port:
             server = MetricsServer(
                 args.metrics_port,
+                host=args.metrics_host,
                 render=relay.metrics.render,
                 health=relay.health,
                 ready=relay.readiness,

@@ -13,7 +13,7 @@ from typing import Any
 from outbox.cli.arguments import non_negative_int, positive_float, positive_int
 from outbox.cli.logs import LOG_HELP, configure_logging, log_options
 from outbox.cli.settings import Option, add_flags
-from outbox.observability.server import MetricsServer
+from outbox.observability.server import DEFAULT_HOST, MetricsServer
 from outbox.observability.worker_metrics import WorkerMetrics
 from outbox.tasks import TaskQueue
 from outbox.worker import Handler, Worker
@@ -48,6 +48,7 @@ OPTIONS = (
     Option.of("worker", "grace", positive_float),
     Option.of("worker", "reply_destination", default="default"),
     Option.of("worker", "metrics_port", non_negative_int),
+    Option.of("worker", "metrics_host", default=DEFAULT_HOST),
     *log_options("worker"),
 )
 """The worker's settings: each a flag, an OUTBOX_WORKER_* variable, or worker.* in the file."""
@@ -61,6 +62,7 @@ HELP = {
     "grace": "SIGTERM drain in seconds (default: the lease)",
     "reply_destination": "destination of task replies (default: default)",
     "metrics_port": "serve /metrics, /healthz (liveness), /readyz on this port (0: off)",
+    "metrics_host": f"address the metrics port binds (default {DEFAULT_HOST}; 0.0.0.0 for all)",
     **LOG_HELP,
 }
 
@@ -91,6 +93,7 @@ def run(args: argparse.Namespace) -> int:
             if metrics is None
             else MetricsServer(
                 args.metrics_port,
+                host=args.metrics_host,
                 render=metrics.render,
                 health=worker.health,
                 ready=worker.readiness,

@@ -28,8 +28,38 @@ def status_of(state: dict[str, Any]) -> int:
     return 200 if state.get("ok") else 503
 
 
-class _LoggingServer(ThreadingHTTPServer):
+DEFAULT_HOST = "127.0.0.1"
+"""Loopback unless told otherwise: figures and health are for the host's own scrapers."""
+MAX_CONNECTIONS = 16
+READ_TIMEOUT = 5.0
+
+
+class _BoundedServer(ThreadingHTTPServer):
+    """A thread per connection, at most `limit` at once: one more is closed unanswered."""
+
     daemon_threads = True
+
+    def __init__(self, address: tuple[str, int], handler: Any, limit: int) -> None:
+        super().__init__(address, handler)
+        self._slots = threading.BoundedSemaphore(limit)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        if not self._slots.acquire(blocking=False):
+            # A scraper asks every few seconds; a flood of idle connections must not
+            # turn into a flood of threads.
+            self.shutdown_request(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self._slots.release()
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._slots.release()
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         # Through logging (JSON lines with --log-format json), not a raw traceback on stderr.
@@ -46,11 +76,16 @@ class MetricsServer:
         render: Callable[[], bytes],
         health: State,
         ready: State,
-        host: str = "0.0.0.0",  # noqa: S104 - scraped from outside the pod or host
+        host: str = DEFAULT_HOST,
+        max_connections: int = MAX_CONNECTIONS,
+        read_timeout: float = READ_TIMEOUT,
     ) -> None:
-        """Bind `host`:`port` (0 picks a free port); `render` writes the metrics."""
+        """Bind `host`:`port` (0 picks a free port); `render` writes the metrics. A
+        connection that sends no whole request within `read_timeout` is closed."""
 
         class Handler(BaseHTTPRequestHandler):
+            timeout = read_timeout  # a silent or trickling client is dropped, not waited for
+
             def do_GET(self) -> None:
                 if self.path == "/metrics":
                     body, kind, status = render(), METRICS_CONTENT_TYPE, 200
@@ -69,7 +104,7 @@ class MetricsServer:
             def log_message(self, format: str, *args: Any) -> None:
                 pass  # scrapes every few seconds would drown the process's own logs
 
-        self._server = _LoggingServer((host, port), Handler)
+        self._server = _BoundedServer((host, port), Handler, max_connections)
         self.port = int(self._server.server_address[1])
         self._thread = threading.Thread(
             target=self._server.serve_forever, name="outbox-metrics", daemon=True
