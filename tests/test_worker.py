@@ -16,12 +16,12 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 from support.cli_helpers import one_line_error, running_in_thread
+from support.worker_tasks import real_time_queue, submit
 
-from outbox import AuthContext, Claim, Envelope, TaskQueue
+from outbox import Claim, TaskQueue
 from outbox.testing import ManualClock
 from outbox.worker import PermanentFailure, Worker
 
-SOURCE = AuthContext("agent-a")
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -39,18 +39,7 @@ def wait_until(condition: Callable[[], bool], seconds: float = 15) -> bool:
 @pytest.fixture
 def queue(db_url: str) -> Iterator[TaskQueue]:
     """A queue on the database clock: the worker's heartbeats run in real time."""
-    q = TaskQueue(db_url, allowed_sources=("agent-a",), lease=2, backoff=60, backoff_cap=60)
-    yield q
-    q.close()
-
-
-def submit(queue: TaskQueue, count: int) -> list[str]:
-    """`count` tasks with payload {"n": i}; their ids."""
-    deadline = time.time() + 3600
-    return [
-        queue.receive(SOURCE, Envelope(f"m-{n}", "agent-a", {"n": n}, deadline)).task_id
-        for n in range(count)
-    ]
+    yield from real_time_queue(db_url)
 
 
 def live() -> list[threading.Thread]:

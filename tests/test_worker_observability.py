@@ -8,7 +8,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -19,31 +18,20 @@ from prometheus_client.parser import text_string_to_metric_families
 from support.cli_helpers import running_in_thread
 from support.db_faults import database_down
 from support.receiver_helpers import free_port, wait_until
+from support.worker_tasks import real_time_queue, submit
 
 import outbox
-from outbox import AuthContext, Claim, Envelope, PermanentFailure, TaskQueue
+from outbox import Claim, PermanentFailure, TaskQueue
 from outbox.observability.worker_metrics import WorkerMetrics
 from outbox.worker import Worker
 
-SOURCE = AuthContext("agent-a")
 ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture
 def queue(db_url: str) -> Iterator[TaskQueue]:
-    """A queue on the database clock, with retries far off so a failed attempt stays put."""
-    q = TaskQueue(db_url, allowed_sources=("agent-a",), lease=2, backoff=60, backoff_cap=60)
-    yield q
-    q.close()
-
-
-def submit(queue: TaskQueue, count: int) -> list[str]:
-    """`count` tasks with payload {"n": i}; their ids."""
-    deadline = time.time() + 3600
-    return [
-        queue.receive(SOURCE, Envelope(f"m-{n}", "agent-a", {"n": n}, deadline)).task_id
-        for n in range(count)
-    ]
+    """A queue on the database clock: the worker's heartbeats run in real time."""
+    yield from real_time_queue(db_url)
 
 
 def states(queue: TaskQueue, ids: list[str]) -> list[str]:

@@ -107,7 +107,7 @@ def test_a_resolved_message_is_never_claimed_and_holds_no_ordering_key(
         assert relay.dispatch_once() == [("k-2", "sent")]  # k-1 no longer holds the key
         clock.advance(60)
         assert relay.dispatch_once() == []
-        assert "outbox_relay_backlog 0.0" in relay.metrics.render().decode()
+        assert 'outbox_relay_backlog{destination="default"} 0.0' in relay.metrics.render().decode()
     assert Counter(server.ids()) == Counter(["k-1", "done-1", "k-2"])  # each posted once
     assert {r: row["state"] for r, row in rows(engine).items()} == {
         "k-1": "resolved",
