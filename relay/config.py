@@ -11,7 +11,7 @@ import os
 import secrets
 import socket
 import tomllib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -19,6 +19,7 @@ from urllib.parse import quote, urlsplit
 
 from outbox.errors import ConfigError
 from outbox.messages import check_destination
+from outbox.redaction import redact_urls
 from outbox.signing import parse_secret
 
 Mode = Literal["single", "batch"]
@@ -49,7 +50,9 @@ class Destination:
             raise ConfigError(f"destination kind must be a name, got {self.kind!r}")
         parts = urlsplit(self.url)
         if parts.scheme not in ("http", "https") or not parts.netloc:
-            raise ConfigError(f"destination url must be http(s)://host/path, got {self.url!r}")
+            raise ConfigError(
+                f"destination url must be http(s)://host/path, got {redact_urls(self.url)!r}"
+            )
         if not self.timeout > 0:
             raise ConfigError(f"destination timeout must be > 0, got {self.timeout!r}")
         if self.mode not in ("single", "batch"):
@@ -175,14 +178,41 @@ _ENV_KEYS = sorted(DESTINATION_KEYS, key=len, reverse=True)
 
 def destination_variable(name: str) -> tuple[str, str] | None:
     """(destination, key) named by an OUTBOX_DESTINATION_NAME_KEY variable, or None."""
+    readings = _readings(name)
+    return readings[0] if readings else None
+
+
+def _readings(name: str) -> list[tuple[str, str]]:
+    """Every (destination, key) a variable name can be read as, longest key first."""
     if not name.startswith(DESTINATION_ENV_PREFIX):
-        return None
+        return []
     rest = name[len(DESTINATION_ENV_PREFIX) :]
-    for key in _ENV_KEYS:
-        suffix = "_" + key.upper()
-        if rest.endswith(suffix) and len(rest) > len(suffix):
-            return rest[: -len(suffix)].lower(), key
-    return None
+    return [
+        (rest[: -len(key) - 1].lower(), key)
+        for key in _ENV_KEYS
+        if rest.endswith("_" + key.upper()) and len(rest) > len(key) + 1
+    ]
+
+
+def _check_unambiguous(environ: Mapping[str, str], file_names: Iterable[str]) -> None:
+    """Refuse a variable that could set another destination than the one it is read for."""
+    known = {name.lower(): name for name in file_names}
+    for variable in environ:
+        readings = _readings(variable)
+        if not readings:
+            continue
+        name, key = readings[0]
+        if name in known and known[name] != name:
+            raise ConfigError(
+                f"{variable} names destination {name!r}, but the file has {known[name]!r}: "
+                "names from the environment are lowercase; rename the table"
+            )
+        for other, other_key in readings[1:]:
+            if other in known:
+                raise ConfigError(
+                    f"{variable} could set {key} of {name!r} or {other_key} of {other!r}; "
+                    "rename one of the destinations"
+                )
 
 
 def environment_tables(environ: Mapping[str, str]) -> dict[str, dict[str, str]]:
@@ -236,6 +266,7 @@ def destinations_from(
                 "use secret_file or secret_env"
             )
         merged[name] = (f"{path}: destinations.{name}", dict(table))
+    _check_unambiguous(environ, tables)
     for name, table in environment_tables(environ).items():
         where, values = merged.get(name, ("", {}))
         if any(key in table for key in SECRET_KEYS):

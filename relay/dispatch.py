@@ -18,8 +18,8 @@ from functools import partial
 
 from outbox import failpoints
 from outbox.errors import ConfigError, TransportError
+from outbox.redaction import redact
 from relay.config import Destination
-from relay.http_client import redact_urls
 from relay.metrics import RelayMetrics
 from relay.policy import Dead, Outcome, Retry, Sent, Unsent, longest_retry_window, truncate
 from relay.records import Message
@@ -204,15 +204,14 @@ async def _sent(transport: Transport, parcel: Parcel) -> dict[int, Outcome]:
     except Exception as exc:  # any fault here is the answer's, see above
         log.warning(
             "destination %s: unreadable answer (%s: %s); retrying its %d messages",
-            redact_urls(transport.destination.url),
+            redact(transport.destination.url),
             type(exc).__name__,
-            redact_urls(str(exc)),
+            redact(str(exc)),
             len(parcel.messages),
-            exc_info=True,
+            # A traceback may quote what the message hides: only when debugging.
+            exc_info=log.isEnabledFor(logging.DEBUG),
         )
-        bad = Retry(
-            None, truncate(f"unreadable answer: {type(exc).__name__}: {redact_urls(str(exc))}")
-        )
+        bad = Retry(None, truncate(f"unreadable answer: {type(exc).__name__}: {redact(str(exc))}"))
         return dict.fromkeys((m.id for m in parcel.messages), bad)
     missing = Retry(None, "the transport gave this message no outcome")
     return {m.id: outcomes.get(m.id, missing) for m in parcel.messages}
@@ -222,7 +221,11 @@ async def _held_outcome(transport: Transport, message: Message) -> dict[int, Out
     try:
         found = await transport.holds(message)
     except Exception:  # an unreadable lookup answer is no answer
-        log.warning("receipt lookup of %s: unreadable answer", message.reply_id, exc_info=True)
+        log.warning(
+            "receipt lookup of %s: unreadable answer",
+            message.reply_id,
+            exc_info=log.isEnabledFor(logging.DEBUG),
+        )
         found = None
     return {message.id: Sent(None)} if found else {}
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -21,6 +20,7 @@ from typing import Any
 import aiohttp
 
 from outbox.errors import TransportError
+from outbox.redaction import redact_urls
 
 MAX_ANSWER_BYTES = 8 * 1024 * 1024
 
@@ -107,23 +107,6 @@ async def _whole(answer: aiohttp.ClientResponse) -> bytes:
         if len(data) > MAX_ANSWER_BYTES:
             raise too_large
     return bytes(data)
-
-
-# scheme://[userinfo@]rest[?query][#fragment], the parts that may hold credentials marked.
-_URL = re.compile(
-    r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)(?P<userinfo>[^\s/@'\"]*@)?(?P<rest>[^\s?#'\"]*)(?P<query>\?[^\s#'\"]*)?(?P<fragment>#[^\s'\"]*)?"
-)
-
-
-def redact_urls(text: str) -> str:
-    """`text` with every URL's userinfo and query string (tokens, passwords) hidden."""
-
-    def hide(found: re.Match[str]) -> str:
-        userinfo = "<redacted>@" if found["userinfo"] else ""
-        query = "?<redacted>" if found["query"] else ""
-        return f"{found['scheme']}{userinfo}{found['rest']}{query}"
-
-    return _URL.sub(hide, text)
 
 
 def _describe(exc: aiohttp.ClientError) -> str:

@@ -16,8 +16,9 @@ from dataclasses import dataclass
 from urllib.parse import urlsplit, urlunsplit
 
 from outbox.errors import ConfigError, TransportError
+from outbox.redaction import redact_urls
 from relay.config import Destination
-from relay.http_client import HttpClient, redact_urls
+from relay.http_client import HttpClient
 from relay.policy import Outcome
 from relay.receipts import receipt_matches
 from relay.records import Message

@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 from collections.abc import Sequence
 from typing import Any, NoReturn
 
@@ -15,9 +14,9 @@ from outbox.cli.environment import check_environment
 from outbox.cli.logs import report_error
 from outbox.db.dialect import missing_sqlite_file
 from outbox.errors import OutboxError
+from outbox.redaction import redact
 
 DEFAULT_DB = settings.DEFAULT_DB
-SECRET_LIKE = re.compile(r"whsec_[A-Za-z0-9+/=_-]*")
 # Settings each command resolves from flag, environment, config file and default.
 OPTIONS = {"worker": worker.OPTIONS, "relay": relay.OPTIONS, "receiver": receiver.OPTIONS}
 
@@ -55,7 +54,7 @@ class OneLineErrors(argparse.ArgumentParser):
             options = [word for word in message.split()[2:] if word.startswith("-")]
             shown = " ".join(option.partition("=")[0] for option in options)
             message = f"unrecognized arguments: {shown or '(values not shown)'}"
-        message = SECRET_LIKE.sub("whsec_<redacted>", message)
+        message = redact(message)
         self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
 
 

@@ -39,6 +39,11 @@ def check_environment(
     names = set(known) | DEVELOPMENT_VARIABLES
     if config:
         names |= referenced_variables(load(config))
+    # A destination defined in the environment may name its secret's variable too.
+    for variable, value in environ.items():
+        named = destination_variable(variable)
+        if named is not None and named[1] == "secret_env":
+            names.add(value)
     for variable in sorted(environ):
         if not variable.startswith(PREFIX) or variable in names:
             continue

@@ -19,6 +19,7 @@ from types import TracebackType
 from typing import Any
 
 from outbox.cli.settings import Option
+from outbox.redaction import redact
 
 FORMATS = ("text", "json")
 TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s %(message)s"
@@ -86,7 +87,9 @@ def configure_logging(log_format: str, level: str = "INFO") -> None:
 
 
 def report_error(message: str) -> None:
-    """A command's closing error: a log record under JSON logging, else a line on stderr."""
+    """A command's closing error: a log record under JSON logging, else a line on stderr;
+    credentials in it (a destination URL's password or token, a secret) are hidden."""
+    message = redact(message)
     if _json:
         log.error(message)
     else:

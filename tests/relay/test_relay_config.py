@@ -265,3 +265,46 @@ def test_unsigned_delivery_only_when_the_config_says_so() -> None:
     assert (found["b"].secret, found["b"].unsigned) == (None, True)
     with pytest.raises(ConfigError, match="a secret and unsigned = true"):
         Destination("http://b.example", secret=SECRET, unsigned=True)
+
+
+def test_a_variable_that_could_set_two_destinations_is_refused() -> None:
+    document = {
+        "destinations": {
+            "orders": {"url": "http://o.example/in", "secret_env": "K", "mode": "batch"},
+            "orders_batch": {"url": "http://b.example/in", "secret_env": "K"},
+        }
+    }
+    env = {"K": SECRET, "OUTBOX_DESTINATION_ORDERS_BATCH_URL": "http://elsewhere.example/in"}
+    with pytest.raises(
+        ConfigError, match=r"could set batch_url of 'orders' or url of 'orders_batch'"
+    ):
+        destinations_from(document, "relay.toml", env)
+
+
+def test_environment_names_are_lowercase_and_may_not_shadow_a_mixed_case_table() -> None:
+    document = {"destinations": {"Billing": {"url": "http://b.example/in", "secret_env": "K"}}}
+    env = {"K": SECRET, "OUTBOX_DESTINATION_BILLING_TIMEOUT": "3"}
+    with pytest.raises(ConfigError, match="the file has 'Billing'"):
+        destinations_from(document, "relay.toml", env)
+
+
+def test_a_bad_url_is_refused_without_its_credentials() -> None:
+    env = {
+        "OUTBOX_DESTINATION_B_URL": "ftp://user:hunter2@h.example/x?token=abc",
+        "OUTBOX_DESTINATION_B_SECRET": SECRET,
+    }
+    with pytest.raises(ConfigError) as refused:
+        destinations_from({}, None, env)
+    assert "hunter2" not in str(refused.value)
+    assert "token=abc" not in str(refused.value)
+
+
+def test_a_secret_env_set_in_the_environment_may_name_an_outbox_variable(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    db = f"sqlite:///{tmp_path / 'outbox.db'}"
+    assert main(["db", "upgrade", "--db", db]) == 0
+    monkeypatch.setenv("OUTBOX_DESTINATION_BILLING_SECRET_ENV", "OUTBOX_BILLING_KEY")
+    monkeypatch.setenv("OUTBOX_BILLING_KEY", SECRET)
+    capsys.readouterr()
+    assert main(["status", "--db", db]) == 0, capsys.readouterr().err

@@ -13,11 +13,11 @@ from support.raw_peer import RawPeer
 from support.relay_helpers import SECRET, publish_many, rows
 from support.scripted_server import Answer, ScriptedServer
 
+from outbox.redaction import redact_urls
 from outbox.testing import ManualClock
 from relay import Destination, Relay
 from relay import http_client as relay_http
 from relay.http_batch import pack_batches
-from relay.http_client import redact_urls
 from relay.records import Message
 
 
