@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from sqlalchemy.engine import Connection
 from sqlalchemy.orm import Session
 
 from outbox.canonical import MAX_BYTES
@@ -23,7 +24,7 @@ from outbox.messages import (
 
 
 def publish(
-    session: Session,
+    session: Session | Connection,
     destination: str,
     reply_id: str,
     body: Any,
@@ -34,9 +35,21 @@ def publish(
 ) -> dict[str, Any]:
     """Add a message to the caller's transaction (never commits); same id and body is a no-op.
 
-    `traceparent` (W3C Trace Context) is stored with the message and sent as a
-    header on every delivery, so the receiver's trace joins the publisher's.
+    `session` is a Session or a Connection; for an AsyncSession or AsyncConnection,
+    `await outbox.asyncio.publish(...)`. `traceparent` (W3C Trace Context) is stored
+    with the message and sent as a header on every delivery, so the receiver's trace
+    joins the publisher's.
     """
+    given: object = session  # checked at run time: callers are not always type-checked
+    if not isinstance(given, Session | Connection):
+        hint = (
+            ": await outbox.asyncio.publish(session, ...) instead"
+            if type(given).__name__ in ("AsyncSession", "AsyncConnection")
+            else ""
+        )
+        raise TypeError(
+            f"outbox.publish takes a Session or a Connection, not {type(given).__name__}{hint}"
+        )
     destination = check_destination(destination)
     reply_id = check_reply_id(reply_id)
     if reply_id.startswith(TASK_REPLY_PREFIX):
@@ -47,7 +60,7 @@ def publish(
         headers = {**(headers or {}), "traceparent": check_traceparent(traceparent)}
     header_json = check_headers(headers)
     data = encode_body(body, MAX_BYTES)
-    conn = session.connection()
+    conn = session if isinstance(session, Connection) else session.connection()
     return add_message(
         conn,
         reply_id=reply_id,
