@@ -1,5 +1,5 @@
-"""publish() for asyncio services: the same rules, inside the caller's AsyncSession or
-AsyncConnection transaction.
+"""publish() and finish_tx() for asyncio services: the same rules, inside the caller's
+AsyncSession or AsyncConnection transaction.
 
 Mirrors ``sqlalchemy.ext.asyncio``: the row is written through SQLAlchemy's own
 ``run_sync`` bridge on the caller's connection, so it joins the caller's transaction
@@ -17,6 +17,7 @@ from sqlalchemy.orm import Session
 
 from outbox.clock import Clock
 from outbox.publish import publish as sync_publish
+from outbox.tasks import Claim, TaskQueue
 
 
 async def publish(
@@ -30,17 +31,7 @@ async def publish(
     traceparent: str | None = None,
 ) -> dict[str, Any]:
     """Add a message to the caller's async transaction (never commits); see outbox.publish."""
-    given: object = session  # checked at run time: callers are not always type-checked
-    if isinstance(given, Session | Connection):
-        raise TypeError(
-            f"outbox.asyncio.publish takes an AsyncSession or AsyncConnection, not a "
-            f"{type(given).__name__}: call outbox.publish(session, ...) instead"
-        )
-    if not isinstance(given, AsyncSession | AsyncConnection):
-        raise TypeError(
-            f"outbox.asyncio.publish takes an AsyncSession or AsyncConnection, not "
-            f"{type(given).__name__}"
-        )
+    _require_async(session, "outbox.asyncio.publish", "outbox.publish(session, ...)")
 
     def write(sync: Session | Connection) -> dict[str, Any]:
         return sync_publish(
@@ -55,3 +46,28 @@ async def publish(
         )
 
     return await session.run_sync(write)
+
+
+async def finish_tx(
+    queue: TaskQueue, session: AsyncSession | AsyncConnection, claim: Claim, result: Any
+) -> None:
+    """Write `done`, the result and its reply in the caller's async transaction, fenced
+    as TaskQueue.finish_tx is (Fenced when the claim no longer holds); never commits."""
+    _require_async(session, "outbox.asyncio.finish_tx", "queue.finish_tx(session, claim, result)")
+
+    def write(sync: Session | Connection) -> None:
+        conn = sync if isinstance(sync, Connection) else sync.connection()
+        queue.finish_in(conn, claim, result)
+
+    await session.run_sync(write)
+
+
+def _require_async(session: object, function: str, sync_call: str) -> None:
+    """TypeError unless `session` is async; a sync one is pointed at `sync_call`."""
+    if isinstance(session, AsyncSession | AsyncConnection):
+        return
+    instead = f": call {sync_call} instead" if isinstance(session, Session | Connection) else ""
+    raise TypeError(
+        f"{function} takes an AsyncSession or AsyncConnection, not "
+        f"{type(session).__name__}{instead}"
+    )

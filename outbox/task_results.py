@@ -61,14 +61,18 @@ def complete(
             refused[index] = invalid
             continue
         completions.append((claim.task_id, claim.owner, claim.fence, result_json))
-    if is_postgresql(conn.dialect.name):
+    if is_postgresql(conn.dialect.name) and conn.dialect.driver == "psycopg":
+        # One statement in psycopg's own SQL: the fast path the worker takes.
         replies = task_reply_rows(
             [TaskReply(task_id, TaskState.DONE, result) for task_id, _, _, result in completions],
             destination,
         )
         done = task_sql.complete_tasks_with_replies(conn, completions, replies, now)
     else:
-        done = task_sql.complete_tasks(conn, completions, now)
+        if is_postgresql(conn.dialect.name):  # asyncpg, psycopg2: portable statements
+            done = task_sql.complete_tasks_one_by_one(conn, completions, now)
+        else:
+            done = task_sql.complete_tasks(conn, completions, now)
         add_task_replies(
             conn,
             [

@@ -239,6 +239,39 @@ def complete_tasks_with_replies(
     return set(result.scalars().all())
 
 
+@functools.cache
+def complete_task(dialect_name: str) -> sa.Update:
+    """Mark one held task done with :result, in SQL any driver binds; built once."""
+    now = bound_now(dialect_name)
+    return (
+        sa.update(tasks)
+        .where(_held(now))
+        .values(
+            state=TaskState.DONE.value,
+            result=sa.bindparam("result", type_=sa.Text()),
+            lease_until=None,
+            finished_at=now,
+            updated_at=now,
+        )
+        .returning(tasks.c.task_id)
+    )
+
+
+def complete_tasks_one_by_one(
+    conn: sa.Connection, completions: Sequence[Completion], now: float | None
+) -> set[str]:
+    """Any driver: mark held tasks done, one guarded statement each; returns the task_ids
+    it changed (their replies are the caller's to insert)."""
+    statement = complete_task(conn.dialect.name)
+    done: set[str] = set()
+    for task_id, owner, fence, result in completions:
+        params = {"held_task": task_id, "holder": owner, "held_fence": fence, "now": now}
+        changed = conn.execute(statement, {**params, "result": result}).scalar()
+        if changed is not None:
+            done.add(changed)
+    return done
+
+
 def complete_tasks(
     conn: sa.Connection, completions: Sequence[Completion], now: float | None
 ) -> set[str]:

@@ -4,6 +4,7 @@ transaction, on every async driver; and the sync publish() on a Connection."""
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -16,7 +17,16 @@ from support.relay_helpers import rows
 
 import outbox
 import outbox.asyncio
-from outbox import InvalidMessage, PayloadCollision, SchemaNotReady
+from outbox import (
+    AuthContext,
+    Claim,
+    Envelope,
+    Fenced,
+    InvalidMessage,
+    PayloadCollision,
+    SchemaNotReady,
+    TaskQueue,
+)
 
 
 @pytest.fixture
@@ -123,3 +133,54 @@ def test_a_database_without_the_schema_names_the_command(tmp_path: Path) -> None
             await async_engine.dispose()
 
     asyncio.run(scenario())
+
+
+def test_finish_tx_commits_result_reply_and_own_writes_together_and_is_fenced(
+    db_url: str, engine: sa.Engine
+) -> None:
+    with engine.begin() as conn:
+        conn.execute(sa.text("CREATE TABLE IF NOT EXISTS test_async_orders (id TEXT PRIMARY KEY)"))
+    with TaskQueue(db_url, allowed_sources=("agent-a",), lease=30) as queue:
+
+        def claimed(message_id: str) -> Claim:
+            envelope = Envelope(message_id, "agent-a", {"m": message_id}, time.time() + 3600)
+            queue.receive(AuthContext("agent-a"), envelope)
+            claim = queue.claim("w")
+            assert claim is not None
+            return claim
+
+        async def finish(async_engine: Any, claim: Claim, order: str, keep: bool) -> None:
+            async with AsyncSession(async_engine) as session, session.begin():
+                insert = sa.text("INSERT INTO test_async_orders (id) VALUES (:id)")
+                await session.execute(insert, {"id": order})
+                await outbox.asyncio.finish_tx(queue, session, claim, {"order": order})
+                if not keep:
+                    await session.rollback()
+
+        async def scenario(async_engine: Any) -> None:
+            driver = async_engine.url.drivername
+            kept, dropped = claimed(f"kept-{driver}"), claimed(f"dropped-{driver}")
+            await finish(async_engine, kept, f"kept-{driver}", keep=True)
+            await finish(async_engine, dropped, f"dropped-{driver}", keep=False)
+            assert (queue.task(kept.task_id) or {}).get("result") == {"order": f"kept-{driver}"}
+            assert (queue.task(dropped.task_id) or {}).get("state") == "running"
+            replies = {m["reply_id"] for m in queue.messages()}
+            assert "reply:" + kept.task_id in replies
+            assert "reply:" + dropped.task_id not in replies
+            # The finished claim no longer holds: Fenced, and the caller's writes roll back.
+            with pytest.raises(Fenced):
+                await finish(async_engine, kept, f"again-{driver}", keep=True)
+            queue.fail(dropped, "done with this test", permanent=True)
+
+        on_each_driver(db_url, scenario)
+    with engine.connect() as conn:
+        orders = set(conn.execute(sa.text("SELECT id FROM test_async_orders")).scalars())
+    drivers = [sa.make_url(url).drivername for url in async_urls(db_url)]
+    assert {o for o in orders if o.split("-", 1)[1] in drivers} == {f"kept-{d}" for d in drivers}
+
+
+def test_finish_tx_refuses_a_sync_session(db_url: str, engine: sa.Engine) -> None:
+    with TaskQueue(db_url) as queue, Session(engine) as session:
+        claim = Claim("t", "w", 1, 1, {})
+        with pytest.raises(TypeError, match=r"queue\.finish_tx\(session, claim, result\)"):
+            asyncio.run(outbox.asyncio.finish_tx(queue, session, claim, 1))  # type: ignore[arg-type]
