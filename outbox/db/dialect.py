@@ -32,11 +32,23 @@ UNPREPARED = "outbox_unprepared"
 _PREPARED = "outbox_prepared"
 
 
+# An async application's URL names the same database; the toolkit's own engines
+# (commands, TaskQueue, Relay, migrations) are synchronous and use the sync driver.
+SYNC_DRIVERS = {
+    "postgresql": "postgresql+psycopg",
+    "postgres": "postgresql+psycopg",
+    "postgresql+asyncpg": "postgresql+psycopg",
+    "postgresql+psycopg_async": "postgresql+psycopg",
+    "sqlite+aiosqlite": "sqlite",
+}
+
+
 def make_url(url: str | sa.URL) -> sa.URL:
-    """Parse a database URL, choosing psycopg 3 for plain postgresql:// URLs."""
+    """Parse a database URL for a sync engine: psycopg 3 for plain postgresql:// URLs, and
+    the sync driver for an async one (asyncpg, aiosqlite)."""
     parsed = sa.make_url(url)
-    if parsed.drivername in ("postgresql", "postgres"):
-        parsed = parsed.set(drivername="postgresql+psycopg")
+    if parsed.drivername in SYNC_DRIVERS:
+        parsed = parsed.set(drivername=SYNC_DRIVERS[parsed.drivername])
     if parsed.get_backend_name() not in ("postgresql", "sqlite"):
         raise ValueError(
             f"unsupported database {parsed.get_backend_name()!r}: use postgresql or sqlite"

@@ -4,6 +4,7 @@ transaction, on every async driver; and the sync publish() on a Connection."""
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
@@ -27,6 +28,7 @@ from outbox import (
     SchemaNotReady,
     TaskQueue,
 )
+from outbox.cli import main
 
 
 @pytest.fixture
@@ -184,3 +186,13 @@ def test_finish_tx_refuses_a_sync_session(db_url: str, engine: sa.Engine) -> Non
         claim = Claim("t", "w", 1, 1, {})
         with pytest.raises(TypeError, match=r"queue\.finish_tx\(session, claim, result\)"):
             asyncio.run(outbox.asyncio.finish_tx(queue, session, claim, 1))  # type: ignore[arg-type]
+
+
+def test_commands_and_upgrade_take_an_async_url(
+    db_url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    blank = f"sqlite+aiosqlite:///{tmp_path / 'fresh.db'}"
+    outbox.upgrade(blank)  # migrations run on the sync driver of the same database
+    for url in [*async_urls(db_url), blank]:
+        assert main(["status", "--db", url, "--json"]) == 0, capsys.readouterr().err
+        assert json.loads(capsys.readouterr().out)["messages"] is not None
