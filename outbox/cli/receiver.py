@@ -173,6 +173,8 @@ def _serve(args: argparse.Namespace, retention: float) -> int:
             log_config=None,
             access_log=False,
             lifespan="off",
+            # No route is a websocket: an upgrade would leave the guarded protocol's limits.
+            ws="none",
             # Each limit bounds what a client without credentials can make the process hold.
             limit_concurrency=args.max_connections,
             timeout_keep_alive=args.keep_alive,
