@@ -24,6 +24,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from outbox.observability.probe import Probe
 from outbox.observability.server import METRICS_CONTENT_TYPE
 from outbox.signing import DEFAULT_TOLERANCE, parse_secret
+from receiver.budget import DEFAULT_BODY_BUDGET, BodyBudget
 from receiver.effects import Effect
 from receiver.guards import SingleHeaders
 from receiver.metrics import CountingStore, CountRequests, ReceiverMetrics
@@ -128,10 +129,17 @@ def build_app(
     decide: ReceiverRules,
     metrics: ReceiverMetrics | None = None,
     database: Callable[[], object | None] | None = None,
+    body_budget: int | None = None,
 ) -> Starlette:
     """A Starlette app answering with `decide`, counting into `metrics`; `database` (a
-    Probe) says whether the database answers, for /readyz (None: always ready)."""
+    Probe) says whether the database answers, for /readyz (None: always ready);
+    `body_budget` caps the body bytes held at once (None: 64 MiB, or max_body if larger)."""
     metrics = metrics or ReceiverMetrics()
+    if body_budget is None:
+        body_budget = max(DEFAULT_BODY_BUDGET, decide.max_body)
+    if body_budget < decide.max_body:
+        # Checked here: Starlette builds its middleware only at the first request.
+        raise ValueError(f"body_budget {body_budget} is smaller than max_body {decide.max_body}")
 
     async def read_body(request: Request) -> bytes | Answer:
         try:
@@ -194,6 +202,7 @@ def build_app(
         ]
     )
     app.add_middleware(SingleHeaders)
+    app.add_middleware(BodyBudget, budget=body_budget, max_body=decide.max_body)
     app.add_middleware(_RetentionHeader, headers=decide.retention_headers())
     app.add_middleware(CountRequests, metrics=metrics)
     return app
@@ -208,6 +217,7 @@ def create_app(
     *,
     wall_clock: Callable[[], float] | None = None,
     metrics: ReceiverMetrics | None = None,
+    body_budget: int | None = None,
 ) -> Starlette:
     """The receiver app: POST /replies, GET /replies/{reply_id}, /healthz, /readyz, /metrics.
 
@@ -216,7 +226,8 @@ def create_app(
     `effect` runs once per first receipt (None: none; the reference app passes
     receiver.effects.record_effect); `wall_clock` replaces time.time for
     signature timestamps only, so fixed test vectors can be checked; `metrics`
-    (default: new ones) is what /metrics shows.
+    (default: new ones) is what /metrics shows; `body_budget` caps the body bytes
+    buffered at once across requests (None: 64 MiB, or max_body if larger).
     """
     if isinstance(secrets, str | bytes):
         raise TypeError("secrets must be a list of secrets, not one secret")
@@ -234,4 +245,4 @@ def create_app(
         effect=effect,
         wall_clock=wall_clock,
     )
-    return build_app(decide, metrics, database)
+    return build_app(decide, metrics, database, body_budget)

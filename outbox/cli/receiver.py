@@ -18,11 +18,15 @@ import os
 from pathlib import Path
 from typing import Any
 
-from outbox.cli.arguments import parse_duration, positive_int
+from outbox.cli.arguments import parse_duration, positive_float, positive_int
 from outbox.cli.logs import LOG_HELP, configure_logging, log_options
 from outbox.cli.settings import Option, add_flags
 from outbox.signing import DEFAULT_TOLERANCE
 from receiver.app import DEFAULT_MAX_BODY
+from receiver.protocol import DEFAULT_HEADER_LIMIT, DEFAULT_REQUEST_TIMEOUT
+
+DEFAULT_MAX_CONNECTIONS = 1000
+DEFAULT_KEEP_ALIVE = 5.0
 
 SECRETS_ENV = "OUTBOX_RECEIVER_SECRETS"
 
@@ -61,6 +65,11 @@ OPTIONS = (
     Option.of("receiver", "tolerance", parse_duration, float(DEFAULT_TOLERANCE)),
     Option.of("receiver", "max_body", positive_int, DEFAULT_MAX_BODY),
     Option.of("receiver", "retention", parse_duration),
+    Option.of("receiver", "header_limit", positive_int, DEFAULT_HEADER_LIMIT),
+    Option.of("receiver", "request_timeout", positive_float, DEFAULT_REQUEST_TIMEOUT),
+    Option.of("receiver", "max_connections", positive_int, DEFAULT_MAX_CONNECTIONS),
+    Option.of("receiver", "keep_alive", positive_float, DEFAULT_KEEP_ALIVE),
+    Option.of("receiver", "body_budget", positive_int),
     *log_options("receiver"),
 )
 """Serving settings: each a flag, an OUTBOX_RECEIVER_* variable, or receiver.* in the file."""
@@ -72,6 +81,12 @@ HELP = {
     "tolerance": "signature timestamp tolerance (default 300s)",
     "max_body": "largest body in bytes (default 1 MiB)",
     "retention": "receipt retention to publish (default 30d)",
+    "header_limit": "largest request header block in bytes; over it: 431 (default 64 KiB)",
+    "request_timeout": "seconds to receive a whole request; past it: 408 and close (default 10)",
+    "max_connections": "open connections served; requests over it get 503 (default 1000)",
+    "keep_alive": "seconds an idle connection stays open between requests (default 5)",
+    "body_budget": "request body bytes buffered at once; over it: 503 + Retry-After "
+    "(default 64 MiB, at least max_body)",
     **LOG_HELP,
 }
 
@@ -134,6 +149,7 @@ def _serve(args: argparse.Namespace, retention: float) -> int:
 
     from receiver.app import create_app
     from receiver.effects import record_effect
+    from receiver.protocol import http_settings
     from receiver.store import ReceiptStore
 
     secrets = load_secrets(args.secret_file)
@@ -146,6 +162,7 @@ def _serve(args: argparse.Namespace, retention: float) -> int:
             tolerance=args.tolerance,
             max_body=args.max_body,
             effect=record_effect,
+            body_budget=args.body_budget,
         )
         # uvicorn's loggers go through ours (log_config=None: it installs no handlers), so
         # its lines are JSON too; one line per request would cost more than /metrics tells.
@@ -156,6 +173,12 @@ def _serve(args: argparse.Namespace, retention: float) -> int:
             log_config=None,
             access_log=False,
             lifespan="off",
+            # No route is a websocket: an upgrade would leave the guarded protocol's limits.
+            ws="none",
+            # Each limit bounds what a client without credentials can make the process hold.
+            limit_concurrency=args.max_connections,
+            timeout_keep_alive=args.keep_alive,
+            **http_settings(args.header_limit, args.request_timeout),
         )
         logging.getLogger("outbox.receiver").info(
             "receiver listening on http://%s:%d (retention %gs, %d secret(s))",
