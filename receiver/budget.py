@@ -11,10 +11,9 @@ The reservation is returned when the request ends, however it ends.
 
 from __future__ import annotations
 
-import json
-
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from receiver.guards import send_json
 from receiver.rules import RETRY_AFTER_SECONDS
 
 DEFAULT_BODY_BUDGET = 67_108_864
@@ -66,18 +65,7 @@ class BodyBudget:
 
 
 async def _unavailable(send: Send) -> None:
-    body = json.dumps({"error": "receiver busy, retry"}).encode()
-    await send(
-        {
-            "type": "http.response.start",
-            "status": 503,
-            "headers": [
-                (b"content-type", b"application/json"),
-                (b"content-length", str(len(body)).encode()),
-                (b"retry-after", str(RETRY_AFTER_SECONDS).encode()),
-                # The body stays unread: closing spares reading it only to throw it away.
-                (b"connection", b"close"),
-            ],
-        }
-    )
-    await send({"type": "http.response.body", "body": body})
+    retry = (b"retry-after", str(RETRY_AFTER_SECONDS).encode())
+    # The body stays unread: closing spares reading it only to throw it away.
+    close = (b"connection", b"close")
+    await send_json(send, 503, {"error": "receiver busy, retry"}, (retry, close))

@@ -29,7 +29,7 @@ class SingleHeaders:
         if scope["type"] == "http":
             repeated = _repeated(scope["headers"])
             if repeated is not None:
-                await _refuse(send, f"header {repeated} appears more than once")
+                await send_json(send, 400, {"error": f"header {repeated} appears more than once"})
                 return
         await self.app(scope, receive, send)
 
@@ -45,15 +45,19 @@ def _repeated(headers: list[tuple[bytes, bytes]]) -> str | None:
     return None
 
 
-async def _refuse(send: Send, message: str) -> None:
-    body = json.dumps({"error": message}).encode()
+async def send_json(
+    send: Send, status: int, document: dict[str, str], headers: tuple[tuple[bytes, bytes], ...] = ()
+) -> None:
+    """Answer an ASGI request with a JSON document, before or instead of the app."""
+    body = json.dumps(document).encode()
     await send(
         {
             "type": "http.response.start",
-            "status": 400,
+            "status": status,
             "headers": [
                 (b"content-type", b"application/json"),
                 (b"content-length", str(len(body)).encode()),
+                *headers,
             ],
         }
     )
