@@ -98,21 +98,9 @@ class Operations(DatabaseHandle):
             )
             if dead is None or changed != 1:
                 raise RequeueRefused(_not_dead(conn, reply_id, "nothing requeued"))
-            audit = conn.execute(
-                sql.insert_decision_audit(
-                    action=DeadDecision.REQUEUE.value,
-                    reply_id=reply_id,
-                    requested_by=by,
-                    reason=reason,
-                    requested_at=self._now(),
-                    receipt=receipt,
-                    forced=forced,
-                    previous_attempts=dead.attempts,
-                    previous_status=dead.last_status,
-                    previous_error=dead.last_error,
-                )
+            return self._audit(
+                conn, DeadDecision.REQUEUE, dead, reply_id, by, reason, receipt, forced
             )
-            return dict(audit.mappings().one())
 
     def resolve(self, reply_id: str, *, reason: str, by: str) -> dict[str, Any]:
         """Settle a dead message as needing no delivery (final), and record why; the audit row.
@@ -125,21 +113,37 @@ class Operations(DatabaseHandle):
             kept = conn.execute(sql.resolve_dead(reply_id, self._now())).first()
             if kept is None:
                 raise ResolveRefused(_not_dead(conn, reply_id, "nothing resolved"))
-            audit = conn.execute(
-                sql.insert_decision_audit(
-                    action=DeadDecision.RESOLVE.value,
-                    reply_id=reply_id,
-                    requested_by=by,
-                    reason=reason,
-                    requested_at=self._now(),
-                    receipt="not checked",
-                    forced=False,
-                    previous_attempts=kept.attempts,
-                    previous_status=kept.last_status,
-                    previous_error=kept.last_error,
-                )
+            return self._audit(
+                conn, DeadDecision.RESOLVE, kept, reply_id, by, reason, "not checked", False
             )
-            return dict(audit.mappings().one())
+
+    def _audit(
+        self,
+        conn: sa.Connection,
+        action: DeadDecision,
+        previous: sa.Row[Any],
+        reply_id: str,
+        by: str,
+        reason: str,
+        receipt: str,
+        forced: bool,
+    ) -> dict[str, Any]:
+        """Write the audit row of one decision on a dead message (`previous` its row); the row."""
+        audit = conn.execute(
+            sql.insert_decision_audit(
+                action=action.value,
+                reply_id=reply_id,
+                requested_by=by,
+                reason=reason,
+                requested_at=self._now(),
+                receipt=receipt,
+                forced=forced,
+                previous_attempts=previous.attempts,
+                previous_status=previous.last_status,
+                previous_error=previous.last_error,
+            )
+        )
+        return dict(audit.mappings().one())
 
     def purge(
         self,

@@ -334,15 +334,20 @@ def test_requeue_refuses_what_the_destination_already_holds_unless_forced(
     assert rows(engine)["held"]["state"] == "pending"
 
 
+@pytest.fixture
+def no_relay_config(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No config file names the destinations, whatever the environment running the tests."""
+    for name in ("OUTBOX_CONFIG", "OUTBOX_RELAY_CONFIG"):
+        monkeypatch.delenv(name, raising=False)
+
+
 def test_requeue_without_a_receipt_lookup_needs_force(
     db_url: str,
     engine: sa.Engine,
     clock: ManualClock,
     capsys: pytest.CaptureFixture[str],
-    monkeypatch: pytest.MonkeyPatch,
+    no_relay_config: None,
 ) -> None:
-    for name in ("OUTBOX_CONFIG", "OUTBOX_RELAY_CONFIG"):
-        monkeypatch.delenv(name, raising=False)
     publish_many(engine, ["d-1"], clock=clock)
     mark_dead(engine, "d-1")
     argv = ["dead", "requeue", "d-1", "--reason", "replay", "--db", db_url]
@@ -405,10 +410,8 @@ def test_bulk_requeue_by_filter_with_a_dry_run_first(
     engine: sa.Engine,
     clock: ManualClock,
     capsys: pytest.CaptureFixture[str],
-    monkeypatch: pytest.MonkeyPatch,
+    no_relay_config: None,
 ) -> None:
-    for name in ("OUTBOX_CONFIG", "OUTBOX_RELAY_CONFIG"):
-        monkeypatch.delenv(name, raising=False)
     dead_messages(engine, clock)
     argv = ["dead", "requeue", "--db", db_url, "--status", "410", "--reason", "gone came back"]
     # Nobody can be asked whether the destinations hold them: refused without --force.
