@@ -1,16 +1,24 @@
 """Run a handler over claimed tasks: heartbeats, fenced finish, retries, graceful stop.
 
-The handler is called as `handler(claim, stop)` on a worker thread. It returns
-the result (committed with the task's reply in one transaction), raises
+The handler is called as `handler(claim, stop)`: a plain function on one of
+`concurrency` worker threads, with a threading.Event; an `async def` as a task
+on one event loop (see handler_loop), with an asyncio.Event. It returns the
+result (committed with the task's reply in one transaction), raises
 PermanentFailure to fail the task at once, or raises anything else to fail this
-attempt (retried with backoff while attempts remain). A heartbeat thread renews
-every running lease; when a renewal is refused (the lease was lost, the task
-cancelled or past its deadline) it sets that task's `stop` event, and the
-handler should stop its side effects: its result would be refused anyway.
+attempt (retried with backoff while attempts remain). A handler may instead
+finish its task itself, in a transaction of its own with its business writes
+(`finish_tx`); the worker then finds the task done under its claim and writes
+nothing. A heartbeat thread renews every running lease; when a renewal is
+refused (the lease was lost, the task cancelled or past its deadline) it sets
+that task's `stop` event, and the handler should stop its side effects: its
+result would be refused anyway.
 """
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
+import inspect
 import logging
 import os
 import signal
@@ -26,15 +34,21 @@ from typing import Any
 import sqlalchemy as sa
 
 from outbox.db import retry
+from outbox.db.dialect import listen_conninfo
 from outbox.errors import Fenced, InvalidMessage, PermanentFailure
+from outbox.handler_loop import HandlerLoop
+from outbox.handlers import WrongHandlerKind, handler_name, is_async_handler
 from outbox.observability.probe import Probe
 from outbox.observability.worker_metrics import WorkerMetrics
 from outbox.result_group_commit import ResultGroupCommit
 from outbox.states import TaskState
+from outbox.task_wakeups import TaskWakeups
 from outbox.tasks import Claim, TaskQueue
 
 log = logging.getLogger("outbox.worker")
-Handler = Callable[[Claim, threading.Event], Any]
+Handler = Callable[[Claim, Any], Any]
+"""`handler(claim, stop)`: a plain function (stop: threading.Event) or an `async def`
+(stop: asyncio.Event)."""
 EXIT_FORCED = 1  # a second SIGTERM/SIGINT: exit at once
 # A claim reconciles this many times per lease: a task whose lease expired is retaken
 # within a quarter lease of its expiry.
@@ -47,11 +61,21 @@ class _Running:
     stop: threading.Event = field(default_factory=threading.Event)
     lost: bool = False
     written: bool = False  # its outcome is committed: a refused renewal is no news
+    # An async handler's own stop event, set from other threads through this function.
+    async_stop: asyncio.Event | None = None
+    set_async_stop: Callable[[], None] | None = None
+    task: concurrent.futures.Future[None] | None = None  # an async handler's, to cancel it
 
     @property
     def key(self) -> tuple[str, int]:
         """Each claim its own entry: a task lost and claimed again is held twice, briefly."""
         return (self.claim.task_id, self.claim.fence)
+
+    def halt(self) -> None:
+        """Tell the handler to stop (any thread)."""
+        self.stop.set()
+        if self.set_async_stop is not None:
+            self.set_async_stop()
 
 
 class Worker:
@@ -72,7 +96,10 @@ class Worker:
         """Heartbeat defaults to a third of the lease; grace (the SIGTERM drain) to the lease.
 
         `metrics`, when given, counts claims, outcomes, lost leases and handler time.
+        A handler that is neither a plain function nor an `async def` (a generator, a
+        class, a plain wrapper returning coroutines) raises WrongHandlerKind here.
         """
+        self.is_async = is_async_handler(handler)
         if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
             raise ValueError(f"concurrency must be an int >= 1, got {concurrency!r}")
         self.heartbeat = queue.lease / 3 if heartbeat is None else heartbeat
@@ -99,6 +126,8 @@ class Worker:
         self._wake = threading.Event()
         self._beats_end = threading.Event()
         self._next_reconcile = 0.0  # the _moment() of the next claim that reconciles
+        self._misuse: str | None = None  # set when the handler proves to be of the wrong kind
+        self.listening = threading.Event()  # set while NOTIFY wake-ups are received
         self.metrics = metrics
         self.last_turn = time.monotonic()
         self._database_answers = Probe(queue.ping)
@@ -121,24 +150,27 @@ class Worker:
         """Claim and handle tasks until stop() or SIGTERM/SIGINT, then drain and return.
 
         Handlers still running after the grace period are told to stop, and their
-        outcomes are discarded; they run on daemon threads, so the process can exit.
+        outcomes are discarded; plain ones run on daemon threads, so the process can
+        exit, and async ones are cancelled. Raises WrongHandlerKind, after the drain, when a
+        plain handler returned a coroutine (it should have been declared `async def`).
         """
         if install_signal_handlers:
             for signum in (signal.SIGTERM, signal.SIGINT):
                 signal.signal(signum, self._on_signal)
-        handler = f"{getattr(self.handler, '__module__', '?')}:" + getattr(
-            self.handler, "__qualname__", type(self.handler).__name__
-        )
+        handler = handler_name(self.handler)
+        kind = "async" if self.is_async else "threads"
         log.info(
-            "worker %s started: concurrency %d, lease %gs, handler %s",
+            "worker %s started: concurrency %d (%s), lease %gs, handler %s",
             self.owner,
             self.concurrency,
+            kind,
             self.queue.lease,
             handler,
             extra={
                 "fields": {
                     "owner": self.owner,
                     "concurrency": self.concurrency,
+                    "handler_kind": kind,
                     "lease": self.queue.lease,
                     "handler": handler,
                 }
@@ -146,16 +178,24 @@ class Worker:
         )
         beat = threading.Thread(target=self._heartbeats, name="outbox-heartbeat", daemon=True)
         beat.start()
-        # One thread per slot, started once: a thread per task cost a tenth of a busy
-        # worker's CPU. None tells a thread to end.
+        wakeups = self._wakeups()
+        if wakeups is not None:
+            wakeups.start()
+        loop: HandlerLoop | None = None
         claimed: SimpleQueue[_Running | None] = SimpleQueue()
-        for n in range(self.concurrency):
-            threading.Thread(
-                target=self._handle_each,
-                args=(claimed,),
-                name=f"outbox-handler-{n + 1}",
-                daemon=True,
-            ).start()
+        if self.is_async:
+            loop = HandlerLoop()
+            loop.start()
+        else:
+            # One thread per slot, started once: a thread per task cost a tenth of a busy
+            # worker's CPU. None tells a thread to end.
+            for n in range(self.concurrency):
+                threading.Thread(
+                    target=self._handle_each,
+                    args=(claimed,),
+                    name=f"outbox-handler-{n + 1}",
+                    daemon=True,
+                ).start()
         try:
             while not self._stopping.is_set():
                 self.last_turn = time.monotonic()
@@ -167,16 +207,25 @@ class Worker:
                 claims = self._claim(free) if free > 0 else []
                 for claim in claims:
                     running = _Running(claim)
+                    if loop is not None:
+                        running.async_stop, running.set_async_stop = loop.stop_event()
                     with self._lock:
                         self._running[running.key] = running
-                    claimed.put(running)
+                    if loop is not None:
+                        running.task = loop.submit(self._handle_async(loop, running))
+                    else:
+                        claimed.put(running)
                 if not claims or len(claims) == free:
-                    # Wait for a free slot, new work (the poll) or stop.
+                    # Wait for a free slot, new work (a NOTIFY or the poll) or stop.
                     self._wake.wait(self.poll_interval)
         finally:
             abandoned = self._drain()
-            for _ in range(self.concurrency):
+            if loop is not None:
+                loop.close(timeout=self.heartbeat)
+            for _ in range(self.concurrency if loop is None else 0):
                 claimed.put(None)  # idle threads end now, late ones once their handler returns
+            if wakeups is not None:
+                wakeups.close()
             self._beats_end.set()
             beat.join()
             fields = {"owner": self.owner, "drained": not abandoned, "abandoned": abandoned}
@@ -186,6 +235,8 @@ class Worker:
                 f"{abandoned} running tasks abandoned" if abandoned else "drained",
                 extra={"fields": fields},
             )
+        if self._misuse is not None:
+            raise WrongHandlerKind(self._misuse)
 
     def health(self) -> dict[str, Any]:
         """Liveness for /healthz: the claim loop has turned recently."""
@@ -196,6 +247,7 @@ class Worker:
             "owner": self.owner,
             "seconds_since_last_turn": round(idle, 3),
             "running": len(self._running),
+            "listening": self.listening.is_set(),
         }
 
     def readiness(self) -> dict[str, Any]:
@@ -227,6 +279,13 @@ class Worker:
             log.warning("worker %s: claim failed (%s); trying again", self.owner, exc)
             return []
 
+    def _wakeups(self) -> TaskWakeups | None:
+        """NOTIFY wake-ups on PostgreSQL; elsewhere the loop polls alone."""
+        conninfo = listen_conninfo(self.queue.engine)
+        if conninfo is None:
+            return None
+        return TaskWakeups(conninfo, self._wake.set, self.poll_interval, self.listening)
+
     def _moment(self) -> float:
         """Seconds on the queue's clock when it has a manual one (leases run on it), else
         on the monotonic clock."""
@@ -257,7 +316,9 @@ class Worker:
                 # Heartbeats end now: another worker may take the task, so nothing of
                 # this one's may be written any more.
                 running.lost = True
-                running.stop.set()
+                running.halt()
+                if running.task is not None:
+                    running.task.cancel()
         if late:
             log.warning(
                 "worker %s: abandoned %d running tasks to lease expiry", self.owner, len(late)
@@ -282,18 +343,62 @@ class Worker:
             try:
                 result = self.handler(claim, running.stop)
             except Exception as exc:  # noqa: BLE001 - any handler error fails the attempt
-                self._handled(started)
-                self._settle(running, partial(self._fail, claim, exc))
+                write = partial(self._fail, claim, exc)
             else:
-                self._handled(started)
-                self._settle(running, partial(self._finish, claim, result))
+                if inspect.isawaitable(result):
+                    self._refuse_awaitable(claim, result)
+                    return
+                write = partial(self._finish, claim, result)
+            self._handled(started)
+            self._settle(running, write)
         except Exception:
             log.exception("task %s: outcome not recorded; its lease will expire", claim.task_id)
             self._count("unrecorded")
         finally:
-            with self._lock:
-                self._running.pop(running.key, None)
-            self._wake.set()
+            self._release(running)
+
+    async def _handle_async(self, loop: HandlerLoop, running: _Running) -> None:
+        claim = running.claim
+        try:
+            started = time.perf_counter()
+            try:
+                result = await self.handler(claim, running.async_stop)
+            except Exception as exc:  # noqa: BLE001 - any handler error fails the attempt
+                write = partial(self._fail, claim, exc)
+            else:
+                write = partial(self._finish, claim, result)
+            self._handled(started)
+            # Writes block: on a writer thread, while the other handlers go on.
+            await loop.write(partial(self._settle, running, write))
+        except asyncio.CancelledError:
+            if not running.lost:
+                # Cancelled by something of its own, not by the end of the drain.
+                log.error("task %s: handler cancelled; its lease will expire", claim.task_id)
+                self._count("unrecorded")
+        except Exception:
+            log.exception("task %s: outcome not recorded; its lease will expire", claim.task_id)
+            self._count("unrecorded")
+        finally:
+            self._release(running)
+
+    def _refuse_awaitable(self, claim: Claim, result: object) -> None:
+        """A plain handler returned a coroutine: stop the worker, write nothing for the task."""
+        close = getattr(result, "close", None)
+        if callable(close):
+            close()  # never awaited: close it rather than leave a warning behind
+        self._misuse = (
+            f"handler {handler_name(self.handler)} returned {type(result).__name__} instead of "
+            "a result: declare it `async def` so that the worker awaits it"
+        )
+        log.error("task %s: %s; stopping (its lease will expire)", claim.task_id, self._misuse)
+        self._count("unrecorded")
+        self.stop()
+
+    def _release(self, running: _Running) -> None:
+        """Free the running task's slot and wake the claim loop to fill it."""
+        with self._lock:
+            self._running.pop(running.key, None)
+        self._wake.set()
 
     def _handled(self, started: float) -> None:
         if self.metrics is not None:
@@ -327,6 +432,9 @@ class Worker:
     def _settle(self, running: _Running, write: Callable[[], str]) -> None:
         """Commit the handler's outcome unless the lease is gone; re-read after an error."""
         if running.lost:
+            if self._finished_by_handler(running.claim):
+                self._count("done")
+                return
             log.warning("task %s: lease lost; outcome discarded", running.claim.task_id)
             self._count("discarded")
             return
@@ -343,6 +451,9 @@ class Worker:
                 on_retry=lambda exc: log.warning("task %s: write failed (%s)", task_id, exc),
             )
         except Fenced as exc:
+            if self._finished_by_handler(running.claim):
+                self._count("done")  # with finish_tx, in the handler's own transaction
+                return
             log.warning("task %s: %s; outcome discarded", task_id, exc)
             self._lease_lost()
             self._count("discarded")
@@ -359,6 +470,18 @@ class Worker:
         outcome = write()
         running.written = True
         return outcome
+
+    def _finished_by_handler(self, claim: Claim) -> bool:
+        """Whether the handler finished its task itself: `done` under this very claim.
+
+        Only this claim's finish can write `done` with its fence: a later claim
+        takes a new fence, and a reaped task is pending, not done.
+        """
+        try:
+            task = self.queue.task(claim.task_id)
+        except sa.exc.DBAPIError:
+            return False
+        return task is not None and task["state"] == TaskState.DONE and task["fence"] == claim.fence
 
     def _settled(self, claim: Claim) -> bool:
         try:
@@ -379,10 +502,10 @@ class Worker:
                 try:
                     self.queue.renew(entry.claim)
                 except Fenced as exc:
-                    if entry.written:
+                    if entry.written or self._finished_by_handler(entry.claim):
                         continue  # finished since this beat began: refused, but not lost
                     entry.lost = True
-                    entry.stop.set()
+                    entry.halt()
                     self._lease_lost()
                     log.warning("task %s: renewal refused (%s); stopping it", task_id, exc)
                 except sa.exc.DBAPIError as exc:

@@ -18,7 +18,7 @@ import sqlalchemy as sa
 from support.cli_helpers import one_line_error, running_in_thread
 from support.worker_tasks import real_time_queue, submit
 
-from outbox import Claim, TaskQueue
+from outbox import AuthContext, Claim, Envelope, TaskQueue
 from outbox.testing import ManualClock
 from outbox.worker import PermanentFailure, Worker
 
@@ -333,3 +333,50 @@ def test_an_outcome_is_written_once_the_database_answers_again(
     with running_in_thread(Worker(queue, handler, poll_interval=0.05)):
         assert wait_until(lambda: states(queue, [task_id]) == ["done"], 10)
     assert runs == [1]  # written by the first run, after four refused writes
+
+
+def submit_named(queue: TaskQueue, name: str) -> str:
+    """One task whose message id is `name`; its id."""
+    envelope = Envelope(name, "agent-a", {"n": 0}, time.time() + 3600)
+    return queue.receive(AuthContext("agent-a"), envelope).task_id
+
+
+@pytest.mark.parametrize("backend", ["postgresql"], indirect=True)
+def test_notify_wakes_an_idle_worker_without_waiting_for_the_poll(queue: TaskQueue) -> None:
+    def handler(claim: Claim, stop: threading.Event) -> str:
+        return "ok"
+
+    worker = Worker(queue, handler, poll_interval=60)
+    with running_in_thread(worker):
+        assert worker.listening.wait(10), "worker never started listening"
+        for n in range(3):
+            task_id = submit_named(queue, f"woken-{n}")
+            # The poll is a minute away: only NOTIFY gets this task claimed so soon.
+            assert wait_until(lambda t=task_id: states(queue, [t]) == ["done"], 5)  # type: ignore[misc]
+        assert worker.health()["listening"]
+
+
+@pytest.mark.parametrize("backend", ["postgresql"], indirect=True)
+def test_a_lost_listen_connection_is_replaced_and_wakes_the_worker_again(
+    queue: TaskQueue,
+) -> None:
+    def handler(claim: Claim, stop: threading.Event) -> str:
+        return "ok"
+
+    def listeners() -> list[int]:
+        with queue.engine.connect() as conn:
+            query = (
+                "SELECT pid FROM pg_stat_activity "
+                "WHERE query LIKE 'LISTEN %' AND datname = current_database()"
+            )
+            return list(conn.execute(sa.text(query)).scalars())
+
+    worker = Worker(queue, handler, poll_interval=60)
+    with running_in_thread(worker):
+        assert worker.listening.wait(10), "worker never started listening"
+        [first] = listeners()
+        with queue.engine.connect() as conn:
+            conn.execute(sa.text("SELECT pg_terminate_backend(:pid)"), {"pid": first})
+        assert wait_until(lambda: listeners() not in ([], [first]), 10), "never listened again"
+        task_id = submit_named(queue, "after-loss")
+        assert wait_until(lambda: states(queue, [task_id]) == ["done"], 5)

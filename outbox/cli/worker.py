@@ -11,8 +11,9 @@ from contextlib import nullcontext
 from typing import Any
 
 from outbox.cli.arguments import non_negative_int, positive_float, positive_int
-from outbox.cli.logs import LOG_HELP, configure_logging, log_options
+from outbox.cli.logs import LOG_HELP, configure_logging, log_options, report_error
 from outbox.cli.settings import Option, add_flags
+from outbox.handlers import WrongHandlerKind, is_async_handler
 from outbox.observability.server import DEFAULT_HOST, MetricsServer
 from outbox.observability.worker_metrics import WorkerMetrics
 from outbox.tasks import TaskQueue
@@ -35,6 +36,10 @@ def load_handler(spec: str) -> Handler:
         raise argparse.ArgumentTypeError(f"cannot load {spec!r}: {exc}") from exc
     if not callable(target):
         raise argparse.ArgumentTypeError(f"{spec!r} is not callable")
+    try:
+        is_async_handler(target)
+    except WrongHandlerKind as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from exc
     handler: Handler = target
     return handler
 
@@ -54,7 +59,8 @@ OPTIONS = (
 """The worker's settings: each a flag, an OUTBOX_WORKER_* variable, or worker.* in the file."""
 
 HELP = {
-    "handler": "MODULE:FUNCTION, called as handler(claim, stop) for each task",
+    "handler": "MODULE:FUNCTION, called as handler(claim, stop) for each task; "
+    "an `async def` runs on one event loop",
     "concurrency": "tasks at once (default 1)",
     "owner": "lease owner (default: host and pid)",
     "lease": "seconds (default 30)",
@@ -100,5 +106,9 @@ def run(args: argparse.Namespace) -> int:
             )
         )
         with server:
-            worker.run()
+            try:
+                worker.run()
+            except WrongHandlerKind as exc:
+                report_error(f"outbox: error: {exc}")
+                return 1
     return 0

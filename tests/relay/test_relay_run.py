@@ -15,6 +15,7 @@ from support.relay_helpers import SECRET, publish_many, rows
 from support.scripted_server import Answer, ScriptedServer
 
 from outbox.canonical import sha256_hex
+from outbox.operations import Operations
 from outbox.schema import messages
 from outbox.testing import ManualClock
 from relay import ConfigError, Destination, Relay
@@ -67,6 +68,23 @@ def test_notify_wakes_the_relay_without_waiting_for_the_poll(
         # The median, so one scheduling hiccup on a loaded machine does not decide.
         assert statistics.median(latencies) < 0.1, latencies
     assert not runner.is_alive()
+
+
+@pytest.mark.parametrize("backend", ["postgresql"], indirect=True)
+def test_a_requeued_dead_message_wakes_the_relay_without_waiting_for_the_poll(
+    db_url: str, engine: sa.Engine, server: ScriptedServer
+) -> None:
+    publish_many(engine, ["was-dead"])
+    with engine.begin() as conn:
+        conn.execute(sa.update(messages).values(state="dead", last_error="gave up"))
+    relay = notify_only_relay(db_url, server)
+    with running(relay), Operations(db_url) as operations:
+        assert relay.listening.wait(10), "relay never started listening"
+        operations.requeue(
+            "was-dead", reason="receiver fixed", by="ops", receipt="not received", forced=False
+        )
+        # The poll is a minute away: only the requeue's NOTIFY delivers this soon.
+        assert wait_until(lambda: server.ids() == ["was-dead"], 5)
 
 
 @pytest.mark.parametrize("backend", ["postgresql"], indirect=True)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import os
 import threading
 import time
@@ -33,3 +35,25 @@ def double_or_fail(claim: Claim, stop: threading.Event) -> dict[str, Any]:
     if claim.payload["n"] % 2:
         raise RuntimeError(f"odd input {claim.payload['n']}")
     return {"n": claim.payload["n"] * 2}
+
+
+async def async_gated(claim: Claim, stop: asyncio.Event) -> dict[str, Any]:
+    """`gated`, as an async handler: awaits the release file without blocking its loop."""
+    folder = Path(os.environ["OUTBOX_TEST_GATE"])
+    (folder / f"started-{claim.task_id}").touch()
+    deadline = time.monotonic() + 30
+    while not (folder / "release").exists():
+        if time.monotonic() > deadline:
+            raise TimeoutError("never released")
+        await asyncio.sleep(0.01)
+    return {"n": claim.payload["n"]}
+
+
+async def _triple(claim: Claim, stop: asyncio.Event) -> dict[str, Any]:
+    return {"n": claim.payload["n"] * 3}
+
+
+@functools.wraps(_triple)
+def wrapped_async(claim: Claim, stop: asyncio.Event) -> Any:
+    """A plain wrapper around an async function, as a careless decorator makes one."""
+    return _triple(claim, stop)
