@@ -87,6 +87,17 @@ def pg_empty_database(pg_server: sa.Engine) -> Iterator[str]:
         conn.execute(sa.text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
 
 
+@pytest.fixture
+def pg_blank_url(pg_server: sa.Engine) -> Iterator[str]:
+    """An empty PostgreSQL database of this test's own (for tests that migrate), dropped after."""
+    name = f"outbox_mig_{uuid.uuid4().hex[:12]}"
+    with pg_server.connect() as conn:
+        conn.execute(sa.text(f'CREATE DATABASE "{name}"'))
+    yield pg_server.url.set(database=name).render_as_string(hide_password=False)
+    with pg_server.connect() as conn:
+        conn.execute(sa.text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+
+
 @pytest.fixture(scope="session")
 def pg_database(pg_empty_database: str) -> str:
     """The run's PostgreSQL database with both branches migrated."""

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -27,18 +25,11 @@ RECEIVER_TABLES = {"receiver_receipts", "receiver_effects"}
 
 
 @pytest.fixture
-def blank_url(backend: str, request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+def blank_url(backend: str, request: pytest.FixtureRequest, tmp_path: Path) -> str:
     """An empty database of its own (migrations create and drop tables)."""
     if backend == "sqlite":
-        yield f"sqlite:///{tmp_path / 'blank.db'}"
-        return
-    server: sa.Engine = request.getfixturevalue("pg_server")
-    name = f"outbox_mig_{uuid.uuid4().hex[:12]}"
-    with server.connect() as conn:
-        conn.execute(sa.text(f'CREATE DATABASE "{name}"'))
-    yield server.url.set(database=name).render_as_string(hide_password=False)
-    with server.connect() as conn:
-        conn.execute(sa.text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        return f"sqlite:///{tmp_path / 'blank.db'}"
+    return str(request.getfixturevalue("pg_blank_url"))
 
 
 def table_names(url: str) -> set[str]:
