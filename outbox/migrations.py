@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import alembic.context
+import alembic.op
 import sqlalchemy as sa
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from alembic.script.revision import RevisionError
-from sqlalchemy.engine import Engine
+from sqlalchemy.engine import Connection, Engine
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from alembic import command
 from outbox.db.dialect import create_engine, prepare_engine
@@ -49,20 +54,70 @@ def alembic_config(connection: sa.Connection | None = None) -> Config:
     return config
 
 
-def upgrade_branch(url_or_engine: str | sa.URL | Engine, branch: str) -> None:
-    """Apply every migration of `branch` (outbox or receiver) up to its head."""
-    engine, owned = engine_for(url_or_engine)
+def upgrade_branch(target: str | sa.URL | Engine | Connection, branch: str) -> None:
+    """Apply `branch` (outbox or receiver) up to its head: a URL or engine in a transaction of
+    its own and committed, a connection in the transaction it is in (see upgrade_on)."""
+    if isinstance(target, Connection):
+        upgrade_on(target, branch)
+        return
+    if not isinstance(target, str | sa.URL | Engine):
+        raise not_a_target(target)
+    engine, owned = engine_for(target)
     try:
         with engine.begin() as connection:
-            command.upgrade(alembic_config(connection), f"{branch}@head")
+            upgrade_on(connection, branch)
     finally:
         if owned:
             engine.dispose()
 
 
-def upgrade(url_or_engine: str | sa.URL | Engine) -> None:
-    """Create or upgrade the outbox tables, as `outbox db upgrade` does."""
-    upgrade_branch(url_or_engine, OUTBOX_BRANCH)
+def upgrade_on(connection: Connection, branch: str) -> None:
+    """Apply `branch` up to its head inside the connection's transaction; its caller commits."""
+    # With no transaction open, Alembic begins one and commits it, as for any command: then
+    # there is no caller's transaction to join.
+    with host_context_kept():
+        command.upgrade(alembic_config(connection), f"{branch}@head")
+
+
+@contextmanager
+def host_context_kept() -> Iterator[None]:
+    """Put back Alembic's `context` and `op` proxies as they were before our nested run."""
+    # Alembic installs them as module globals for the command it runs and deletes them at
+    # its end: a host's env.py or migration that calls us is still running on them.
+    namespaces = [vars(alembic.context), vars(alembic.op)]
+    saved = [dict(namespace) for namespace in namespaces]
+    try:
+        yield
+    finally:
+        for namespace, before in zip(namespaces, saved, strict=True):
+            for name in namespace.keys() - before.keys():
+                del namespace[name]
+            namespace.update(before)
+
+
+def not_a_target(target: object) -> TypeError:
+    """The error for an argument upgrade() cannot migrate, saying what to pass instead."""
+    if isinstance(target, AsyncConnection):
+        return TypeError(
+            "upgrade() runs Alembic synchronously: on an AsyncConnection call "
+            "`await conn.run_sync(outbox.upgrade)` (or receiver.upgrade)"
+        )
+    if isinstance(target, AsyncEngine):
+        return TypeError(
+            "upgrade() runs Alembic synchronously: pass the URL (async drivers are mapped "
+            "to their sync driver) or `async with engine.begin() as conn: "
+            "await conn.run_sync(outbox.upgrade)`"
+        )
+    return TypeError(
+        "upgrade() takes a database URL, an Engine or an open Connection, "
+        f"not {type(target).__name__}"
+    )
+
+
+def upgrade(target: str | sa.URL | Engine | Connection) -> None:
+    """Create or upgrade the outbox tables, as `outbox db upgrade` does; on a Connection, inside
+    its transaction (docs/alembic.md)."""
+    upgrade_branch(target, OUTBOX_BRANCH)
 
 
 def required_head(branch: str) -> str:

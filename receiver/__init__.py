@@ -7,7 +7,7 @@ their own services; ``create_app`` wraps it in a thin Starlette app.
 from __future__ import annotations
 
 import sqlalchemy as sa
-from sqlalchemy.engine import Engine
+from sqlalchemy.engine import Connection, Engine
 
 from outbox.errors import StoreUnavailable
 from outbox.messages import is_reply_id
@@ -27,6 +27,7 @@ __all__ = [
 ]
 
 
-def upgrade(url_or_engine: str | sa.URL | Engine) -> None:
-    """Create or upgrade the receiver tables only (their own Alembic branch)."""
-    upgrade_branch(url_or_engine, RECEIVER_BRANCH)
+def upgrade(target: str | sa.URL | Engine | Connection) -> None:
+    """Create or upgrade the receiver tables only (their own Alembic branch); on a Connection,
+    inside its transaction (docs/alembic.md)."""
+    upgrade_branch(target, RECEIVER_BRANCH)

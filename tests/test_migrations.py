@@ -2,17 +2,25 @@
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
+import alembic.context
 import pytest
 import sqlalchemy as sa
+from alembic.config import Config
+from alembic.operations import Operations
+from alembic.runtime.environment import EnvironmentContext
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
+from sqlalchemy.ext.asyncio import create_async_engine
 from sqlalchemy.orm import Session
 
 import outbox
 import receiver
-from alembic import command
+from alembic import command, op
 from outbox import SchemaNotReady, TaskQueue
-from outbox.migrations import alembic_config, ensure_current
+from outbox.migrations import alembic_config, current_heads, ensure_current, heads_of, required_head
 
 OUTBOX_TABLES = {
     "outbox_inbox",
@@ -218,3 +226,78 @@ def test_resolved_state_upgrades_and_downgrades_without_losing_a_decision(
             ]
     finally:
         engine.dispose()
+
+
+BOTH_HEADS = {required_head("outbox"), required_head("receiver")}
+
+
+def test_upgrade_on_a_connection_commits_with_the_callers_transaction(blank_url: str) -> None:
+    engine = outbox.create_engine(blank_url)
+    try:
+        with engine.connect() as conn:
+            transaction = conn.begin()
+            outbox.upgrade(conn)
+            receiver.upgrade(conn)
+            assert set(sa.inspect(conn).get_table_names()) >= OUTBOX_TABLES | RECEIVER_TABLES
+            assert set(current_heads(conn)) == BOTH_HEADS
+            transaction.rollback()  # the caller decides: nothing of ours stays
+        assert not (OUTBOX_TABLES | RECEIVER_TABLES) & table_names(blank_url)
+        assert heads_of(blank_url) == ()
+        with engine.begin() as conn:
+            outbox.upgrade(conn)
+        assert heads_of(blank_url) == (required_head("outbox"),)
+        with engine.connect() as conn:
+            receiver.upgrade(conn)  # no transaction to join: Alembic commits its own
+        assert set(heads_of(blank_url)) == BOTH_HEADS
+    finally:
+        engine.dispose()
+
+
+def test_upgrade_inside_a_running_alembic_command_leaves_its_context(
+    blank_url: str, tmp_path: Path
+) -> None:
+    # A service's env.py or migration calls us while its own Alembic `context` and `op`
+    # are installed; they must still be its own afterwards, not removed by our nested run.
+    config = Config()
+    (tmp_path / "host").mkdir()
+    host = EnvironmentContext(config, ScriptDirectory(str(tmp_path / "host")))
+    engine = outbox.create_engine(blank_url)
+    try:
+        with engine.begin() as conn, host, Operations.context(MigrationContext.configure(conn)):
+            outbox.upgrade(conn)
+            assert alembic.context.config is config
+            op.create_table("host_orders", sa.Column("id", sa.Integer, primary_key=True))
+        assert table_names(blank_url) >= OUTBOX_TABLES | {"host_orders"}
+    finally:
+        engine.dispose()
+
+
+def test_upgrade_refuses_what_it_cannot_migrate(tmp_path: Path) -> None:
+    with pytest.raises(TypeError, match="a database URL, an Engine or an open Connection"):
+        outbox.upgrade(42)  # type: ignore[arg-type]
+    async_engine = create_async_engine(f"sqlite+aiosqlite:///{tmp_path / 'x.db'}")
+    with pytest.raises(TypeError, match=r"pass the URL .* await conn\.run_sync\(outbox\.upgrade\)"):
+        receiver.upgrade(async_engine)  # type: ignore[arg-type]
+    assert not (tmp_path / "x.db").exists()
+
+
+def test_upgrade_runs_on_an_async_connection_through_run_sync(blank_url: str) -> None:
+    url = sa.make_url(blank_url)
+    async_driver = (
+        "sqlite+aiosqlite" if url.get_backend_name() == "sqlite" else "postgresql+asyncpg"
+    )
+
+    async def scenario() -> None:
+        async_engine = create_async_engine(url.set(drivername=async_driver))
+        try:
+            async with async_engine.begin() as conn:
+                with pytest.raises(TypeError, match=r"await conn\.run_sync\(outbox\.upgrade\)"):
+                    outbox.upgrade(conn)  # type: ignore[arg-type]
+                await conn.run_sync(outbox.upgrade)
+                await conn.run_sync(receiver.upgrade)
+        finally:
+            await async_engine.dispose()
+
+    asyncio.run(scenario())
+    assert set(heads_of(blank_url)) == BOTH_HEADS
+    assert table_names(blank_url) >= OUTBOX_TABLES | RECEIVER_TABLES
