@@ -9,9 +9,9 @@ from __future__ import annotations
 from typing import Any
 
 from alembic import context
+from outbox.alembic_filters import only_ours
 from outbox.db.dialect import create_engine
 from outbox.migrations import VERSION_TABLE
-from outbox.schema import POSTGRESQL_ONLY_INDEXES
 from outbox.schema import metadata as outbox_metadata
 from receiver.schema import metadata as receiver_metadata
 
@@ -19,34 +19,17 @@ config = context.config
 target_metadata = [outbox_metadata, receiver_metadata]
 
 
-def include_object(
-    obj: Any, name: str | None, type_: str, reflected: bool, compare_to: Any
-) -> bool:
-    """Compare only our own tables: a host application's tables are not ours to drop."""
-    if type_ == "table":
-        return bool(name) and (name.startswith("outbox_") or name.startswith("receiver_"))
-    return True
-
-
-def include_object_on(dialect_name: str) -> Any:
-    """include_object, leaving out on other backends the indexes PostgreSQL alone has."""
-
-    def include(obj: Any, name: str | None, type_: str, reflected: bool, compare_to: Any) -> bool:
-        if type_ == "index" and name in POSTGRESQL_ONLY_INDEXES and dialect_name != "postgresql":
-            return False
-        return include_object(obj, name, type_, reflected, compare_to)
-
-    return include
-
-
 def run_migrations(connection: Any) -> None:
     """Run the migrations on an open connection."""
+    # A host application's tables share the database: never reflect or compare them.
+    include_name, include_object = only_ours(connection.dialect.name)
     context.configure(
         connection=connection,
         target_metadata=target_metadata,
         version_table=config.attributes.get("version_table", VERSION_TABLE),
         render_as_batch=connection.dialect.name == "sqlite",
-        include_object=include_object_on(connection.dialect.name),
+        include_name=include_name,
+        include_object=include_object,
         compare_type=True,
     )
     with context.begin_transaction():

@@ -1,8 +1,9 @@
 """Transactional outbox: results leave the database exactly when they commit.
 
 What a service touches: publish() inside its own transaction, TaskQueue and
-Worker for tasks, the schema upgrade, and the errors (outbox.errors). Tests
-take ManualClock and failpoints from outbox.testing.
+Worker for tasks, the schema upgrade (in a service's own Alembic too, with the
+autogenerate filters of outbox.alembic_filters), and the errors (outbox.errors).
+Tests take ManualClock and failpoints from outbox.testing.
 """
 
 from __future__ import annotations

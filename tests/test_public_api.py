@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import outbox
+import outbox.alembic_filters
 import outbox.testing
 
 
@@ -34,6 +35,31 @@ def test_exported_names_are_exactly_the_contract() -> None:
     )
     for name in outbox.__all__:
         assert getattr(outbox, name) is not None
+
+
+def test_a_services_alembic_finds_its_filters_and_our_rule() -> None:
+    filters = outbox.alembic_filters
+    assert sorted(filters.__all__) == [
+        "TABLE_PREFIXES",
+        "include_name",
+        "include_object",
+        "is_ours",
+        "only_ours",
+    ]
+    ours_only_name, ours_only_object = filters.only_ours("postgresql")
+    for table, ours in [
+        ("outbox_messages", True),
+        ("outbox_alembic_version", True),
+        ("receiver_receipts", True),
+        ("orders", False),
+        ("my_outbox_events", False),
+    ]:
+        assert filters.is_ours(table) is ours
+        assert filters.include_name(table, "table", {"schema_name": None}) is not ours
+        assert filters.include_object(None, table, "table", True, None) is not ours
+        assert ours_only_name(table, "table", {"schema_name": None}) is ours
+        assert ours_only_object(None, table, "table", True, None) is ours
+    assert filters.include_name("public", "schema", {})  # the filters judge tables only
 
 
 def test_invalid_input_errors_are_value_errors() -> None:
