@@ -196,3 +196,25 @@ def test_commands_and_upgrade_take_an_async_url(
     for url in [*async_urls(db_url), blank]:
         assert main(["status", "--db", url, "--json"]) == 0, capsys.readouterr().err
         assert json.loads(capsys.readouterr().out)["messages"] is not None
+
+
+def test_a_closed_connection_is_refused_and_a_committed_session_needs_a_new_commit(
+    db_url: str, engine: sa.Engine
+) -> None:
+    async def scenario(async_engine: Any) -> None:
+        driver = async_engine.url.drivername
+        conn = await async_engine.connect()
+        await conn.close()
+        with pytest.raises(sa.exc.ResourceClosedError):
+            await outbox.asyncio.publish(conn, "billing", f"closed-{driver}", {"n": 1})
+        async with AsyncSession(async_engine) as session:
+            async with session.begin():
+                await outbox.asyncio.publish(session, "billing", f"first-{driver}", {"n": 1})
+            # SQLAlchemy begins a new transaction: the message is the caller's to commit.
+            await outbox.asyncio.publish(session, "billing", f"after-{driver}", {"n": 2})
+            assert session.in_transaction()
+            await session.rollback()
+
+    on_each_driver(db_url, scenario)
+    assert all(reply_id.startswith("first-") for reply_id in rows(engine))
+    assert len(rows(engine)) == len(async_urls(db_url))
