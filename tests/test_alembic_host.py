@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
+from conftest import ALL_TABLES
 
 import alembic
 import outbox
@@ -27,15 +28,7 @@ pytestmark = pytest.mark.postgresql_only
 
 ROOT = Path(__file__).resolve().parent.parent
 RECIPE = ROOT / "docs" / "alembic.md"
-OUR_TABLES = {
-    "outbox_inbox",
-    "outbox_tasks",
-    "outbox_messages",
-    "outbox_requeues",
-    "outbox_relays",
-    "receiver_receipts",
-    "receiver_effects",
-}
+OUR_TABLES = set(ALL_TABLES)
 BOTH_HEADS = {required_head("outbox"), required_head("receiver")}
 MODELS = """
 import sqlalchemy as sa

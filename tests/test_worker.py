@@ -206,8 +206,9 @@ def test_heartbeats_keep_a_long_task_leased(queue: TaskQueue) -> None:
     assert lease_ends == sorted(lease_ends)
 
 
+@pytest.mark.parametrize("handler", ["gated", "async_gated"])
 def test_sigterm_lets_the_running_task_finish_and_claims_nothing_more(
-    db_url: str, queue: TaskQueue, tmp_path: Path
+    db_url: str, queue: TaskQueue, tmp_path: Path, handler: str
 ) -> None:
     first, second = submit(queue, 2)
     env = {
@@ -218,7 +219,7 @@ def test_sigterm_lets_the_running_task_finish_and_claims_nothing_more(
     proc = subprocess.Popen(
         [
             *(sys.executable, "-m", "outbox.cli", "worker", "--db", db_url),
-            *("--handler", "support.worker_handlers:gated", "--poll-interval", "0.05"),
+            *("--handler", f"support.worker_handlers:{handler}", "--poll-interval", "0.05"),
         ],
         cwd=ROOT,
         env=env,

@@ -5,13 +5,8 @@ from __future__ import annotations
 import asyncio
 import functools
 import json
-import os
-import signal
-import subprocess
-import sys
 import threading
 from collections.abc import AsyncIterator, Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -26,8 +21,6 @@ import outbox.asyncio
 from outbox import Claim, PermanentFailure, TaskQueue, Worker
 from outbox.handlers import WrongHandlerKind
 from outbox.observability.worker_metrics import WorkerMetrics
-
-ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture
@@ -257,29 +250,3 @@ def test_the_command_refuses_a_wrapped_async_handler_in_one_line(
 ) -> None:
     spec = "support.worker_handlers:wrapped_async"
     assert "wrapping an `async def`" in one_line_error(["worker", "--handler", spec], capsys)
-
-
-def test_the_command_drains_an_async_handler_on_sigterm(
-    db_url: str, queue: TaskQueue, tmp_path: Path
-) -> None:
-    first, second = submit(queue, 2)
-    env = {**os.environ, "OUTBOX_TEST_GATE": str(tmp_path), "PYTHONPATH": str(ROOT / "tests")}
-    proc = subprocess.Popen(
-        [
-            *(sys.executable, "-m", "outbox.cli", "worker", "--db", db_url),
-            *("--handler", "support.worker_handlers:async_gated", "--poll-interval", "0.05"),
-        ],
-        cwd=ROOT,
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-    )
-    try:
-        assert wait_until(lambda: (tmp_path / f"started-{first}").exists())
-        proc.send_signal(signal.SIGTERM)
-        (tmp_path / "release").touch()
-        _, err = proc.communicate(timeout=30)
-    finally:
-        proc.kill()
-    assert proc.returncode == 0, err.decode()
-    assert states(queue, [first, second]) == ["done", "pending"]

@@ -20,14 +20,25 @@ def double(claim: Claim, stop: threading.Event) -> dict[str, Any]:
 
 def gated(claim: Claim, stop: threading.Event) -> dict[str, Any]:
     """Marks that it started, then holds until the release file exists (test-controlled)."""
-    folder = Path(os.environ["OUTBOX_TEST_GATE"])
-    (folder / f"started-{claim.task_id}").touch()
-    deadline = time.monotonic() + 30
-    while not (folder / "release").exists():
-        if time.monotonic() > deadline:
-            raise TimeoutError("never released")
+    deadline = _mark_started(claim)
+    while not _released(deadline):
         stop.wait(0.01)
     return {"n": claim.payload["n"]}
+
+
+def _mark_started(claim: Claim) -> float:
+    """Touch the task's started-file in the gate folder; the deadline for its release."""
+    (Path(os.environ["OUTBOX_TEST_GATE"]) / f"started-{claim.task_id}").touch()
+    return time.monotonic() + 30
+
+
+def _released(deadline: float) -> bool:
+    """Whether the release file exists; TimeoutError once `deadline` has passed."""
+    if (Path(os.environ["OUTBOX_TEST_GATE"]) / "release").exists():
+        return True
+    if time.monotonic() > deadline:
+        raise TimeoutError("never released")
+    return False
 
 
 def double_or_fail(claim: Claim, stop: threading.Event) -> dict[str, Any]:
@@ -39,12 +50,8 @@ def double_or_fail(claim: Claim, stop: threading.Event) -> dict[str, Any]:
 
 async def async_gated(claim: Claim, stop: asyncio.Event) -> dict[str, Any]:
     """`gated`, as an async handler: awaits the release file without blocking its loop."""
-    folder = Path(os.environ["OUTBOX_TEST_GATE"])
-    (folder / f"started-{claim.task_id}").touch()
-    deadline = time.monotonic() + 30
-    while not (folder / "release").exists():
-        if time.monotonic() > deadline:
-            raise TimeoutError("never released")
+    deadline = _mark_started(claim)
+    while not _released(deadline):
         await asyncio.sleep(0.01)
     return {"n": claim.payload["n"]}
 
