@@ -32,23 +32,25 @@ UNPREPARED = "outbox_unprepared"
 _PREPARED = "outbox_prepared"
 
 
-# An async application's URL names the same database; the toolkit's own engines
-# (commands, TaskQueue, Relay, migrations) are synchronous and use the sync driver.
+# An application's URL names the same database through its own driver; the toolkit's
+# own engines (commands, TaskQueue, Relay, ReceiptStore, migrations) are synchronous, and
+# on PostgreSQL always psycopg 3, whatever driver the URL names (asyncpg, psycopg2,
+# ...): their SQL binds psycopg's binary arrays and plans some statements unprepared.
 SYNC_DRIVERS = {
-    "postgresql": "postgresql+psycopg",
     "postgres": "postgresql+psycopg",
-    "postgresql+asyncpg": "postgresql+psycopg",
-    "postgresql+psycopg_async": "postgresql+psycopg",
     "sqlite+aiosqlite": "sqlite",
 }
+_OWN_POSTGRESQL_DRIVER = "postgresql+psycopg"
 
 
 def make_url(url: str | sa.URL) -> sa.URL:
-    """Parse a database URL for a sync engine: psycopg 3 for plain postgresql:// URLs, and
-    the sync driver for an async one (asyncpg, aiosqlite)."""
+    """Parse a database URL for the toolkit's own sync engine: psycopg 3 for any PostgreSQL
+    URL (plain, asyncpg, psycopg2, ...), sqlite3 for an aiosqlite one."""
     parsed = sa.make_url(url)
     if parsed.drivername in SYNC_DRIVERS:
         parsed = parsed.set(drivername=SYNC_DRIVERS[parsed.drivername])
+    if parsed.get_backend_name() == "postgresql":
+        parsed = parsed.set(drivername=_OWN_POSTGRESQL_DRIVER)
     if parsed.get_backend_name() not in ("postgresql", "sqlite"):
         raise ValueError(
             f"unsupported database {parsed.get_backend_name()!r}: use postgresql or sqlite"

@@ -17,12 +17,16 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
 from sqlalchemy.orm import Session
+from support.receiver_helpers import free_port
 from support.relay_helpers import rows
 
 import outbox
 import outbox.asyncio
 from outbox import AuthContext, Claim, Envelope, Fenced, PayloadCollision, TaskQueue
 from outbox.db.dialect import NOTIFY_CHANNEL
+from receiver import ReceiptStore
+from receiver.effects import record_effect
+from relay import Destination, Relay
 
 # The longest a notification may take to arrive after its commit before the test fails.
 DEADLINE = 10.0
@@ -178,3 +182,27 @@ def test_a_publish_committed_through_an_async_driver_notifies_the_relay(
 
     asyncio.run(scenario())
     assert list(rows(engine)) == [f"notify-{driver}"]
+
+
+# --- the toolkit's own engines ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("backend", ["postgresql"], indirect=True)
+def test_the_toolkit_opens_any_postgresql_url_with_psycopg(db_url: str, engine: sa.Engine) -> None:
+    # An application on psycopg2 hands its URL to the relay, the receiver and the commands
+    # too; their SQL binds psycopg's binary arrays, which psycopg2 cannot.
+    url = on(db_url, "postgresql+psycopg2")
+    app_engine = sa.create_engine(url)
+    try:
+        with Session(app_engine) as session, session.begin():
+            outbox.publish(session, "default", "from-psycopg2", {"n": 1})
+    finally:
+        app_engine.dispose()
+    with ReceiptStore(url) as store, TaskQueue(url) as queue:
+        assert {store.engine.driver, queue.engine.driver} == {"psycopg"}
+        assert not store.accept("r-1", b'{"n":1}', record_effect).duplicate
+    nobody = Destination(f"http://127.0.0.1:{free_port()}/replies", unsigned=True, timeout=2)
+    with Relay(url, {"default": nobody}) as relay:
+        assert relay.engine.driver == "psycopg"
+        assert relay.dispatch_once() == [("from-psycopg2", "retry")]
+    assert rows(engine)["from-psycopg2"]["attempts"] == 1
