@@ -5,7 +5,7 @@ Run: .venv/bin/python -m benchmarks.suite [--quick] [--runs 3] [--json PATH] [--
 Every scenario is run `--runs` times; each run measures ours and its baseline
 back to back on fresh databases, so machine noise hits both. The table gives
 medians and the median of the per-run ratios, against the targets. Scenarios:
-publish overhead, relay drain against a naive relay, live latency, task
+publish overhead (sync, and async on asyncpg), relay drain against a naive relay, live latency, task
 throughput against PGQueuer, cost growth with a large history, and the same
 drain, task throughput and publish on SQLite files beside PostgreSQL (the
 SQLite rows' baseline is our PostgreSQL figure from the same run).
@@ -14,6 +14,7 @@ SQLite rows' baseline is our PostgreSQL figure from the same run).
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import os
 import platform
@@ -30,9 +31,11 @@ from pathlib import Path
 from typing import Any
 
 import sqlalchemy as sa
+from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
 from sqlalchemy.orm import Session
 
 import outbox
+import outbox.asyncio
 import receiver
 from benchmarks import cost_growth, profiles, task_throughput
 from benchmarks.relay_bench import (
@@ -169,6 +172,53 @@ def publish_both(transactions: int) -> Run:
     return {**pg, "sqlite_ours": lite["ours"], "sqlite_baseline": lite["baseline"]}
 
 
+def async_publish_overhead(url: str, transactions: int) -> Run:
+    """Microseconds per transaction on one AsyncSession (asyncpg): outbox.asyncio.publish
+    against a bare INSERT of the same row."""
+    return asyncio.run(_async_publish_overhead(url, transactions))
+
+
+async def _async_publish_overhead(url: str, transactions: int) -> Run:
+    engine = create_async_engine(sa.make_url(url).set(drivername="postgresql+asyncpg"))
+    try:
+        async with AsyncSession(engine) as session:
+
+            async def bare(n: int) -> None:
+                # The row publish writes, computed the same way: canonical body, its hash.
+                row = pending_row(f"bare-{n}", canonical_bytes({"n": n}), time.time())
+                async with session.begin():
+                    await session.execute(sa.insert(messages), row)
+
+            async def published(n: int) -> None:
+                async with session.begin():
+                    await outbox.asyncio.publish(session, "default", f"pub-{n}", {"n": n})
+
+            sides = {"baseline": bare, "ours": published}
+            for write in sides.values():
+                for n in range(-100, 0):  # warm caches and prepared statements
+                    await write(n)
+            # In alternating rounds, so a slow spell of a shared machine (a commit's flush
+            # takes most of a transaction) hits both sides alike.
+            spent = dict.fromkeys(sides, 0.0)
+            rounds = 10
+            for round_ in range(rounds):
+                order = list(sides) if round_ % 2 == 0 else list(reversed(sides))
+                for label in order:
+                    started = time.perf_counter()
+                    for n in range(round_, transactions, rounds):
+                        await sides[label](n)
+                    spent[label] += time.perf_counter() - started
+    finally:
+        await engine.dispose()
+    return {label: total / transactions * 1e6 for label, total in spent.items()}
+
+
+def async_publish(transactions: int) -> Run:
+    """Async publish overhead on PostgreSQL through asyncpg."""
+    with fresh_database() as url:
+        return async_publish_overhead(url, transactions)
+
+
 # --- drain against a naive relay --------------------------------------------------------
 
 
@@ -274,6 +324,19 @@ def measure(runs: int, quick: bool) -> list[Row]:
             "postgresql",
             "us/transaction",
             publish,
+            "<= 1.3",
+            lambda r: r <= 1.3,
+        )
+    )
+    asynchronous = repeat(
+        "async publish overhead", runs, lambda: async_publish(size.publish_transactions)
+    )
+    rows.append(
+        median_row(
+            "async publish vs bare insert (asyncpg)",
+            "postgresql",
+            "us/transaction",
+            asynchronous,
             "<= 1.3",
             lambda r: r <= 1.3,
         )
@@ -476,6 +539,8 @@ PROFILES = (
 
 BASELINES = (
     "publish: a bare INSERT of the same row through the same SQLAlchemy session.",
+    "async publish: a bare INSERT of the same row through the same AsyncSession (asyncpg), "
+    "one transaction each.",
     "drain: benchmarks/naive_relay.py, one row per transaction, one POST per message on a "
     "new connection, 1 s polling; ours is 2 relays in batch mode into the reference receiver.",
     "live: 4 producer processes committing one row per transaction at their full rate, one "

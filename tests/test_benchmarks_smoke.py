@@ -30,6 +30,7 @@ def test_quick_suite_runs_and_writes_its_table(pg_server: sa.Engine, tmp_path: P
     rows = {(row["scenario"].split(" (")[0], row["backend"]): row for row in document["rows"]}
     assert set(rows) == {
         ("publish vs bare insert", "postgresql"),
+        ("async publish vs bare insert", "postgresql"),
         ("drain vs naive relay", "postgresql"),
         ("drain rate", "postgresql"),
         ("live commit-to-receipt p50", "postgresql"),
