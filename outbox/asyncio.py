@@ -1,5 +1,5 @@
-"""publish() and finish_tx() for asyncio services: the same rules, inside the caller's
-AsyncSession or AsyncConnection transaction.
+"""publish(), receive_tx() and finish_tx() for asyncio services: the same rules, inside
+the caller's AsyncSession or AsyncConnection transaction.
 
 Mirrors ``sqlalchemy.ext.asyncio``: the row is written through SQLAlchemy's own
 ``run_sync`` bridge on the caller's connection, so it joins the caller's transaction
@@ -16,6 +16,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 from sqlalchemy.orm import Session
 
 from outbox.clock import Clock
+from outbox.intake import Ack, AuthContext, Envelope
 from outbox.publish import publish as sync_publish
 from outbox.tasks import Claim, TaskQueue
 
@@ -44,6 +45,23 @@ async def publish(
             clock=clock,
             traceparent=traceparent,
         )
+
+    return await session.run_sync(write)
+
+
+async def receive_tx(
+    queue: TaskQueue,
+    session: AsyncSession | AsyncConnection,
+    auth: AuthContext,
+    envelope: Envelope,
+) -> Ack:
+    """TaskQueue.receive_tx in the caller's async transaction: the same rules; never commits."""
+    _require_async(
+        session, "outbox.asyncio.receive_tx", "queue.receive_tx(session, auth, envelope)"
+    )
+
+    def write(sync: Session | Connection) -> Ack:
+        return queue.receive_tx(sync, auth, envelope)
 
     return await session.run_sync(write)
 

@@ -10,6 +10,7 @@ from sqlalchemy.orm import Session
 
 from outbox.canonical import MAX_BYTES
 from outbox.clock import Clock
+from outbox.db.caller import caller_connection
 from outbox.errors import InvalidMessage
 from outbox.messages import (
     TASK_REPLY_PREFIX,
@@ -40,16 +41,9 @@ def publish(
     with the message and sent as a header on every delivery, so the receiver's trace
     joins the publisher's.
     """
-    given: object = session  # checked at run time: callers are not always type-checked
-    if not isinstance(given, Session | Connection):
-        hint = (
-            ": await outbox.asyncio.publish(session, ...) instead"
-            if type(given).__name__ in ("AsyncSession", "AsyncConnection")
-            else ""
-        )
-        raise TypeError(
-            f"outbox.publish takes a Session or a Connection, not {type(given).__name__}{hint}"
-        )
+    conn = caller_connection(
+        session, "outbox.publish", "await outbox.asyncio.publish(session, ...)"
+    )
     destination = check_destination(destination)
     reply_id = check_reply_id(reply_id)
     if reply_id.startswith(TASK_REPLY_PREFIX):
@@ -60,7 +54,6 @@ def publish(
         headers = {**(headers or {}), "traceparent": check_traceparent(traceparent)}
     header_json = check_headers(headers)
     data = encode_body(body, MAX_BYTES)
-    conn = session if isinstance(session, Connection) else session.connection()
     return add_message(
         conn,
         reply_id=reply_id,

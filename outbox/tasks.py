@@ -23,6 +23,7 @@ from outbox import failpoints, task_results
 from outbox.clock import Clock
 from outbox.db import message_sql, task_sql
 from outbox.db import sql as db_sql
+from outbox.db.caller import caller_connection
 from outbox.db.dialect import READ_ONLY, clock_value, is_postgresql, now_expression, one_statement
 from outbox.db.handle import DatabaseHandle
 from outbox.errors import BatchFailed, OutboxError, PayloadCollision
@@ -108,9 +109,6 @@ class TaskQueue(DatabaseHandle):
 
     # --- plumbing -------------------------------------------------------------
 
-    def _now(self) -> sa.ColumnElement[float]:
-        return now_expression(self.clock, self._dialect)
-
     @contextmanager
     def _reading(self) -> Iterator[Connection]:
         with self._engine.connect().execution_options(**{READ_ONLY: True}) as conn, conn.begin():
@@ -128,6 +126,23 @@ class TaskQueue(DatabaseHandle):
         failpoints.hit("intake.after_commit")
         return ack
 
+    def receive_tx(
+        self, session: Session | Connection, auth: AuthContext, envelope: Envelope
+    ) -> Ack:
+        """Store an envelope in the caller's transaction (never commits); the rules of receive().
+
+        The task exists once the caller commits, together with the caller's own writes,
+        and the Ack holds from that commit on; a rollback leaves nothing. The session
+        must be on this queue's database.
+        """
+        conn = caller_connection(
+            session,
+            "TaskQueue.receive_tx",
+            "await outbox.asyncio.receive_tx(queue, session, auth, envelope)",
+        )
+        authorize(auth, envelope, self.allowed_sources)
+        return self._store(conn, accept(auth, envelope))
+
     def receive_batch(self, auth: AuthContext, envelopes: Sequence[Envelope]) -> list[Ack]:
         """Receive item by item; on failure raise BatchFailed with the ACKs already committed."""
         acks: list[Ack] = []
@@ -139,9 +154,13 @@ class TaskQueue(DatabaseHandle):
         return acks
 
     def _store(self, conn: Connection, item: Accepted) -> Ack:
-        now = float(conn.execute(db_sql.select_now(self._now())).scalar_one())
+        # The connection's backend, not the engine's: receive_tx runs on the caller's.
+        dialect = conn.dialect.name
+        now = float(
+            conn.execute(db_sql.select_now(now_expression(self.clock, dialect))).scalar_one()
+        )
         inserted = conn.execute(
-            task_sql.insert_inbox(self._dialect)
+            task_sql.insert_inbox(dialect)
             .values(
                 principal=item.principal,
                 message_id=item.message_id,

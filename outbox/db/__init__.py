@@ -7,6 +7,7 @@ concept:
   transaction discipline, PostgreSQL options, the database clock in SQL, the
   one-statement connection);
 - ``handle``: an engine on a current schema, released by whoever opened it;
+- ``caller``: the connection behind the Session or Connection a caller hands in;
 - ``retry``: which database errors are transient, and the retry policies built
   on tenacity that the worker, the relay and the receiver store share;
 - ``sql``: statement pieces every layer's statement builders use;

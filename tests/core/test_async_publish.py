@@ -1,5 +1,5 @@
-"""outbox.asyncio.publish: the rules of publish() inside an AsyncSession or AsyncConnection
-transaction, on every async driver; and the sync publish() on a Connection."""
+"""outbox.asyncio: the rules of publish(), receive_tx() and finish_tx() inside an AsyncSession
+or AsyncConnection transaction, on every async driver; and the sync publish() on a Connection."""
 
 from __future__ import annotations
 
@@ -19,14 +19,17 @@ from support.relay_helpers import rows
 import outbox
 import outbox.asyncio
 from outbox import (
+    Ack,
     AuthContext,
     Claim,
     Envelope,
     Fenced,
+    InvalidEnvelope,
     InvalidMessage,
     PayloadCollision,
     SchemaNotReady,
     TaskQueue,
+    Unauthorized,
 )
 from outbox.cli import main
 
@@ -186,6 +189,87 @@ def test_finish_tx_refuses_a_sync_session(db_url: str, engine: sa.Engine) -> Non
         claim = Claim("t", "w", 1, 1, {})
         with pytest.raises(TypeError, match=r"queue\.finish_tx\(session, claim, result\)"):
             asyncio.run(outbox.asyncio.finish_tx(queue, session, claim, 1))  # type: ignore[arg-type]
+
+
+def inbox_and_tasks(engine: sa.Engine) -> list[tuple[str, str]]:
+    """(message_id, task state) of every stored task."""
+    query = sa.text(
+        "SELECT i.message_id, t.state FROM outbox_inbox i JOIN outbox_tasks t USING (task_id)"
+    )
+    with engine.connect() as conn:
+        return sorted((row.message_id, row.state) for row in conn.execute(query))
+
+
+def test_receive_tx_stores_the_task_with_the_callers_commit_only(
+    db_url: str, engine: sa.Engine
+) -> None:
+    source = AuthContext("agent-a")
+    deadline = time.time() + 3600  # one deadline: it is part of the content
+
+    def task(message_id: str, n: Any = 1) -> Envelope:
+        return Envelope(message_id, "agent-a", {"n": n}, deadline)
+
+    with TaskQueue(db_url, allowed_sources=("agent-a",)) as queue:
+
+        async def scenario(async_engine: Any) -> None:
+            driver = async_engine.url.drivername
+            async with AsyncSession(async_engine) as session:
+                async with session.begin():
+                    await outbox.asyncio.receive_tx(queue, session, source, task(f"gone-{driver}"))
+                    await outbox.asyncio.publish(session, "billing", f"gone-{driver}", {})
+                    await session.rollback()
+                async with session.begin():
+                    ack = await outbox.asyncio.receive_tx(
+                        queue, session, source, task(f"kept-{driver}")
+                    )
+                    await outbox.asyncio.publish(session, "billing", f"kept-{driver}", {})
+                    again = await outbox.asyncio.receive_tx(
+                        queue, session, source, task(f"kept-{driver}")
+                    )
+                    assert (ack.duplicate, again) == (False, Ack(ack.task_id, duplicate=True))
+                    with pytest.raises(PayloadCollision):
+                        await outbox.asyncio.receive_tx(
+                            queue, session, source, task(f"kept-{driver}", n=2)
+                        )
+                    with pytest.raises(InvalidEnvelope):
+                        await outbox.asyncio.receive_tx(
+                            queue,
+                            session,
+                            source,
+                            task(f"bad-{driver}", n=float("nan")),  # type: ignore[arg-type]
+                        )
+                    with pytest.raises(Unauthorized):
+                        await outbox.asyncio.receive_tx(
+                            queue, session, AuthContext("intruder"), task(f"bad-{driver}")
+                        )
+            async with async_engine.connect() as conn:
+                await outbox.asyncio.receive_tx(queue, conn, source, task(f"conn-{driver}"))
+                await conn.commit()
+            # Stored by the caller's commit exactly as receive() would: a duplicate now.
+            assert queue.receive(source, task(f"kept-{driver}")).duplicate
+
+        on_each_driver(db_url, scenario)
+    drivers = [sa.make_url(url).drivername for url in async_urls(db_url)]
+    expected = [(f"{kind}-{d}", "pending") for d in drivers for kind in ("conn", "kept")]
+    assert inbox_and_tasks(engine) == sorted(expected)
+    assert sorted(rows(engine)) == sorted(f"kept-{d}" for d in drivers)
+
+
+def test_receive_tx_refuses_the_wrong_flavour_of_session(db_url: str, engine: sa.Engine) -> None:
+    envelope = Envelope("m", "agent-a", {}, time.time() + 3600)
+    with TaskQueue(db_url, allowed_sources=("agent-a",)) as queue:
+        with Session(engine) as session:
+            call = outbox.asyncio.receive_tx(queue, session, AuthContext("agent-a"), envelope)  # type: ignore[arg-type]
+            with pytest.raises(TypeError, match=r"queue\.receive_tx\(session, auth, envelope\)"):
+                asyncio.run(call)
+
+        async def scenario(async_engine: Any) -> None:
+            async with AsyncSession(async_engine) as session:
+                with pytest.raises(TypeError, match=r"await outbox\.asyncio\.receive_tx"):
+                    queue.receive_tx(session, AuthContext("agent-a"), envelope)  # type: ignore[arg-type]
+
+        on_each_driver(db_url, scenario)
+    assert inbox_and_tasks(engine) == []
 
 
 def test_commands_and_upgrade_take_an_async_url(

@@ -11,13 +11,19 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
 
 import pytest
 import sqlalchemy as sa
+from sqlalchemy.engine import Connection
+from sqlalchemy.orm import Session
 
+import outbox
 from outbox import (
+    Ack,
     AuthContext,
     BatchFailed,
     Envelope,
@@ -645,3 +651,93 @@ def test_replayed_good_batch_is_all_duplicates(queue: TaskQueue) -> None:
     second = queue.receive_batch(A, batch(3))
     assert [(a.task_id, a.duplicate) for a in second] == [(a.task_id, True) for a in first]
     assert len(rows(queue, "outbox_tasks")) == 3
+
+
+# --- in the caller's transaction (receive_tx) -------------------------------------
+
+
+@contextmanager
+def caller_transaction(
+    queue: TaskQueue, flavour: str, commit: bool = True
+) -> Iterator[Session | Connection]:
+    """A transaction the test owns, on a Session or a Connection; an exception rolls it back."""
+    tx: Session | Connection
+    with Session(queue.engine) if flavour == "session" else queue.engine.connect() as tx:
+        yield tx
+        if commit:
+            tx.commit()
+        else:
+            tx.rollback()
+
+
+FLAVOURS = pytest.mark.parametrize("flavour", ["session", "connection"])
+
+
+@FLAVOURS
+def test_receive_tx_stores_what_receive_would_when_the_caller_commits(
+    queue: TaskQueue, flavour: str
+) -> None:
+    with caller_transaction(queue, flavour) as tx:
+        ack = queue.receive_tx(tx, A, envelope())
+        outbox.publish(tx, "billing", "order-1:created", {"order": 1})  # the caller's own write
+        again = queue.receive_tx(tx, A, envelope())
+    assert (ack.task_id, ack.duplicate, ack.ack) == (
+        expected_task_id("agent-a", "m-1"),
+        False,
+        "stored",
+    )
+    assert (again.task_id, again.duplicate) == (ack.task_id, True)
+    task = queue.task(ack.task_id)
+    assert task is not None
+    assert (task["state"], task["payload"], task["deadline"]) == ("pending", {"n": 1}, DEADLINE)
+    # receive() sees the same identity and content: a duplicate, nothing new.
+    before = snapshot(queue)
+    assert queue.receive(A, envelope()) == again
+    assert snapshot(queue) == before
+    assert [m["reply_id"] for m in queue.messages()] == ["order-1:created"]
+
+
+@FLAVOURS
+@pytest.mark.parametrize("deadline", [DEADLINE, START - 1], ids=["pending", "expired-at-intake"])
+def test_receive_tx_rolled_back_with_the_caller_stores_nothing(
+    queue: TaskQueue, flavour: str, deadline: float
+) -> None:
+    with caller_transaction(queue, flavour, commit=False) as tx:
+        ack = queue.receive_tx(tx, A, envelope(deadline=deadline))
+        assert queue.receive_tx(tx, A, envelope(deadline=deadline)).duplicate
+    assert_nothing_written(queue)  # the task, its inbox row and an expired task's reply
+    # Nothing of it lingers: the same envelope is new again.
+    assert queue.receive(A, envelope(deadline=deadline)) == ack
+
+
+@FLAVOURS
+def test_receive_tx_collision_leaves_the_callers_transaction_usable(
+    queue: TaskQueue, flavour: str
+) -> None:
+    stored = queue.receive(A, envelope())
+    before = snapshot(queue)
+    with caller_transaction(queue, flavour) as tx:
+        assert queue.receive_tx(tx, A, envelope()) == Ack(stored.task_id, duplicate=True)
+        with pytest.raises(PayloadCollision):
+            queue.receive_tx(tx, A, envelope(payload={"n": 2}))
+        outbox.publish(tx, "billing", "after-the-collision", {"n": 2})
+    assert snapshot(queue)[:2] == before[:2]
+    assert [m["reply_id"] for m in queue.messages()] == ["after-the-collision"]
+
+
+@pytest.mark.parametrize("fields", INVALID)
+def test_receive_tx_refuses_an_invalid_envelope_before_writing(
+    queue: TaskQueue, fields: dict[str, Any]
+) -> None:
+    with caller_transaction(queue, "session") as tx, pytest.raises(InvalidEnvelope):
+        queue.receive_tx(tx, A, envelope(**fields))
+    assert_nothing_written(queue)
+
+
+@pytest.mark.parametrize(("auth", "sender"), UNAUTHORIZED[:5])
+def test_receive_tx_refuses_an_unauthorized_caller(
+    queue: TaskQueue, auth: Any, sender: Any
+) -> None:
+    with caller_transaction(queue, "connection") as tx, pytest.raises(Unauthorized):
+        queue.receive_tx(tx, auth, envelope(sender=sender))
+    assert_nothing_written(queue)
