@@ -130,8 +130,8 @@ def services(plan: Plan) -> dict[str, Service]:
             [
                 *command,
                 *("worker", "--db", plan.db_url, "--handler", HANDLER),
-                *("--reply-destination", settings.DESTINATION),
-                *("--concurrency", "20", "--poll-interval", "0.2"),
+                # Async handlers: 20 at once cost no threads. NOTIFY wakes it for new tasks.
+                *("--reply-destination", settings.DESTINATION, "--concurrency", "20"),
             ],
             service_db,
         ),

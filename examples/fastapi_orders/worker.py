@@ -34,7 +34,8 @@ def _sessions() -> async_sessionmaker[AsyncSession]:
 
 @functools.cache
 def _queue() -> TaskQueue:
-    # The worker's own queue writes replies to --reply-destination; this one must agree.
+    # Opened once, on first use (its schema check blocks the loop that once). The worker's
+    # own queue writes replies to --reply-destination; this one must agree.
     return TaskQueue(settings.database_url(), reply_destination=settings.DESTINATION)
 
 
