@@ -87,16 +87,21 @@ class Databases:
         """Receipts the receiver holds."""
         return int(self.scalar(self.receiver, "SELECT count(*) FROM receiver_receipts"))
 
-    def settled(self, orders: int) -> bool:
-        """Every order fulfilled and both its messages sent and received; fails on a dead one."""
+    def progress(self) -> tuple[dict[str, int], int, int]:
+        """Outbox messages by state, fulfilled orders, and receipts held."""
         states = dict(
             self.rows(self.service, "SELECT state, count(*) FROM outbox_messages GROUP BY state")
         )
-        assert "dead" not in states, states
         fulfilled = self.scalar(
             self.service, "SELECT count(*) FROM orders WHERE status = 'fulfilled'"
         )
-        return (states, fulfilled, self.received()) == ({"sent": 2 * orders}, orders, 2 * orders)
+        return states, int(fulfilled), self.received()
+
+    def settled(self, orders: int) -> bool:
+        """Every order fulfilled and both its messages sent and received; fails on a dead one."""
+        progress = self.progress()
+        assert "dead" not in progress[0], progress
+        return progress == ({"sent": 2 * orders}, orders, 2 * orders)
 
     def rows(self, engine: sa.Engine, sql: str) -> list[Any]:
         """Every row of a query."""
@@ -162,11 +167,16 @@ def test_every_order_reaches_the_receiver_once_with_its_exact_body_across_a_rela
         assert 0 < databases.received() < 2 * ORDERS  # mid-way: some, not all
         posted |= post_orders(plan, range(BEFORE_THE_CRASH, ORDERS))  # the outbox keeps them
         stack.start("relay")  # a new owner: it takes over the dead relay's leases
-        wait_until(
-            lambda: running(stack, tmp_path) and databases.settled(ORDERS),
-            SETTLE_WITHIN,
-            "every order to be fulfilled and every message sent",
-        )
+        try:
+            wait_until(
+                lambda: running(stack, tmp_path) and databases.settled(ORDERS),
+                SETTLE_WITHIN,
+                "every order to be fulfilled and every message sent",
+            )
+        except AssertionError as exc:
+            raise AssertionError(
+                f"{exc}; (messages, fulfilled, receipts) {databases.progress()}"
+            ) from exc
     assert stack.exit_codes["relay"] == 0
     assert stack.exit_codes["worker"] == 0
     assert stack.exit_codes["app"] in SERVED_CLEANLY
