@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import secrets
 import socket
+import string
 import tomllib
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -23,6 +24,20 @@ from outbox.redaction import redact_urls
 from outbox.signing import parse_secret
 
 Mode = Literal["single", "batch"]
+
+URL_SCHEMES: dict[str, tuple[str, ...]] = {
+    "http": ("http", "https"),
+    "nats": ("nats", "tls"),
+    "rabbitmq": ("amqp", "amqps"),
+}
+"""The URL schemes each kind of destination takes."""
+KIND_KEYS: dict[str, tuple[str, ...]] = {
+    "nats": ("stream", "subject"),
+    "rabbitmq": ("exchange", "routing_key"),
+}
+"""The keys a kind of destination requires besides url; no other kind may set them."""
+TEMPLATE_FIELDS = ("ordering_key",)
+"""What a subject or routing key template may name, as {ordering_key}."""
 
 
 @dataclass(frozen=True)
@@ -44,15 +59,30 @@ class Destination:
     """Which transport delivers here (relay.transport.TRANSPORTS); `mode` chooses within HTTP."""
     unsigned: bool = False
     """Send without signatures: only when said, never because the secret was left out."""
+    allow_short_retention: bool = False
+    """Run even when the destination keeps receipts (or a broker its duplicate window)
+    shorter than the retry window: a late resend could then apply twice (a warning)."""
+    stream: str | None = None
+    """NATS: the JetStream stream the subject belongs to (checked at start)."""
+    subject: str | None = None
+    """NATS: the subject to publish on; a template that may name {ordering_key}."""
+    exchange: str | None = None
+    """RabbitMQ: the exchange to publish to ("" is the default exchange)."""
+    routing_key: str | None = None
+    """RabbitMQ: the routing key; a template that may name {ordering_key}."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.kind, str):
             raise ConfigError(f"destination kind must be a name, got {self.kind!r}")
         parts = urlsplit(self.url)
-        if parts.scheme not in ("http", "https") or not parts.netloc:
+        schemes = URL_SCHEMES.get(self.kind)
+        if schemes is not None and (parts.scheme not in schemes or not parts.netloc):
+            shown = "|".join(schemes)
             raise ConfigError(
-                f"destination url must be http(s)://host/path, got {redact_urls(self.url)!r}"
+                f"destination url of kind {self.kind} must be {shown}://host..., "
+                f"got {redact_urls(self.url)!r}"
             )
+        self._check_kind_keys()
         if not self.timeout > 0:
             raise ConfigError(f"destination timeout must be > 0, got {self.timeout!r}")
         if self.mode not in ("single", "batch"):
@@ -75,6 +105,26 @@ class Destination:
                 # The message never holds the value: it may be almost the real secret.
                 raise ConfigError(f"destination secret: {exc}") from None
 
+    def _check_kind_keys(self) -> None:
+        """Each kind's own keys given, no other kind's; HTTP's options only on HTTP."""
+        for kind, keys in KIND_KEYS.items():
+            for key in keys:
+                value = getattr(self, key)
+                if kind == self.kind and value is None:
+                    raise ConfigError(f"a destination of kind {kind} needs {key}")
+                if kind != self.kind and value is not None:
+                    raise ConfigError(f"{key} is a key of {kind} destinations, not of {self.kind}")
+                if key in ("subject", "routing_key") and value is not None:
+                    check_template(key, value)
+        if self.kind != "http":
+            for key, value, default in (
+                ("mode", self.mode, "single"),
+                ("batch_url", self.batch_url, None),
+                ("receipt_lookup", self.receipt_lookup, False),
+            ):
+                if value != default:
+                    raise ConfigError(f"{key} is a key of http destinations, not of {self.kind}")
+
     @property
     def post_batch_url(self) -> str:
         """The batch endpoint: configured, or `<url>/batch` for the reference receiver."""
@@ -83,6 +133,19 @@ class Destination:
     def lookup_url(self, reply_id: str) -> str:
         """The receipt lookup for one message: GET `<url>/<reply_id>` (the id percent-encoded)."""
         return f"{self.url.rstrip('/')}/{quote(reply_id, safe='')}"
+
+
+def check_template(key: str, template: str) -> None:
+    """ConfigError unless `template` is text naming at most {ordering_key}."""
+    try:
+        fields = [field for _, field, _, _ in string.Formatter().parse(template) if field]
+    except ValueError as exc:
+        raise ConfigError(f"{key} {template!r}: {exc}") from None
+    unknown = sorted(set(fields) - set(TEMPLATE_FIELDS))
+    if unknown:
+        raise ConfigError(f"{key} {template!r} names {unknown}; only {{ordering_key}} is known")
+    if not template:
+        raise ConfigError(f"{key} must not be empty")
 
 
 def check_destinations(destinations: Mapping[str, Destination]) -> dict[str, Destination]:
@@ -169,6 +232,11 @@ DESTINATION_KEYS: dict[str, Callable[[object], Any]] = {
     "max_batch_bytes": _count,
     "require_retention": _flag,
     "unsigned": _flag,
+    "allow_short_retention": _flag,
+    "stream": _text,
+    "subject": _text,
+    "exchange": _text,
+    "routing_key": _text,
 }
 SECRET_KEYS = ("secret", "secret_file", "secret_env")
 DESTINATION_ENV_PREFIX = "OUTBOX_DESTINATION_"

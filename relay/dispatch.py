@@ -96,10 +96,13 @@ class Dispatcher:
                 log.warning("%s", why)
                 continue
             if answer < longest:
-                raise ConfigError(
+                why = (
                     f"destination {name!r} keeps receipts for {answer:g}s, shorter than the "
                     f"longest retry window ({longest:g}s): a late resend could apply twice"
                 )
+                if not destination.allow_short_retention:
+                    raise ConfigError(f"{why} (set allow_short_retention to run regardless)")
+                log.warning("%s (allow_short_retention is set)", why)
 
     async def deliver_batch(
         self, deliver: list[Message], resolve: list[Message], deadline: float

@@ -308,3 +308,82 @@ def test_a_secret_env_set_in_the_environment_may_name_an_outbox_variable(
     monkeypatch.setenv("OUTBOX_BILLING_KEY", SECRET)
     capsys.readouterr()
     assert main(["status", "--db", db]) == 0, capsys.readouterr().err
+
+
+def test_broker_destinations_from_the_file_and_the_environment() -> None:
+    document = {
+        "destinations": {
+            "events": {
+                "kind": "nats",
+                "url": "nats://127.0.0.1:4222",
+                "stream": "ORDERS",
+                "subject": "orders.{ordering_key}",
+                "secret_env": "EVENTS_KEY",
+            }
+        }
+    }
+    env = {
+        "EVENTS_KEY": SECRET,
+        "OUTBOX_DESTINATION_AUDIT_KIND": "rabbitmq",
+        "OUTBOX_DESTINATION_AUDIT_URL": "amqp://guest:guest@127.0.0.1:5672/",
+        "OUTBOX_DESTINATION_AUDIT_EXCHANGE": "",
+        "OUTBOX_DESTINATION_AUDIT_ROUTING_KEY": "audit",
+        "OUTBOX_DESTINATION_AUDIT_SECRET": SECRET,
+        "OUTBOX_DESTINATION_AUDIT_ALLOW_SHORT_RETENTION": "true",
+    }
+    # An empty variable is refused (set but empty), so the default exchange comes from TOML.
+    env.pop("OUTBOX_DESTINATION_AUDIT_EXCHANGE")
+    document["destinations"]["audit"] = {"exchange": ""}
+    found = destinations_from(document, "relay.toml", env)
+    assert found["events"] == Destination(
+        "nats://127.0.0.1:4222",
+        secret=SECRET,
+        kind="nats",
+        stream="ORDERS",
+        subject="orders.{ordering_key}",
+    )
+    assert found["audit"] == Destination(
+        "amqp://guest:guest@127.0.0.1:5672/",
+        secret=SECRET,
+        kind="rabbitmq",
+        exchange="",
+        routing_key="audit",
+        allow_short_retention=True,
+    )
+
+
+@pytest.mark.parametrize(
+    ("table", "said"),
+    [
+        ({"kind": "nats", "url": "http://h/", "stream": "S", "subject": "s"}, "nats|tls://"),
+        ({"kind": "nats", "url": "nats://h", "subject": "s"}, "kind nats needs stream"),
+        ({"kind": "rabbitmq", "url": "amqp://h", "exchange": "x"}, "needs routing_key"),
+        (
+            {"kind": "nats", "url": "nats://h", "stream": "S", "subject": "s.{tenant}"},
+            r"names \['tenant'\]; only \{ordering_key\} is known",
+        ),
+        ({"kind": "nats", "url": "nats://h", "stream": "S", "subject": "s.{"}, "subject 's.{'"),
+        (
+            {"kind": "nats", "url": "nats://h", "stream": "S", "subject": "s", "mode": "batch"},
+            "mode is a key of http destinations, not of nats",
+        ),
+        (
+            {"url": "http://h/", "stream": "S"},
+            "stream is a key of nats destinations, not of http",
+        ),
+        (
+            {
+                "kind": "rabbitmq",
+                "url": "amqp://h",
+                "exchange": "",
+                "routing_key": "k",
+                "subject": "s",
+            },
+            "subject is a key of nats destinations, not of rabbitmq",
+        ),
+    ],
+)
+def test_broker_keys_are_checked_for_their_kind(table: dict[str, object], said: str) -> None:
+    document = {"destinations": {"events": {**table, "unsigned": True}}}
+    with pytest.raises(ConfigError, match=said):
+        destinations_from(document, "relay.toml", {})

@@ -343,6 +343,25 @@ def test_a_destination_without_a_published_retention_is_a_warning_or_an_error(
             relay._loop.run_until_complete(relay.check_retention())
 
 
+def test_a_retention_shorter_than_the_retry_window_stops_the_relay_unless_allowed(
+    db_url: str, clock: ManualClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    with ScriptedServer(extra_headers={"outbox-receipt-retention": "60"}) as short:
+        for allowed in (False, True):
+            destination = Destination(
+                short.url, secret=SECRET, timeout=2, allow_short_retention=allowed
+            )
+            with Relay(db_url, {"short": destination}, clock=clock) as relay:
+                check = relay.check_retention()
+                if not allowed:
+                    with pytest.raises(ConfigError, match=r"keeps receipts for 60s.*allow_short"):
+                        relay._loop.run_until_complete(check)
+                    continue
+                relay._loop.run_until_complete(check)
+    warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert any("'short' keeps receipts for 60s" in text for text in warned)
+
+
 def test_retention_checks_ask_every_destination_at_once(
     db_url: str, clock: ManualClock, caplog: pytest.LogCaptureFixture
 ) -> None:
