@@ -36,6 +36,9 @@ SECRET_PREFIX = "whsec_"  # noqa: S105 - a format prefix, not a secret
 ID_HEADER = "webhook-id"
 TIMESTAMP_HEADER = "webhook-timestamp"
 SIGNATURE_HEADER = "webhook-signature"
+CONTENT_HASH_HEADER = "outbox-content-hash"
+"""Broker messages carry the body's SHA-256 (hex), so a consumer can check the bytes it
+got are the bytes the outbox stored before it dedupes by (reply_id, hash)."""
 DEFAULT_TOLERANCE = 300
 
 # The id is signed as "id.timestamp.body", so a '.' in it would make the string ambiguous.

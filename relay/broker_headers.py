@@ -1,0 +1,27 @@
+"""The headers of a message delivered into a broker: what an HTTP delivery says, and more.
+
+A broker message carries the stored body bytes unchanged and, as headers, the
+message's own headers (the traceparent among them), the Standard Webhooks id
+(the reply_id), timestamp and signature made with the destination's secret
+exactly as for HTTP, and the body's content hash. A consumer verifies the
+signature to know the message came from this outbox, and dedupes by
+(reply_id, content hash) as the reference receiver does. The broker's own
+message id (Nats-Msg-Id, AMQP message_id) is the reply_id too; each transport
+sets it in its own way.
+"""
+
+from __future__ import annotations
+
+from outbox.signing import CONTENT_HASH_HEADER
+from relay.config import Destination
+from relay.records import Message
+from relay.webhooks import request_headers
+
+
+def broker_headers(destination: Destination, message: Message) -> dict[str, str]:
+    """The headers one broker message carries (see the module's docstring)."""
+    return {
+        **message.headers,
+        **request_headers(destination, message.reply_id, message.body),
+        CONTENT_HASH_HEADER: message.content_hash,
+    }
