@@ -19,6 +19,9 @@ log = logging.getLogger("outbox.worker")
 TASKS_CHANNEL = "outbox_tasks"
 # How often the thread looks up from its connection to see whether it should end.
 CHECK_EVERY = 0.5
+# Seconds a connection attempt may take: close() waits for the thread, and libpq's own
+# default would hold a shutdown for minutes while the database is unreachable.
+CONNECT_TIMEOUT = 5
 
 
 class TaskWakeups:
@@ -45,15 +48,17 @@ class TaskWakeups:
         self._thread.start()
 
     def close(self) -> None:
-        """Stop listening; returns once the thread has ended (within about CHECK_EVERY)."""
+        """Stop listening; returns once the thread has ended (within CONNECT_TIMEOUT)."""
         self._closed.set()
         if self._thread.is_alive():
-            self._thread.join()
+            self._thread.join(CONNECT_TIMEOUT + CHECK_EVERY)
 
     def _run(self) -> None:
         while not self._closed.is_set():
             try:
-                with psycopg.connect(self._conninfo, autocommit=True) as conn:
+                with psycopg.connect(
+                    self._conninfo, autocommit=True, connect_timeout=CONNECT_TIMEOUT
+                ) as conn:
                     conn.execute(f"LISTEN {TASKS_CHANNEL}")
                     self.listening.set()
                     self._wake()  # what arrived while we were not listening

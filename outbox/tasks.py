@@ -307,9 +307,14 @@ class TaskQueue(DatabaseHandle):
             failpoints.hit("finish.before_commit")
         failpoints.hit("finish.after_commit")
 
-    def finish_tx(self, session: Session, claim: Claim, result: Any) -> None:
+    def finish_tx(self, session: Session | Connection, claim: Claim, result: Any) -> None:
         """Write `done`, the result and its reply in the caller's transaction; never commits."""
-        self.finish_in(session.connection(), claim, result)
+        conn = caller_connection(
+            session,
+            "TaskQueue.finish_tx",
+            "await outbox.asyncio.finish_tx(queue, session, claim, result)",
+        )
+        self.finish_in(conn, claim, result)
 
     def finish_in(self, conn: Connection, claim: Claim, result: Any) -> None:
         """Write `done`, the result and its reply on an open connection; never commits."""

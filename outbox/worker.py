@@ -375,7 +375,10 @@ class Worker:
                 # Cancelled by something of its own, not by the end of the drain.
                 log.error("task %s: handler cancelled; its lease will expire", claim.task_id)
                 self._count("unrecorded")
-        except Exception:
+        except BaseException:
+            # SystemExit or KeyboardInterrupt from one handler would otherwise leave the
+            # event loop, ending every other handler with it; a slot thread survives the
+            # same (see _handle_each), and so does the loop.
             log.exception("task %s: outcome not recorded; its lease will expire", claim.task_id)
             self._count("unrecorded")
         finally:

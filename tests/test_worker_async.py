@@ -92,6 +92,23 @@ def test_an_error_fails_the_attempt_and_a_permanent_failure_ends_the_task(
     assert [r["task_id"] for r in queue.messages()] == [broken]
 
 
+def test_a_handler_raising_system_exit_costs_neither_the_loop_nor_other_tasks(
+    queue: TaskQueue,
+) -> None:
+    first, second = submit(queue, 2)
+
+    async def handler(claim: Claim, stop: asyncio.Event) -> str:
+        if claim.task_id == first:
+            raise SystemExit(3)
+        return "done"
+
+    worker = Worker(queue, handler, concurrency=1, poll_interval=0.05)
+    with running_in_thread(worker):
+        assert wait_until(lambda: states(queue, [second]) == ["done"])
+        assert wait_until(lambda: not worker._running)  # its slot was given back
+    assert states(queue, [first]) == ["running"]  # left to its lease, nothing written
+
+
 def test_a_refused_renewal_sets_stop_and_the_result_is_discarded(queue: TaskQueue) -> None:
     [task_id] = submit(queue, 1)
     started, stopped = threading.Event(), threading.Event()

@@ -41,12 +41,18 @@ SYNC_DRIVERS = {
     "sqlite+aiosqlite": "sqlite",
 }
 _OWN_POSTGRESQL_DRIVER = "postgresql+psycopg"
+# asyncpg's URL options that libpq does not know: its TLS switch has a libpq name, its
+# statement cache has no meaning for psycopg (which prepares by its own threshold).
+_ASYNCPG_SSL_MODES = {"true": "require", "false": "disable"}
+_ASYNCPG_ONLY_OPTIONS = ("prepared_statement_cache_size", "prepared_statement_name_func")
 
 
 def make_url(url: str | sa.URL) -> sa.URL:
     """Parse a database URL for the toolkit's own sync engine: psycopg 3 for any PostgreSQL
     URL (plain, asyncpg, psycopg2, ...), sqlite3 for an aiosqlite one."""
     parsed = sa.make_url(url)
+    if parsed.drivername == "postgresql+asyncpg":
+        parsed = _libpq_options(parsed)
     if parsed.drivername in SYNC_DRIVERS:
         parsed = parsed.set(drivername=SYNC_DRIVERS[parsed.drivername])
     if parsed.get_backend_name() == "postgresql":
@@ -56,6 +62,19 @@ def make_url(url: str | sa.URL) -> sa.URL:
             f"unsupported database {parsed.get_backend_name()!r}: use postgresql or sqlite"
         )
     return parsed
+
+
+def _libpq_options(url: sa.URL) -> sa.URL:
+    """An asyncpg URL's query with libpq's names: `ssl` is `sslmode`, cache options go."""
+    query = dict(url.query)
+    for option in _ASYNCPG_ONLY_OPTIONS:
+        query.pop(option, None)
+    if "ssl" in query:
+        ssl = query.pop("ssl")
+        if not isinstance(ssl, str):
+            raise ValueError("give the ssl option of a database URL once")
+        query["sslmode"] = _ASYNCPG_SSL_MODES.get(ssl.lower(), ssl)
+    return url.set(query=query)
 
 
 def create_engine(url: str | sa.URL, **kwargs: Any) -> Engine:

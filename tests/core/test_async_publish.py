@@ -32,6 +32,7 @@ from outbox import (
     Unauthorized,
 )
 from outbox.cli import main
+from outbox.db.dialect import make_url as outbox_make_url
 
 
 @pytest.fixture
@@ -191,6 +192,17 @@ def test_finish_tx_refuses_a_sync_session(db_url: str, engine: sa.Engine) -> Non
             asyncio.run(outbox.asyncio.finish_tx(queue, session, claim, 1))  # type: ignore[arg-type]
 
 
+def test_the_sync_finish_tx_refuses_an_async_session(db_url: str) -> None:
+    async def scenario(async_engine: Any) -> None:
+        with TaskQueue(db_url) as queue:
+            async with AsyncSession(async_engine) as session:
+                claim = Claim("t", "w", 1, 1, {})
+                with pytest.raises(TypeError, match=r"await outbox\.asyncio\.finish_tx"):
+                    queue.finish_tx(session, claim, 1)  # type: ignore[arg-type]
+
+    on_each_driver(db_url, scenario)
+
+
 def inbox_and_tasks(engine: sa.Engine) -> list[tuple[str, str]]:
     """(message_id, task state) of every stored task."""
     query = sa.text(
@@ -280,6 +292,22 @@ def test_commands_and_upgrade_take_an_async_url(
     for url in [*async_urls(db_url), blank]:
         assert main(["status", "--db", url, "--json"]) == 0, capsys.readouterr().err
         assert json.loads(capsys.readouterr().out)["messages"] is not None
+
+
+def test_asyncpg_url_options_are_given_their_libpq_names(db_url: str) -> None:
+    url = outbox_make_url(
+        "postgresql+asyncpg://u@h/db?ssl=disable&prepared_statement_cache_size=0&application_name=a"
+    )
+    assert url.drivername == "postgresql+psycopg"
+    assert dict(url.query) == {"sslmode": "disable", "application_name": "a"}
+    assert outbox_make_url("postgresql+asyncpg://u@h/db?ssl=true").query["sslmode"] == "require"
+    if sa.make_url(db_url).get_backend_name() == "postgresql":
+        pgbouncer_style = sa.make_url(db_url).set(
+            drivername="postgresql+asyncpg",
+            query={"ssl": "disable", "prepared_statement_cache_size": "0"},
+        )
+        with TaskQueue(pgbouncer_style.render_as_string(hide_password=False)) as queue:
+            assert queue.ping()
 
 
 def test_a_closed_connection_is_refused_and_a_committed_session_needs_a_new_commit(

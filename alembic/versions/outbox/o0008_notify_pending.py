@@ -11,9 +11,9 @@ trigger notifies the same channel when a task goes back to `pending` due at
 once (a requeue; an expired lease with attempts left), and the channel
 `outbox_messages` when a message goes back to `pending` (`outbox dead requeue`),
 so relays see requeued rows at once. Their WHEN clauses keep the relay's own
-updates (claims, deliveries, retries) free of any trigger call: a retry or an
-expired lease returning a message to `pending` wakes nobody, since the row
-waits for its backoff anyway.
+updates (claims, deliveries, retries) free of any trigger call: a retry waits
+for its backoff anyway, and a message whose lease expired is taken back by the
+relay that reaps it.
 """
 
 from __future__ import annotations
