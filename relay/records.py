@@ -21,6 +21,8 @@ class Message(NamedTuple):
     headers: Mapping[str, str]
     attempts: int
     fence: int
+    ordering_key: str | None = None
+    """Broker transports render it into a subject or routing key template."""
 
     @classmethod
     def from_row(cls, row: ClaimedRow) -> Message:
@@ -36,6 +38,7 @@ class Message(NamedTuple):
             _NO_HEADERS if row.headers == "{}" else json.loads(row.headers),
             row.attempts,
             row.fence,
+            row.ordering_key,
         )
 
 
@@ -54,6 +57,7 @@ class ClaimedRow(NamedTuple):
     headers: str
     attempts: int
     fence: int
+    ordering_key: str | None
     previous_attempts: int
 
 

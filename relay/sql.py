@@ -40,6 +40,7 @@ CLAIMED = (
     messages.c.headers,
     messages.c.attempts,
     messages.c.fence,
+    messages.c.ordering_key,
 )
 """The columns of a claimed row; `previous_attempts` follows them (see ClaimedRow)."""
 # Claimed rows become ClaimedRow records by position, which is cheap per row: the
