@@ -123,7 +123,14 @@ def _http(destination: Destination) -> Transport:
     return HttpSingleTransport(destination)
 
 
-TRANSPORTS: dict[str, Callable[[Destination], Transport]] = {"http": _http}
+def _rabbitmq(destination: Destination) -> Transport:
+    # Imported here: it needs the optional AMQP client, which HTTP-only relays lack.
+    from relay.rabbitmq_transport import RabbitMqTransport
+
+    return RabbitMqTransport(destination)
+
+
+TRANSPORTS: dict[str, Callable[[Destination], Transport]] = {"http": _http, "rabbitmq": _rabbitmq}
 """Each destination kind (the `kind` key of its config table) and what builds its transport."""
 
 

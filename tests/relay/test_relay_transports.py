@@ -84,7 +84,7 @@ def test_a_transport_of_a_new_kind_delivers_and_its_outcomes_settle(
 
 def test_an_unknown_kind_is_refused_at_start(db_url: str, engine: sa.Engine) -> None:
     kafka = Destination("http://unused.invalid/", kind="kafka", unsigned=True)
-    with pytest.raises(ConfigError, match=r"kind 'kafka' is not one of \['http'\]"):
+    with pytest.raises(ConfigError, match=r"kind 'kafka' is not one of \[.*'http'.*\]"):
         Relay(db_url, {"default": kafka})
 
 

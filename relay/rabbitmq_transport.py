@@ -1,0 +1,238 @@
+"""RabbitMQ: each message published to an exchange, persistent, mandatory, with confirms.
+
+A message is published with its stored body bytes unchanged, `message_id` = its
+reply_id, content type application/json, delivery mode persistent, and as AMQP
+headers the broker headers every broker transport sends (relay.broker_headers:
+signature, content hash, traceparent). The routing key is the destination's
+template with {ordering_key} filled in.
+
+The broker's publisher confirm is the ACK: an ack is sent; a nack, a missing
+confirm within the timeout, or a lost connection or channel is retried (the
+message may already be queued: RabbitMQ does not dedupe, so a resend can queue
+it twice). A message the exchange cannot route to any queue comes back
+(mandatory) and goes dead with that reason instead of vanishing; so does one
+published to an exchange that does not exist. The relay refuses to start when
+the exchange does not exist.
+
+RabbitMQ keeps no duplicate window and cannot be asked whether it holds a
+message: `retention()` and `holds()` say None. The guarantee is at-least-once
+into the queue; effects happen once only through a consumer that dedupes by
+(reply_id, content hash), as the receiver's consume loop does.
+
+The connection is opened on first use. After a lost connection (or a missing
+confirm, which may mean a half-open one) the next send opens a new one at once:
+a background reconnect would only make that send wait for it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from outbox.errors import ConfigError, TransportError
+from outbox.redaction import redact, redact_urls
+from relay.broker_headers import broker_headers
+from relay.config import Destination
+from relay.policy import Dead, Outcome, Retry, Sent, truncate
+from relay.records import Message
+from relay.transport import Parcel, Transport
+
+if TYPE_CHECKING:
+    from aio_pika.abc import AbstractChannel, AbstractConnection, AbstractExchange
+
+MAX_ROUTING_KEY_BYTES = 255
+"""AMQP 0-9-1 carries a routing key as a short string."""
+NACKED = "the broker nacked the message"
+NO_ORDERING_KEY = "_"
+"""What {ordering_key} becomes for a message without one: a word of its own, so that
+`orders.{ordering_key}` still matches a binding on `orders.*`."""
+
+
+class ExchangeMissing(Exception):
+    """The destination's exchange does not exist on the broker."""
+
+
+def routing_key(template: str, message: Message) -> str:
+    """The routing key of `message`: the template with its {ordering_key} filled in."""
+    key = message.ordering_key
+    return template.format_map({"ordering_key": NO_ORDERING_KEY if key is None else key})
+
+
+class RabbitMqTransport(Transport):
+    """Publishes each parcel's messages concurrently on one confirming channel."""
+
+    def __init__(self, destination: Destination) -> None:
+        """Checks that the AMQP client is installed; nothing connects until the first send."""
+        super().__init__(destination)
+        try:
+            import aio_pika
+        except ImportError:
+            raise ConfigError(
+                "destinations of kind rabbitmq need aio-pika: pip install 'outbox-relay[rabbitmq]'"
+            ) from None
+        assert destination.exchange is not None, "config requires an exchange"
+        assert destination.routing_key is not None, "config requires a routing key"
+        self._pika = aio_pika
+        self.exchange_name = destination.exchange
+        self.template = destination.routing_key
+        self._connection: AbstractConnection | None = None
+        self._channel: AbstractChannel | None = None
+        self._exchange: AbstractExchange | None = None
+        self._opening = asyncio.Lock()
+
+    @property
+    def mode(self) -> str:
+        """The label of this transport in metrics."""
+        return "rabbitmq"
+
+    def parcels(self, messages: Sequence[Message]) -> list[Parcel]:
+        """Up to max_batch_items messages per parcel: their confirms are awaited together."""
+        size = self.destination.max_batch_items
+        return [Parcel(messages[i : i + size]) for i in range(0, len(messages), size)]
+
+    async def send(self, parcel: Parcel) -> dict[int, Outcome]:
+        """Publish every message of the parcel at once; each settles by its own confirm."""
+        messages = parcel.messages
+        deadline = asyncio.get_running_loop().time() + self.destination.timeout
+        try:
+            async with asyncio.timeout_at(deadline):
+                connection, exchange = await self._open()
+        except ExchangeMissing as exc:
+            return dict.fromkeys((m.id for m in messages), Dead(None, str(exc)))
+        except TimeoutError:
+            seconds = self.destination.timeout
+            failed = Retry(None, f"no connection to the broker within {seconds:g}s")
+            return dict.fromkeys((m.id for m in messages), failed)
+        except Exception as exc:  # noqa: BLE001 - whatever failed, nothing was published
+            failed = Retry(None, _failure("cannot connect", exc))
+            return dict.fromkeys((m.id for m in messages), failed)
+        outcomes = await asyncio.gather(
+            *(self._publish(exchange, message, deadline) for message in messages)
+        )
+        if any(isinstance(o, Retry) and o.error != NACKED for o in outcomes):
+            await self._forget(connection)
+        return {message.id: outcome for message, outcome in zip(messages, outcomes, strict=True)}
+
+    async def _publish(
+        self, exchange: AbstractExchange, message: Message, deadline: float
+    ) -> Outcome:
+        """Publish one message and wait for its confirm (or return) until `deadline`."""
+        pika = self._pika
+        key = routing_key(self.template, message)
+        if len(key.encode()) > MAX_ROUTING_KEY_BYTES:
+            return Dead(
+                None,
+                truncate(
+                    f"routing key is {len(key.encode())} bytes, more than AMQP's "
+                    f"{MAX_ROUTING_KEY_BYTES}: {key}"
+                ),
+            )
+        headers = broker_headers(self.destination, message)
+        content_type = headers.pop("content-type")
+        amqp = pika.Message(
+            message.body,
+            message_id=message.reply_id,
+            content_type=content_type,
+            delivery_mode=pika.DeliveryMode.PERSISTENT,
+            headers=dict(headers),
+        )
+        try:
+            async with asyncio.timeout_at(deadline):
+                await exchange.publish(amqp, key, mandatory=True)
+        except pika.exceptions.PublishError:
+            # The broker returned it: no queue is bound for this key. Resending the same
+            # message to the same topology would only come back again.
+            return Dead(
+                None,
+                truncate(
+                    f"unroutable: no queue bound for exchange {self.exchange_name!r} "
+                    f"routing key {key!r}"
+                ),
+            )
+        except pika.exceptions.DeliveryError:
+            return Retry(None, NACKED)
+        except pika.exceptions.ChannelNotFoundEntity:
+            return Dead(None, self._missing())
+        except TimeoutError:
+            return Retry(None, f"no publisher confirm within {self.destination.timeout:g}s")
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():
+                raise
+            # The client cancels pending confirms when its connection closes under them.
+            return Retry(None, "connection closed before the publisher confirm")
+        except Exception as exc:  # noqa: BLE001 - a lost connection or channel, in any form
+            return Retry(None, _failure("connection lost", exc))
+        return Sent(None)
+
+    async def _open(self) -> tuple[AbstractConnection, AbstractExchange]:
+        """The open connection and exchange, opened now if there is none (or it was lost)."""
+        async with self._opening:
+            connection, channel, exchange = self._connection, self._channel, self._exchange
+            if connection is not None and channel is not None and exchange is not None:
+                if not connection.is_closed and not channel.is_closed:
+                    return connection, exchange
+                await self._forget(connection)
+            pika = self._pika
+            connection = await pika.connect(self.destination.url, timeout=self.destination.timeout)
+            try:
+                channel = await connection.channel(publisher_confirms=True, on_return_raises=True)
+                if self.exchange_name:
+                    # Passive: fails with 404 (and closes the channel) when it does not exist.
+                    exchange = await channel.get_exchange(self.exchange_name, ensure=True)
+                else:
+                    exchange = channel.default_exchange
+            except pika.exceptions.ChannelNotFoundEntity:
+                await connection.close()
+                raise ExchangeMissing(self._missing()) from None
+            except BaseException:
+                await connection.close()
+                raise
+            self._connection, self._channel, self._exchange = connection, channel, exchange
+            return connection, exchange
+
+    def _missing(self) -> str:
+        return (
+            f"exchange {self.exchange_name!r} does not exist on "
+            f"{redact_urls(self.destination.url)}: declare it and bind its queues"
+        )
+
+    async def _forget(self, connection: AbstractConnection) -> None:
+        """Close `connection` and, if it is still the current one, open anew next time."""
+        if self._connection is connection:
+            self._connection = self._channel = self._exchange = None
+        with contextlib.suppress(Exception):  # it is being dropped for being broken
+            await connection.close()
+
+    async def holds(self, message: Message) -> bool | None:
+        """RabbitMQ cannot be asked whether a queue holds a message: None."""
+        return None
+
+    async def retention(self) -> float | None:
+        """None: RabbitMQ keeps no duplicate window. Checks first that the exchange exists.
+
+        A missing exchange is a ConfigError (the relay refuses to start); an
+        unreachable broker is a TransportError, retried like any delivery problem.
+        """
+        try:
+            async with asyncio.timeout(self.destination.timeout):
+                await self._open()
+        except ExchangeMissing as exc:
+            raise ConfigError(str(exc)) from None
+        except TimeoutError:
+            raise
+        except Exception as exc:
+            raise TransportError(_failure("cannot connect", exc)) from exc
+        return None
+
+    async def close(self) -> None:
+        """Close the connection, if one is open."""
+        if self._connection is not None:
+            await self._forget(self._connection)
+
+
+def _failure(what: str, exc: BaseException) -> str:
+    """A short, redacted reason for a failure: the client's errors may quote the URL."""
+    return truncate(redact(f"{what}: {type(exc).__name__}: {exc}"))
