@@ -109,14 +109,21 @@ class Requeuer:
             if self.source is not None and name not in self._unasked:
                 self._unasked.add(name)  # said once per destination, however many messages
                 print(
-                    f"outbox: receipt not checked: destination {name!r} has no receipt "
-                    f"lookup in {self.source}",
+                    f"outbox: receipt not checked: {_unaskable(name, destination, self.source)}",
                     file=sys.stderr,
                 )
             return "not checked"
         return _receipt_answer(
             ask_receipt(destination, message["reply_id"], message["content_hash"])
         )
+
+
+def _unaskable(name: str, destination: Destination | None, source: str) -> str:
+    """Why a destination's receipt cannot be asked, for the operator."""
+    if destination is not None and destination.kind == "rabbitmq":
+        # No AMQP operation finds a message in a queue by its id without consuming it.
+        return f"destination {name!r} is a RabbitMQ exchange: a queue cannot be asked for a message"
+    return f"destination {name!r} has no receipt lookup in {source}"
 
 
 def _receipt_answer(answer: Receipt | None) -> str:

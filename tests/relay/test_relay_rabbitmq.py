@@ -20,6 +20,8 @@ from support.rabbitmq import AMQP_URL, delete_exchange, take_all, topology, uniq
 from support.relay_helpers import SECRET, publish_many, rows
 
 from outbox import publish
+from outbox.cli import main
+from outbox.schema import messages
 from outbox.signing import CONTENT_HASH_HEADER, parse_secret, verify
 from outbox.testing import ManualClock
 from relay import ConfigError, Destination, Relay
@@ -95,12 +97,19 @@ def test_an_unroutable_message_is_dead_with_the_reason_and_the_rest_is_sent(
     with topology(kind="direct", bindings=["orders.bound"]) as made:
         with Relay(db_url, {"default": rabbit(made.exchange)}, clock=clock) as relay:
             assert sorted(relay.dispatch_once()) == [("u-1", "sent"), ("u-2", "dead")]
+            scraped = relay.metrics.render().decode()
         assert [m.message_id for m in take_all(made.queue)] == ["u-1"]
     dead = rows(engine)["u-2"]
     assert dead["last_error"] == (
         f"unroutable: no queue bound for exchange {made.exchange!r} routing key 'orders.nobody'"
     )
     assert dead["attempts"] == 1
+    for line in (
+        'outbox_relay_outcomes_total{destination="default",outcome="sent",status="none"} 1.0',
+        'outbox_relay_outcomes_total{destination="default",outcome="dead",status="none"} 1.0',
+        'outbox_relay_delivery_seconds_count{destination="default",mode="rabbitmq"} 1.0',
+    ):
+        assert line in scraped
 
 
 @sqlite_only
@@ -220,3 +229,34 @@ def test_without_the_amqp_client_the_destination_is_a_config_error(
 
 def test_close_without_a_connection_does_nothing() -> None:
     asyncio.run(RabbitMqTransport(rabbit("x")).close())
+
+
+@sqlite_only
+def test_requeue_cannot_ask_rabbitmq_and_needs_force(
+    db_url: str,
+    engine: sa.Engine,
+    clock: ManualClock,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    for name in ("OUTBOX_CONFIG", "OUTBOX_RELAY_CONFIG"):
+        monkeypatch.delenv(name, raising=False)
+    for key, value in {
+        "KIND": "rabbitmq",
+        "URL": AMQP_URL,
+        "EXCHANGE": "replies",
+        "ROUTING_KEY": "r",
+        "UNSIGNED": "true",
+    }.items():
+        monkeypatch.setenv(f"OUTBOX_DESTINATION_DEFAULT_{key}", value)
+    publish_many(engine, ["gone-1"], clock=clock)
+    with engine.begin() as conn:
+        conn.execute(sa.update(messages).values(state="dead", last_error="unroutable: ..."))
+    argv = ["dead", "requeue", "gone-1", "--reason", "queue bound now", "--db", db_url]
+    assert main(argv) == 1
+    err = capsys.readouterr().err
+    assert "destination 'default' is a RabbitMQ exchange: a queue cannot be asked" in err
+    assert "--force to send it anyway" in err
+    assert rows(engine)["gone-1"]["state"] == "dead"
+    assert main([*argv, "--force"]) == 0
+    assert rows(engine)["gone-1"]["state"] == "pending"
