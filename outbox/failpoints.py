@@ -36,6 +36,7 @@ POINTS = frozenset(
         "relay.after_sent_commit",
         "receiver.before_commit",
         "receiver.after_commit",
+        "receiver.consume.before_ack",
     }
 )
 

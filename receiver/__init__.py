@@ -1,7 +1,9 @@
 """Reference receiver: dedupe by reply_id and body hash, commit the effect once.
 
 The dedupe core (``ReceiptStore``) is plain Python for integrators to reuse in
-their own services; ``create_app`` wraps it in a thin Starlette app.
+their own services; ``create_app`` wraps it in a thin Starlette app, and
+``NatsConsumer`` / ``RabbitMQConsumer`` feed it from a broker (their client
+libraries are optional extras, imported only when a consumer is built).
 """
 
 from __future__ import annotations
@@ -13,10 +15,14 @@ from outbox.errors import StoreUnavailable
 from outbox.messages import is_reply_id
 from outbox.migrations import RECEIVER_BRANCH, upgrade_branch
 from receiver.app import create_app
+from receiver.nats_consumer import NatsConsumer
+from receiver.rabbitmq_consumer import RabbitMQConsumer
 from receiver.signatures import verify
 from receiver.store import Receipt, ReceiptStore
 
 __all__ = [
+    "NatsConsumer",
+    "RabbitMQConsumer",
     "Receipt",
     "ReceiptStore",
     "StoreUnavailable",

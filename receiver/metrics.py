@@ -69,6 +69,40 @@ class ReceiverMetrics:
         return generate_latest(self.registry)
 
 
+CONSUMED_OUTCOMES = ("stored", "duplicate", "conflict", "invalid", "retry")
+
+
+class ConsumerMetrics:
+    """A broker consumer's counters in a registry of their own; one per consumer."""
+
+    def __init__(self) -> None:
+        """Create the metrics; the command adds the database gauge (watch())."""
+        self.registry = CollectorRegistry()
+        self.consumed = Counter(
+            "outbox_receiver_consumed",
+            "Broker messages by outcome: stored, duplicate, conflict (acknowledged), "
+            "invalid (refused, never redelivered) or retry (not acknowledged: delivered again).",
+            ["outcome"],
+            registry=self.registry,
+        )
+        self.commit_seconds = Histogram(
+            "outbox_receiver_consume_commit_seconds",
+            "Duration of one transaction storing a fetched batch, effects included.",
+            registry=self.registry,
+            buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5),
+        )
+        for outcome in CONSUMED_OUTCOMES:
+            self.consumed.labels(outcome)
+
+    def watch(self, database: Callable[[], object | None]) -> None:
+        """Add `outbox_receiver_database_up`, read through `database` (a Probe) at scrape time."""
+        self.registry.register(DatabaseUp("outbox_receiver_database_up", database))
+
+    def render(self) -> bytes:
+        """The Prometheus text exposition."""
+        return generate_latest(self.registry)
+
+
 class CountingStore:
     """A Store that counts what its `accept_many` decided and how long each commit took."""
 

@@ -66,6 +66,14 @@ def non_negative_float(text: str) -> float:
     return _seconds(text, zero_allowed=True)
 
 
+def boolean(text: str) -> bool:
+    """true/false (also 1/0, yes/no), as a variable or the config file gives it."""
+    value = text.strip().lower()
+    if value not in ("true", "1", "yes", "false", "0", "no"):
+        raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
+    return value in ("true", "1", "yes")
+
+
 def non_empty(text: str) -> str:
     """A string that is not blank."""
     if not text.strip():

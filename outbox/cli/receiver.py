@@ -3,6 +3,8 @@
     outbox receiver --db URL --port N --secret-file PATH [--host 127.0.0.1]
     outbox receiver upgrade --db URL
     outbox receiver purge --db URL --older-than 30d [--retention 30d]
+    outbox receiver consume --db URL --from nats://HOST:PORT --stream S --durable D
+    outbox receiver consume --db URL --from amqp://USER:PASS@HOST:PORT/ --queue Q
 
 Secrets come from a file (one ``whsec_...`` per line; blank lines and ``#``
 comments ignored) or from ``OUTBOX_RECEIVER_SECRETS`` (comma-separated), never
@@ -18,6 +20,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from outbox.cli import consume
 from outbox.cli.arguments import parse_duration, positive_float, positive_int
 from outbox.cli.logs import LOG_HELP, configure_logging, log_options
 from outbox.cli.settings import Option, add_flags
@@ -58,7 +61,7 @@ def _db_argument(parser: argparse.ArgumentParser, default: Any) -> None:
     )
 
 
-OPTIONS = (
+SERVING_OPTIONS = (
     Option.of("receiver", "host", default="127.0.0.1"),
     Option.of("receiver", "port", int, 8000),
     Option.of("receiver", "secret_file"),
@@ -73,6 +76,8 @@ OPTIONS = (
     *log_options("receiver"),
 )
 """Serving settings: each a flag, an OUTBOX_RECEIVER_* variable, or receiver.* in the file."""
+OPTIONS = (*SERVING_OPTIONS, *consume.OPTIONS)
+"""Every `outbox receiver` setting, `consume`'s included (their flags are on `consume`)."""
 
 HELP = {
     "host": "address to bind (default 127.0.0.1)",
@@ -105,8 +110,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         default=None,
         help="TOML config file with a [receiver] table (env OUTBOX_CONFIG)",
     )
-    add_flags(parser, OPTIONS, HELP)
-    actions = parser.add_subparsers(dest="receiver_command", metavar="{upgrade,purge}")
+    add_flags(parser, SERVING_OPTIONS, HELP)
+    actions = parser.add_subparsers(dest="receiver_command", metavar="{upgrade,purge,consume}")
     # SUPPRESS: an option given before the action ("receiver --db X purge") must survive.
     upgrade = actions.add_parser("upgrade", help="create or upgrade the receiver tables")
     _db_argument(upgrade, argparse.SUPPRESS)
@@ -122,6 +127,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="the published retention (default 30d); purging younger receipts is refused",
     )
     purge.add_argument("--batch", type=int, default=1000, help="rows deleted per transaction")
+    shared = [o for o in SERVING_OPTIONS if o.dest in ("secret_file", "log_format", "log_level")]
+    consume.add_parser(actions, _db_argument, shared, HELP)
     return parser
 
 
@@ -141,6 +148,8 @@ def run(args: argparse.Namespace) -> int:
             removed = store.purge(args.older_than, batch=args.batch)
         print(f"purged {removed} receipt(s) older than {args.older_than:g}s")
         return 0
+    if args.receiver_command == "consume":
+        return consume.run(args, load_secrets)
     return _serve(args, retention)
 
 

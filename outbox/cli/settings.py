@@ -51,14 +51,18 @@ class Option:
 
 
 def add_flags(
-    parser: argparse.ArgumentParser, options: Sequence[Option], helps: dict[str, str]
+    parser: argparse.ArgumentParser,
+    options: Sequence[Option],
+    helps: dict[str, str],
+    absent: Any = None,
 ) -> None:
-    """A flag per option, absent unless given: resolve() fills in the rest after parsing."""
+    """A flag per option, `absent` unless given (argparse.SUPPRESS on a subcommand, so a
+    value given before it survives): resolve() fills in the rest after parsing."""
     for option in options:
         parser.add_argument(
             option.flag,
             type=option.parse,
-            default=None,
+            default=absent,
             help=f"{helps[option.dest]} (env {option.env})",
         )
 
@@ -106,6 +110,8 @@ def _lookup(option: Option, document: dict[str, Any], path: str | None) -> tuple
     if table is None:
         return None, ""
     where = f"{path}: {option.key}"
-    if isinstance(table, bool) or not isinstance(table, str | int | float):
+    if isinstance(table, bool):
+        return str(table).lower(), where  # read as the environment's text would be
+    if not isinstance(table, str | int | float):
         raise ValueError(f"{where}: expected a string or a number, got {table!r}")
     return table, where

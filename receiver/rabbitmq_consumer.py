@@ -1,0 +1,217 @@
+"""Consume from a RabbitMQ queue with the receiver's dedupe (aio-pika).
+
+    consumer = RabbitMQConsumer(store, url="amqp://guest:guest@127.0.0.1:5672/",
+                                queue="billing", secrets=["whsec_..."], effect=apply)
+    await consumer.run()          # until consumer.stop()
+
+The queue must exist (declaring it and its bindings is the operator's topology, made
+before the relay publishes). Messages arrive with manual acks and a prefetch of one
+batch; each batch is decided in one transaction (receiver.consume) and then settled:
+``ack`` after its commit, ``reject`` without requeue when invalid (dead-lettered if
+the queue has a dead-letter exchange). When a batch's transaction fails the channel is
+closed instead: RabbitMQ puts every unacknowledged message back in its place in the
+queue, and the consumer pauses before it opens a new channel, so a key's messages are
+still applied in queue order.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
+
+from outbox.errors import ConfigError
+from receiver.consume import (
+    DEFAULT_BACKOFF,
+    DEFAULT_BACKOFF_CAP,
+    DEFAULT_BATCH,
+    BatchStore,
+    Consumer,
+    Delivery,
+    Outcome,
+    lowercased,
+)
+from receiver.effects import Effect
+from receiver.metrics import ConsumerMetrics
+
+if TYPE_CHECKING:
+    from aio_pika.abc import AbstractChannel, AbstractConnection, AbstractIncomingMessage
+
+IDLE_WAIT = 1.0
+"""Seconds an idle consumer waits for a message before it looks at its channel again."""
+
+log = logging.getLogger("outbox.receiver.consume")
+
+
+def _aio_pika() -> Any:
+    """The aio_pika package, or a ConfigError saying how to install it."""
+    try:
+        import aio_pika
+        import aio_pika.exceptions
+    except ImportError as exc:
+        raise ConfigError(
+            "consuming from RabbitMQ needs aio-pika: pip install 'outbox-relay[rabbitmq]'"
+        ) from exc
+    return aio_pika
+
+
+class _ChannelLost(Exception):
+    """The channel closed under us: its unacknowledged messages are back in the queue."""
+
+
+class RabbitMQConsumer(Consumer):
+    """A RabbitMQ queue consumer feeding the receipt store; run() until stop()."""
+
+    def __init__(
+        self,
+        store: BatchStore,
+        *,
+        url: str,
+        queue: str,
+        secrets: Iterable[str | bytes] | None = None,
+        unsigned: bool = False,
+        effect: Effect | None = None,
+        batch: int = DEFAULT_BATCH,
+        backoff: float = DEFAULT_BACKOFF,
+        backoff_cap: float = DEFAULT_BACKOFF_CAP,
+        metrics: ConsumerMetrics | None = None,
+    ) -> None:
+        """Consume `queue` at `url` (amqp:// or amqps://); `batch` is also the prefetch."""
+        _aio_pika()
+        if not url.startswith(("amqp://", "amqps://")):
+            raise ConfigError(
+                f"a RabbitMQ url starts with amqp:// or amqps://, got {url.split(':')[0]}:"
+            )
+        if not queue:
+            raise ConfigError("a RabbitMQ consumer needs a queue")
+        super().__init__(
+            store,
+            secrets=secrets,
+            unsigned=unsigned,
+            effect=effect,
+            batch=batch,
+            backoff=backoff,
+            backoff_cap=backoff_cap,
+            metrics=metrics,
+        )
+        self.url = url
+        self.queue = queue
+
+    async def run(self) -> None:
+        """Connect, check the queue, consume until stop(); reconnect after a lost connection."""
+        aio_pika = _aio_pika()
+        connection = await self._connect()
+        try:
+            await self._check_queue(connection)
+            log.info(
+                "consuming queue %s",
+                self.queue,
+                extra={"fields": {"queue": self.queue}},
+            )
+            while not self.stopping:
+                try:
+                    await self._session(connection)
+                except (_ChannelLost, aio_pika.exceptions.AMQPError, ConnectionError) as exc:
+                    log.warning("RabbitMQ channel lost, consuming again shortly: %s", exc)
+                    await self.pause(self.backoff)
+                if connection.is_closed and not self.stopping:
+                    connection = await self._reconnect(connection)
+        finally:
+            await connection.close()
+
+    async def _connect(self) -> AbstractConnection:
+        aio_pika = _aio_pika()
+        try:
+            connection: AbstractConnection = await aio_pika.connect(self.url)
+        except Exception as exc:  # aio-pika raises assorted errors here
+            raise ConnectionError(f"cannot connect to RabbitMQ: {exc}") from exc
+        return connection
+
+    async def _reconnect(self, closed: AbstractConnection) -> AbstractConnection:
+        """Connect again, pausing between tries; the closed one back if stop() comes first."""
+        while not self.stopping:
+            try:
+                return await self._connect()
+            except ConnectionError as exc:
+                log.warning("%s; trying again", exc)
+                await self.pause(self.backoff)
+        return closed
+
+    async def _check_queue(self, connection: AbstractConnection) -> None:
+        """A missing queue is a ConfigError (a passive declare fails on its own channel)."""
+        aio_pika = _aio_pika()
+        channel = await connection.channel()
+        try:
+            await channel.get_queue(self.queue, ensure=True)
+        except aio_pika.exceptions.ChannelClosed as exc:
+            raise ConfigError(f"RabbitMQ has no queue {self.queue!r}: {exc}") from exc
+        finally:
+            if not channel.is_closed:
+                await channel.close()
+
+    async def _session(self, connection: AbstractConnection) -> None:
+        """Consume on one channel until stop() or a batch to retry; closing it requeues."""
+        channel = await connection.channel()
+        retry = False
+        try:
+            await channel.set_qos(prefetch_count=self.batch)
+            queue = await channel.get_queue(self.queue, ensure=False)
+            inbox: asyncio.Queue[AbstractIncomingMessage] = asyncio.Queue()
+            await queue.consume(inbox.put, no_ack=False)
+            while not self.stopping and not retry:
+                batch = await self._gather(inbox, channel)
+                if batch:
+                    outcomes = await self.decide([_delivery(message) for message in batch])
+                    retry = await self._settle(batch, outcomes)
+        finally:
+            if not channel.is_closed:
+                # Whatever is unacknowledged (prefetched, or to retry) returns to the queue.
+                await channel.close()
+        await self.pause(self.retry_delay())
+
+    async def _gather(
+        self, inbox: asyncio.Queue[AbstractIncomingMessage], channel: AbstractChannel
+    ) -> list[AbstractIncomingMessage]:
+        """The messages at hand, up to a batch; waits for the first, or returns [] when idle."""
+        if inbox.empty():
+            getting = asyncio.ensure_future(inbox.get())
+            stopping = asyncio.ensure_future(self.wait_stopped())
+            done, _ = await asyncio.wait(
+                {getting, stopping}, timeout=IDLE_WAIT, return_when=asyncio.FIRST_COMPLETED
+            )
+            stopping.cancel()
+            if getting not in done:
+                getting.cancel()
+                if channel.is_closed:
+                    raise _ChannelLost("the channel closed")
+                return []
+            batch = [getting.result()]
+        else:
+            batch = []
+        while len(batch) < self.batch and not inbox.empty():
+            batch.append(inbox.get_nowait())
+        return batch
+
+    async def _settle(
+        self, messages: list[AbstractIncomingMessage], outcomes: list[Outcome]
+    ) -> bool:
+        """ack what is done with, reject what is invalid; True: some are to be retried."""
+        retry = False
+        for message, outcome in zip(messages, outcomes, strict=True):
+            if outcome == "invalid":
+                await message.reject(requeue=False)
+            elif outcome == "retry":
+                retry = True  # left unacknowledged: closing the channel requeues it
+            else:
+                await message.ack()
+        return retry
+
+
+def _delivery(message: AbstractIncomingMessage) -> Delivery:
+    """The broker-free view of an AMQP message."""
+    return Delivery(
+        headers=lowercased(message.headers),
+        body=message.body,
+        broker_id=message.message_id,
+    )
