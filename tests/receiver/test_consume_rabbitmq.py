@@ -1,0 +1,220 @@
+"""The RabbitMQ consumer against the local server: dedupe, refusals, retries."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from typing import Any
+
+import aio_pika
+import pytest
+from support.broker_messages import AMQP_URL, consumed, outbox_headers, until
+from support.db_faults import database_down
+from support.receiver_helpers import OTHER_SECRET, SECRET, count_effects, stored_receipts
+
+import outbox
+from receiver import RabbitMQConsumer, ReceiptStore
+from receiver.effects import record_effect
+
+WAIT = 30.0
+
+
+def body_of(reply_id: str) -> bytes:
+    """A canonical JSON body naming its message."""
+    return json.dumps({"reply": reply_id}, separators=(",", ":"), sort_keys=True).encode()
+
+
+async def publish(
+    queue: str,
+    reply_id: str,
+    body: bytes | None = None,
+    *,
+    secret: str | None = SECRET,
+    spoil: Callable[[dict[str, Any]], None] | None = None,
+    timestamp: float | None = None,
+    message_id: str | None = None,
+) -> None:
+    """Publish one persistent message as the relay would, straight to `queue`."""
+    body = body_of(reply_id) if body is None else body
+    headers: dict[str, Any] = dict(outbox_headers(reply_id, body, secret, timestamp=timestamp))
+    if spoil is not None:
+        spoil(headers)
+    connection = await aio_pika.connect(AMQP_URL)
+    try:
+        channel = await connection.channel(publisher_confirms=True)
+        message = aio_pika.Message(
+            body,
+            headers=headers,
+            message_id=message_id or reply_id,
+            content_type="application/json",
+            delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
+        )
+        await channel.default_exchange.publish(message, routing_key=queue)
+    finally:
+        await connection.close()
+
+
+async def waiting(queue: str) -> int:
+    """Messages ready in the queue (not counting those a consumer holds)."""
+    connection = await aio_pika.connect(AMQP_URL)
+    try:
+        channel = await connection.channel()
+        declared = await channel.declare_queue(queue, passive=True)
+        return int(declared.declaration_result.message_count or 0)
+    finally:
+        await connection.close()
+
+
+@asynccontextmanager
+async def running(consumer: RabbitMQConsumer) -> AsyncIterator[RabbitMQConsumer]:
+    """The consumer running in a task; stopped and awaited at the end of the block."""
+    task = asyncio.ensure_future(consumer.run())
+    try:
+        yield consumer
+    finally:
+        consumer.stop()
+        await asyncio.wait_for(task, WAIT)
+
+
+def rabbit_consumer(store: ReceiptStore, queue: str, **options: Any) -> RabbitMQConsumer:
+    """A consumer of the test's queue with the reference effect."""
+    options.setdefault("secrets", [SECRET])
+    options.setdefault("effect", record_effect)
+    return RabbitMQConsumer(store, url=AMQP_URL, queue=queue, **options)
+
+
+def test_messages_are_stored_once_and_a_second_copy_is_a_duplicate(
+    db_url: str, rabbit_queue: str
+) -> None:
+    store = ReceiptStore(db_url)
+    day_old = time.time() - 86_400
+
+    async def scenario() -> None:
+        await publish(rabbit_queue, "fresh")
+        await publish(rabbit_queue, "fresh")  # the relay published it twice
+        await publish(rabbit_queue, "old", timestamp=day_old)
+        consumer = rabbit_consumer(store, rabbit_queue)
+        async with running(consumer):
+
+            async def done() -> bool:
+                counted = consumed(consumer.metrics, "stored") + consumed(
+                    consumer.metrics, "duplicate"
+                )
+                return counted == 3
+
+            await until(done, WAIT, "three messages consumed")
+        assert consumed(consumer.metrics, "stored") == 2
+        assert consumed(consumer.metrics, "duplicate") == 1
+        assert await waiting(rabbit_queue) == 0  # all acknowledged: nothing came back
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        store.close()
+    assert sorted(stored_receipts(db_url)) == ["fresh", "old"]
+    assert count_effects(db_url, "fresh") == count_effects(db_url, "old") == 1
+
+
+def test_the_same_id_with_another_body_is_acknowledged_as_a_conflict(
+    db_url: str, rabbit_queue: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    store = ReceiptStore(db_url)
+
+    async def scenario() -> None:
+        await publish(rabbit_queue, "taken", body_of("first"))
+        await publish(rabbit_queue, "taken", body_of("second"))
+        consumer = rabbit_consumer(store, rabbit_queue)
+        async with running(consumer):
+
+            async def done() -> bool:
+                return consumed(consumer.metrics, "conflict") == 1
+
+            await until(done, WAIT, "the conflict")
+        assert consumed(consumer.metrics, "stored") == 1
+        assert await waiting(rabbit_queue) == 0
+
+    with caplog.at_level(logging.ERROR, "outbox.receiver.consume"):
+        try:
+            asyncio.run(scenario())
+        finally:
+            store.close()
+    assert stored_receipts(db_url) == {"taken": body_of("first")}
+    assert count_effects(db_url, "taken") == 1
+    assert any("taken" in r.getMessage() and r.levelno == logging.ERROR for r in caplog.records)
+
+
+def _wrong_hash(headers: dict[str, Any]) -> None:
+    headers["outbox-content-hash"] = "0" * 64
+
+
+def _binary_id(headers: dict[str, Any]) -> None:
+    headers["webhook-id"] = 7
+
+
+def test_bad_messages_are_rejected_without_requeue(
+    db_url: str, rabbit_queue: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    store = ReceiptStore(db_url)
+
+    async def scenario() -> None:
+        await publish(rabbit_queue, "forged", secret=OTHER_SECRET)
+        await publish(rabbit_queue, "unsigned", secret=None)
+        await publish(rabbit_queue, "altered", spoil=_wrong_hash)
+        await publish(rabbit_queue, "numbered", spoil=_binary_id)
+        await publish(rabbit_queue, "renamed", message_id="someone-else")
+        consumer = rabbit_consumer(store, rabbit_queue)
+        async with running(consumer):
+
+            async def done() -> bool:
+                return consumed(consumer.metrics, "invalid") == 5
+
+            await until(done, WAIT, "five refusals")
+        assert consumed(consumer.metrics, "stored") == 0
+        assert await waiting(rabbit_queue) == 0  # rejected, not requeued
+
+    with caplog.at_level(logging.ERROR, "outbox.receiver.consume"):
+        try:
+            asyncio.run(scenario())
+        finally:
+            store.close()
+    assert stored_receipts(db_url) == {}
+    assert len([r for r in caplog.records if "refused" in r.getMessage()]) == 5
+
+
+def test_a_database_that_refuses_leaves_messages_in_the_queue_until_it_is_back(
+    db_url: str, rabbit_queue: str
+) -> None:
+    engine = outbox.create_engine(db_url)
+    store = ReceiptStore(engine)
+    ids = [f"m{i}" for i in range(3)]
+
+    async def scenario() -> None:
+        for reply_id in ids:
+            await publish(rabbit_queue, reply_id)
+        consumer = rabbit_consumer(store, rabbit_queue, backoff=0.05, backoff_cap=0.2)
+        async with running(consumer):
+            with database_down(engine):
+
+                async def retried() -> bool:
+                    return consumed(consumer.metrics, "retry") >= 6  # delivered twice, at least
+
+                await until(retried, WAIT, "the messages delivered again")
+                assert consumed(consumer.metrics, "stored") == 0
+
+            async def done() -> bool:
+                return consumed(consumer.metrics, "stored") == 3
+
+            await until(done, WAIT, "the messages stored once the database is back")
+        assert await waiting(rabbit_queue) == 0
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        store.close()
+        engine.dispose()
+    for reply_id in ids:
+        assert count_effects(db_url, reply_id) == 1
