@@ -41,6 +41,9 @@ if TYPE_CHECKING:
 IDLE_WAIT = 1.0
 """Seconds an idle consumer waits for a message before it looks at its channel again."""
 
+LINGER = 0.005
+"""Seconds a batch waits for one more message once the inbox is empty."""
+
 log = logging.getLogger("outbox.receiver.consume")
 
 
@@ -189,8 +192,16 @@ class RabbitMQConsumer(Consumer):
             batch = [getting.result()]
         else:
             batch = []
-        while len(batch) < self.batch and not inbox.empty():
-            batch.append(inbox.get_nowait())
+        while len(batch) < self.batch:
+            if inbox.empty():
+                # The broker sends a prefetch's messages one frame each: wait a moment
+                # for the rest so they share one transaction.
+                try:
+                    batch.append(await asyncio.wait_for(inbox.get(), LINGER))
+                except TimeoutError:
+                    break
+            else:
+                batch.append(inbox.get_nowait())
         return batch
 
     async def _settle(
