@@ -95,7 +95,6 @@ def run(args: argparse.Namespace, secrets_from: Callable[[str | None], list[str]
     if args.unsigned and args.secret_file:
         raise ConfigError("--unsigned and --secret-file: choose one")
     secrets = None if args.unsigned else secrets_from(args.secret_file)
-    configure_logging(args.log_format, args.log_level)
     metrics = ConsumerMetrics()
     with ReceiptStore(args.db) as store:
         common: dict[str, Any] = {
@@ -106,6 +105,8 @@ def run(args: argparse.Namespace, secrets_from: Callable[[str | None], list[str]
             "metrics": metrics,
         }
         consumer = _consumer(args, source, store, common)
+        # Only now: a refusal above is one plain line, like every bad command line.
+        configure_logging(args.log_format, args.log_level)
         server = _metrics_server(args, store, metrics)
         try:
             asyncio.run(_until_signal(consumer))
