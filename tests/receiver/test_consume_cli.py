@@ -111,3 +111,14 @@ def test_a_consumer_needs_secrets_or_unsigned(db_url: str) -> None:
             RabbitMQConsumer(store, url="amqp://h/", queue="Q", secrets=[SECRET], unsigned=True)
     finally:
         store.close()
+
+
+def test_the_receiver_imports_no_broker_library_until_a_consumer_is_built() -> None:
+    import subprocess
+
+    code = (
+        "import sys, receiver, outbox.cli\n"
+        "loaded = {'nats', 'aio_pika'} & set(sys.modules)\n"
+        "assert not loaded, loaded\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)

@@ -35,6 +35,8 @@ def store(db_url: str, clock: ManualClock) -> Iterator[ReceiptStore]:
 
 def test_public_names_are_the_contract() -> None:
     assert sorted(receiver.__all__) == [
+        "NatsConsumer",
+        "RabbitMQConsumer",
         "Receipt",
         "ReceiptStore",
         "StoreUnavailable",
