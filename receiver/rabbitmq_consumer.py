@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from outbox.errors import ConfigError
 from receiver.consume import (
+    ACKNOWLEDGED,
     DEFAULT_BACKOFF,
     DEFAULT_BACKOFF_CAP,
     DEFAULT_BATCH,
@@ -208,6 +209,11 @@ class RabbitMQConsumer(Consumer):
         self, messages: list[AbstractIncomingMessage], outcomes: list[Outcome]
     ) -> bool:
         """ack what is done with, reject what is invalid; True: some are to be retried."""
+        if all(outcome in ACKNOWLEDGED for outcome in outcomes):
+            # Delivery tags grow in arrival order and every earlier one is settled: one
+            # ack with multiple=True covers the whole batch.
+            await messages[-1].ack(multiple=True)
+            return False
         retry = False
         for message, outcome in zip(messages, outcomes, strict=True):
             if outcome == "invalid":
