@@ -1,0 +1,286 @@
+"""NATS JetStream: each message published to the destination's stream, its PubAck the ACK.
+
+A message goes to the subject its destination's template names, with
+`Nats-Msg-Id` = reply_id, the body bytes unchanged and the broker headers
+(relay.broker_headers). The PubAck is the trusted ACK, a duplicate one too:
+the stream already holds that reply_id. A parcel's messages are published
+together and each is settled by its own PubAck (docs/contract.md#nats-jetstream).
+
+A lost connection ends every publish still waiting as a retry, never as sent:
+the stream may or may not have stored it, and the resend is dropped by the
+stream's duplicate window if it had. The next parcel connects anew.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from outbox.errors import ConfigError, TransportError
+from outbox.redaction import redact, redact_urls
+from relay.broker_headers import broker_headers
+from relay.config import Destination
+from relay.policy import Dead, Outcome, Retry, Sent, truncate
+from relay.records import Message
+from relay.transport import Parcel, Transport
+
+if TYPE_CHECKING:
+    from nats.aio.client import Client
+    from nats.js import JetStreamContext
+
+log = logging.getLogger("outbox.relay")
+
+MSG_ID_HEADER = "Nats-Msg-Id"
+EXPECTED_STREAM_HEADER = "Nats-Expected-Stream"
+NO_KEY_TOKEN = "_"  # noqa: S105 - a subject token, not a password
+"""The subject token of a message without an ordering key."""
+_KEEP = frozenset(chr(c) for c in range(0x21, 0x7F)) - set(".*>%")
+"""Characters an ordering key keeps in a subject token; all others are percent-encoded."""
+# JetStream answers 400 to what no resend can change: the subject bound to another
+# stream than the configured one, a message or its headers over the stream's limit.
+_PERMANENT_CODES = frozenset({400})
+
+
+def subject_token(ordering_key: str | None) -> str:
+    """The ordering key as one NATS subject token (docs/contract.md#nats-jetstream).
+
+    Space, '.', '*', '>', '%', control and non-ASCII characters become %XX (each
+    UTF-8 byte, upper-case hex); no key is `_`, and the key `_` itself is %5F,
+    so different keys never share a token.
+    """
+    if ordering_key is None:
+        return NO_KEY_TOKEN
+    if ordering_key == NO_KEY_TOKEN:
+        return "%5F"
+    return "".join(
+        c if c in _KEEP else "".join(f"%{b:02X}" for b in c.encode()) for c in ordering_key
+    )
+
+
+def render_subject(template: str, ordering_key: str | None) -> str:
+    """The subject a message is published on: the template with its ordering key token."""
+    return template.format(ordering_key=subject_token(ordering_key))
+
+
+def subject_matches(filter_subject: str, subject: str) -> bool:
+    """Whether a stream's subject filter (with * and > wildcards) captures `subject`."""
+    wanted, tokens = filter_subject.split("."), subject.split(".")
+    for index, part in enumerate(wanted):
+        if part == ">":
+            return len(tokens) > index
+        if index >= len(tokens) or (part != "*" and part != tokens[index]):
+            return False
+    return len(tokens) == len(wanted)
+
+
+def header_bytes(headers: Mapping[str, str]) -> int:
+    """The size of a header block as the NATS protocol sends it (NATS/1.0, CRLF lines)."""
+    lines = (len(k.strip().encode()) + len(v.strip().encode()) + 4 for k, v in headers.items())
+    return len(b"NATS/1.0\r\n") + sum(lines) + 2
+
+
+def _import_nats() -> Any:
+    try:
+        import nats
+    except ImportError:
+        raise ConfigError(
+            "destinations of kind nats need the NATS client: pip install 'outbox[nats]'"
+        ) from None
+    return nats
+
+
+class NatsTransport(Transport):
+    """Publishes to one JetStream stream over one connection, made on first use."""
+
+    def __init__(self, destination: Destination) -> None:
+        """Nothing connects until the first publish or retention check."""
+        super().__init__(destination)
+        self._nats = _import_nats()
+        if destination.stream is None or destination.subject is None:
+            raise ConfigError("a destination of kind nats needs stream and subject")
+        self.stream = destination.stream
+        self.subject = destination.subject
+        self._client: Client | None = None
+        self._js: JetStreamContext | None = None
+        self._lost = asyncio.Event()
+        self._connecting = asyncio.Lock()
+
+    @property
+    def mode(self) -> str:
+        """Metrics label this transport "nats"."""
+        return "nats"
+
+    def parcels(self, messages: Sequence[Message]) -> list[Parcel]:
+        """Up to max_batch_items messages per parcel, published together."""
+        size = self.destination.max_batch_items
+        return [Parcel(messages[i : i + size]) for i in range(0, len(messages), size)]
+
+    async def send(self, parcel: Parcel) -> dict[int, Outcome]:
+        """Publish every message of the parcel at once; each outcome from its own PubAck."""
+        try:
+            client, js = await self._connection()
+        except (OSError, TimeoutError, self._nats.errors.Error) as exc:
+            failed = Retry(None, truncate(f"cannot connect to NATS: {_describe(exc)}"))
+            return dict.fromkeys((m.id for m in parcel.messages), failed)
+        lost = self._lost
+        outcomes: dict[int, Outcome] = {}
+        publishes: dict[int, asyncio.Future[Any]] = {}
+        for message in parcel.messages:
+            headers = {**broker_headers(self.destination, message), MSG_ID_HEADER: message.reply_id}
+            refused = self._too_large(client, message, headers)
+            if refused is not None:
+                outcomes[message.id] = refused
+            else:
+                publishes[message.id] = asyncio.ensure_future(self._publish(js, message, headers))
+        if publishes:
+            everything = asyncio.gather(*publishes.values(), return_exceptions=True)
+            watch: asyncio.Future[Any] = asyncio.ensure_future(lost.wait())
+            waits: set[asyncio.Future[Any]] = {everything, watch}
+            try:
+                await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                watch.cancel()
+                if not everything.done():
+                    # The connection is gone: no PubAck still due can arrive on it.
+                    everything.cancel()
+                    await asyncio.wait(publishes.values())
+        for ident, publish in publishes.items():
+            outcomes[ident] = self._outcome(publish)
+        return outcomes
+
+    async def _publish(
+        self, js: JetStreamContext, message: Message, headers: dict[str, str]
+    ) -> Any:
+        return await js.publish(
+            render_subject(self.subject, message.ordering_key),
+            message.body,
+            timeout=self.destination.timeout,
+            stream=self.stream,
+            headers=headers,
+        )
+
+    def _too_large(self, client: Client, message: Message, headers: dict[str, str]) -> Dead | None:
+        """Dead before publishing what the server would refuse (it drops the connection then)."""
+        # js.publish adds the expected stream header: counted here too.
+        size = len(message.body) + header_bytes({**headers, EXPECTED_STREAM_HEADER: self.stream})
+        if size <= client.max_payload:
+            return None
+        return Dead(
+            None,
+            f"message of {size} bytes (body and headers) exceeds the NATS server's "
+            f"max_payload of {client.max_payload} bytes",
+        )
+
+    def _outcome(self, publish: asyncio.Future[Any]) -> Outcome:
+        """What one publish's end says: PubAck sent; transient retry; permanent dead."""
+        if publish.cancelled():
+            return Retry(None, "connection to NATS lost before the PubAck")
+        exc = publish.exception()
+        if exc is None:
+            return Sent(None)  # a PubAck, duplicate or not: the stream holds the reply_id
+        errors, js_errors = self._nats.errors, self._nats.js.errors
+        if isinstance(exc, js_errors.NoStreamResponseError):
+            # No stream listens on the subject now: in a cluster while a stream leader is
+            # elected, or while a server restarts; a stream deleted for good goes dead
+            # when the retry budget is spent, with this reason.
+            return Retry(None, "no JetStream stream answered on the subject (missing or not ready)")
+        if isinstance(exc, js_errors.APIError) and exc.code in _PERMANENT_CODES:
+            return Dead(None, truncate(f"JetStream refused the message: {_describe(exc)}"))
+        if isinstance(exc, TimeoutError):
+            return Retry(None, f"no PubAck within {self.destination.timeout:g}s")
+        if isinstance(exc, errors.MaxPayloadError | errors.BadHeaderError | errors.BadSubjectError):
+            return Dead(None, truncate(f"NATS refused the message: {_describe(exc)}"))
+        return Retry(None, truncate(f"NATS publish failed: {_describe(exc)}"))
+
+    async def _connection(self) -> tuple[Client, JetStreamContext]:
+        """The open connection, or a new one when there is none or it was lost."""
+        async with self._connecting:
+            client = self._client
+            if client is None or client.is_closed or not client.is_connected:
+                if client is not None and not client.is_closed:
+                    await client.close()
+                self._lost = asyncio.Event()
+                lost = self._lost
+
+                async def on_closed() -> None:
+                    lost.set()
+
+                async def on_error(exc: Exception) -> None:
+                    log.warning(
+                        "NATS connection to %s: %s",
+                        redact_urls(self.destination.url),
+                        _describe(exc),
+                    )
+
+                # No reconnecting inside the client: it would buffer publishes and send them
+                # after the relay counted them as retries. A lost connection is closed, its
+                # waiting publishes are retries, and the next parcel connects again.
+                client = await self._nats.connect(
+                    self.destination.url,
+                    allow_reconnect=False,
+                    # The client's first connect loops over its server list this many times.
+                    max_reconnect_attempts=1,
+                    reconnect_time_wait=0,
+                    connect_timeout=self.destination.timeout,
+                    closed_cb=on_closed,
+                    disconnected_cb=on_closed,
+                    error_cb=on_error,
+                    name="outbox-relay",
+                )
+                self._client = client
+                self._js = client.jetstream(timeout=self.destination.timeout)
+            assert self._js is not None
+            return client, self._js
+
+    async def holds(self, message: Message) -> bool | None:
+        """Cannot say: JetStream looks up a Nats-Msg-Id only as a publish's duplicate check."""
+        return None
+
+    async def retention(self) -> float | None:
+        """The stream's duplicate window (seconds), after checking it captures the subject.
+
+        ConfigError when the stream does not exist, does not capture the subject, or
+        does not acknowledge publishes; TransportError when NATS cannot be reached.
+        """
+        nats = self._nats
+        try:
+            _, js = await self._connection()
+            info = await js.stream_info(self.stream)
+        except nats.js.errors.NotFoundError:
+            raise ConfigError(
+                f"NATS destination: stream {self.stream!r} does not exist on "
+                f"{redact_urls(self.destination.url)}"
+            ) from None
+        except (OSError, TimeoutError, nats.errors.Error) as exc:
+            raise TransportError(f"NATS stream {self.stream!r} not read: {_describe(exc)}") from exc
+        config = info.config
+        sample = render_subject(self.subject, None)
+        if not any(subject_matches(f, sample) for f in _subjects(config.subjects)):
+            raise ConfigError(
+                f"NATS destination: stream {self.stream!r} (subjects {config.subjects}) does "
+                f"not capture the subject {self.subject!r} (as {sample!r})"
+            )
+        if config.no_ack:
+            raise ConfigError(
+                f"NATS destination: stream {self.stream!r} has no_ack set: it sends no PubAck, "
+                "and a PubAck is what marks a message sent"
+            )
+        return float(config.duplicate_window or 0)
+
+    async def close(self) -> None:
+        """Close the connection, if one is open."""
+        client, self._client, self._js = self._client, None, None
+        if client is not None and not client.is_closed:
+            await client.close()
+
+
+def _subjects(subjects: Iterable[str] | None) -> list[str]:
+    return list(subjects or ())
+
+
+def _describe(exc: BaseException) -> str:
+    """An error's class and text, with URL credentials and secrets hidden."""
+    text = str(exc).strip()
+    return redact(f"{type(exc).__name__}: {text}" if text else type(exc).__name__)
