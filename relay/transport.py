@@ -123,6 +123,13 @@ def _http(destination: Destination) -> Transport:
     return HttpSingleTransport(destination)
 
 
+def _nats(destination: Destination) -> Transport:
+    # Imported here: it needs the optional NATS client, which HTTP-only relays lack.
+    from relay.nats_transport import NatsTransport
+
+    return NatsTransport(destination)
+
+
 def _rabbitmq(destination: Destination) -> Transport:
     # Imported here: it needs the optional AMQP client, which HTTP-only relays lack.
     from relay.rabbitmq_transport import RabbitMqTransport
@@ -130,7 +137,11 @@ def _rabbitmq(destination: Destination) -> Transport:
     return RabbitMqTransport(destination)
 
 
-TRANSPORTS: dict[str, Callable[[Destination], Transport]] = {"http": _http, "rabbitmq": _rabbitmq}
+TRANSPORTS: dict[str, Callable[[Destination], Transport]] = {
+    "http": _http,
+    "nats": _nats,
+    "rabbitmq": _rabbitmq,
+}
 """Each destination kind (the `kind` key of its config table) and what builds its transport."""
 
 
