@@ -1,0 +1,294 @@
+"""NATS JetStream destinations against the real server: what the stream stores, and when.
+
+Each test has a stream of its own on the shared server (deleted after); the relay
+delivers through it as it would in production, and the test reads back what the
+stream holds: the exact body, every header, one copy per reply_id.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+from sqlalchemy.orm import Session
+from support.nats_helpers import (
+    NATS_URL,
+    Stream,
+    require_nats,
+    stream_of_this_test,
+    with_jetstream,
+)
+from support.receiver_helpers import free_port
+from support.relay_helpers import SECRET, publish_many, rows
+
+import outbox
+from outbox.signing import CONTENT_HASH_HEADER, parse_secret, verify
+from outbox.testing import ManualClock
+from relay import ConfigError, Destination, Relay
+from relay.nats_transport import NatsTransport, render_subject, subject_matches, subject_token
+from relay.policy import Sent
+from relay.records import Message
+from relay.transport import Parcel
+
+TRACEPARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+
+
+@pytest.fixture
+def stream() -> Iterator[Stream]:
+    """A stream of this test's own on the shared server, deleted after."""
+    require_nats()
+    with stream_of_this_test() as created:
+        yield created
+
+
+def nats_destination(stream: Stream, subject: str | None = None, **options: Any) -> Destination:
+    """A signed destination publishing into `stream`, on `<prefix>.{ordering_key}` by default."""
+    return Destination(
+        NATS_URL,
+        kind="nats",
+        stream=stream.name,
+        subject=subject or f"{stream.prefix}.{{ordering_key}}",
+        secret=SECRET,
+        timeout=5,
+        **options,
+    )
+
+
+def drain(relay: Relay, turns: int = 50) -> dict[str, str]:
+    """dispatch_once until a turn claims nothing: the last verdict of each reply_id."""
+    verdicts: dict[str, str] = {}
+    for _ in range(turns):
+        done = relay.dispatch_once()
+        if not done:
+            return verdicts
+        verdicts.update(done)
+    raise AssertionError(f"still claiming after {turns} turns: {verdicts}")
+
+
+@pytest.mark.parametrize(
+    ("key", "token"),
+    [
+        (None, "_"),
+        ("_", "%5F"),
+        ("order-17", "order-17"),
+        ("a.b", "a%2Eb"),
+        ("two words", "two%20words"),
+        ("*>", "%2A%3E"),
+        ("100%", "100%25"),
+        ("%2E", "%252E"),
+        ("tab\there", "tab%09here"),
+        ("é", "%C3%A9"),
+    ],
+)
+def test_an_ordering_key_becomes_one_subject_token(key: str | None, token: str) -> None:
+    assert subject_token(key) == token
+    assert render_subject("orders.{ordering_key}.v1", key) == f"orders.{token}.v1"
+
+
+def test_distinct_keys_never_share_a_token() -> None:
+    keys = [None, "_", "%5F", "a.b", "a%2Eb", "a b", "a%20b", "*", "%2A"]
+    assert len({subject_token(k) for k in keys}) == len(keys)
+
+
+@pytest.mark.parametrize(
+    ("pattern", "subject", "matches"),
+    [
+        ("orders.>", "orders._", True),
+        ("orders.>", "orders.a.b", True),
+        ("orders.>", "orders", False),
+        ("orders.*", "orders.a", True),
+        ("orders.*", "orders.a.b", False),
+        ("orders.a", "orders.a", True),
+        ("orders.a", "orders.b", False),
+        ("*.a", "x.a", True),
+        (">", "anything.at.all", True),
+    ],
+)
+def test_a_stream_filter_captures_subjects_as_nats_does(
+    pattern: str, subject: str, matches: bool
+) -> None:
+    assert subject_matches(pattern, subject) is matches
+
+
+def test_each_message_is_stored_once_with_its_exact_body_and_every_header(
+    db_url: str, engine: sa.Engine, clock: ManualClock, stream: Stream
+) -> None:
+    with Session(engine) as session, session.begin():
+        outbox.publish(
+            session, "default", "r-1", {"n": 1, "text": "é"}, ordering_key="k.1", clock=clock
+        )
+        outbox.publish(session, "default", "r-2", [1, 2], traceparent=TRACEPARENT, clock=clock)
+    destination = nats_destination(stream)
+    with Relay(db_url, {"default": destination}, clock=clock) as relay:
+        assert dict(relay.dispatch_once()) == {"r-1": "sent", "r-2": "sent"}
+    stored = {m.headers["Nats-Msg-Id"]: m for m in stream.stored()}
+    assert sorted(stored) == ["r-1", "r-2"]
+    saved = rows(engine)
+    keys = [parse_secret(SECRET)]
+    for reply_id, subject in (("r-1", f"{stream.prefix}.k%2E1"), ("r-2", f"{stream.prefix}._")):
+        message, row = stored[reply_id], saved[reply_id]
+        assert message.subject == subject
+        assert message.data == bytes(row["body"])
+        assert verify(keys, message.headers, message.data) == reply_id
+        digest = hashlib.sha256(message.data).hexdigest()
+        expected = {
+            "Nats-Msg-Id": reply_id,
+            "Nats-Expected-Stream": stream.name,
+            "webhook-id": reply_id,
+            "webhook-timestamp": message.headers["webhook-timestamp"],
+            "webhook-signature": message.headers["webhook-signature"],
+            "content-type": "application/json",
+            "user-agent": message.headers["user-agent"],
+            CONTENT_HASH_HEADER: digest,
+        }
+        if reply_id == "r-2":
+            expected["traceparent"] = TRACEPARENT
+        assert message.headers == expected
+        assert row["content_hash"] == digest
+        assert row["state"] == "sent"
+
+
+def test_a_republished_reply_id_is_dropped_by_the_stream_and_counts_as_sent(
+    db_url: str, engine: sa.Engine, clock: ManualClock, stream: Stream
+) -> None:
+    publish_many(engine, ["r-1"], clock=clock)
+    destination = nats_destination(stream)
+    with Relay(db_url, {"default": destination}, clock=clock) as relay:
+        assert relay.dispatch_once() == [("r-1", "sent")]
+    row = rows(engine)["r-1"]
+    message = Message(
+        row["id"], "r-1", "default", bytes(row["body"]), row["content_hash"], {}, 2, 1
+    )
+    transport = NatsTransport(destination)
+
+    async def again() -> dict[int, Any]:
+        try:
+            return await transport.send(Parcel([message]))
+        finally:
+            await transport.close()
+
+    assert asyncio.run(again()) == {row["id"]: Sent(None)}
+    assert [m.headers["Nats-Msg-Id"] for m in stream.stored()] == ["r-1"]
+
+
+def test_messages_of_each_key_are_stored_in_publish_order(
+    db_url: str, engine: sa.Engine, clock: ManualClock, stream: Stream
+) -> None:
+    keys = ["a", "b.c", "d e"]
+    with Session(engine) as session, session.begin():
+        for n in range(8):
+            for k, key in enumerate(keys):
+                outbox.publish(
+                    session, "default", f"k{k}-{n}", {"n": n}, ordering_key=key, clock=clock
+                )
+    with Relay(db_url, {"default": nats_destination(stream)}, clock=clock, batch=100) as relay:
+        verdicts = drain(relay)
+    assert set(verdicts.values()) == {"sent"}
+    stored = stream.stored()
+    assert len(stored) == 8 * len(keys)
+    for k, key in enumerate(keys):
+        of_key = [m for m in stored if m.subject == f"{stream.prefix}.{subject_token(key)}"]
+        assert [m.headers["Nats-Msg-Id"] for m in of_key] == [f"k{k}-{n}" for n in range(8)]
+
+
+def test_a_duplicate_window_shorter_than_the_retry_window_is_refused_unless_allowed(
+    db_url: str, clock: ManualClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    require_nats()
+    with stream_of_this_test(duplicate_window=60) as short:
+        relay = Relay(db_url, {"default": nats_destination(short)}, clock=clock)
+        try:
+            with pytest.raises(ConfigError, match="keeps receipts for 60s, shorter than"):
+                relay.run(install_signal_handlers=False)
+        finally:
+            relay.close()
+        allowed = nats_destination(short, allow_short_retention=True)
+        with caplog.at_level(logging.WARNING), Relay(db_url, {"default": allowed}) as relay:
+            relay._loop.run_until_complete(relay.check_retention())
+        assert any("allow_short_retention is set" in r.getMessage() for r in caplog.records)
+    with (
+        stream_of_this_test(duplicate_window=3600) as long,
+        Relay(db_url, {"default": nats_destination(long)}) as relay,
+    ):
+        relay._loop.run_until_complete(relay.check_retention())  # accepted: no error
+
+
+def test_a_missing_stream_or_a_subject_it_does_not_capture_is_refused_at_start(
+    db_url: str, stream: Stream
+) -> None:
+    missing = Destination(
+        NATS_URL, kind="nats", stream=stream.name + "_NONE", subject="x.y", secret=SECRET
+    )
+    with (
+        Relay(db_url, {"default": missing}) as relay,
+        pytest.raises(ConfigError, match=r"stream 'OUTBOX_T_\w+_NONE' does not exist"),
+    ):
+        relay._loop.run_until_complete(relay.check_retention())
+    elsewhere = nats_destination(stream, subject="elsewhere.{ordering_key}")
+    with (
+        Relay(db_url, {"default": elsewhere}) as relay,
+        pytest.raises(
+            ConfigError, match=r"does not capture the subject 'elsewhere.{ordering_key}'"
+        ),
+    ):
+        relay._loop.run_until_complete(relay.check_retention())
+
+
+def test_a_message_over_the_streams_size_limit_is_dead_and_no_stream_is_a_retry(
+    db_url: str, engine: sa.Engine, clock: ManualClock, stream: Stream
+) -> None:
+    with_jetstream(
+        NATS_URL,
+        lambda js: js.update_stream(
+            name=stream.name, subjects=[stream.subjects], max_msg_size=64, duplicate_window=3600
+        ),
+    )
+    with Session(engine) as session, session.begin():
+        outbox.publish(session, "big", "r-big", {"text": "x" * 200}, clock=clock)
+        outbox.publish(session, "nowhere", "r-nowhere", {"n": 1}, clock=clock)
+    destinations = {
+        "big": nats_destination(stream),
+        "nowhere": nats_destination(stream, subject="nobody.listens.{ordering_key}"),
+    }
+    with Relay(db_url, destinations, clock=clock) as relay:
+        assert dict(relay.dispatch_once()) == {"r-big": "dead", "r-nowhere": "retry"}
+    saved = rows(engine)
+    assert "JetStream refused the message" in saved["r-big"]["last_error"]
+    assert "exceeds maximum" in saved["r-big"]["last_error"]
+    assert "no JetStream stream answered" in saved["r-nowhere"]["last_error"]
+    assert stream.stored() == []
+
+
+def test_a_subject_bound_to_another_stream_is_dead(
+    db_url: str, engine: sa.Engine, clock: ManualClock, stream: Stream
+) -> None:
+    require_nats()
+    with stream_of_this_test() as other:
+        publish_many(engine, ["r-1"], clock=clock)
+        wrong = nats_destination(stream, subject=f"{other.prefix}.{{ordering_key}}")
+        with Relay(db_url, {"default": wrong}, clock=clock) as relay:
+            assert relay.dispatch_once() == [("r-1", "dead")]
+        assert "expected stream does not match" in rows(engine)["r-1"]["last_error"]
+        assert other.stored() == []
+
+
+def test_an_unreachable_server_is_a_retry(
+    db_url: str, engine: sa.Engine, clock: ManualClock
+) -> None:
+    publish_many(engine, ["r-1"], clock=clock)
+    nowhere = Destination(
+        f"nats://127.0.0.1:{free_port()}",
+        kind="nats",
+        stream="S",
+        subject="s.{ordering_key}",
+        secret=SECRET,
+        timeout=1,
+    )
+    with Relay(db_url, {"default": nowhere}, clock=clock) as relay:
+        assert relay.dispatch_once() == [("r-1", "retry")]
+    assert "cannot connect to NATS" in rows(engine)["r-1"]["last_error"]
