@@ -204,11 +204,14 @@ class NatsTransport(Transport):
                 self._lost = asyncio.Event()
                 lost = self._lost
 
-                async def on_closed() -> None:
+                async def on_lost() -> None:
+                    if not lost.is_set():
+                        log.warning("NATS connection to %s lost", redact_urls(self.destination.url))
                     lost.set()
 
                 async def on_error(exc: Exception) -> None:
-                    log.warning(
+                    # Each failed connect says so too: its parcel's messages retry with this.
+                    log.info(
                         "NATS connection to %s: %s",
                         redact_urls(self.destination.url),
                         _describe(exc),
@@ -224,8 +227,8 @@ class NatsTransport(Transport):
                     max_reconnect_attempts=1,
                     reconnect_time_wait=0,
                     connect_timeout=self.destination.timeout,
-                    closed_cb=on_closed,
-                    disconnected_cb=on_closed,
+                    closed_cb=on_lost,
+                    disconnected_cb=on_lost,
                     error_cb=on_error,
                     name="outbox-relay",
                 )
@@ -272,6 +275,7 @@ class NatsTransport(Transport):
     async def close(self) -> None:
         """Close the connection, if one is open."""
         client, self._client, self._js = self._client, None, None
+        self._lost.set()  # ours to close: not a lost connection to warn of
         if client is not None and not client.is_closed:
             await client.close()
 
