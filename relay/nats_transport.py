@@ -14,6 +14,8 @@ stream's duplicate window if it had. The next parcel connects anew.
 from __future__ import annotations
 
 import asyncio
+import itertools
+import json
 import logging
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -91,8 +93,26 @@ def _import_nats() -> Any:
     return nats
 
 
+class _Link:
+    """One connection, and the PubAcks its publishes wait for, by reply token."""
+
+    def __init__(self, client: Client, inbox: str, timeout: float) -> None:
+        self.client = client
+        self.js: JetStreamContext = client.jetstream(timeout=timeout)
+        self.inbox = inbox
+        """Each publish asks for its PubAck on `<inbox>.<token>`."""
+        self.waiting: dict[str, asyncio.Future[Outcome]] = {}
+        self.lost = asyncio.Event()
+        self.tokens = itertools.count()
+
+
 class NatsTransport(Transport):
-    """Publishes to one JetStream stream over one connection, made on first use."""
+    """Publishes to one JetStream stream over one connection, made on first use.
+
+    Publishes ask for their PubAck on one reply subscription per connection and
+    a parcel waits for all of them at once, within the destination's timeout:
+    several times fewer CPU cycles per message than a request (and a timer) each.
+    """
 
     def __init__(self, destination: Destination) -> None:
         """Nothing connects until the first publish or retention check."""
@@ -102,9 +122,7 @@ class NatsTransport(Transport):
             raise ConfigError("a destination of kind nats needs stream and subject")
         self.stream = destination.stream
         self.subject = destination.subject
-        self._client: Client | None = None
-        self._js: JetStreamContext | None = None
-        self._lost = asyncio.Event()
+        self._link: _Link | None = None
         self._connecting = asyncio.Lock()
 
     @property
@@ -120,122 +138,150 @@ class NatsTransport(Transport):
     async def send(self, parcel: Parcel) -> dict[int, Outcome]:
         """Publish every message of the parcel at once; each outcome from its own PubAck."""
         try:
-            client, js = await self._connection()
+            link = await self._connection()
         except (OSError, TimeoutError, self._nats.errors.Error) as exc:
             failed = Retry(None, truncate(f"cannot connect to NATS: {_describe(exc)}"))
             return dict.fromkeys((m.id for m in parcel.messages), failed)
-        lost = self._lost
         outcomes: dict[int, Outcome] = {}
-        publishes: dict[int, asyncio.Future[Any]] = {}
-        for message in parcel.messages:
-            headers = {**broker_headers(self.destination, message), MSG_ID_HEADER: message.reply_id}
-            refused = self._too_large(client, message, headers)
-            if refused is not None:
-                outcomes[message.id] = refused
-            else:
-                publishes[message.id] = asyncio.ensure_future(self._publish(js, message, headers))
-        if publishes:
-            everything = asyncio.gather(*publishes.values(), return_exceptions=True)
-            watch: asyncio.Future[Any] = asyncio.ensure_future(lost.wait())
-            waits: set[asyncio.Future[Any]] = {everything, watch}
-            try:
-                await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
-            finally:
-                watch.cancel()
-                if not everything.done():
-                    # The connection is gone: no PubAck still due can arrive on it.
-                    everything.cancel()
-                    await asyncio.wait(publishes.values())
-        for ident, publish in publishes.items():
-            outcomes[ident] = self._outcome(publish)
+        acks: dict[int, tuple[str, asyncio.Future[Outcome]]] = {}
+        loop = asyncio.get_running_loop()
+        try:
+            for message in parcel.messages:
+                token = str(next(link.tokens))
+                ack: asyncio.Future[Outcome] = loop.create_future()
+                link.waiting[token] = ack
+                acks[message.id] = (token, ack)
+                refused = await self._publish(link, message, token)
+                if refused is not None:
+                    ack.set_result(refused)
+            await self._wait(link, [ack for _, ack in acks.values()])
+        finally:
+            for token, _ in acks.values():
+                link.waiting.pop(token, None)
+        for ident, (_, ack) in acks.items():
+            outcomes[ident] = ack.result() if ack.done() else self._unanswered(link)
         return outcomes
 
-    async def _publish(
-        self, js: JetStreamContext, message: Message, headers: dict[str, str]
-    ) -> Any:
-        return await js.publish(
-            render_subject(self.subject, message.ordering_key),
-            message.body,
-            timeout=self.destination.timeout,
-            stream=self.stream,
-            headers=headers,
-        )
+    async def _publish(self, link: _Link, message: Message, token: str) -> Outcome | None:
+        """Publish one message asking for its PubAck; an outcome when it could not go out."""
+        headers = {
+            **broker_headers(self.destination, message),
+            MSG_ID_HEADER: message.reply_id,
+            EXPECTED_STREAM_HEADER: self.stream,
+        }
+        size = len(message.body) + header_bytes(headers)
+        if size > link.client.max_payload:
+            # The server would drop the connection over it, and every resend again.
+            return Dead(
+                None,
+                f"message of {size} bytes (body and headers) exceeds the NATS server's "
+                f"max_payload of {link.client.max_payload} bytes",
+            )
+        errors = self._nats.errors
+        try:
+            await link.client.publish(
+                render_subject(self.subject, message.ordering_key),
+                message.body,
+                reply=f"{link.inbox}.{token}",
+                headers=headers,
+            )
+        except (errors.BadHeaderError, errors.BadSubjectError, errors.MaxPayloadError) as exc:
+            return Dead(None, truncate(f"NATS refused the message: {_describe(exc)}"))
+        except (OSError, errors.Error) as exc:
+            return Retry(None, truncate(f"NATS publish failed: {_describe(exc)}"))
+        return None
 
-    def _too_large(self, client: Client, message: Message, headers: dict[str, str]) -> Dead | None:
-        """Dead before publishing what the server would refuse (it drops the connection then)."""
-        # js.publish adds the expected stream header: counted here too.
-        size = len(message.body) + header_bytes({**headers, EXPECTED_STREAM_HEADER: self.stream})
-        if size <= client.max_payload:
-            return None
-        return Dead(
-            None,
-            f"message of {size} bytes (body and headers) exceeds the NATS server's "
-            f"max_payload of {client.max_payload} bytes",
-        )
+    async def _wait(self, link: _Link, acks: list[asyncio.Future[Outcome]]) -> None:
+        """Until every PubAck is in, the timeout passes, or the connection is lost."""
+        pending = [ack for ack in acks if not ack.done()]
+        if not pending:
+            return
+        everything = asyncio.gather(*pending)
+        watch: asyncio.Future[Any] = asyncio.ensure_future(link.lost.wait())
+        waits: set[asyncio.Future[Any]] = {everything, watch}
+        try:
+            await asyncio.wait(
+                waits, timeout=self.destination.timeout, return_when=asyncio.FIRST_COMPLETED
+            )
+        finally:
+            watch.cancel()
+            everything.cancel()
 
-    def _outcome(self, publish: asyncio.Future[Any]) -> Outcome:
-        """What one publish's end says: PubAck sent; transient retry; permanent dead."""
-        if publish.cancelled():
+    def _unanswered(self, link: _Link) -> Retry:
+        if link.lost.is_set():
             return Retry(None, "connection to NATS lost before the PubAck")
-        exc = publish.exception()
-        if exc is None:
-            return Sent(None)  # a PubAck, duplicate or not: the stream holds the reply_id
-        errors, js_errors = self._nats.errors, self._nats.js.errors
-        if isinstance(exc, js_errors.NoStreamResponseError):
+        return Retry(None, f"no PubAck within {self.destination.timeout:g}s")
+
+    def _answer(self, data: bytes, headers: Mapping[str, str] | None) -> Outcome:
+        """JetStream's answer to one publish: PubAck sent; transient retry; permanent dead."""
+        if headers and headers.get("Status") == "503":
             # No stream listens on the subject now: in a cluster while a stream leader is
             # elected, or while a server restarts; a stream deleted for good goes dead
             # when the retry budget is spent, with this reason.
             return Retry(None, "no JetStream stream answered on the subject (missing or not ready)")
-        if isinstance(exc, js_errors.APIError) and exc.code in _PERMANENT_CODES:
-            return Dead(None, truncate(f"JetStream refused the message: {_describe(exc)}"))
-        if isinstance(exc, TimeoutError):
-            return Retry(None, f"no PubAck within {self.destination.timeout:g}s")
-        if isinstance(exc, errors.MaxPayloadError | errors.BadHeaderError | errors.BadSubjectError):
-            return Dead(None, truncate(f"NATS refused the message: {_describe(exc)}"))
-        return Retry(None, truncate(f"NATS publish failed: {_describe(exc)}"))
+        try:
+            answer = json.loads(data)
+            error = answer.get("error")
+        except (ValueError, AttributeError):
+            return Retry(None, truncate(f"unreadable JetStream answer: {data[:200]!r}"))
+        if error is None:
+            if answer.get("stream") != self.stream:
+                return Retry(None, truncate(f"unreadable JetStream answer: {data[:200]!r}"))
+            return Sent(None)  # a PubAck, duplicate or not: the stream holds the reply_id
+        code = error.get("code") if isinstance(error, dict) else None
+        said = truncate(f"JetStream refused the message: {error}")
+        return Dead(None, said) if code in _PERMANENT_CODES else Retry(None, said)
 
-    async def _connection(self) -> tuple[Client, JetStreamContext]:
+    async def _connection(self) -> _Link:
         """The open connection, or a new one when there is none or it was lost."""
         async with self._connecting:
-            client = self._client
-            if client is None or client.is_closed or not client.is_connected:
-                if client is not None and not client.is_closed:
-                    await client.close()
-                self._lost = asyncio.Event()
-                lost = self._lost
+            link = self._link
+            if link is not None and link.client.is_connected and not link.lost.is_set():
+                return link
+            if link is not None and not link.client.is_closed:
+                await link.client.close()
+            self._link = link = await self._connect()
+            return link
 
-                async def on_lost() -> None:
-                    if not lost.is_set():
-                        log.warning("NATS connection to %s lost", redact_urls(self.destination.url))
-                    lost.set()
+    async def _connect(self) -> _Link:
+        url = redact_urls(self.destination.url)
+        lost = asyncio.Event()
 
-                async def on_error(exc: Exception) -> None:
-                    # Each failed connect says so too: its parcel's messages retry with this.
-                    log.info(
-                        "NATS connection to %s: %s",
-                        redact_urls(self.destination.url),
-                        _describe(exc),
-                    )
+        async def on_lost() -> None:
+            if not lost.is_set():
+                log.warning("NATS connection to %s lost", url)
+            lost.set()
 
-                # No reconnecting inside the client: it would buffer publishes and send them
-                # after the relay counted them as retries. A lost connection is closed, its
-                # waiting publishes are retries, and the next parcel connects again.
-                client = await self._nats.connect(
-                    self.destination.url,
-                    allow_reconnect=False,
-                    # The client's first connect loops over its server list this many times.
-                    max_reconnect_attempts=1,
-                    reconnect_time_wait=0,
-                    connect_timeout=self.destination.timeout,
-                    closed_cb=on_lost,
-                    disconnected_cb=on_lost,
-                    error_cb=on_error,
-                    name="outbox-relay",
-                )
-                self._client = client
-                self._js = client.jetstream(timeout=self.destination.timeout)
-            assert self._js is not None
-            return client, self._js
+        async def on_error(exc: Exception) -> None:
+            # Each failed connect says so too: its parcel's messages retry with this.
+            log.info("NATS connection to %s: %s", url, _describe(exc))
+
+        # No reconnecting inside the client: it would buffer publishes and send them
+        # after the relay counted them as retries. A lost connection is closed, its
+        # waiting publishes are retries, and the next parcel connects again.
+        client = await self._nats.connect(
+            self.destination.url,
+            allow_reconnect=False,
+            # The client's first connect loops over its server list this many times.
+            max_reconnect_attempts=1,
+            reconnect_time_wait=0,
+            connect_timeout=self.destination.timeout,
+            closed_cb=on_lost,
+            disconnected_cb=on_lost,
+            error_cb=on_error,
+            name="outbox-relay",
+        )
+        link = _Link(client, client.new_inbox(), self.destination.timeout)
+        link.lost = lost
+        prefix = len(link.inbox) + 1
+
+        async def on_answer(msg: Any) -> None:
+            ack = link.waiting.pop(msg.subject[prefix:], None)
+            if ack is not None and not ack.done():
+                ack.set_result(self._answer(msg.data, msg.headers))
+
+        await client.subscribe(f"{link.inbox}.*", cb=on_answer)
+        return link
 
     async def holds(self, message: Message) -> bool | None:
         """Cannot say: JetStream looks up a Nats-Msg-Id only as a publish's duplicate check."""
@@ -249,8 +295,8 @@ class NatsTransport(Transport):
         """
         nats = self._nats
         try:
-            _, js = await self._connection()
-            info = await js.stream_info(self.stream)
+            link = await self._connection()
+            info = await link.js.stream_info(self.stream)
         except nats.js.errors.NotFoundError:
             raise ConfigError(
                 f"NATS destination: stream {self.stream!r} does not exist on "
@@ -274,10 +320,11 @@ class NatsTransport(Transport):
 
     async def close(self) -> None:
         """Close the connection, if one is open."""
-        client, self._client, self._js = self._client, None, None
-        self._lost.set()  # ours to close: not a lost connection to warn of
-        if client is not None and not client.is_closed:
-            await client.close()
+        link, self._link = self._link, None
+        if link is not None:
+            link.lost.set()  # ours to close: not a lost connection to warn of
+            if not link.client.is_closed:
+                await link.client.close()
 
 
 def _subjects(subjects: Iterable[str] | None) -> list[str]:
