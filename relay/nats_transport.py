@@ -88,7 +88,7 @@ def _import_nats() -> Any:
         import nats
     except ImportError:
         raise ConfigError(
-            "destinations of kind nats need the NATS client: pip install 'outbox[nats]'"
+            "destinations of kind nats need the NATS client: pip install 'outbox-relay[nats]'"
         ) from None
     return nats
 
