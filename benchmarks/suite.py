@@ -5,8 +5,10 @@ Run: .venv/bin/python -m benchmarks.suite [--quick] [--runs 3] [--json PATH] [--
 Every scenario is run `--runs` times; each run measures ours and its baseline
 back to back on fresh databases, so machine noise hits both. The table gives
 medians and the median of the per-run ratios, against the targets. Scenarios:
-publish overhead (sync, and async on asyncpg), relay drain against a naive relay, live latency, task
-throughput against PGQueuer, cost growth with a large history, and the same
+publish overhead (sync, and async on asyncpg), relay drain against a naive
+relay, live latency, task throughput against PGQueuer, a worker's waiting
+handlers and its NOTIFY wake-up (benchmarks.worker_waits), cost growth with a
+large history, and the same
 drain, task throughput and publish on SQLite files beside PostgreSQL (the
 SQLite rows' baseline is our PostgreSQL figure from the same run).
 """
@@ -37,7 +39,7 @@ from sqlalchemy.orm import Session
 import outbox
 import outbox.asyncio
 import receiver
-from benchmarks import cost_growth, profiles, task_throughput
+from benchmarks import cost_growth, profiles, task_throughput, worker_waits
 from benchmarks.relay_bench import (
     ROOT,
     SECRET,
@@ -385,6 +387,44 @@ def measure(runs: int, quick: bool) -> list[Row]:
             "tasks vs PGQueuer", "postgresql", "tasks/s", throughput, ">= 1.0", lambda r: r >= 1.0
         )
     )
+    waits = repeat("worker waits", runs, lambda: worker_waits.run(quick))
+    rows.append(
+        median_row(
+            "async worker x500, 100 ms waits vs no-op",
+            "postgresql",
+            "tasks/s",
+            waits,
+            ">= 0.8",
+            lambda r: r >= 0.8,
+            ours="async_wait",
+        )
+    )
+    rows.append(
+        median_row(
+            "threads x500, 100 ms waits vs async no-op",
+            "postgresql",
+            "tasks/s",
+            waits,
+            ours="thread_wait",
+        )
+    )
+    for scenario, figure, target in (
+        ("task wake-up p50, NOTIFY", "notify_p50_ms", "<= 10 ms"),
+        ("task wake-up p90, NOTIFY", "notify_p90_ms", ""),
+        ("task wake-up p50, polling every 0.5 s", "poll_p50_ms", ""),
+    ):
+        rows.append(
+            median_row(
+                scenario,
+                "postgresql",
+                "ms",
+                waits,
+                target,
+                at_most(10) if target else None,
+                ours=figure,
+                baseline=None,
+            )
+        )
     growth = repeat("cost growth", runs, lambda: cost_growth.run(quick))
     history = f"{int(growth[0]['history_rows']):,}"
     rows.append(
@@ -548,6 +588,16 @@ BASELINES = (
     "tasks: PGQueuer (the `bench` extra) draining as many no-op jobs with its own dequeue and "
     "completion, in as many processes; ours claims in batches and commits each result with "
     "its reply row.",
+    "worker waits: one Worker process (lease 30 s, as `outbox worker`) draining a prefilled "
+    "backlog, timed from the first task taken to the last finished; the baseline is the same "
+    "async worker at concurrency 500 with no-op `async def` handlers, this machine's "
+    "claim-and-finish limit; the thread worker runs 500 handler threads on the same "
+    "100 ms waits (`time.sleep`), reported without a target.",
+    "task wake-up: one idle Worker process (a plain handler, poll interval 5 s); tasks are "
+    "received one at a time (committed), each once the previous one has started, timed from "
+    "the commit to the handler's start. No baseline: the target is absolute, and a polling "
+    "worker's wait is set by its interval, not by the machine; the polling row (LISTEN off, "
+    "0.5 s) shows what the NOTIFY replaces.",
     "cost growth: the same database with no history, then with finished tasks and sent "
     "replies; the relay's memory is its peak RSS (VmHWM) while draining.",
     "sqlite rows: our figure on SQLite files against our PostgreSQL figure of the same run.",
