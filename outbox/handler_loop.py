@@ -2,8 +2,10 @@
 
 Handlers that mostly wait (an HTTP call, a model's answer) then cost a task each,
 not a thread each, so a worker can hold hundreds of them. What blocks stays off
-the loop: the worker's writes (results, failures) run on a small pool of threads,
-where concurrent results still share one commit (ResultGroupCommit).
+the loop: the worker's writes (results, failures) run on a small pool of threads.
+Results that finish together are written together (BatchedWrites): they wait on
+the loop, not on a thread each, so a batch holds whatever finished while the
+previous one was written, however many handlers that is.
 """
 
 from __future__ import annotations
@@ -13,11 +15,13 @@ import concurrent.futures
 import contextlib
 import threading
 from collections.abc import Callable, Coroutine
-from typing import Any, TypeVar
+from functools import partial
+from typing import Any, Generic, TypeVar
 
 T = TypeVar("T")
-# Threads that write outcomes: the group commit batches whatever waits, so a few
-# threads keep up with hundreds of handlers finishing at once.
+R = TypeVar("R")
+# Threads that write outcomes: results go in batches (BatchedWrites), one thread at a
+# time; the others write failures and the results a batch could not commit.
 WRITER_THREADS = 8
 
 
@@ -75,3 +79,51 @@ class HandlerLoop:
                 self.loop.run_until_complete(asyncio.wait(left, timeout=1.0))
         finally:
             self.loop.close()
+
+
+class BatchedWrites(Generic[T, R]):
+    """Items written together, one batch at a time, on the writer threads of a HandlerLoop.
+
+    submit() is called by the loop's tasks and returns the item's own answer. An item
+    submitted while a batch is being written waits, on the loop and without a thread,
+    for the next one, which takes everything that arrived meanwhile. (Waiting on a
+    writer thread instead, as ResultGroupCommit's callers do, would cap a batch at the
+    number of writer threads.)
+    """
+
+    def __init__(self, loop: HandlerLoop, write: Callable[[list[T]], list[R]]) -> None:
+        """`write(items)` blocks, on a writer thread, and answers each item in order."""
+        self._loop = loop
+        self._write = write
+        self._waiting: list[tuple[T, asyncio.Future[R]]] = []
+        self._writer: asyncio.Task[None] | None = None
+
+    async def submit(self, item: T) -> R:
+        """Write `item` with whatever else is waiting; its answer (or `write`'s error)."""
+        answer: asyncio.Future[R] = self._loop.loop.create_future()
+        self._waiting.append((item, answer))
+        if self._writer is None:
+            self._writer = self._loop.loop.create_task(self._write_all())
+        return await answer
+
+    async def _write_all(self) -> None:
+        try:
+            while self._waiting:
+                batch, self._waiting = self._waiting, []
+                try:
+                    answers = await self._loop.write(partial(self._write, [i for i, _ in batch]))
+                except asyncio.CancelledError:  # the loop is closing: so are its submitters
+                    for _, answer in batch + self._waiting:
+                        answer.cancel()
+                    self._waiting = []
+                    raise
+                except Exception as exc:  # noqa: BLE001 - each submitter gets the error
+                    for _, answer in batch:
+                        if not answer.done():
+                            answer.set_exception(exc)
+                    continue
+                for (_, answer), value in zip(batch, answers, strict=True):
+                    if not answer.done():  # its handler may have been cancelled meanwhile
+                        answer.set_result(value)
+        finally:
+            self._writer = None

@@ -36,7 +36,7 @@ import sqlalchemy as sa
 from outbox.db import retry
 from outbox.db.dialect import listen_conninfo
 from outbox.errors import Fenced, InvalidMessage, PermanentFailure
-from outbox.handler_loop import HandlerLoop
+from outbox.handler_loop import BatchedWrites, HandlerLoop
 from outbox.handlers import WrongHandlerKind, handler_name, is_async_handler
 from outbox.observability.probe import Probe
 from outbox.observability.worker_metrics import WorkerMetrics
@@ -182,9 +182,11 @@ class Worker:
         if wakeups is not None:
             wakeups.start()
         loop: HandlerLoop | None = None
+        finishes: BatchedWrites[tuple[_Running, Any], bool] | None = None
         claimed: SimpleQueue[_Running | None] = SimpleQueue()
         if self.is_async:
             loop = HandlerLoop()
+            finishes = BatchedWrites(loop, self._finish_together)
             loop.start()
         else:
             # One thread per slot, started once: a thread per task cost a tenth of a busy
@@ -211,8 +213,8 @@ class Worker:
                         running.async_stop, running.set_async_stop = loop.stop_event()
                     with self._lock:
                         self._running[running.key] = running
-                    if loop is not None:
-                        running.task = loop.submit(self._handle_async(loop, running))
+                    if loop is not None and finishes is not None:
+                        running.task = loop.submit(self._handle_async(loop, finishes, running))
                     else:
                         claimed.put(running)
                 if not claims or len(claims) == free:
@@ -357,17 +359,27 @@ class Worker:
         finally:
             self._release(running)
 
-    async def _handle_async(self, loop: HandlerLoop, running: _Running) -> None:
+    async def _handle_async(
+        self,
+        loop: HandlerLoop,
+        finishes: BatchedWrites[tuple[_Running, Any], bool],
+        running: _Running,
+    ) -> None:
         claim = running.claim
         try:
             started = time.perf_counter()
+            failure: Exception | None = None
             try:
                 result = await self.handler(claim, running.async_stop)
             except Exception as exc:  # noqa: BLE001 - any handler error fails the attempt
-                write = partial(self._fail, claim, exc)
+                failure = exc
+            self._handled(started)
+            if failure is not None:
+                write = partial(self._fail, claim, failure)
+            elif await finishes.submit((running, result)):
+                return  # committed with the results that finished meanwhile
             else:
                 write = partial(self._finish, claim, result)
-            self._handled(started)
             # Writes block: on a writer thread, while the other handlers go on.
             await loop.write(partial(self._settle, running, write))
         except asyncio.CancelledError:
@@ -425,6 +437,34 @@ class Worker:
             log.error("task %s: result refused (%s); failed", claim.task_id, exc)
             return "failed"
         return "done"
+
+    def _finish_together(self, finished: list[tuple[_Running, Any]]) -> list[bool]:
+        """Commit async handlers' results in one transaction; per result, whether it was.
+
+        The common case only: a result not committed here (its lease lost, the result
+        refused, a database error) is then settled alone, as a plain handler's is, by
+        _settle, which writes again or reads the task to learn what happened.
+        """
+        held = [(running, result) for running, result in finished if not running.lost]
+        if not held:
+            return [False] * len(finished)
+        try:
+            refused = self.queue.finish_many([(r.claim, result) for r, result in held])
+        except Exception as exc:  # noqa: BLE001 - nothing known committed: each is settled alone
+            log.warning(
+                "worker %s: %d results not committed together (%s); writing each alone",
+                self.owner,
+                len(held),
+                exc,
+            )
+            return [False] * len(finished)
+        committed = set()
+        for (running, _), error in zip(held, refused, strict=True):
+            if error is None:
+                running.written = True
+                committed.add(running.key)
+                self._count("done")
+        return [running.key in committed for running, _ in finished]
 
     def _fail(self, claim: Claim, exc: Exception) -> str:
         reason = f"{type(exc).__name__}: {exc}"

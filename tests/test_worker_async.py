@@ -19,6 +19,7 @@ from test_worker import live, states, wait_until
 
 import outbox.asyncio
 from outbox import Claim, PermanentFailure, TaskQueue, Worker
+from outbox.handler_loop import WRITER_THREADS
 from outbox.handlers import WrongHandlerKind
 from outbox.observability.worker_metrics import WorkerMetrics
 
@@ -66,6 +67,91 @@ def test_many_handlers_wait_at_once_on_one_thread(queue: TaskQueue) -> None:
     assert results == [{"doubled": 2 * n} for n in range(count)]
     replies = {r["task_id"]: json.loads(r["body"])["status"] for r in queue.messages()}
     assert replies == dict.fromkeys(ids, "done")
+
+
+def test_results_finishing_together_commit_together_beyond_the_writer_threads(
+    queue: TaskQueue, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    count = 3 * WRITER_THREADS
+    ids = submit(queue, count)
+    batches: list[int] = []
+    real_finish_many = queue.finish_many
+
+    def counted(finished: Any) -> Any:
+        batches.append(len(finished))
+        return real_finish_many(finished)
+
+    monkeypatch.setattr(queue, "finish_many", counted)
+    waiting = 0
+    all_in: asyncio.Event | None = None
+
+    async def handler(claim: Claim, stop: asyncio.Event) -> dict[str, Any]:
+        nonlocal waiting, all_in
+        if all_in is None:
+            all_in = asyncio.Event()
+        waiting += 1
+        if waiting == count:
+            all_in.set()
+        await asyncio.wait_for(all_in.wait(), 15)  # then they all return at once
+        return {"n": claim.payload["n"]}
+
+    metrics = WorkerMetrics()
+    worker = Worker(queue, handler, concurrency=count, poll_interval=0.05, metrics=metrics)
+    with running_in_thread(worker):
+        assert wait_until(lambda: states(queue, ids) == ["done"] * count)
+        assert wait_until(lambda: f'outcome="done"}} {count}' in metrics.render().decode())
+    # Results wait for their batch on the loop, not on a writer thread each.
+    assert max(batches) > WRITER_THREADS, batches
+    assert [queue.task(t)["result"] for t in ids] == [{"n": n} for n in range(count)]  # type: ignore[index]
+    assert sorted(r["task_id"] for r in queue.messages()) == sorted(ids)
+
+
+def test_a_result_that_cannot_be_stored_fails_the_task_beside_results_that_can(
+    queue: TaskQueue,
+) -> None:
+    ids = submit(queue, 4)
+    calls: list[int] = []
+
+    async def handler(claim: Claim, stop: asyncio.Event) -> dict[str, Any]:
+        calls.append(claim.payload["n"])
+        await asyncio.sleep(0.05)  # they finish together, in one batch
+        if claim.payload["n"] == 2:
+            return {"value": float("nan")}  # not JSON: finish refuses it
+        return {"n": claim.payload["n"]}
+
+    with running_in_thread(Worker(queue, handler, concurrency=4, poll_interval=0.05)):
+        assert wait_until(lambda: states(queue, ids) == ["done", "done", "failed", "done"])
+    refused = queue.task(ids[2])
+    assert refused is not None
+    assert refused["last_error"].startswith("result refused:")
+    assert sorted(calls) == [0, 1, 2, 3]  # each ran once
+
+
+def test_results_are_written_once_the_database_answers_again(
+    queue: TaskQueue, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ids = submit(queue, 3)
+    runs: list[int] = []
+    refusals = iter(range(4))
+    real_finish_many = queue.finish_many
+
+    def finish_after_an_outage(finished: Any) -> Any:
+        if next(refusals, None) is not None:
+            raise sa.exc.OperationalError("COMMIT", {}, Exception("server closed"), True)
+        return real_finish_many(finished)
+
+    monkeypatch.setattr(queue, "finish_many", finish_after_an_outage)
+
+    async def handler(claim: Claim, stop: asyncio.Event) -> dict[str, Any]:
+        runs.append(claim.attempt)
+        return {"ok": True}
+
+    metrics = WorkerMetrics()
+    worker = Worker(queue, handler, concurrency=3, poll_interval=0.05, metrics=metrics)
+    with running_in_thread(worker):
+        assert wait_until(lambda: states(queue, ids) == ["done"] * 3, 10)
+        assert wait_until(lambda: 'outcome="done"} 3' in metrics.render().decode())
+    assert runs == [1, 1, 1]  # written by the first runs, after refused writes
 
 
 def test_an_error_fails_the_attempt_and_a_permanent_failure_ends_the_task(
