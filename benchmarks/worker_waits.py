@@ -131,6 +131,8 @@ def throughput(count: int) -> dict[str, float]:
         "baseline": drain_rate("async_noop", count, CONCURRENCY),
         "async_wait": drain_rate("async_wait", count, CONCURRENCY),
         "thread_wait": drain_rate("thread_wait", count, THREAD_CONCURRENCY),
+        # What CONCURRENCY slots each holding a task for WAIT_SECONDS could finish at best.
+        "slot_bound": CONCURRENCY / WAIT_SECONDS,
     }
 
 

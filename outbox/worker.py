@@ -53,6 +53,9 @@ EXIT_FORCED = 1  # a second SIGTERM/SIGINT: exit at once
 # A claim reconciles this many times per lease: a task whose lease expired is retaken
 # within a quarter lease of its expiry.
 RECONCILES_PER_LEASE = 4
+# An async worker claims this share of `concurrency` ahead: a handler that returns is
+# followed at once by a task already leased, not by a claim's round trip.
+CLAIM_AHEAD = 0.5
 
 
 @dataclass
@@ -65,6 +68,7 @@ class _Running:
     async_stop: asyncio.Event | None = None
     set_async_stop: Callable[[], None] | None = None
     task: concurrent.futures.Future[None] | None = None  # an async handler's, to cancel it
+    busy: bool = True  # holds one of `concurrency` slots (see Worker._free_slots)
 
     @property
     def key(self) -> tuple[str, int]:
@@ -121,6 +125,7 @@ class Worker:
         self.concurrency = concurrency
         self.poll_interval = poll_interval
         self._running: dict[tuple[str, int], _Running] = {}
+        self._busy = 0  # entries of _running that hold a slot
         self._lock = threading.Lock()
         self._stopping = threading.Event()
         self._wake = threading.Event()
@@ -183,10 +188,12 @@ class Worker:
             wakeups.start()
         loop: HandlerLoop | None = None
         finishes: BatchedWrites[tuple[_Running, Any], bool] | None = None
+        slots: asyncio.Semaphore | None = None  # async handlers running at once
         claimed: SimpleQueue[_Running | None] = SimpleQueue()
         if self.is_async:
             loop = HandlerLoop()
             finishes = BatchedWrites(loop, self._finish_together)
+            slots = asyncio.Semaphore(self.concurrency)
             loop.start()
         else:
             # One thread per slot, started once: a thread per task cost a tenth of a busy
@@ -202,10 +209,7 @@ class Worker:
             while not self._stopping.is_set():
                 self.last_turn = time.monotonic()
                 self._wake.clear()
-                # Slots are counted by outcome: a handler wakes this loop once its
-                # outcome is written.
-                with self._lock:
-                    free = self.concurrency - len(self._running)
+                free = self._free_slots()
                 claims = self._claim(free) if free > 0 else []
                 for claim in claims:
                     running = _Running(claim)
@@ -213,8 +217,11 @@ class Worker:
                         running.async_stop, running.set_async_stop = loop.stop_event()
                     with self._lock:
                         self._running[running.key] = running
-                    if loop is not None and finishes is not None:
-                        running.task = loop.submit(self._handle_async(loop, finishes, running))
+                        self._busy += 1
+                    if loop is not None and finishes is not None and slots is not None:
+                        running.task = loop.submit(
+                            self._handle_async(loop, finishes, slots, running)
+                        )
                     else:
                         claimed.put(running)
                 if not claims or len(claims) == free:
@@ -363,16 +370,23 @@ class Worker:
         self,
         loop: HandlerLoop,
         finishes: BatchedWrites[tuple[_Running, Any], bool],
+        slots: asyncio.Semaphore,
         running: _Running,
     ) -> None:
         claim = running.claim
         try:
-            started = time.perf_counter()
             failure: Exception | None = None
-            try:
-                result = await self.handler(claim, running.async_stop)
-            except Exception as exc:  # noqa: BLE001 - any handler error fails the attempt
-                failure = exc
+            async with slots:  # claimed ahead: its lease is renewed while it waits
+                if running.stop.is_set():
+                    # Its lease was lost (or the worker gave up) before it ever ran.
+                    self._count("discarded")
+                    return
+                started = time.perf_counter()
+                try:
+                    result = await self.handler(claim, running.async_stop)
+                except Exception as exc:  # noqa: BLE001 - any handler error fails the attempt
+                    failure = exc
+            self._handler_returned(running)
             self._handled(started)
             if failure is not None:
                 write = partial(self._fail, claim, failure)
@@ -409,10 +423,39 @@ class Worker:
         self._count("unrecorded")
         self.stop()
 
-    def _release(self, running: _Running) -> None:
-        """Free the running task's slot and wake the claim loop to fill it."""
+    def _free_slots(self) -> int:
+        """Tasks to claim now.
+
+        A plain handler's slot is its thread, busy until the outcome is written. An
+        async handler's slot is free once the handler returns: its result waits for
+        the next group commit while another task runs, since a turn spent waiting for
+        a commit and then a claim would leave the slot idle. An async worker also
+        holds CLAIM_AHEAD of `concurrency` claimed and waiting for a slot (their
+        leases renewed like the others'), and results in flight are capped at
+        `concurrency`, so a slow database stops the claims.
+        """
+        ahead = int(self.concurrency * CLAIM_AHEAD) if self.is_async else 0
         with self._lock:
-            self._running.pop(running.key, None)
+            return min(
+                self.concurrency + ahead - self._busy,
+                2 * self.concurrency + ahead - len(self._running),
+            )
+
+    def _handler_returned(self, running: _Running) -> None:
+        """An async handler is done: its slot may take the next task (any thread)."""
+        with self._lock:
+            if not running.busy:
+                return
+            running.busy = False
+            self._busy -= 1
+        self._wake.set()
+
+    def _release(self, running: _Running) -> None:
+        """Forget the running task (its outcome is settled) and wake the claim loop."""
+        with self._lock:
+            if self._running.pop(running.key, None) is not None and running.busy:
+                running.busy = False
+                self._busy -= 1
         self._wake.set()
 
     def _handled(self, started: float) -> None:

@@ -38,6 +38,7 @@ def test_quick_suite_runs_and_writes_its_table(pg_server: sa.Engine, tmp_path: P
         ("live backlog at stop", "postgresql"),
         ("tasks vs PGQueuer", "postgresql"),
         ("async worker x500, 100 ms waits vs no-op", "postgresql"),
+        ("async worker x500, 100 ms waits vs 500 / 0.1 s", "postgresql"),
         ("threads x500, 100 ms waits vs async no-op", "postgresql"),
         ("task wake-up p50, NOTIFY", "postgresql"),
         ("task wake-up p90, NOTIFY", "postgresql"),

@@ -154,6 +154,33 @@ def test_results_are_written_once_the_database_answers_again(
     assert runs == [1, 1, 1]  # written by the first runs, after refused writes
 
 
+def test_a_slot_takes_the_next_task_while_the_last_result_waits_for_its_commit(
+    queue: TaskQueue,
+) -> None:
+    first, second = submit(queue, 2)
+    commit_held, second_started = threading.Event(), threading.Event()
+    real_finish_many = queue.finish_many
+
+    def slow_finish_many(finished: Any) -> Any:
+        if any(claim.task_id == first for claim, _ in finished):
+            commit_held.set()
+            assert second_started.wait(15), "the second task waited for the first's commit"
+        return real_finish_many(finished)
+
+    queue.finish_many = slow_finish_many  # type: ignore[method-assign]
+
+    async def handler(claim: Claim, stop: asyncio.Event) -> str:
+        if claim.task_id == second:
+            second_started.set()
+        return "ok"
+
+    # One slot: the second task can only run because the first's slot was freed when its
+    # handler returned, while its result is still being committed.
+    with running_in_thread(Worker(queue, handler, concurrency=1, poll_interval=0.05)):
+        assert wait_until(lambda: states(queue, [first, second]) == ["done", "done"])
+    assert commit_held.is_set()
+
+
 def test_an_error_fails_the_attempt_and_a_permanent_failure_ends_the_task(
     queue: TaskQueue,
 ) -> None:
