@@ -35,6 +35,15 @@ PRELOAD = [
     "receiver.app",
     "uvicorn",
     "faults.work",
+    # Broker destinations and consumers; their client libraries are optional extras, and
+    # the fork server skips a preload that fails to import.
+    "nats",
+    "aio_pika",
+    "relay.nats_transport",
+    "relay.rabbitmq_transport",
+    "outbox.cli.consume",
+    "receiver.nats_consumer",
+    "receiver.rabbitmq_consumer",
 ]
 # A process waiting for SQLite's write lock sees SIGTERM only when the wait ends, which
 # may take the whole busy timeout when many processes share one file on a loaded machine.
