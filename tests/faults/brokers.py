@@ -48,6 +48,11 @@ class Broker:
         host, _, port = host_port.rpartition(":")
         return host, int(port)
 
+    def via(self, port: int) -> str:
+        """The broker's URL with its address replaced by 127.0.0.1:`port` (a proxy's)."""
+        host, own_port = self.address
+        return self.url.replace(f"{host}:{own_port}", f"127.0.0.1:{port}", 1)
+
 
 @contextmanager
 def jetstream(url: str = NATS_URL) -> Iterator[Broker]:
@@ -100,6 +105,8 @@ class Deployment:
     """Where the relays connect when not to the broker itself (a proxy in front of it)."""
     batch: int = 4
     lease: float = 2.0
+    max_batch_items: int | None = None
+    """Messages per parcel (the destination's max_batch_items); None: the default."""
     nodes: list[Node] = field(default_factory=list)
     metrics_port: int = 0
 
@@ -110,6 +117,8 @@ class Deployment:
         self.secret_file = secret_file
         self.config = self.folder / "outbox.toml"
         keys = [f'{key} = "{value}"' for key, value in self.broker.destination.items()]
+        if self.max_batch_items is not None:
+            keys.append(f"max_batch_items = {self.max_batch_items}")
         self.config.write_text(
             "\n".join(
                 [
