@@ -32,6 +32,11 @@ SCENARIOS = {
     "database": "PostgreSQL sessions terminated, or the test-owned cluster restarted in "
     "immediate mode",
     "network": "a TCP proxy between relay and receiver breaks the connection",
+    "broker crash": "relay processes exit at the failpoint (os._exit) 10 times in one drain "
+    "into NATS JetStream or RabbitMQ, then a clean relay finishes; an `outbox receiver "
+    "consume` process applies the effects throughout",
+    "broker outage": "a byte-stream proxy cuts every relay-broker connection 3 times, or a "
+    "private nats-server is SIGKILLed and restarted, while a relay and a consumer run",
     "model": "Hypothesis state machine against an in-memory model",
     "soak": "3 workers, 3 relays and the receiver; a random one SIGKILLed every 0.5-2 s "
     "and restarted while tasks arrive",

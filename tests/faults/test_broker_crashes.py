@@ -36,10 +36,11 @@ RELAY_POINTS = sorted(p for p in failpoints.POINTS if p.startswith("relay."))
 RESENDING_POINTS = {"relay.after_remote_commit", "relay.before_sent_commit"}
 """Points where the dead relay had the broker's ACKs and recorded nothing: a resend follows."""
 KILLS = 10
+SOAK_KILLS = 100
 BATCH = 2
 # A relay may hold three batches of one destination when it dies (relay/pipeline.py): the
-# tenth still finds work even when every dead relay had sent all of its own.
-TOTAL = KILLS * 3 * BATCH + 4
+# last killed one still finds work even when every one before it had sent all of its own.
+HELD_PER_KILL = 3 * BATCH
 DIE_WITHIN = 30.0
 
 
@@ -56,15 +57,18 @@ def most_attempts(db_url: str) -> int:
 @pytest.mark.parametrize("point", RELAY_POINTS)
 @pytest.mark.parametrize("kind", ["nats", "rabbitmq"])
 def test_relays_killed_at_a_failpoint_deliver_each_reply_once(
-    kind: str, point: str, db_url: str, tmp_path: Path
+    kind: str, point: str, db_url: str, tmp_path: Path, soak: bool
 ) -> None:
-    ids = [f"{kind}-{n}" for n in range(TOTAL)]
+    """KILLS relays die at `point` (SOAK_KILLS with --soak); then the invariants hold."""
+    kills = SOAK_KILLS if soak else KILLS
+    total = kills * HELD_PER_KILL + 4
+    ids = [f"{kind}-{n}" for n in range(total)]
     engine = outbox.create_engine(db_url)
     publish_many(engine, ids)
     engine.dispose()
     with broker(kind) as place, Deployment(tmp_path, db_url, place, batch=BATCH) as deployment:
         consumer = deployment.consumer()
-        for _ in range(KILLS):
+        for _ in range(kills):
             killed = deployment.relay(failpoint=point)
             killed.wait(DIE_WITHIN)
             assert killed.died_at_failpoint(), (
@@ -75,7 +79,7 @@ def test_relays_killed_at_a_failpoint_deliver_each_reply_once(
         found = deployment.drain(ids)
         found.assert_clean()
         duplicates = deployment.consumed("duplicate")
-        assert deployment.consumed("stored") == TOTAL
+        assert deployment.consumed("stored") == total
         assert consumer.stop() == 0, deployment.logs()
         if place.stream is not None:
             held = Counter(m.headers["Nats-Msg-Id"] for m in place.stream.stored())
@@ -84,13 +88,13 @@ def test_relays_killed_at_a_failpoint_deliver_each_reply_once(
             assert most_attempts(db_url) > 1, "no reply was published again"
             if kind == "rabbitmq":
                 assert duplicates >= 1, "no resend reached the queue"
-    print(f"{kind} {point}: {KILLS} kills, {TOTAL} replies, {duplicates} duplicates consumed")
+    print(f"{kind} {point}: {kills} kills, {total} replies, {duplicates} duplicates consumed")
     record(
-        f"{kind} relay kills",
+        "broker crash",
         "postgresql",
-        point,
-        runs=KILLS,
-        kills=KILLS,
-        messages=TOTAL,
+        f"{kind} {point}",
+        runs=kills,
+        kills=kills,
+        messages=total,
         found=found,
     )

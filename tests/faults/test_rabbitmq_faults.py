@@ -4,7 +4,8 @@ RabbitMQ does not dedupe, so a resend after a lost confirm may queue a reply
 twice: at-least-once into the queue. What these tests hold the relay to is
 that nothing is lost: every reply is in the queue, every row ends sent. The
 duplicates are counted (and printed), not forbidden: the
-consumer's dedupe makes their effects once.
+consumer's dedupe makes their effects once, which test_broker_crashes.py and
+test_broker_outages.py prove with a consumer process and the invariant checker.
 """
 
 from __future__ import annotations
