@@ -89,8 +89,10 @@ def rabbitmq() -> Iterator[Broker]:
 @contextmanager
 def broker(kind: str) -> Iterator[Broker]:
     """The broker `kind` names ("nats" or "rabbitmq"), with a place of this test's own."""
-    made = jetstream() if kind == "nats" else rabbitmq()
-    with made as ready:
+    makers = {"nats": jetstream, "rabbitmq": rabbitmq}
+    if kind not in makers:
+        raise ValueError(f"kind must be one of {sorted(makers)}, got {kind!r}")
+    with makers[kind]() as ready:
         yield ready
 
 
