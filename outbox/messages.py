@@ -20,6 +20,9 @@ from outbox.states import ErrorCode
 REPLY_ID = re.compile(r"[\x21-\x2d\x2f-\x7e]{1,200}")
 DESTINATION = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,199}")
 HEADER_NAME = re.compile(r"[A-Za-z0-9!#$%&'*+^_`|~.-]{1,100}")
+# JetStream reads Nats-* headers (Nats-Msg-Id, Nats-Expected-*, Nats-Rollup): a message's
+# own could switch off the stream's dedupe or change what it stores.
+RESERVED_HEADER_PREFIX = "nats-"
 RESERVED_HEADERS = frozenset(
     {
         "content-type",
@@ -28,6 +31,7 @@ RESERVED_HEADERS = frozenset(
         "webhook-id",
         "webhook-timestamp",
         "webhook-signature",
+        "outbox-content-hash",
     }
 )
 MAX_HEADER_VALUE = 4096
@@ -115,6 +119,11 @@ def check_headers(headers: Mapping[str, str] | None) -> str:
             raise InvalidMessage(f"invalid header name {name!r:.80}")
         if name.lower() in RESERVED_HEADERS:
             raise InvalidMessage(f"header {name!r} is set by the relay")
+        if name.lower().startswith(RESERVED_HEADER_PREFIX):
+            raise InvalidMessage(
+                f"header {name!r}: names beginning {RESERVED_HEADER_PREFIX!r} "
+                "are NATS JetStream's own (its dedupe and stream checks)"
+            )
         if (
             not isinstance(value, str)
             or len(value) > MAX_HEADER_VALUE

@@ -159,15 +159,22 @@ class NatsTransport(Transport):
             for token, _ in acks.values():
                 link.waiting.pop(token, None)
         for ident, (_, ack) in acks.items():
-            outcomes[ident] = ack.result() if ack.done() else self._unanswered(link)
+            answered = ack.done() and not ack.cancelled()
+            outcomes[ident] = ack.result() if answered else self._unanswered(link)
         return outcomes
 
     async def _publish(self, link: _Link, message: Message, token: str) -> Outcome | None:
         """Publish one message asking for its PubAck; an outcome when it could not go out."""
+        reserved = [name for name in message.headers if name.lower().startswith("nats-")]
+        if reserved:
+            # Stored before publish() refused such names: JetStream would act on them.
+            return Dead(None, f"header {reserved[0]!r} is reserved for NATS JetStream")
+        # The id first: nats-server takes the first "Nats-Msg-Id" in the header block
+        # for the dedupe id, and a message's own header could hold that text.
         headers = {
-            **broker_headers(self.destination, message),
             MSG_ID_HEADER: message.reply_id,
             EXPECTED_STREAM_HEADER: self.stream,
+            **broker_headers(self.destination, message),
         }
         size = len(message.body) + header_bytes(headers)
         if size > link.client.max_payload:
@@ -196,7 +203,9 @@ class NatsTransport(Transport):
         pending = [ack for ack in acks if not ack.done()]
         if not pending:
             return
-        everything = asyncio.gather(*pending)
+        # asyncio.wait, not gather: cancelling a gather cancels the PubAcks it waits for,
+        # and a cancelled PubAck would read as CancelledError instead of a retry.
+        everything = asyncio.ensure_future(asyncio.wait(pending))
         watch: asyncio.Future[Any] = asyncio.ensure_future(link.lost.wait())
         waits: set[asyncio.Future[Any]] = {everything, watch}
         try:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
+import uuid
 from collections.abc import Iterator
 from typing import Any
 
@@ -27,11 +28,12 @@ from support.receiver_helpers import free_port
 from support.relay_helpers import SECRET, publish_many, rows
 
 import outbox
+from outbox.schema import messages as outbox_messages
 from outbox.signing import CONTENT_HASH_HEADER, parse_secret, verify
 from outbox.testing import ManualClock
 from relay import ConfigError, Destination, Relay
 from relay.nats_transport import NatsTransport, render_subject, subject_matches, subject_token
-from relay.policy import Sent
+from relay.policy import Dead, Retry, Sent
 from relay.records import Message
 from relay.transport import Parcel
 
@@ -292,3 +294,72 @@ def test_an_unreachable_server_is_a_retry(
     with Relay(db_url, {"default": nowhere}, clock=clock) as relay:
         assert relay.dispatch_once() == [("r-1", "retry")]
     assert "cannot connect to NATS" in rows(engine)["r-1"]["last_error"]
+
+
+def test_a_publish_nobody_acknowledges_is_a_retry_for_each_message_of_its_parcel() -> None:
+    require_nats()
+    import nats
+
+    # A plain subscriber takes the subject and never answers: no PubAck ever comes.
+    silent = f"silent{uuid.uuid4().hex[:12]}"
+    destination = Destination(
+        NATS_URL, kind="nats", stream="NONE", subject=f"{silent}.x", unsigned=True, timeout=0.5
+    )
+    messages = [Message(n, f"r-{n}", "default", b"{}", "0" * 64, {}, 1, 1) for n in (1, 2)]
+
+    async def scenario() -> dict[int, Any]:
+        listener = await nats.connect(NATS_URL)
+        await listener.subscribe(f"{silent}.>")
+        transport = NatsTransport(destination)
+        try:
+            return await transport.send(Parcel(messages))
+        finally:
+            await transport.close()
+            await listener.close()
+
+    assert asyncio.run(scenario()) == dict.fromkeys((1, 2), Retry(None, "no PubAck within 0.5s"))
+
+
+def test_a_message_header_cannot_switch_off_the_streams_dedupe(
+    db_url: str, engine: sa.Engine, clock: ManualClock, stream: Stream
+) -> None:
+    publish_many(engine, ["r-1"], clock=clock)
+    # A stored row from before publish() refused Nats-* names, and a value holding the text.
+    with engine.begin() as conn:
+        conn.execute(
+            sa.update(outbox_messages).values(headers='{"x-note": "see Nats-Msg-Id: other"}')
+        )
+    destination = nats_destination(stream)
+    with Relay(db_url, {"default": destination}, clock=clock) as relay:
+        assert relay.dispatch_once() == [("r-1", "sent")]
+    row = rows(engine)["r-1"]
+    message = Message(
+        row["id"],
+        "r-1",
+        "default",
+        bytes(row["body"]),
+        row["content_hash"],
+        {"x-note": "see Nats-Msg-Id: other"},
+        2,
+        1,
+    )
+    reserved = message._replace(id=row["id"] + 1, headers={"Nats-Rollup": "all"})
+    transport = NatsTransport(destination)
+
+    async def again() -> dict[int, Any]:
+        try:
+            return await transport.send(Parcel([message, reserved]))
+        finally:
+            await transport.close()
+
+    outcomes = asyncio.run(again())
+    assert outcomes[row["id"]] == Sent(None)
+    assert outcomes[row["id"] + 1] == Dead(
+        None, "header 'Nats-Rollup' is reserved for NATS JetStream"
+    )
+    assert [m.headers["Nats-Msg-Id"] for m in stream.stored()] == ["r-1"]  # deduped
+
+
+def test_publish_refuses_header_names_jetstream_would_act_on(engine: sa.Engine) -> None:
+    with Session(engine) as session, pytest.raises(outbox.InvalidMessage, match="NATS"):
+        outbox.publish(session, "default", "r-1", {}, headers={"Nats-Msg-Id": "other"})
