@@ -17,6 +17,7 @@ still applied in queue order.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
@@ -116,13 +117,20 @@ class RabbitMQConsumer(Consumer):
             while not self.stopping:
                 try:
                     await self._session(connection)
-                except (_ChannelLost, aio_pika.exceptions.AMQPError, ConnectionError) as exc:
-                    log.warning("RabbitMQ channel lost, consuming again shortly: %s", exc)
-                    await self.pause(self.backoff)
-                if connection.is_closed and not self.stopping:
+                except (
+                    _ChannelLost,
+                    aio_pika.exceptions.AMQPError,
+                    OSError,
+                    RuntimeError,  # aio-pika's "connection closed", and a dead channel's
+                    TimeoutError,
+                ) as exc:
+                    # A lost connection can still look open (is_closed is set late, if
+                    # ever): whatever failed, start again on a new one.
+                    log.warning("RabbitMQ connection lost, connecting again: %s", exc)
+                    await _close(connection)
                     connection = await self._reconnect(connection)
         finally:
-            await connection.close()
+            await _close(connection)
 
     async def _connect(self) -> AbstractConnection:
         aio_pika = _aio_pika()
@@ -133,13 +141,17 @@ class RabbitMQConsumer(Consumer):
         return connection
 
     async def _reconnect(self, closed: AbstractConnection) -> AbstractConnection:
-        """Connect again, pausing between tries; the closed one back if stop() comes first."""
+        """Connect again after a pause (doubling, capped, per failed try); the closed one
+        back if stop() comes first."""
+        delay = self.backoff
+        await self.pause(delay)
         while not self.stopping:
             try:
                 return await self._connect()
             except ConnectionError as exc:
                 log.warning("%s; trying again", exc)
-                await self.pause(self.backoff)
+                delay = min(self.backoff_cap, delay * 2)
+                await self.pause(delay)
         return closed
 
     async def _check_queue(self, connection: AbstractConnection) -> None:
@@ -223,6 +235,12 @@ class RabbitMQConsumer(Consumer):
             else:
                 await message.ack()
         return retry
+
+
+async def _close(connection: AbstractConnection) -> None:
+    """Close a connection that may already be dead; closing it cannot fail the consumer."""
+    with contextlib.suppress(Exception):  # a dead connection fails in assorted ways
+        await connection.close()
 
 
 def _delivery(message: AbstractIncomingMessage) -> Delivery:

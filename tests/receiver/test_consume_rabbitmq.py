@@ -6,19 +6,21 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
 import aio_pika
 import pytest
+from faults.stream_proxy import StreamProxy
+from sqlalchemy.orm import Session
 from support.broker_messages import AMQP_URL, consumed, outbox_headers, until
 from support.db_faults import database_down
 from support.receiver_helpers import OTHER_SECRET, SECRET, count_effects, stored_receipts
 
 import outbox
 from receiver import RabbitMQConsumer, ReceiptStore
-from receiver.effects import record_effect
+from receiver.effects import Effect, record_effect, record_effects
 
 WAIT = 30.0
 
@@ -216,5 +218,86 @@ def test_a_database_that_refuses_leaves_messages_in_the_queue_until_it_is_back(
     finally:
         store.close()
         engine.dispose()
+    for reply_id in ids:
+        assert count_effects(db_url, reply_id) == 1
+
+
+async def publish_all(queue: str, reply_ids: list[str]) -> None:
+    """Publish signed messages as the relay would, on one connection, in order."""
+    connection = await aio_pika.connect(AMQP_URL)
+    try:
+        channel = await connection.channel(publisher_confirms=True)
+        for reply_id in reply_ids:
+            body = body_of(reply_id)
+            message = aio_pika.Message(
+                body,
+                headers=dict(outbox_headers(reply_id, body, SECRET)),
+                message_id=reply_id,
+                content_type="application/json",
+                delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
+            )
+            await channel.default_exchange.publish(message, routing_key=queue)
+    finally:
+        await connection.close()
+
+
+def cutting_after(proxy: StreamProxy, marks: set[str]) -> Effect:
+    """The reference effect, which also has the proxy cut the connection right after the
+    commit of a batch holding one of `marks`, as its ack goes up: consuming had started."""
+
+    def one(session: Session, body: bytes) -> None:
+        raise AssertionError("the consumer hands whole batches to an effect with many()")
+
+    def many(session: Session, fresh: Sequence[tuple[str, float, bytes]]) -> None:
+        record_effects(session, fresh)
+        if marks.intersection(reply_id for reply_id, _, _ in fresh):
+            proxy.cut_every(1, times=1)  # the next bytes upstream cut it
+
+    one.many = many  # type: ignore[attr-defined]
+    return one
+
+
+def test_connections_lost_mid_drain_are_waited_out_and_each_message_applied_once(
+    db_url: str, rabbit_queue: str
+) -> None:
+    store = ReceiptStore(db_url)
+    ids = [f"m{i:03d}" for i in range(60)]
+    marks = {"m010", "m025", "m040"}
+
+    async def scenario() -> None:
+        await publish_all(rabbit_queue, ids)
+        with StreamProxy("127.0.0.1", 5672) as proxy:
+            consumer = RabbitMQConsumer(
+                store,
+                url=f"amqp://guest:guest@127.0.0.1:{proxy.port}/",
+                queue=rabbit_queue,
+                secrets=[SECRET],
+                effect=cutting_after(proxy, marks),
+                batch=5,
+                backoff=0.05,
+                backoff_cap=0.2,
+            )
+            task = asyncio.ensure_future(consumer.run())
+
+            async def drained() -> bool:
+                if task.done():
+                    task.result()  # the consumer must not end before stop(): show why
+                    raise AssertionError("the consumer ended before stop()")
+                return consumed(consumer.metrics, "stored") == len(ids)
+
+            try:
+                await until(drained, WAIT, "every message stored")
+            finally:
+                consumer.stop()
+                await asyncio.wait_for(task, WAIT)  # stops cleanly: no exception
+            assert proxy.cuts == len(marks)
+            assert proxy.accepted > len(marks)  # it connected again after each cut
+        assert await waiting(rabbit_queue) == 0
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        store.close()
+    assert sorted(stored_receipts(db_url)) == ids
     for reply_id in ids:
         assert count_effects(db_url, reply_id) == 1
