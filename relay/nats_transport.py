@@ -14,6 +14,7 @@ stream's duplicate window if it had. The next parcel connects anew.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import json
 import logging
@@ -136,31 +137,52 @@ class NatsTransport(Transport):
         return [Parcel(messages[i : i + size]) for i in range(0, len(messages), size)]
 
     async def send(self, parcel: Parcel) -> dict[int, Outcome]:
-        """Publish every message of the parcel at once; each outcome from its own PubAck."""
+        """Publish every message of the parcel at once; each outcome from its own PubAck.
+
+        One deadline, the destination's timeout, bounds the whole attempt: waiting for
+        the connection, connecting, publishing (a flush on a stalled socket) and the
+        PubAcks. Whatever is not acknowledged by then is a retry.
+        """
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.destination.timeout
         try:
-            link = await self._connection()
+            async with asyncio.timeout_at(deadline):
+                link = await self._connection()
         except (OSError, TimeoutError, self._nats.errors.Error) as exc:
-            failed = Retry(None, truncate(f"cannot connect to NATS: {_describe(exc)}"))
-            return dict.fromkeys((m.id for m in parcel.messages), failed)
+            if isinstance(exc, TimeoutError) and loop.time() >= deadline:
+                reason = f"no connection to NATS within {self.destination.timeout:g}s"
+            else:
+                reason = truncate(f"cannot connect to NATS: {_describe(exc)}")
+            return dict.fromkeys((m.id for m in parcel.messages), Retry(None, reason))
         outcomes: dict[int, Outcome] = {}
         acks: dict[int, tuple[str, asyncio.Future[Outcome]]] = {}
-        loop = asyncio.get_running_loop()
+        expired = False
         try:
-            for message in parcel.messages:
-                token = str(next(link.tokens))
-                ack: asyncio.Future[Outcome] = loop.create_future()
-                link.waiting[token] = ack
-                acks[message.id] = (token, ack)
-                refused = await self._publish(link, message, token)
-                if refused is not None:
-                    ack.set_result(refused)
-            await self._wait(link, [ack for _, ack in acks.values()])
+            async with asyncio.timeout_at(deadline):
+                for message in parcel.messages:
+                    token = str(next(link.tokens))
+                    ack: asyncio.Future[Outcome] = loop.create_future()
+                    link.waiting[token] = ack
+                    acks[message.id] = (token, ack)
+                    refused = await self._publish(link, message, token)
+                    if refused is not None:
+                        ack.set_result(refused)
+                await self._wait(link, [ack for _, ack in acks.values()])
+        except TimeoutError:
+            expired = True
         finally:
             for token, _ in acks.values():
                 link.waiting.pop(token, None)
-        for ident, (_, ack) in acks.items():
-            answered = ack.done() and not ack.cancelled()
-            outcomes[ident] = ack.result() if answered else self._unanswered(link)
+        for message in parcel.messages:
+            held = acks.get(message.id)  # None: the deadline came before its publish
+            if held is not None and held[1].done() and not held[1].cancelled():
+                outcomes[message.id] = held[1].result()
+            else:
+                outcomes[message.id] = self._unanswered(link)
+        if expired:
+            # Silence past the deadline may be a half-open connection: the next attempt
+            # connects anew rather than publish into it again.
+            link.lost.set()
         return outcomes
 
     async def _publish(self, link: _Link, message: Message, token: str) -> Outcome | None:
@@ -199,19 +221,18 @@ class NatsTransport(Transport):
         return None
 
     async def _wait(self, link: _Link, acks: list[asyncio.Future[Outcome]]) -> None:
-        """Until every PubAck is in, the timeout passes, or the connection is lost."""
+        """Until every PubAck is in or the connection is lost."""
         pending = [ack for ack in acks if not ack.done()]
         if not pending:
             return
         # asyncio.wait, not gather: cancelling a gather cancels the PubAcks it waits for,
-        # and a cancelled PubAck would read as CancelledError instead of a retry.
+        # and a cancelled PubAck would read as CancelledError instead of a retry. The
+        # caller's deadline ends the wait.
         everything = asyncio.ensure_future(asyncio.wait(pending))
         watch: asyncio.Future[Any] = asyncio.ensure_future(link.lost.wait())
         waits: set[asyncio.Future[Any]] = {everything, watch}
         try:
-            await asyncio.wait(
-                waits, timeout=self.destination.timeout, return_when=asyncio.FIRST_COMPLETED
-            )
+            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
         finally:
             watch.cancel()
             everything.cancel()
@@ -268,7 +289,8 @@ class NatsTransport(Transport):
         # No reconnecting inside the client: it would buffer publishes and send them
         # after the relay counted them as retries. A lost connection is closed, its
         # waiting publishes are retries, and the next parcel connects again.
-        client = await self._nats.connect(
+        client = self._nats.NATS()
+        connecting = client.connect(
             self.destination.url,
             allow_reconnect=False,
             # The client's first connect loops over its server list this many times.
@@ -280,6 +302,15 @@ class NatsTransport(Transport):
             error_cb=on_error,
             name="outbox-relay",
         )
+        try:
+            await connecting
+        except BaseException:
+            # Failed or cut short by the attempt's deadline: close what it opened (never
+            # connected: not a lost connection to warn of).
+            lost.set()
+            with contextlib.suppress(Exception):
+                await client.close()
+            raise
         link = _Link(client, client.new_inbox(), self.destination.timeout)
         link.lost = lost
         prefix = len(link.inbox) + 1

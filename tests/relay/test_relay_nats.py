@@ -11,7 +11,8 @@ import asyncio
 import hashlib
 import logging
 import uuid
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
 from typing import Any
 
 import pytest
@@ -363,3 +364,61 @@ def test_a_message_header_cannot_switch_off_the_streams_dedupe(
 def test_publish_refuses_header_names_jetstream_would_act_on(engine: sa.Engine) -> None:
     with Session(engine) as session, pytest.raises(outbox.InvalidMessage, match="NATS"):
         outbox.publish(session, "default", "r-1", {}, headers={"Nats-Msg-Id": "other"})
+
+
+FAKE_INFO = (
+    b'INFO {"server_id":"FAKE","version":"2.9.0","proto":1,"headers":true,'
+    b'"max_payload":1048576}\r\n'
+)
+
+
+@asynccontextmanager
+async def slow_nats(info_after: float | None) -> AsyncIterator[str]:
+    """A server that greets after `info_after` seconds (None: never), answers PINGs, and
+    otherwise reads everything and answers nothing: no PubAck ever comes."""
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            if info_after is not None:
+                await asyncio.sleep(info_after)  # the slow server, not a wait for an event
+                writer.write(FAKE_INFO)
+            while line := await reader.readline():
+                if info_after is not None and line.startswith(b"PING"):
+                    writer.write(b"PONG\r\n")
+        except ConnectionError:
+            pass
+        finally:
+            writer.transport.abort()
+
+    server = await asyncio.start_server(serve, "127.0.0.1", 0)
+    try:
+        yield f"nats://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+    finally:
+        server.close()
+
+
+@pytest.mark.parametrize("info_after", [0.6, None], ids=["slow-greeting", "silent"])
+def test_an_attempt_ends_within_its_timeout_however_slow_the_server(
+    info_after: float | None,
+) -> None:
+    timeout = 1.0
+    messages = [Message(n, f"r-{n}", "default", b"{}", "0" * 64, {}, 1, 1) for n in (1, 2)]
+
+    async def scenario() -> tuple[dict[int, Any], float]:
+        async with slow_nats(info_after) as url:
+            destination = Destination(
+                url, kind="nats", stream="S", subject="s.x", unsigned=True, timeout=timeout
+            )
+            transport = NatsTransport(destination)
+            loop = asyncio.get_running_loop()
+            started = loop.time()
+            try:
+                outcomes = await transport.send(Parcel(messages))
+                return outcomes, loop.time() - started
+            finally:
+                await transport.close()
+
+    outcomes, took = asyncio.run(scenario())
+    assert took < timeout + 0.3, f"the attempt took {took:.2f}s, its timeout is {timeout}s"
+    assert set(outcomes) == {1, 2}
+    assert all(isinstance(outcome, Retry) for outcome in outcomes.values()), outcomes
