@@ -70,7 +70,8 @@ class Dispatcher:
         """Refuse to run when a destination keeps receipts shorter than our retry window.
 
         Every destination is asked at once, each within its timeout. One that does
-        not answer is a delivery problem, retried like any other (a warning); one
+        not answer is a delivery problem, retried like any other (a warning), and its
+        transport is told the window to check for once it can; one
         that publishes no retention is a warning too, or an error when its config
         sets `require_retention`.
         """
@@ -83,6 +84,7 @@ class Dispatcher:
             longest = window(destination)
             if isinstance(answer, TimeoutError | TransportError):
                 log.warning("destination %s: receipt retention not checked (%s)", name, answer)
+                self.transport(name).check_retention_later(longest)
                 continue
             if isinstance(answer, BaseException):
                 raise answer

@@ -125,6 +125,8 @@ class NatsTransport(Transport):
         self.subject = destination.subject
         self._link: _Link | None = None
         self._connecting = asyncio.Lock()
+        self._required_window: float | None = None
+        """A duplicate window to check for before publishing: the start check could not."""
 
     @property
     def mode(self) -> str:
@@ -148,12 +150,15 @@ class NatsTransport(Transport):
         try:
             async with asyncio.timeout_at(deadline):
                 link = await self._connection()
-        except (OSError, TimeoutError, self._nats.errors.Error) as exc:
+                refusal = await self._unmet_window(link)
+        except (OSError, TimeoutError, TransportError, self._nats.errors.Error) as exc:
             if isinstance(exc, TimeoutError) and loop.time() >= deadline:
                 reason = f"no connection to NATS within {self.destination.timeout:g}s"
             else:
                 reason = truncate(f"cannot connect to NATS: {_describe(exc)}")
             return dict.fromkeys((m.id for m in parcel.messages), Retry(None, reason))
+        if refusal is not None:
+            return dict.fromkeys((m.id for m in parcel.messages), Retry(None, refusal))
         outcomes: dict[int, Outcome] = {}
         acks: dict[int, tuple[str, asyncio.Future[Outcome]]] = {}
         expired = False
@@ -327,15 +332,57 @@ class NatsTransport(Transport):
         """Cannot say: JetStream looks up a Nats-Msg-Id only as a publish's duplicate check."""
         return None
 
+    def check_retention_later(self, required: float) -> None:
+        """The start check could not read the stream: read it before the first publish."""
+        self._required_window = required
+
+    async def _unmet_window(self, link: _Link) -> str | None:
+        """Why nothing may be published yet (the stream as the start check would refuse
+        it), or None; read on each attempt until the stream passes once."""
+        required = self._required_window
+        if required is None:
+            return None
+        try:
+            window = await self._duplicate_window(link)
+        except ConfigError as exc:
+            refusal = f"{exc}; nothing is published until that is fixed"
+        else:
+            if window >= required:
+                self._required_window = None
+                log.info("NATS stream %s: duplicate window %gs checked", self.stream, window)
+                return None
+            why = (
+                f"NATS destination: stream {self.stream!r} keeps a duplicate window of "
+                f"{window:g}s, shorter than the longest retry window ({required:g}s): a "
+                "resend could be stored twice"
+            )
+            if self.destination.allow_short_retention:
+                self._required_window = None
+                log.warning("%s (allow_short_retention is set)", why)
+                return None
+            refusal = (
+                f"{why}; nothing is published until its duplicate_window is at least "
+                f"{required:g}s (or allow_short_retention is set)"
+            )
+        log.error("%s", refusal, extra={"fields": {"stream": self.stream}})
+        return truncate(refusal)
+
     async def retention(self) -> float | None:
         """The stream's duplicate window (seconds), after checking it captures the subject.
 
         ConfigError when the stream does not exist, does not capture the subject, or
         does not acknowledge publishes; TransportError when NATS cannot be reached.
         """
-        nats = self._nats
         try:
             link = await self._connection()
+        except (OSError, TimeoutError, self._nats.errors.Error) as exc:
+            raise TransportError(f"NATS stream {self.stream!r} not read: {_describe(exc)}") from exc
+        return await self._duplicate_window(link)
+
+    async def _duplicate_window(self, link: _Link) -> float:
+        """retention() on an open connection."""
+        nats = self._nats
+        try:
             info = await link.js.stream_info(self.stream)
         except nats.js.errors.NotFoundError:
             raise ConfigError(

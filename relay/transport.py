@@ -60,6 +60,13 @@ class Transport(ABC):
     async def retention(self) -> float | None:
         """How long the destination keeps receipts (seconds), when it says."""
 
+    def check_retention_later(self, required: float) -> None:  # noqa: B027 - optional hook
+        """The start check could not ask: check for `required` seconds before delivering.
+
+        Only a transport that can ask on its own connection does (NATS: the stream's
+        duplicate window); the others keep the start check's warning alone.
+        """
+
     @abstractmethod
     async def close(self) -> None:
         """Release connections."""

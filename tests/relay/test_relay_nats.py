@@ -13,6 +13,7 @@ import logging
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -20,7 +21,9 @@ import sqlalchemy as sa
 from sqlalchemy.orm import Session
 from support.nats_helpers import (
     NATS_URL,
+    NatsServer,
     Stream,
+    new_stream,
     require_nats,
     stream_of_this_test,
     with_jetstream,
@@ -422,3 +425,68 @@ def test_an_attempt_ends_within_its_timeout_however_slow_the_server(
     assert took < timeout + 0.3, f"the attempt took {took:.2f}s, its timeout is {timeout}s"
     assert set(outcomes) == {1, 2}
     assert all(isinstance(outcome, Retry) for outcome in outcomes.values()), outcomes
+
+
+@pytest.mark.parametrize("allowed", [False, True], ids=["refused", "allowed"])
+def test_a_short_window_found_after_the_start_check_failed_stops_publishing_unless_allowed(
+    db_url: str,
+    engine: sa.Engine,
+    clock: ManualClock,
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+    allowed: bool,
+) -> None:
+    server = NatsServer(tmp_path)  # not started: the start check cannot reach it
+    short = new_stream(server.url, duplicate_window=60)
+    destination = Destination(
+        server.url,
+        kind="nats",
+        stream=short.name,
+        subject=f"{short.prefix}.{{ordering_key}}",
+        secret=SECRET,
+        timeout=5,
+        allow_short_retention=allowed,
+    )
+    ids = ["r-1", "r-2"]
+    publish_many(engine, ids, clock=clock)
+    with Relay(db_url, {"default": destination}, clock=clock) as relay:
+        with caplog.at_level(logging.WARNING):
+            relay._loop.run_until_complete(relay.check_retention())  # a warning only
+        assert any("retention not checked" in r.getMessage() for r in caplog.records)
+        server.start()
+        try:
+            assert dict(relay.dispatch_once()) == dict.fromkeys(ids, "retry")  # no stream yet
+            for row in rows(engine).values():
+                assert "does not exist" in row["last_error"]
+                assert "nothing is published until that is fixed" in row["last_error"]
+            short.create()
+            clock.advance(3600)
+            with caplog.at_level(logging.WARNING):
+                verdicts = dict(relay.dispatch_once())
+            if allowed:
+                assert verdicts == dict.fromkeys(ids, "sent")
+                assert any("allow_short_retention is set" in r.getMessage() for r in caplog.records)
+                assert sorted(m.headers["Nats-Msg-Id"] for m in short.stored()) == ids
+                return
+            assert verdicts == dict.fromkeys(ids, "retry")
+            for row in rows(engine).values():
+                error = row["last_error"]
+                assert "duplicate window of 60s, shorter than the longest retry" in error
+                assert "allow_short_retention" in error
+            assert any(
+                r.levelno == logging.ERROR and "duplicate window of 60s" in r.getMessage()
+                for r in caplog.records
+            )
+            assert short.stored() == []
+            # The operator lengthens the window: the next attempt publishes.
+            with_jetstream(
+                server.url,
+                lambda js: js.update_stream(
+                    name=short.name, subjects=[short.subjects], duplicate_window=3600
+                ),
+            )
+            clock.advance(3600)
+            assert dict(relay.dispatch_once()) == dict.fromkeys(ids, "sent")
+            assert sorted(m.headers["Nats-Msg-Id"] for m in short.stored()) == ids
+        finally:
+            server.kill()
