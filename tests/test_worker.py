@@ -318,14 +318,15 @@ def test_an_outcome_is_written_once_the_database_answers_again(
     [task_id] = submit(queue, 1)
     runs: list[int] = []
     refusals = iter(range(4))
-    real_finish = queue.finish
+    real_finish_many = queue.finish_many
 
-    def finish_after_an_outage(claim: Claim, result: Any, **kwargs: Any) -> None:
+    def finish_after_an_outage(finished: Any) -> Any:
         if next(refusals, None) is not None:
             raise sa.exc.OperationalError("COMMIT", {}, Exception("server closed"), True)
-        real_finish(claim, result, **kwargs)
+        return real_finish_many(finished)
 
-    monkeypatch.setattr(queue, "finish", finish_after_an_outage)
+    # The worker writes results through finish_many (its group commit).
+    monkeypatch.setattr(queue, "finish_many", finish_after_an_outage)
 
     def handler(claim: Claim, stop: threading.Event) -> dict[str, Any]:
         runs.append(claim.attempt)
@@ -334,6 +335,7 @@ def test_an_outcome_is_written_once_the_database_answers_again(
     with running_in_thread(Worker(queue, handler, poll_interval=0.05)):
         assert wait_until(lambda: states(queue, [task_id]) == ["done"], 10)
     assert runs == [1]  # written by the first run, after four refused writes
+    assert next(refusals, None) is None  # all four were refused
 
 
 def submit_named(queue: TaskQueue, name: str) -> str:
