@@ -24,7 +24,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -148,16 +148,29 @@ def receiver_process(url: str, workdir: Path) -> Iterator[str]:
 
 @contextmanager
 def relay_processes(
-    url: str, target: str, workdir: Path, count: int, mode: str, batch: int
+    url: str,
+    target: str,
+    workdir: Path,
+    count: int,
+    mode: str,
+    batch: int,
+    broker: dict[str, str] | None = None,
 ) -> Iterator[None]:
-    """`count` relay processes delivering to `target`."""
+    """`count` relay processes delivering to `target` over HTTP in `mode`.
+
+    With `broker` (the destination's kind and its own keys: stream and subject, or
+    exchange and routing_key), to that broker at `target` instead; every other
+    setting is the same.
+    """
     secret_file = workdir / "secret"
-    config = workdir / f"relay-{mode}.toml"
+    secret_file.write_text(SECRET + "\n")
+    config = workdir / f"relay-{mode if broker is None else broker['kind']}.toml"
+    where = {"mode": mode} if broker is None else broker
     config.write_text(
         f"[relay]\nbatch = {batch}\nlease = 30\npoll_interval = 0.05\nmax_attempts = 5\n"
         f'[destinations.default]\nurl = "{target}"\nsecret_file = "{secret_file}"\n'
-        f'mode = "{mode}"\ntimeout = 10\nconcurrency = {CONCURRENCY}\n'
-        f"max_batch_items = {BATCH_ITEMS}\n"
+        + "".join(f'{key} = "{value}"\n' for key, value in where.items())
+        + f"timeout = 10\nconcurrency = {CONCURRENCY}\nmax_batch_items = {BATCH_ITEMS}\n"
     )
     ports = [free_port() for _ in range(count)]
     procs = [
@@ -293,26 +306,46 @@ def drain_backlog(
     The database may hold history (rows before `first_id`); it is never counted.
     The receiver stores its receipts in `receiver_url`, by default the same database.
     """
+    with (
+        tempfile.TemporaryDirectory() as tmp,
+        receiver_process(receiver_url or url, Path(tmp)) as target,
+    ):
+        result = timed_drain(
+            url,
+            total,
+            lambda: relay_processes(url, target, Path(tmp), relays, mode, batch),
+            first_id,
+        )
+    return {"scenario": f"drain-{mode}", **result}
+
+
+def timed_drain(
+    url: str,
+    total: int,
+    start_relays: Callable[[], AbstractContextManager[None]],
+    first_id: int = 1,
+) -> dict[str, Any]:
+    """Time the relays `start_relays` starts until nothing from id `first_id` on is undelivered.
+
+    Timed from when every relay is up (what they sent while the others started is
+    subtracted) to when no message is pending or sending.
+    """
     engine = outbox.create_engine(url)
     try:
-        with (
-            tempfile.TemporaryDirectory() as tmp,
-            receiver_process(receiver_url or url, Path(tmp)) as target,
-        ):
-            launched = time.monotonic()
-            with relay_processes(url, target, Path(tmp), relays, mode, batch):
-                # Timed from when every relay is up; what they sent while the others
-                # started is subtracted.
-                started = time.monotonic()
-                before = sent_since(engine, first_id)
-                deadline = started + DRAIN_DEADLINE_SECONDS
-                pause = threading.Event()
-                while undelivered(engine):
-                    if time.monotonic() > deadline:
-                        raise RuntimeError(f"relays did not drain {total} in time")
-                    pause.wait(0.05)
-                finished = time.monotonic()
-            sent = sent_since(engine, first_id)
+        launched = time.monotonic()
+        with start_relays():
+            # Timed from when every relay is up; what they sent while the others
+            # started is subtracted.
+            started = time.monotonic()
+            before = sent_since(engine, first_id)
+            deadline = started + DRAIN_DEADLINE_SECONDS
+            pause = threading.Event()
+            while undelivered(engine):
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"relays did not drain {total} in time")
+                pause.wait(0.05)
+            finished = time.monotonic()
+        sent = sent_since(engine, first_id)
     finally:
         engine.dispose()
     timed_from = "every relay up"
@@ -322,7 +355,6 @@ def drain_backlog(
         started, before, timed_from = launched, 0, "first relay started"
     elapsed = finished - started
     return {
-        "scenario": f"drain-{mode}",
         "messages": total,
         "seconds": round(elapsed, 2),
         "rate": round((sent - before) / elapsed),
