@@ -6,9 +6,10 @@ Every scenario is run `--runs` times; each run measures ours and its baseline
 back to back on fresh databases, so machine noise hits both. The table gives
 medians and the median of the per-run ratios, against the targets. Scenarios:
 publish overhead (sync, and async on asyncpg), relay drain against a naive
-relay, live latency, task throughput against PGQueuer, a worker's waiting
-handlers and its NOTIFY wake-up (benchmarks.worker_waits), cost growth with a
-large history, and the same
+relay, drains into NATS JetStream and RabbitMQ against the HTTP batch drain
+with the consumers' rate (benchmarks.broker_drain), live latency, task
+throughput against PGQueuer, a worker's waiting handlers and its NOTIFY wake-up
+(benchmarks.worker_waits), cost growth with a large history, and the same
 drain, task throughput and publish on SQLite files beside PostgreSQL (the
 SQLite rows' baseline is our PostgreSQL figure from the same run).
 """
@@ -39,7 +40,7 @@ from sqlalchemy.orm import Session
 import outbox
 import outbox.asyncio
 import receiver
-from benchmarks import cost_growth, profiles, task_throughput, worker_waits
+from benchmarks import broker_drain, cost_growth, profiles, task_throughput, worker_waits
 from benchmarks.relay_bench import (
     ROOT,
     SECRET,
@@ -362,6 +363,31 @@ def measure(runs: int, quick: bool) -> list[Row]:
             baseline=None,
         )
     )
+    brokers = repeat("broker drains", runs, lambda: broker_drain.run(quick))
+    for kind, name in (("nats", "JetStream"), ("rabbitmq", "RabbitMQ")):
+        rows.append(
+            median_row(
+                f"drain into {name} vs HTTP batch",
+                "postgresql",
+                "messages/s",
+                brokers,
+                ">= 1.0",
+                lambda r: r >= 1.0,
+                ours=kind,
+                baseline="http",
+            )
+        )
+    for kind, name in (("nats", "JetStream"), ("rabbitmq", "RabbitMQ")):
+        rows.append(
+            median_row(
+                f"consume from {name}",
+                "postgresql",
+                "messages/s",
+                brokers,
+                ours=f"{kind}_consume",
+                baseline=None,
+            )
+        )
     latency = repeat("live latency", runs, lambda: live_latency(size.live_seconds))
     for scenario, figure, unit, limit, target in (
         ("live commit-to-receipt p50", "p50_ms", "ms", 10, "<= 10 ms"),
@@ -593,6 +619,13 @@ BASELINES = (
     "one transaction each.",
     "drain: benchmarks/naive_relay.py, one row per transaction, one POST per message on a "
     "new connection, 1 s polling; ours is 2 relays in batch mode into the reference receiver.",
+    "broker drains: the same 2 relays (same batch settings) into a JetStream stream of the "
+    "run's own (PubAck per message) and into a RabbitMQ topic exchange with publisher "
+    "confirms and one durable queue bound to it, each against the HTTP batch drain of the "
+    "same backlog measured just before them (benchmarks/broker_drain.py). The consume rows: "
+    "one `outbox receiver consume` process (default batch) taking what the broker holds into "
+    "the receiver's tables with the reference effect, timed from its metrics answering to "
+    "the last message stored; reported without a target.",
     "live: 4 producer processes committing one row per transaction at their full rate, one "
     "relay; timestamps from the databases (commit to receipt).",
     "tasks: PGQueuer (the `bench` extra) draining as many no-op jobs with its own dequeue and "
