@@ -2,14 +2,16 @@
 
 Run: .venv/bin/python -m benchmarks.profiles worker [--tasks 20000]
      .venv/bin/python -m benchmarks.profiles drain [--messages 200000]
+     .venv/bin/python -m benchmarks.profiles nats|rabbitmq [--messages 200000]
 
 py-spy (the `bench` extra) samples the thread holding the interpreter lock in
 each process, so the figures say where the CPU goes rather than which threads
 wait. `worker`: one Worker process draining prefilled no-op tasks on a fresh
 PostgreSQL database. `drain`: the suite's drain (two relays in batch mode into
 the reference receiver), one relay and the receiver sampled for a few seconds
-mid-drain. Printed per process: the share of samples under each function
-(inclusive), most first.
+mid-drain. `nats`, `rabbitmq`: the same relays draining into that broker
+(benchmarks.broker_drain), one relay sampled mid-drain. Printed per process:
+the share of samples under each function (inclusive), most first.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import time
 from pathlib import Path
 
 import outbox
+from benchmarks.broker_drain import BATCH, PLACES, RELAYS
 from benchmarks.relay_bench import (
     ROOT,
     children_running,
@@ -157,10 +160,41 @@ def drain(messages: int) -> str:
         )
 
 
+def broker(kind: str, messages: int) -> str:
+    """Sample a relay mid-drain of `messages` into the broker `kind` (benchmarks.broker_drain)."""
+    spy = py_spy()
+    with (
+        fresh_database() as url,
+        tempfile.TemporaryDirectory() as tmp,
+        PLACES[kind]() as place,
+    ):
+        prefill(url, messages)
+        engine = outbox.create_engine(url)
+        raw = Path(tmp) / "relay.txt"
+        try:
+            with relay_processes(
+                url, place.url, Path(tmp), RELAYS, "batch", BATCH, broker=place.destination
+            ):
+                subprocess.run(
+                    [spy, "record", *sampling(raw), *attach(children_running("relay")[0])],
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL,
+                    timeout=DRAIN_DEADLINE_SECONDS,
+                    check=True,
+                )
+                deadline = time.monotonic() + DRAIN_DEADLINE_SECONDS
+                pause = threading.Event()
+                while undelivered(engine) and time.monotonic() < deadline:
+                    pause.wait(0.1)
+        finally:
+            engine.dispose()
+        return f"relay ({kind}): {summarize(raw, seconds=DRAIN_SAMPLE_SECONDS)}"
+
+
 def main(argv: list[str] | None = None) -> int:
     """Profile one draining Worker, or a drain, and print the summary."""
     parser = argparse.ArgumentParser(prog="python -m benchmarks.profiles")
-    parser.add_argument("what", choices=("worker", "drain"))
+    parser.add_argument("what", choices=("worker", "drain", "nats", "rabbitmq"))
     parser.add_argument("--tasks", type=int, default=20_000)
     parser.add_argument("--messages", type=int, default=200_000)
     parser.add_argument("--drain", help=argparse.SUPPRESS)  # the sampled Worker's own mode
@@ -168,7 +202,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.drain:
         drain_once(args.drain)
         return 0
-    print(worker(args.tasks) if args.what == "worker" else drain(args.messages))
+    if args.what == "worker":
+        print(worker(args.tasks))
+    elif args.what == "drain":
+        print(drain(args.messages))
+    else:
+        print(broker(args.what, args.messages))
     return 0
 
 

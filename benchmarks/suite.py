@@ -610,6 +610,16 @@ PROFILES = (
         f"a relay and the receiver for {profiles.DRAIN_SAMPLE_SECONDS} s in the middle of a "
         f"drain of {PROFILE_MESSAGES:,} replies by two relays",
     ),
+    *(
+        (
+            f"{kind}_profile",
+            f"Where a drain into {name}'s time goes",
+            f"python -m benchmarks.profiles {kind} --messages {PROFILE_MESSAGES}",
+            f"a relay for {profiles.DRAIN_SAMPLE_SECONDS} s in the middle of a drain of "
+            f"{PROFILE_MESSAGES:,} replies by two relays into {name}",
+        )
+        for kind, name in (("nats", "JetStream"), ("rabbitmq", "RabbitMQ"))
+    ),
 )
 
 
@@ -698,6 +708,10 @@ def main(argv: list[str] | None = None) -> int:
         if not args.quick and missed & {"drain rate", "drain vs naive relay"}:
             log("the drain missed its target: profiling a relay and the receiver")
             document["drain_profile"] = profiles.drain(PROFILE_MESSAGES)
+        for kind, name in (("nats", "JetStream"), ("rabbitmq", "RabbitMQ")):
+            if not args.quick and f"drain into {name} vs HTTP batch" in missed:
+                log(f"the drain into {name} missed its target: profiling a relay")
+                document[f"{kind}_profile"] = profiles.broker(kind, PROFILE_MESSAGES)
         Path(args.json).write_text(json.dumps(document, indent=2) + "\n", encoding="utf-8")
         Path(args.doc).write_text(markdown(rows, document), encoding="utf-8")
         log(f"wrote {args.doc}")
