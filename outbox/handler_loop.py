@@ -112,12 +112,16 @@ class BatchedWrites(Generic[T, R]):
                 batch, self._waiting = self._waiting, []
                 try:
                     answers = await self._loop.write(partial(self._write, [i for i, _ in batch]))
+                    if len(answers) != len(batch):
+                        raise RuntimeError(f"{len(answers)} answers for {len(batch)} items")
                 except asyncio.CancelledError:  # the loop is closing: so are its submitters
                     for _, answer in batch + self._waiting:
                         answer.cancel()
                     self._waiting = []
                     raise
-                except Exception as exc:  # noqa: BLE001 - each submitter gets the error
+                except BaseException as exc:  # noqa: BLE001 - each submitter gets the error
+                    # Any error, SystemExit from a writer thread included: an answer left
+                    # unset would hang its handler until the end of the grace period.
                     for _, answer in batch:
                         if not answer.done():
                             answer.set_exception(exc)

@@ -366,6 +366,15 @@ class TaskQueue(DatabaseHandle):
                 )
         return str(state)
 
+    def release(self, claim: Claim) -> bool:
+        """Give a claimed task back before its handler ran: pending at once, the attempt not
+        counted. False when the claim no longer holds it (nothing changed)."""
+        with self._engine.begin() as conn:
+            released = conn.execute(
+                task_sql.release_task(self._dialect), self._holding(claim, clock_value(self.clock))
+            ).first()
+        return released is not None
+
     def cancel(self, task_id: str, reason: str = "cancelled") -> bool:
         """Cancel a pending or running task with its reply; False when it is already final."""
         reason = _storable_reason(reason)

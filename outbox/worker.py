@@ -381,6 +381,10 @@ class Worker:
                     # Its lease was lost (or the worker gave up) before it ever ran.
                     self._count("discarded")
                     return
+                if self._stopping.is_set():
+                    # Stopping: only handlers already running finish; this one never ran.
+                    await loop.write(partial(self._give_back, running))
+                    return
                 started = time.perf_counter()
                 try:
                     result = await self.handler(claim, running.async_stop)
@@ -401,14 +405,26 @@ class Worker:
                 # Cancelled by something of its own, not by the end of the drain.
                 log.error("task %s: handler cancelled; its lease will expire", claim.task_id)
                 self._count("unrecorded")
-        except BaseException:
-            # SystemExit or KeyboardInterrupt from one handler would otherwise leave the
-            # event loop, ending every other handler with it; a slot thread survives the
-            # same (see _handle_each), and so does the loop.
+        except (SystemExit, KeyboardInterrupt):
+            # From one handler, either would otherwise leave the event loop, ending every
+            # other handler with it; a slot thread survives the same (see _handle_each),
+            # and so does the loop.
             log.exception("task %s: outcome not recorded; its lease will expire", claim.task_id)
             self._count("unrecorded")
         finally:
             self._release(running)
+
+    def _give_back(self, running: _Running) -> None:
+        """Release a task claimed ahead that will not run here: another worker takes it."""
+        try:
+            released = self.queue.release(running.claim)
+        except sa.exc.DBAPIError as exc:
+            log.warning(
+                "task %s: not given back (%s); its lease will expire", running.claim.task_id, exc
+            )
+            self._count("unrecorded")
+            return
+        self._count("released" if released else "discarded")
 
     def _refuse_awaitable(self, claim: Claim, result: object) -> None:
         """A plain handler returned a coroutine: stop the worker, write nothing for the task."""
@@ -431,7 +447,8 @@ class Worker:
         the next group commit while another task runs, since a turn spent waiting for
         a commit and then a claim would leave the slot idle. An async worker also
         holds CLAIM_AHEAD of `concurrency` claimed and waiting for a slot (their
-        leases renewed like the others'), and results in flight are capped at
+        leases renewed like the others'; given back unrun if the worker stops). All
+        held leases, results waiting for their commit included, stay within 2.5 x
         `concurrency`, so a slow database stops the claims.
         """
         ahead = int(self.concurrency * CLAIM_AHEAD) if self.is_async else 0

@@ -181,6 +181,40 @@ def test_a_slot_takes_the_next_task_while_the_last_result_waits_for_its_commit(
     assert commit_held.is_set()
 
 
+def test_tasks_claimed_ahead_are_given_back_unrun_when_the_worker_stops(
+    queue: TaskQueue,
+) -> None:
+    ids = submit(queue, 3)
+    started: list[str] = []
+    both_running, release = threading.Event(), threading.Event()
+
+    async def handler(claim: Claim, stop: asyncio.Event) -> str:
+        started.append(claim.task_id)
+        if len(started) == 2:
+            both_running.set()
+        while not release.is_set():  # busy elsewhere until the test lets it finish
+            await asyncio.sleep(0.01)
+        return "ok"
+
+    metrics = WorkerMetrics()
+    # Two slots and one task claimed ahead, waiting for a slot.
+    worker = Worker(queue, handler, concurrency=2, poll_interval=0.05, metrics=metrics)
+    with running_in_thread(worker) as thread:
+        assert both_running.wait(15)
+        assert wait_until(lambda: len(worker._running) == 3)
+        worker.stop()
+        release.set()  # the running two finish within the grace period
+        thread.join(15)
+        assert not thread.is_alive()
+    assert 'outcome="released"} 1' in metrics.render().decode()
+    assert len(started) == 2
+    [waiting] = [task_id for task_id in ids if task_id not in started]
+    task = queue.task(waiting)
+    assert task is not None
+    assert (task["state"], task["attempts"]) == ("pending", 0)  # its attempt given back
+    assert states(queue, started) == ["done", "done"]
+
+
 def test_an_error_fails_the_attempt_and_a_permanent_failure_ends_the_task(
     queue: TaskQueue,
 ) -> None:

@@ -43,7 +43,8 @@ SYNC_DRIVERS = {
 _OWN_POSTGRESQL_DRIVER = "postgresql+psycopg"
 # asyncpg's URL options that libpq does not know: its TLS switch has a libpq name, its
 # statement cache has no meaning for psycopg (which prepares by its own threshold).
-_ASYNCPG_SSL_MODES = {"true": "require", "false": "disable"}
+# asyncpg's ssl=true verifies the server's certificate and name (a default SSL context).
+_ASYNCPG_SSL_MODES = {"true": "verify-full", "false": "disable"}
 _ASYNCPG_ONLY_OPTIONS = ("prepared_statement_cache_size", "prepared_statement_name_func")
 
 

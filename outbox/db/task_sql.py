@@ -311,6 +311,24 @@ def fail_task(dialect_name: str) -> sa.Update:
 
 
 @functools.cache
+def release_task(dialect_name: str) -> sa.Update:
+    """Give a held task back unrun: pending and due at once, its claim's attempt returned."""
+    now = bound_now(dialect_name)
+    return (
+        sa.update(tasks)
+        .where(_held(now))
+        .values(
+            state=TaskState.PENDING.value,
+            available_at=now,
+            lease_until=None,
+            attempts=tasks.c.attempts - 1,
+            updated_at=now,
+        )
+        .returning(tasks.c.state)
+    )
+
+
+@functools.cache
 def cancel_task(dialect_name: str) -> sa.Update:
     """Cancel :cancelled_task at once when it is pending or running, :reason its last error;
     built once."""

@@ -300,7 +300,7 @@ def test_asyncpg_url_options_are_given_their_libpq_names(db_url: str) -> None:
     )
     assert url.drivername == "postgresql+psycopg"
     assert dict(url.query) == {"sslmode": "disable", "application_name": "a"}
-    assert outbox_make_url("postgresql+asyncpg://u@h/db?ssl=true").query["sslmode"] == "require"
+    assert outbox_make_url("postgresql+asyncpg://u@h/db?ssl=true").query["sslmode"] == "verify-full"
     if sa.make_url(db_url).get_backend_name() == "postgresql":
         pgbouncer_style = sa.make_url(db_url).set(
             drivername="postgresql+asyncpg",

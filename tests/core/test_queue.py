@@ -1061,3 +1061,20 @@ def test_manual_clock_only_moves_forward() -> None:
     with pytest.raises(ValueError, match="back"):
         clock.advance(-1)
     assert clock() == 7.5
+
+
+def test_release_gives_a_claimed_task_back_unrun_and_only_under_its_claim(
+    queue: TaskQueue, clock: ManualClock
+) -> None:
+    task_id = submit(queue, clock, "m-release")
+    held = claim(queue, "w-1")
+    assert queue.release(held)
+    released = task(queue, task_id)
+    assert (released["state"], released["attempts"], released["lease_until"]) == (
+        "pending",
+        0,
+        None,
+    )
+    assert not queue.release(held)  # no longer held: nothing changes
+    again = claim(queue, "w-2")
+    assert (again.task_id, again.attempt, again.fence) == (task_id, 1, held.fence + 1)
