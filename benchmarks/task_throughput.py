@@ -34,7 +34,7 @@ from outbox.canonical import canonical_bytes
 from outbox.intake import AuthContext, Envelope, accept
 from outbox.schema import inbox, messages, tasks
 from outbox.tasks import Claim, TaskQueue
-from outbox.worker import Worker
+from outbox.worker import Handler, Worker
 
 WORKERS = 2  # consumer processes: one per core of the benchmark machine
 CONCURRENCY = 10  # tasks held at once per process; PGQueuer's batch size (its default too)
@@ -223,10 +223,25 @@ def wait_ready(ready: Any, procs: list[Any]) -> None:
 
 def our_consumer(index: int, url: str, concurrency: int, signals: Signals) -> None:
     """A consumer process: one Worker with the no-op handler, built as `outbox worker` builds it."""
-    with TaskQueue(url, lease=30) as queue:
-        # poll_interval only matters when the queue looks empty: at the very end.
+    timed_worker(url, noop, f"bench-worker-{index}", concurrency, signals)
+
+
+def timed_worker(
+    url: str,
+    handler: Handler,
+    owner: str,
+    concurrency: int,
+    signals: Signals,
+    lease: float = 30.0,
+    poll_interval: float = 0.05,
+) -> None:
+    """Run one Worker (as `outbox worker` builds it) between the parent's start and stop.
+
+    poll_interval only matters when the queue looks empty: at the very end.
+    """
+    with TaskQueue(url, lease=lease) as queue:
         worker = Worker(
-            queue, noop, owner=f"bench-worker-{index}", concurrency=concurrency, poll_interval=0.05
+            queue, handler, owner=owner, concurrency=concurrency, poll_interval=poll_interval
         )
         with queue.engine.connect():
             pass  # connected before the clock starts

@@ -42,6 +42,7 @@ from benchmarks.task_throughput import (
     task_taken,
     tasks_left,
     timed_drain,
+    timed_worker,
 )
 from outbox.intake import AuthContext, Envelope
 from outbox.tasks import Claim, TaskQueue
@@ -89,20 +90,8 @@ HANDLERS: dict[str, Handler] = {
 
 def waiting_consumer(index: int, url: str, kind: str, concurrency: int, signals: Signals) -> None:
     """A consumer process: one Worker running handler `kind`, built as `outbox worker` builds it."""
-    with TaskQueue(url, lease=LEASE) as queue:
-        worker = Worker(
-            queue,
-            HANDLERS[kind],
-            owner=f"bench-{kind}-{index}",
-            concurrency=concurrency,
-            poll_interval=DRAIN_POLL,
-        )
-        with queue.engine.connect():
-            pass  # connected before the clock starts
-        cpu = signals.start()
-        threading.Thread(target=stop_when, args=(signals.stop, worker.stop), daemon=True).start()
-        worker.run(install_signal_handlers=False)
-        signals.done(cpu)
+    owner = f"bench-{kind}-{index}"
+    timed_worker(url, HANDLERS[kind], owner, concurrency, signals, LEASE, DRAIN_POLL)
 
 
 def drain_rate(kind: str, count: int, concurrency: int) -> float:

@@ -15,8 +15,9 @@ from collections.abc import Callable
 
 import psycopg
 
+from outbox.db.dialect import TASKS_NOTIFY_CHANNEL
+
 log = logging.getLogger("outbox.worker")
-TASKS_CHANNEL = "outbox_tasks"
 # How often the thread looks up from its connection to see whether it should end.
 CHECK_EVERY = 0.5
 # Seconds a connection attempt may take: close() waits for the thread, and libpq's own
@@ -59,7 +60,7 @@ class TaskWakeups:
                 with psycopg.connect(
                     self._conninfo, autocommit=True, connect_timeout=CONNECT_TIMEOUT
                 ) as conn:
-                    conn.execute(f"LISTEN {TASKS_CHANNEL}")
+                    conn.execute(f"LISTEN {TASKS_NOTIFY_CHANNEL}")
                     self.listening.set()
                     self._wake()  # what arrived while we were not listening
                     while not self._closed.is_set():

@@ -26,6 +26,8 @@ from outbox.clock import Clock
 SQLITE_BUSY_TIMEOUT_MS = 30_000
 # Migration o0002 installs a trigger that notifies this channel on every insert of messages.
 NOTIFY_CHANNEL = "outbox_messages"
+# Migration o0008 notifies this channel when tasks are inserted or become due again.
+TASKS_NOTIFY_CHANNEL = "outbox_tasks"
 READ_ONLY = "outbox_read_only"
 UNPREPARED = "outbox_unprepared"
 """Execution option: plan this statement for its actual parameters every time (PostgreSQL)."""
