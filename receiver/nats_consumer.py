@@ -23,6 +23,7 @@ import logging
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
+from outbox.clients import optional_client
 from outbox.errors import ConfigError
 from receiver.consume import (
     DEFAULT_BACKOFF,
@@ -52,14 +53,7 @@ log = logging.getLogger("outbox.receiver.consume")
 
 def _nats() -> Any:
     """The nats package, or a ConfigError saying how to install it."""
-    try:
-        import nats
-        import nats.js.errors
-    except ImportError as exc:
-        raise ConfigError(
-            "consuming from NATS needs nats-py: pip install 'outbox-relay[nats]'"
-        ) from exc
-    return nats
+    return optional_client("nats", "consuming from NATS", "nats", "nats.js.errors")
 
 
 class NatsConsumer(Consumer):

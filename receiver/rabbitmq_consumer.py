@@ -22,6 +22,7 @@ import logging
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
+from outbox.clients import optional_client
 from outbox.errors import ConfigError
 from receiver.consume import (
     ACKNOWLEDGED,
@@ -51,14 +52,7 @@ log = logging.getLogger("outbox.receiver.consume")
 
 def _aio_pika() -> Any:
     """The aio_pika package, or a ConfigError saying how to install it."""
-    try:
-        import aio_pika
-        import aio_pika.exceptions
-    except ImportError as exc:
-        raise ConfigError(
-            "consuming from RabbitMQ needs aio-pika: pip install 'outbox-relay[rabbitmq]'"
-        ) from exc
-    return aio_pika
+    return optional_client("rabbitmq", "consuming from RabbitMQ", "aio_pika", "aio_pika.exceptions")
 
 
 class _ChannelLost(Exception):

@@ -21,6 +21,7 @@ import logging
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from outbox.clients import optional_client
 from outbox.errors import ConfigError, TransportError
 from outbox.redaction import redact, redact_urls
 from relay.broker_headers import broker_headers
@@ -84,16 +85,6 @@ def header_bytes(headers: Mapping[str, str]) -> int:
     return len(b"NATS/1.0\r\n") + sum(lines) + 2
 
 
-def _import_nats() -> Any:
-    try:
-        import nats
-    except ImportError:
-        raise ConfigError(
-            "destinations of kind nats need the NATS client: pip install 'outbox-relay[nats]'"
-        ) from None
-    return nats
-
-
 class _Link:
     """One connection, and the PubAcks its publishes wait for, by reply token."""
 
@@ -118,7 +109,7 @@ class NatsTransport(Transport):
     def __init__(self, destination: Destination) -> None:
         """Nothing connects until the first publish or retention check."""
         super().__init__(destination)
-        self._nats = _import_nats()
+        self._nats: Any = optional_client("nats", "a destination of kind nats", "nats")
         if destination.stream is None or destination.subject is None:
             raise ConfigError("a destination of kind nats needs stream and subject")
         self.stream = destination.stream

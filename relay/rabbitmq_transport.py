@@ -29,8 +29,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
+from outbox.clients import optional_client
 from outbox.errors import ConfigError, TransportError
 from outbox.redaction import redact, redact_urls
 from relay.broker_headers import broker_headers
@@ -66,12 +67,7 @@ class RabbitMqTransport(Transport):
     def __init__(self, destination: Destination) -> None:
         """Checks that the AMQP client is installed; nothing connects until the first send."""
         super().__init__(destination)
-        try:
-            import aio_pika
-        except ImportError:
-            raise ConfigError(
-                "destinations of kind rabbitmq need aio-pika: pip install 'outbox-relay[rabbitmq]'"
-            ) from None
+        aio_pika: Any = optional_client("rabbitmq", "a destination of kind rabbitmq", "aio_pika")
         assert destination.exchange is not None, "config requires an exchange"
         assert destination.routing_key is not None, "config requires a routing key"
         self._pika = aio_pika
