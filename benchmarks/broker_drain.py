@@ -76,6 +76,8 @@ class Place:
     url: str
     destination: dict[str, str]
     source: list[str]
+    server: str
+    """The broker server's process name, for its CPU per message."""
 
 
 def _run_async(work: Any) -> Any:
@@ -112,6 +114,7 @@ def jetstream_place() -> Iterator[Place]:
             NATS_URL,
             {"kind": "nats", "stream": name, "subject": f"{prefix}.{{ordering_key}}"},
             ["--from", NATS_URL, "--stream", name, "--durable", f"bench_{tag}"],
+            "nats-server",
         )
     finally:
         _run_async(with_jetstream(lambda js: js.delete_stream(name)))
@@ -146,6 +149,7 @@ def rabbitmq_place() -> Iterator[Place]:
             AMQP_URL,
             {"kind": "rabbitmq", "exchange": exchange, "routing_key": ROUTING_KEY},
             ["--from", AMQP_URL, "--queue", queue],
+            "beam.smp",
         )
     finally:
         _run_async(delete())
@@ -234,27 +238,34 @@ def broker_drain(kind: str, total: int) -> dict[str, float]:
             lambda: relay_processes(
                 url, place.url, workdir, RELAYS, "batch", BATCH, broker=place.destination
             ),
+            server=place.server,
         )
         if not drained["complete"]:
             raise RuntimeError(f"the relays did not drain into {kind}: {drained}")
         log(f"  {kind}: drained {drained}; consuming")
         consumer = consume(url, place, total, workdir)
         log(f"  {kind}: consumed {consumer}")
-    return {kind: float(drained["rate"]), f"{kind}_consume": float(consumer["rate"])}
+    return {
+        kind: float(drained["rate"]),
+        f"{kind}_consume": float(consumer["rate"]),
+        f"{kind}_cpu_us": float(drained["cpu_us_per_message"]),
+        f"{kind}_server_cpu_us": float(drained["server_cpu_us_per_message"]),
+    }
 
 
-def http_drain(total: int) -> float:
-    """The HTTP batch drain of the same backlog: the suite's drain (benchmarks.relay_bench)."""
+def http_drain(total: int) -> dict[str, float]:
+    """The HTTP batch drain of the same backlog: the suite's drain (benchmarks.relay_bench);
+    its rate and the machine's CPU per message."""
     result = drain(total, "batch", RELAYS, BATCH)
     if not result["complete"]:
         raise RuntimeError(f"the relays did not drain over HTTP: {result}")
-    return float(result["rate"])
+    return {"http": float(result["rate"]), "http_cpu_us": float(result["cpu_us_per_message"])}
 
 
 def run(quick: bool, kinds: Iterable[str] = KINDS) -> dict[str, float]:
     """The HTTP batch drain, then each broker's drain and consumer, back to back."""
     total = sizes(quick)
-    figures = {"http": http_drain(total)}
+    figures = http_drain(total)
     for kind in kinds:
         figures.update(broker_drain(kind, total))
     return figures

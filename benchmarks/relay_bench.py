@@ -34,6 +34,7 @@ from sqlalchemy.orm import Session
 
 import outbox
 import receiver
+from benchmarks.cpu import machine_busy_seconds, process_cpu_seconds
 from outbox.canonical import canonical_bytes, sha256_hex
 from outbox.schema import messages
 from receiver.schema import receipts
@@ -324,11 +325,14 @@ def timed_drain(
     total: int,
     start_relays: Callable[[], AbstractContextManager[None]],
     first_id: int = 1,
+    server: str | None = None,
 ) -> dict[str, Any]:
     """Time the relays `start_relays` starts until nothing from id `first_id` on is undelivered.
 
     Timed from when every relay is up (what they sent while the others started is
-    subtracted) to when no message is pending or sending.
+    subtracted) to when no message is pending or sending. Over the same window, the
+    machine's CPU per message sent and, with `server` (a process name: the broker),
+    that process's CPU per message.
     """
     engine = outbox.create_engine(url)
     try:
@@ -338,6 +342,7 @@ def timed_drain(
             # started is subtracted.
             started = time.monotonic()
             before = sent_since(engine, first_id)
+            busy, served = machine_busy_seconds(), server_seconds(server)
             deadline = started + DRAIN_DEADLINE_SECONDS
             pause = threading.Event()
             while undelivered(engine):
@@ -345,6 +350,8 @@ def timed_drain(
                     raise RuntimeError(f"relays did not drain {total} in time")
                 pause.wait(0.05)
             finished = time.monotonic()
+            busy = machine_busy_seconds() - busy
+            served = server_seconds(server) - served
         sent = sent_since(engine, first_id)
     finally:
         engine.dispose()
@@ -354,13 +361,23 @@ def timed_drain(
         # still starting, so that window would time almost nothing. Time the whole run.
         started, before, timed_from = launched, 0, "first relay started"
     elapsed = finished - started
+    moved = max(sent - before, 1)
+    cpu = {"cpu_us_per_message": round(busy * 1e6 / moved, 1)}
+    if server is not None:
+        cpu["server_cpu_us_per_message"] = round(served * 1e6 / moved, 1)
     return {
         "messages": total,
         "seconds": round(elapsed, 2),
         "rate": round((sent - before) / elapsed),
         "timed_from": timed_from,
         "complete": sent == total,
+        **cpu,
     }
+
+
+def server_seconds(server: str | None) -> float:
+    """CPU seconds used so far by the processes named `server`; 0 for none."""
+    return 0.0 if server is None else process_cpu_seconds(server)
 
 
 def produce(url: str, index: int, ready: Any, go: Any, stop: Any, counts: Any, rate: float) -> None:

@@ -380,6 +380,27 @@ def measure(runs: int, quick: bool) -> list[Row]:
     for kind, name in (("nats", "JetStream"), ("rabbitmq", "RabbitMQ")):
         rows.append(
             median_row(
+                f"machine CPU per message, {name} vs HTTP batch drain",
+                "postgresql",
+                "CPU us/message",
+                brokers,
+                ours=f"{kind}_cpu_us",
+                baseline="http_cpu_us",
+            )
+        )
+        rows.append(
+            median_row(
+                f"{name} server's own CPU per message",
+                "postgresql",
+                "CPU us/message",
+                brokers,
+                ours=f"{kind}_server_cpu_us",
+                baseline=None,
+            )
+        )
+    for kind, name in (("nats", "JetStream"), ("rabbitmq", "RabbitMQ")):
+        rows.append(
+            median_row(
                 f"consume from {name}",
                 "postgresql",
                 "messages/s",
@@ -635,7 +656,10 @@ BASELINES = (
     "same backlog measured just before them (benchmarks/broker_drain.py). The consume rows: "
     "one `outbox receiver consume` process (default batch) taking what the broker holds into "
     "the receiver's tables with the reference effect, timed from its metrics answering to "
-    "the last message stored; reported without a target.",
+    "the last message stored; reported without a target. CPU per message: busy CPU time of "
+    "the whole machine (all processes: relays, PostgreSQL, receiver or broker) over the timed "
+    "window, divided by the messages sent in it; the server rows are the broker process's "
+    "own share of it (nats-server, RabbitMQ's beam.smp).",
     "live: 4 producer processes committing one row per transaction at their full rate, one "
     "relay; timestamps from the databases (commit to receipt).",
     "tasks: PGQueuer (the `bench` extra) draining as many no-op jobs with its own dequeue and "

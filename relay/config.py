@@ -7,6 +7,7 @@ would show up in `ps`.
 
 from __future__ import annotations
 
+import functools
 import os
 import secrets
 import socket
@@ -21,7 +22,7 @@ from urllib.parse import quote, urlsplit
 from outbox.errors import ConfigError
 from outbox.messages import check_destination
 from outbox.redaction import redact_urls
-from outbox.signing import parse_secret
+from outbox.signing import SigningKey, parse_secret
 
 Mode = Literal["single", "batch"]
 
@@ -70,6 +71,11 @@ class Destination:
     """RabbitMQ: the exchange to publish to ("" is the default exchange)."""
     routing_key: str | None = None
     """RabbitMQ: the routing key; a template that may name {ordering_key}."""
+
+    @functools.cached_property
+    def signing_key(self) -> SigningKey | None:
+        """The secret decoded once: a broker delivery signs every message on its own."""
+        return None if self.secret is None else parse_secret(self.secret)
 
     def __post_init__(self) -> None:
         if not isinstance(self.kind, str):

@@ -29,7 +29,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from outbox.clients import optional_client
 from outbox.errors import ConfigError, TransportError
@@ -41,11 +41,14 @@ from relay.records import Message
 from relay.transport import Parcel, Transport
 
 if TYPE_CHECKING:
-    from aio_pika.abc import AbstractChannel, AbstractConnection, AbstractExchange
+    from aio_pika.abc import AbstractChannel, AbstractConnection
+    from aiormq.channel import Channel
 
 MAX_ROUTING_KEY_BYTES = 255
 """AMQP 0-9-1 carries a routing key as a short string."""
 NACKED = "the broker nacked the message"
+PERSISTENT = 2
+"""AMQP delivery mode 2: the broker writes the message to disk in a durable queue."""
 NO_ORDERING_KEY = "_"
 """What {ordering_key} becomes for a message without one: a word of its own, so that
 `orders.{ordering_key}` still matches a binding on `orders.*`."""
@@ -68,6 +71,10 @@ class RabbitMqTransport(Transport):
         """Checks that the AMQP client is installed; nothing connects until the first send."""
         super().__init__(destination)
         aio_pika: Any = optional_client("rabbitmq", "a destination of kind rabbitmq", "aio_pika")
+        # aio-pika's own dependency: its channel publishes without aio-pika's per-message
+        # wrapping, and without waiting for each frame to be flushed.
+        aiormq: Any = optional_client("rabbitmq", "a destination of kind rabbitmq", "aiormq")
+        self._properties = aiormq.spec.Basic.Properties
         assert destination.exchange is not None, "config requires an exchange"
         assert destination.routing_key is not None, "config requires a routing key"
         self._pika = aio_pika
@@ -75,7 +82,8 @@ class RabbitMqTransport(Transport):
         self.template = destination.routing_key
         self._connection: AbstractConnection | None = None
         self._channel: AbstractChannel | None = None
-        self._exchange: AbstractExchange | None = None
+        self._publisher: Channel | None = None
+        """The channel under `_channel`, which publishes."""
         self._opening = asyncio.Lock()
 
     @property
@@ -91,10 +99,11 @@ class RabbitMqTransport(Transport):
     async def send(self, parcel: Parcel) -> dict[int, Outcome]:
         """Publish every message of the parcel at once; each settles by its own confirm."""
         messages = parcel.messages
-        deadline = asyncio.get_running_loop().time() + self.destination.timeout
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.destination.timeout
         try:
             async with asyncio.timeout_at(deadline):
-                connection, exchange = await self._open()
+                connection, channel = await self._open()
         except ExchangeMissing as exc:
             return dict.fromkeys((m.id for m in messages), Dead(None, str(exc)))
         except TimeoutError:
@@ -104,17 +113,24 @@ class RabbitMqTransport(Transport):
         except Exception as exc:  # noqa: BLE001 - whatever failed, nothing was published
             failed = Retry(None, _failure("cannot connect", exc))
             return dict.fromkeys((m.id for m in messages), failed)
-        outcomes = await asyncio.gather(
-            *(self._publish(exchange, message, deadline) for message in messages)
-        )
+        publishes = [asyncio.ensure_future(self._publish(channel, m)) for m in messages]
+        # One wait for the whole parcel, not a timer per message: past the deadline
+        # what is still unconfirmed is a retry.
+        await asyncio.wait(publishes, timeout=max(0.0, deadline - loop.time()))
+        late = Retry(None, f"no publisher confirm within {self.destination.timeout:g}s")
+        outcomes: list[Outcome] = []
+        for publish in publishes:
+            if publish.done():
+                outcomes.append(publish.result())
+            else:
+                publish.cancel()
+                outcomes.append(late)
         if any(isinstance(o, Retry) and o.error != NACKED for o in outcomes):
             await self._forget(connection)
         return {message.id: outcome for message, outcome in zip(messages, outcomes, strict=True)}
 
-    async def _publish(
-        self, exchange: AbstractExchange, message: Message, deadline: float
-    ) -> Outcome:
-        """Publish one message and wait for its confirm (or return) until `deadline`."""
+    async def _publish(self, channel: Channel, message: Message) -> Outcome:
+        """Publish one message and wait for its confirm (or return)."""
         pika = self._pika
         key = routing_key(self.template, message)
         if len(key.encode()) > MAX_ROUTING_KEY_BYTES:
@@ -126,17 +142,23 @@ class RabbitMqTransport(Transport):
                 ),
             )
         headers = broker_headers(self.destination, message)
-        content_type = headers.pop("content-type")
-        amqp = pika.Message(
-            message.body,
+        properties = self._properties(
             message_id=message.reply_id,
-            content_type=content_type,
-            delivery_mode=pika.DeliveryMode.PERSISTENT,
-            headers=dict(headers),
+            content_type=headers.pop("content-type"),
+            delivery_mode=PERSISTENT,
+            headers=headers,
         )
         try:
-            async with asyncio.timeout_at(deadline):
-                await exchange.publish(amqp, key, mandatory=True)
+            # wait=False: the frame is queued for the connection's writer, not flushed
+            # before the next publish may start; the confirm is what is awaited.
+            await channel.basic_publish(
+                message.body,
+                exchange=self.exchange_name,
+                routing_key=key,
+                properties=properties,
+                mandatory=True,
+                wait=False,
+            )
         except pika.exceptions.PublishError:
             # The broker returned it: no queue is bound for this key. Resending the same
             # message to the same topology would only come back again.
@@ -151,8 +173,6 @@ class RabbitMqTransport(Transport):
             return Retry(None, NACKED)
         except pika.exceptions.ChannelNotFoundEntity:
             return Dead(None, self._missing())
-        except TimeoutError:
-            return Retry(None, f"no publisher confirm within {self.destination.timeout:g}s")
         except asyncio.CancelledError:
             task = asyncio.current_task()
             if task is not None and task.cancelling():
@@ -163,13 +183,14 @@ class RabbitMqTransport(Transport):
             return Retry(None, _failure("connection lost", exc))
         return Sent(None)
 
-    async def _open(self) -> tuple[AbstractConnection, AbstractExchange]:
-        """The open connection and exchange, opened now if there is none (or it was lost)."""
+    async def _open(self) -> tuple[AbstractConnection, Channel]:
+        """The open connection and its publishing channel, opened now if there is none (or
+        it was lost)."""
         async with self._opening:
-            connection, channel, exchange = self._connection, self._channel, self._exchange
-            if connection is not None and channel is not None and exchange is not None:
+            connection, channel, publisher = self._connection, self._channel, self._publisher
+            if connection is not None and channel is not None and publisher is not None:
                 if not connection.is_closed and not channel.is_closed:
-                    return connection, exchange
+                    return connection, publisher
                 await self._forget(connection)
             pika = self._pika
             connection = await pika.connect(self.destination.url, timeout=self.destination.timeout)
@@ -177,17 +198,17 @@ class RabbitMqTransport(Transport):
                 channel = await connection.channel(publisher_confirms=True, on_return_raises=True)
                 if self.exchange_name:
                     # Passive: fails with 404 (and closes the channel) when it does not exist.
-                    exchange = await channel.get_exchange(self.exchange_name, ensure=True)
-                else:
-                    exchange = channel.default_exchange
+                    await channel.get_exchange(self.exchange_name, ensure=True)
+                # aiormq's own class, whose basic_publish takes `wait`.
+                publisher = cast("Channel", await channel.get_underlay_channel())
             except pika.exceptions.ChannelNotFoundEntity:
                 await connection.close()
                 raise ExchangeMissing(self._missing()) from None
             except BaseException:
                 await connection.close()
                 raise
-            self._connection, self._channel, self._exchange = connection, channel, exchange
-            return connection, exchange
+            self._connection, self._channel, self._publisher = connection, channel, publisher
+            return connection, publisher
 
     def _missing(self) -> str:
         return (
@@ -198,7 +219,7 @@ class RabbitMqTransport(Transport):
     async def _forget(self, connection: AbstractConnection) -> None:
         """Close `connection` and, if it is still the current one, open anew next time."""
         if self._connection is connection:
-            self._connection = self._channel = self._exchange = None
+            self._connection = self._channel = self._publisher = None
         with contextlib.suppress(Exception):  # it is being dropped for being broken
             await connection.close()
 

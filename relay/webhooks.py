@@ -20,8 +20,9 @@ USER_AGENT = "outbox-relay/0.1"
 def request_headers(destination: Destination, msg_id: str, body: bytes) -> dict[str, str]:
     """Content type, user agent, and the Standard Webhooks signature of `body` as `msg_id`."""
     headers = {"content-type": "application/json", "user-agent": USER_AGENT}
-    if destination.secret is not None:
-        headers.update(sign(destination.secret, msg_id, None, body))
+    key = destination.signing_key
+    if key is not None:
+        headers.update(sign(key, msg_id, None, body))
     else:
         headers["webhook-id"] = msg_id
     return headers

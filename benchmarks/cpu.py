@@ -1,0 +1,37 @@
+"""CPU time spent while a benchmark runs: the whole machine's, and one server process's.
+
+A drain's rate says how fast; CPU per message says where the two cores went,
+which is what decides the rate on a machine the relays share with PostgreSQL
+and the broker. Read from Linux's /proc (the benchmarks run on Linux).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+TICKS_PER_SECOND = os.sysconf("SC_CLK_TCK")
+
+
+def machine_busy_seconds() -> float:
+    """CPU seconds all cores spent busy (user, nice, system, irq, softirq) since boot."""
+    fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()
+    user, nice, system, _idle, _iowait, irq, softirq = (int(f) for f in fields[1:8])
+    return (user + nice + system + irq + softirq) / TICKS_PER_SECOND
+
+
+def process_cpu_seconds(command: str) -> float:
+    """CPU seconds (user and system) used so far by every process whose name is `command`."""
+    total = 0
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue  # it ended while being listed
+        name = stat[stat.index("(") + 1 : stat.rindex(")")]
+        if name == command:
+            rest = stat[stat.rindex(")") + 2 :].split()
+            total += int(rest[11]) + int(rest[12])  # utime, stime: fields 14 and 15
+    return total / TICKS_PER_SECOND
