@@ -337,12 +337,13 @@ def timed_drain(
     engine = outbox.create_engine(url)
     try:
         launched = time.monotonic()
+        at_launch = machine_busy_seconds(), server_seconds(server)
         with start_relays():
             # Timed from when every relay is up; what they sent while the others
             # started is subtracted.
             started = time.monotonic()
             before = sent_since(engine, first_id)
-            busy, served = machine_busy_seconds(), server_seconds(server)
+            at_start = machine_busy_seconds(), server_seconds(server)
             deadline = started + DRAIN_DEADLINE_SECONDS
             pause = threading.Event()
             while undelivered(engine):
@@ -350,8 +351,7 @@ def timed_drain(
                     raise RuntimeError(f"relays did not drain {total} in time")
                 pause.wait(0.05)
             finished = time.monotonic()
-            busy = machine_busy_seconds() - busy
-            served = server_seconds(server) - served
+            at_end = machine_busy_seconds(), server_seconds(server)
         sent = sent_since(engine, first_id)
     finally:
         engine.dispose()
@@ -360,7 +360,9 @@ def timed_drain(
         # A small backlog on a busy machine: most of it went while the last relay was
         # still starting, so that window would time almost nothing. Time the whole run.
         started, before, timed_from = launched, 0, "first relay started"
+        at_start = at_launch
     elapsed = finished - started
+    busy, served = (end - start for end, start in zip(at_end, at_start, strict=True))
     moved = max(sent - before, 1)
     cpu = {"cpu_us_per_message": round(busy * 1e6 / moved, 1)}
     if server is not None:

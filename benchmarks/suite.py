@@ -40,7 +40,14 @@ from sqlalchemy.orm import Session
 import outbox
 import outbox.asyncio
 import receiver
-from benchmarks import broker_drain, cost_growth, profiles, task_throughput, worker_waits
+from benchmarks import (
+    broker_ceiling,
+    broker_drain,
+    cost_growth,
+    profiles,
+    task_throughput,
+    worker_waits,
+)
 from benchmarks.relay_bench import (
     ROOT,
     SECRET,
@@ -363,7 +370,9 @@ def measure(runs: int, quick: bool) -> list[Row]:
             baseline=None,
         )
     )
-    brokers = repeat("broker drains", runs, lambda: broker_drain.run(quick))
+    brokers = repeat(
+        "broker drains", runs, lambda: {**broker_drain.run(quick), **broker_ceiling.run(quick)}
+    )
     for kind, name in (("nats", "JetStream"), ("rabbitmq", "RabbitMQ")):
         rows.append(
             median_row(
@@ -386,6 +395,16 @@ def measure(runs: int, quick: bool) -> list[Row]:
                 brokers,
                 ours=f"{kind}_cpu_us",
                 baseline="http_cpu_us",
+            )
+        )
+        rows.append(
+            median_row(
+                f"drain into {name} vs bare client publishers (no database)",
+                "postgresql",
+                "messages/s",
+                brokers,
+                ours=kind,
+                baseline=f"{kind}_bare",
             )
         )
         rows.append(
@@ -659,7 +678,11 @@ BASELINES = (
     "the last message stored; reported without a target. CPU per message: busy CPU time of "
     "the whole machine (all processes: relays, PostgreSQL, receiver or broker) over the timed "
     "window, divided by the messages sent in it; the server rows are the broker process's "
-    "own share of it (nats-server, RabbitMQ's beam.smp).",
+    "own share of it (nats-server, RabbitMQ's beam.smp). Bare client publishers "
+    "(benchmarks/broker_ceiling.py): as many processes as relays publishing the same bodies "
+    "through the same client library with the same acknowledgement and window (PubAck with "
+    "Nats-Msg-Id; confirmed persistent mandatory messages), and nothing else: no database, "
+    "no signature or other headers; the ceiling of the client library on this machine.",
     "live: 4 producer processes committing one row per transaction at their full rate, one "
     "relay; timestamps from the databases (commit to receipt).",
     "tasks: PGQueuer (the `bench` extra) draining as many no-op jobs with its own dequeue and "

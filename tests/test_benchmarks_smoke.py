@@ -35,6 +35,12 @@ def test_quick_suite_runs_and_writes_its_table(pg_server: sa.Engine, tmp_path: P
         ("drain rate", "postgresql"),
         ("drain into JetStream vs HTTP batch", "postgresql"),
         ("drain into RabbitMQ vs HTTP batch", "postgresql"),
+        ("machine CPU per message, JetStream vs HTTP batch drain", "postgresql"),
+        ("machine CPU per message, RabbitMQ vs HTTP batch drain", "postgresql"),
+        ("drain into JetStream vs bare client publishers", "postgresql"),
+        ("drain into RabbitMQ vs bare client publishers", "postgresql"),
+        ("JetStream server's own CPU per message", "postgresql"),
+        ("RabbitMQ server's own CPU per message", "postgresql"),
         ("consume from JetStream", "postgresql"),
         ("consume from RabbitMQ", "postgresql"),
         ("live commit-to-receipt p50", "postgresql"),
@@ -56,7 +62,7 @@ def test_quick_suite_runs_and_writes_its_table(pg_server: sa.Engine, tmp_path: P
     }
     for row in document["rows"]:
         assert row["scenario"] in done.stdout
-        if row["unit"] in ("messages/s", "tasks/s", "us/transaction", "us/claim", "MB"):
+        if row["unit"] in ("messages/s", "tasks/s", "us/transaction", "us/claim", "MB", "CPU us/message"):
             assert row["ours"] > 0, row
         if row["baseline"] is not None:
             assert row["baseline"] > 0, row

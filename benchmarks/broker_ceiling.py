@@ -1,0 +1,171 @@
+"""The client libraries' own ceiling: bare publishers into each broker, with no database.
+
+Run: .venv/bin/python -m benchmarks.broker_ceiling [--quick]
+
+As many publisher processes as the drain has relays each publish their share of
+the same bodies the drains send, with the same acknowledgement the relay trusts
+and the same window (a PubAck per message with Nats-Msg-Id, or a publisher
+confirm per persistent, mandatory message), through the same client library
+and in the cheapest way we know with it: no claims, no settles, no signatures,
+no other headers. What the relay reaches against this is the share of the
+library's reach that delivery with its guarantees keeps; the rest of the gap to
+the HTTP batch drain is the broker and its client, on a machine they share.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import multiprocessing
+import sys
+import time
+from collections.abc import Iterable
+from typing import Any
+
+from benchmarks.broker_drain import BATCH, KINDS, PLACES, RELAYS, Place, sizes
+from benchmarks.cpu import machine_busy_seconds
+from benchmarks.relay_bench import run_alone
+from outbox.canonical import canonical_bytes
+
+READY_SECONDS = 60.0
+
+
+def body(n: int) -> bytes:
+    """The body of message `n`, as benchmarks.relay_bench.prefill stores it."""
+    return canonical_bytes({"kind": "result", "n": n, "payload": "x" * 64})
+
+
+async def nats_lane(place: Place, first: int, count: int, go: Any) -> None:
+    """Publish `count` messages to the stream, a window at a time, each waiting for its PubAck."""
+    import nats
+
+    client = await nats.connect(place.url, allow_reconnect=False, connect_timeout=10)
+    inbox = client.new_inbox()
+    prefix = len(inbox) + 1
+    waiting: dict[str, asyncio.Future[bytes]] = {}
+
+    async def on_ack(msg: Any) -> None:
+        ack = waiting.pop(msg.subject[prefix:], None)
+        if ack is not None:
+            ack.set_result(msg.data)
+
+    await client.subscribe(f"{inbox}.*", cb=on_ack)
+    subject = place.destination["subject"].format(ordering_key="_")
+    loop = asyncio.get_running_loop()
+    await loop.run_in_executor(None, go.wait)
+    try:
+        for start in range(first, first + count, BATCH):
+            acks = []
+            for n in range(start, min(start + BATCH, first + count)):
+                token = str(n)
+                ack: asyncio.Future[bytes] = loop.create_future()
+                waiting[token] = ack
+                acks.append(ack)
+                headers = {"Nats-Msg-Id": f"ceiling-{n}"}
+                await client.publish(subject, body(n), reply=f"{inbox}.{token}", headers=headers)
+            for answer in await asyncio.gather(*acks):
+                if "error" in json.loads(answer):
+                    raise RuntimeError(f"JetStream refused a publish: {answer!r}")
+    finally:
+        await client.close()
+
+
+async def rabbitmq_lane(place: Place, first: int, count: int, go: Any) -> None:
+    """Publish `count` persistent, mandatory messages, a window at a time, each confirmed."""
+    import aio_pika
+    import aiormq
+
+    connection = await aio_pika.connect(place.url, timeout=10)
+    try:
+        channel = await connection.channel(publisher_confirms=True, on_return_raises=True)
+        raw: Any = await channel.get_underlay_channel()
+        exchange, key = place.destination["exchange"], place.destination["routing_key"]
+        await asyncio.get_running_loop().run_in_executor(None, go.wait)
+        for start in range(first, first + count, BATCH):
+            await asyncio.gather(
+                *(
+                    raw.basic_publish(
+                        body(n),
+                        exchange=exchange,
+                        routing_key=key,
+                        properties=aiormq.spec.Basic.Properties(
+                            message_id=f"ceiling-{n}", delivery_mode=2
+                        ),
+                        mandatory=True,
+                        wait=False,
+                    )
+                    for n in range(start, min(start + BATCH, first + count))
+                )
+            )
+    finally:
+        await connection.close()
+
+
+LANES = {"nats": nats_lane, "rabbitmq": rabbitmq_lane}
+
+
+def publisher(kind: str, place: Place, first: int, count: int, ready: Any, go: Any) -> None:
+    """A publisher process: connect, say ready, publish its share from `go` on."""
+
+    async def lane() -> None:
+        ready.release()
+        await LANES[kind](place, first, count, go)
+
+    asyncio.run(lane())
+
+
+def bare_publish(kind: str, total: int) -> dict[str, float]:
+    """`total` messages published by RELAYS bare publishers into a fresh place; rate and CPU."""
+    spawn = multiprocessing.get_context("spawn")
+    ready, go = spawn.Semaphore(0), spawn.Event()
+    share = total // RELAYS
+    with PLACES[kind]() as place:
+        procs = [
+            spawn.Process(target=publisher, args=(kind, place, n * share, share, ready, go))
+            for n in range(RELAYS)
+        ]
+        for proc in procs:
+            proc.start()
+        try:
+            for _ in procs:
+                if not ready.acquire(timeout=READY_SECONDS):
+                    raise RuntimeError(f"a bare {kind} publisher did not start")
+            busy = machine_busy_seconds()
+            started = time.monotonic()
+            go.set()
+            for proc in procs:
+                proc.join()
+            elapsed = time.monotonic() - started
+            busy = machine_busy_seconds() - busy
+        finally:
+            for proc in procs:
+                if proc.is_alive():
+                    proc.terminate()
+                    proc.join()
+        if any(proc.exitcode != 0 for proc in procs):
+            raise RuntimeError(f"a bare {kind} publisher failed")
+    # Each process connects before the clock starts, but a little of its start (connecting
+    # a subscription, the first publish's warm-up) falls inside the window: a ceiling
+    # measured slightly low is the cautious side.
+    moved = share * RELAYS
+    return {
+        f"{kind}_bare": round(moved / elapsed),
+        f"{kind}_bare_cpu_us": round(busy * 1e6 / moved, 1),
+    }
+
+
+def run(quick: bool, kinds: Iterable[str] = KINDS) -> dict[str, float]:
+    """Each broker's bare publishers, one after the other."""
+    figures: dict[str, float] = {}
+    for kind in kinds:
+        figures.update(bare_publish(kind, sizes(quick)))
+    return figures
+
+
+def main(argv: Iterable[str] | None = None) -> int:
+    """Run once and print the figures as JSON."""
+    return run_alone("python -m benchmarks.broker_ceiling", run, argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
