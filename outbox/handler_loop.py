@@ -1,11 +1,14 @@
-"""The event loop that runs a worker's `async def` handlers, each as a task.
+"""The event loop that runs a worker's claimed tasks, each as a task of the loop.
 
-Handlers that mostly wait (an HTTP call, a model's answer) then cost a task each,
-not a thread each, so a worker can hold hundreds of them. What blocks stays off
-the loop: the worker's writes (results, failures) run on a small pool of threads.
-Results that finish together are written together (BatchedWrites): they wait on
-the loop, not on a thread each, so a batch holds whatever finished while the
-previous one was written, however many handlers that is.
+An `async def` handler is awaited on the loop: handlers that mostly wait (an HTTP
+call, a model's answer) then cost a task each, not a thread each, so a worker can
+hold hundreds of them. A plain handler runs on one of `concurrency` daemon threads
+(HandlerThreads) while its task awaits it. Either way, what follows the handler is
+the same: what blocks stays off the loop, the worker's writes (results, failures)
+run on a small pool of threads, and results that finish together are written
+together (BatchedWrites). They wait on the loop, not on a thread each, so a batch
+holds whatever finished while the previous one was written, however many handlers
+that is, and a handler's thread takes its next task while its result is committed.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import contextlib
 import threading
 from collections.abc import Callable, Coroutine
 from functools import partial
+from queue import SimpleQueue
 from typing import Any, Generic, TypeVar
 
 T = TypeVar("T")
@@ -79,6 +83,64 @@ class HandlerLoop:
                 self.loop.run_until_complete(asyncio.wait(left, timeout=1.0))
         finally:
             self.loop.close()
+
+
+class HandlerThreads:
+    """Daemon threads that run plain handlers for tasks on a HandlerLoop, one call each.
+
+    Daemon, so that a handler that never returns cannot keep the process from
+    exiting once the worker has given up on it. Started once: a thread per task
+    cost a tenth of a busy worker's CPU.
+    """
+
+    def __init__(self, loop: HandlerLoop, count: int, name: str = "outbox-handler") -> None:
+        """Start `count` threads named `<name>-1` .. `<name>-<count>`."""
+        self._loop = loop.loop
+        self._count = count
+        self._closed = False
+        self._calls: SimpleQueue[tuple[Callable[[], Any], asyncio.Future[Any]] | None]
+        self._calls = SimpleQueue()
+        for n in range(count):
+            threading.Thread(target=self._serve, name=f"{name}-{n + 1}", daemon=True).start()
+
+    async def run(self, call: Callable[[], T]) -> T:
+        """Run `call` on a free thread (the caller keeps at most `count` running); its result.
+
+        A call the thread raises from, BaseException included, raises here. Cancelling
+        the caller does not stop the call: it runs to its end and its result is dropped.
+        """
+        answer: asyncio.Future[T] = self._loop.create_future()
+        self._calls.put((call, answer))
+        return await answer
+
+    def close(self) -> None:
+        """Idle threads end now, busy ones when their call returns; queued calls never run."""
+        self._closed = True
+        for _ in range(self._count):
+            self._calls.put(None)
+
+    def _serve(self) -> None:
+        while (queued := self._calls.get()) is not None:
+            call, answer = queued
+            if self._closed:
+                continue  # the worker gave up on it before it started
+            try:
+                value = call()
+            except BaseException as exc:  # noqa: BLE001 - the awaiting task decides
+                self._answer(answer, answer.set_exception, exc)
+            else:
+                self._answer(answer, answer.set_result, value)
+
+    def _answer(
+        self, answer: asyncio.Future[Any], setter: Callable[[Any], None], value: Any
+    ) -> None:
+        def settle() -> None:
+            if not answer.done():  # its task was cancelled meanwhile
+                setter(value)
+
+        # A closed loop has no task left waiting for the answer.
+        with contextlib.suppress(RuntimeError):
+            self._loop.call_soon_threadsafe(settle)
 
 
 class BatchedWrites(Generic[T, R]):

