@@ -412,8 +412,43 @@ def count_undelivered(engine: sa.Engine) -> int:
         return int(conn.execute(query).scalar_one())
 
 
+Deliverers = Callable[[str, Path], AbstractContextManager[None]]
+"""Starts what delivers the messages of the database at a URL (a receiver and relays), given
+a work directory; they run while the context is open."""
+
+
+def our_relays(relays: int) -> Deliverers:
+    """The reference receiver and `relays` relays in batch mode, as the live runs use them."""
+
+    @contextmanager
+    def start(url: str, workdir: Path) -> Iterator[None]:
+        with (
+            receiver_process(url, workdir) as target,
+            relay_processes(url, target, workdir, relays, "batch", 500),
+        ):
+            yield
+
+    return start
+
+
 def live(duration: float, producers: int, relays: int, rate: float = 0) -> dict[str, Any]:
     """Producers commit one row per transaction while `relays` relays run: commit-to-receipt."""
+    return {
+        "scenario": f"live-{producers}-producers"
+        + (f"-paced-{rate:g}" if rate else "")
+        + f"-{relays}-relay{'s' if relays > 1 else ''}",
+        **live_through(duration, producers, rate, our_relays(relays), receipts),
+    }
+
+
+def live_through(
+    duration: float, producers: int, rate: float, deliver: Deliverers, receipts_table: sa.Table
+) -> dict[str, Any]:
+    """Producers commit one row per transaction while `deliver`'s relays run: commit-to-receipt.
+
+    Receipt times are read from `receipts_table` (reply_id, received_at), where the
+    receiver `deliver` starts records them.
+    """
     with fresh_database() as url, tempfile.TemporaryDirectory() as tmp:
         workdir = Path(tmp)
         engine = outbox.create_engine(url)
@@ -422,10 +457,7 @@ def live(duration: float, producers: int, relays: int, rate: float = 0) -> dict[
         spawn = multiprocessing.get_context("spawn")
         ready, go, stop = spawn.Semaphore(0), spawn.Event(), spawn.Event()
         counts = spawn.Queue()
-        with (
-            receiver_process(url, workdir) as target,
-            relay_processes(url, target, workdir, relays, "batch", 500),
-        ):
+        with deliver(url, workdir):
             procs = [
                 spawn.Process(target=produce, args=(url, index, ready, go, stop, counts, rate))
                 for index in range(producers)
@@ -450,8 +482,10 @@ def live(duration: float, producers: int, relays: int, rate: float = 0) -> dict[
                 threading.Event().wait(0.1)
         with engine.connect() as conn:
             rows = conn.execute(
-                sa.select(receipts.c.reply_id, receipts.c.received_at, messages.c.created_at)
-                .join(messages, messages.c.reply_id == receipts.c.reply_id)
+                sa.select(
+                    receipts_table.c.reply_id, receipts_table.c.received_at, messages.c.created_at
+                )
+                .join(messages, messages.c.reply_id == receipts_table.c.reply_id)
                 .order_by(messages.c.created_at)
             ).all()
         engine.dispose()
@@ -466,9 +500,6 @@ def live(duration: float, producers: int, relays: int, rate: float = 0) -> dict[
         from_commit.append(row.received_at - commits[int(index)][int(n)])
         from_insert.append(row.received_at - row.created_at)
     return {
-        "scenario": f"live-{producers}-producers"
-        + (f"-paced-{rate:g}" if rate else "")
-        + f"-{relays}-relay{'s' if relays > 1 else ''}",
         "messages": total,
         "rate": round(total / duration),
         "backlog_at_stop": backlog_at_stop,
