@@ -6,9 +6,11 @@ Every scenario is run `--runs` times; each run measures ours and its baseline
 back to back on fresh databases, so machine noise hits both. The table gives
 medians and the median of the per-run ratios, against the targets. Scenarios:
 publish overhead (sync, and async on asyncpg), relay drain against a naive
-relay, drains into NATS JetStream and RabbitMQ against the HTTP batch drain
-with the consumers' rate (benchmarks.broker_drain), live latency, task
-throughput against PGQueuer, a worker's waiting handlers and its NOTIFY wake-up
+relay and against a bare relay (benchmarks.bare_relay, the ceiling), drains
+into NATS JetStream and RabbitMQ against the HTTP batch drain with the
+consumers' rate (benchmarks.broker_drain), live latency, and against the bare
+relay at the same paced producer rate, task throughput against PGQueuer, a
+worker's waiting handlers and its NOTIFY wake-up
 (benchmarks.worker_waits), cost growth with a large history, and the same
 drain, task throughput and publish on SQLite files beside PostgreSQL (the
 SQLite rows' baseline is our PostgreSQL figure from the same run).
@@ -41,6 +43,7 @@ import outbox
 import outbox.asyncio
 import receiver
 from benchmarks import (
+    bare_relay,
     broker_ceiling,
     broker_drain,
     cost_growth,
@@ -279,9 +282,11 @@ def sqlite_drain(total: int) -> float:
 
 
 def drains(ours_total: int, naive_total: int, sqlite_total: int) -> Run:
-    """Messages per second: our relays (batch mode, 2 relays), the naive loop, ours on SQLite."""
+    """Messages per second: our relays (batch mode, 2 relays), as many bare relays on the same
+    backlog, the naive loop, ours on SQLite."""
     return {
-        "ours": complete_rate(drain(ours_total, "batch", 2, 1000)),
+        "ours": complete_rate(drain(ours_total, "batch", bare_relay.RELAYS, 1000)),
+        "bare": float(bare_relay.bare_drain(ours_total)["rate"]),
         "baseline": naive_drain(naive_total),
         "sqlite_ours": sqlite_drain(sqlite_total),
     }
@@ -370,6 +375,17 @@ def measure(runs: int, quick: bool) -> list[Row]:
             baseline=None,
         )
     )
+    rows.append(
+        median_row(
+            "drain vs bare relay",
+            "postgresql",
+            "messages/s",
+            flows,
+            ">= 0.8",
+            lambda r: r >= 0.8,
+            baseline="bare",
+        )
+    )
     brokers = repeat(
         "broker drains", runs, lambda: {**broker_drain.run(quick), **broker_ceiling.run(quick)}
     )
@@ -446,6 +462,31 @@ def measure(runs: int, quick: bool) -> list[Row]:
                 baseline=None,
             )
         )
+    paced = repeat("live vs bare relay", runs, lambda: bare_relay.live_pair(size.live_seconds))
+    load = f"{bare_relay.LIVE_PRODUCERS} x {bare_relay.LIVE_RATE:g}/s"
+    for figure, ceiling in (("p50", 1.5), ("p99", 2.0)):
+        rows.append(
+            median_row(
+                f"live {figure} vs bare relay ({load})",
+                "postgresql",
+                "ms",
+                paced,
+                f"<= {ceiling:g}",
+                at_most(ceiling),
+                ours=f"ours_{figure}_ms",
+                baseline=f"bare_{figure}_ms",
+            )
+        )
+    rows.append(
+        median_row(
+            f"live producers' rate, ours vs bare relay runs ({load})",
+            "postgresql",
+            "commits/s",
+            paced,
+            ours="ours_producer_rate",
+            baseline="bare_producer_rate",
+        )
+    )
     task_throughput.require_pgqueuer()  # a missing baseline is an error, not a skip
     throughput = repeat("task throughput", runs, lambda: task_throughput.run(quick))
     rows.append(
@@ -685,6 +726,18 @@ BASELINES = (
     "no signature or other headers; the ceiling of the client library on this machine.",
     "live: 4 producer processes committing one row per transaction at their full rate, one "
     "relay; timestamps from the databases (commit to receipt).",
+    "bare relay (benchmarks/bare_relay.py, the ceiling): psycopg directly, in one transaction "
+    "a claim of 500 pending, due rows FOR UPDATE SKIP LOCKED, one plain JSON POST of "
+    "{reply_id, body} items on a keep-alive httpx client, then one UPDATE marking them sent "
+    "and a commit; woken by the same NOTIFY as ours (50 ms polling besides). Its receiver "
+    "(benchmarks/bare_receiver.py) is a raw ASGI callable under uvicorn inserting each batch "
+    "into its own bare_receipts table with one ON CONFLICT DO NOTHING statement, receipt "
+    "time from the database as ours. No signature, fence, lease, strict JSON or per-item "
+    "answers. Drain: as many bare relays as ours on the same prefill, timed the same way, "
+    "just after ours. Live: the same 4 producer processes paced at the same fixed rate "
+    "(about half what they reach unpaced here), one of our relays then one bare relay, "
+    "commit-to-receipt from the databases' timestamps; the producers' row gives the commit "
+    "rate each run reached (same load: ratio near 1).",
     "tasks: PGQueuer (the `bench` extra) draining as many no-op jobs with its own dequeue and "
     "completion, in as many processes; ours claims in batches and commits each result with "
     "its reply row.",

@@ -22,7 +22,7 @@ def test_quick_suite_runs_and_writes_its_table(pg_server: sa.Engine, tmp_path: P
         env={**os.environ, "OUTBOX_BENCH_PG_URL": admin_url.render_as_string(hide_password=False)},
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=420,
         check=False,
     )
     assert done.returncode == 0, done.stderr
@@ -33,6 +33,7 @@ def test_quick_suite_runs_and_writes_its_table(pg_server: sa.Engine, tmp_path: P
         ("async publish vs bare insert", "postgresql"),
         ("drain vs naive relay", "postgresql"),
         ("drain rate", "postgresql"),
+        ("drain vs bare relay", "postgresql"),
         ("drain into JetStream vs HTTP batch", "postgresql"),
         ("drain into RabbitMQ vs HTTP batch", "postgresql"),
         ("machine CPU per message, JetStream vs HTTP batch drain", "postgresql"),
@@ -46,6 +47,9 @@ def test_quick_suite_runs_and_writes_its_table(pg_server: sa.Engine, tmp_path: P
         ("live commit-to-receipt p50", "postgresql"),
         ("live commit-to-receipt p99", "postgresql"),
         ("live backlog at stop", "postgresql"),
+        ("live p50 vs bare relay", "postgresql"),
+        ("live p99 vs bare relay", "postgresql"),
+        ("live producers' rate, ours vs bare relay runs", "postgresql"),
         ("tasks vs PGQueuer", "postgresql"),
         ("async worker x500, 100 ms waits vs no-op", "postgresql"),
         ("async worker x500, 100 ms waits vs 500 / 0.1 s", "postgresql"),
@@ -62,7 +66,15 @@ def test_quick_suite_runs_and_writes_its_table(pg_server: sa.Engine, tmp_path: P
     }
     for row in document["rows"]:
         assert row["scenario"] in done.stdout
-        if row["unit"] in ("messages/s", "tasks/s", "us/transaction", "us/claim", "MB", "CPU us/message"):
+        if row["unit"] in (
+            "messages/s",
+            "tasks/s",
+            "us/transaction",
+            "us/claim",
+            "MB",
+            "CPU us/message",
+            "commits/s",
+        ):
             assert row["ours"] > 0, row
         if row["baseline"] is not None:
             assert row["baseline"] > 0, row
