@@ -22,6 +22,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +48,14 @@ PGQUEUER_INSTALL = ".venv/bin/pip install -e '.[dev,bench]'"
 
 def noop(claim: Claim, stop: threading.Event) -> None:
     """A handler that does nothing, so the figure is the queue's own cost."""
+
+
+async def async_noop(claim: Claim, stop: asyncio.Event) -> None:
+    """The same as an `async def`, as PGQueuer's entrypoint is."""
+
+
+HANDLERS: dict[str, Handler] = {"threads": noop, "async": async_noop}
+"""The no-op handler of each kind a Worker runs."""
 
 
 def job_payload(n: int) -> dict[str, Any]:
@@ -221,9 +230,10 @@ def wait_ready(ready: Any, procs: list[Any]) -> None:
 # --- ours ----------------------------------------------------------------------------------
 
 
-def our_consumer(index: int, url: str, concurrency: int, signals: Signals) -> None:
-    """A consumer process: one Worker with the no-op handler, built as `outbox worker` builds it."""
-    timed_worker(url, noop, f"bench-worker-{index}", concurrency, signals)
+def our_consumer(index: int, url: str, concurrency: int, kind: str, signals: Signals) -> None:
+    """A consumer process: one Worker with the no-op handler of `kind`, built as `outbox
+    worker` builds it."""
+    timed_worker(url, HANDLERS[kind], f"bench-worker-{index}", concurrency, signals)
 
 
 def timed_worker(
@@ -287,14 +297,15 @@ def check_done(engine: sa.Engine, count: int) -> None:
         raise RuntimeError(f"{done} tasks done and {replies} replies written, of {count}")
 
 
-def drain_tasks(url: str, count: int, workers: int, concurrency: int) -> float:
-    """Tasks per second that `workers` Worker processes finish from a prefilled queue."""
+def drain_tasks(url: str, count: int, workers: int, concurrency: int, kind: str) -> float:
+    """Tasks per second that `workers` Worker processes with `kind` handlers finish from a
+    prefilled queue."""
     prefill_tasks(url, count)
     engine = outbox.create_engine(url)
     try:
         elapsed, cpu = timed_drain(
             our_consumer,
-            (url, concurrency),
+            (url, concurrency, kind),
             workers,
             lambda: task_taken(engine),
             lambda: tasks_left(engine),
@@ -302,13 +313,19 @@ def drain_tasks(url: str, count: int, workers: int, concurrency: int) -> float:
         check_done(engine, count)
     finally:
         engine.dispose()
-    return report(engine.dialect.name, count, elapsed, cpu)
+    return report(f"{engine.dialect.name}, {kind}", count, elapsed, cpu)
 
 
-def ours(url: str, tasks: int, workers: int = WORKERS, concurrency: int = CONCURRENCY) -> float:
+def ours(
+    url: str,
+    tasks: int,
+    workers: int = WORKERS,
+    concurrency: int = CONCURRENCY,
+    kind: str = "threads",
+) -> float:
     """Tasks per second: claim, no-op handler, finish with its reply, on a migrated database."""
-    log(f"  ours: {tasks} tasks, {workers} workers x {concurrency}")
-    return drain_tasks(url, tasks, workers, concurrency)
+    log(f"  ours: {tasks} tasks, {workers} workers x {concurrency}, {kind} handlers")
+    return drain_tasks(url, tasks, workers, concurrency, kind)
 
 
 def sqlite_ours(
@@ -318,7 +335,7 @@ def sqlite_ours(
     url = f"sqlite:///{path}"
     outbox.upgrade(url)
     log(f"  ours on SQLite: {tasks} tasks, {workers} workers x {concurrency}")
-    return drain_tasks(url, tasks, workers, concurrency)
+    return drain_tasks(url, tasks, workers, concurrency, "threads")
 
 
 # --- PGQueuer ------------------------------------------------------------------------------
@@ -453,11 +470,17 @@ def sizes(quick: bool) -> tuple[int, int]:
 
 
 def run(quick: bool) -> dict[str, float]:
-    """One run: ours and PGQueuer on fresh PostgreSQL databases, then ours on SQLite."""
+    """One run: ours (thread, then async handlers) and PGQueuer on fresh PostgreSQL
+    databases, then ours on SQLite."""
     require_pgqueuer()  # before any work: a missing baseline is an error, not a skip
     count, sqlite_count = sizes(quick)
     timings: dict[str, float] = {}
-    for key, measure in (("ours", ours), ("baseline", pgqueuer_baseline)):
+    measures: tuple[tuple[str, Callable[[str, int], float]], ...] = (
+        ("ours", ours),
+        ("ours_async", partial(ours, kind="async")),
+        ("baseline", pgqueuer_baseline),
+    )
+    for key, measure in measures:
         started = time.monotonic()
         with fresh_database() as url:
             timings[key] = measure(url, count)

@@ -24,8 +24,16 @@ from outbox.clock import Clock
 from outbox.db import message_sql, task_sql
 from outbox.db import sql as db_sql
 from outbox.db.caller import caller_connection
-from outbox.db.dialect import READ_ONLY, clock_value, is_postgresql, now_expression, one_statement
+from outbox.db.dialect import (
+    READ_ONLY,
+    autocommit_lane,
+    clock_value,
+    is_postgresql,
+    now_expression,
+    one_statement,
+)
 from outbox.db.handle import DatabaseHandle
+from outbox.db.lane import Lane
 from outbox.errors import BatchFailed, OutboxError, PayloadCollision
 from outbox.intake import Accepted, Ack, AuthContext, Envelope, accept, authorize, check_name
 from outbox.messages import (
@@ -69,6 +77,8 @@ def backoff_delay(attempt: int, backoff: float, cap: float, rng: random.Random) 
 class TaskQueue(DatabaseHandle):
     """Durable intake, fenced task leases, and results committed with their replies."""
 
+    _lanes: tuple[Lane, ...] = ()  # none yet while the schema is checked
+
     def __init__(
         self,
         url_or_engine: str | sa.URL | Engine,
@@ -106,6 +116,17 @@ class TaskQueue(DatabaseHandle):
         self.clock = clock
         self._rng = rng or random.Random()
         self._open(url_or_engine)
+        # A worker claims and finishes many times a second: each stream of statements
+        # keeps a connection rather than checking one out (and pinging it) each time.
+        self._claims = autocommit_lane(self._engine)
+        self._finishes = autocommit_lane(self._engine)
+        self._lanes = (self._claims, self._finishes)
+
+    def close(self) -> None:
+        """Give back the held connections, then release the pool when this queue created it."""
+        for lane in self._lanes:
+            lane.close()
+        super().close()
 
     # --- plumbing -------------------------------------------------------------
 
@@ -234,7 +255,9 @@ class TaskQueue(DatabaseHandle):
         now = clock_value(self.clock)
         # Without reconciling or a tenant cap, the claim is one statement (see one_statement).
         single = not reconcile and self.tenant_cap is None
-        with one_statement(self._engine, "claim.before_commit", single=single) as conn:
+        with one_statement(
+            self._engine, "claim.before_commit", single=single, lane=self._claims
+        ) as conn:
             if reconcile:
                 self._reconcile_in(conn, now)
             rows = self._claim_rows(conn, owner, limit, now)
@@ -332,7 +355,7 @@ class TaskQueue(DatabaseHandle):
         raises and commits none.
         """
         # PostgreSQL writes the whole batch in one statement (see one_statement).
-        with one_statement(self._engine, "finish.before_commit") as conn:
+        with one_statement(self._engine, "finish.before_commit", lane=self._finishes) as conn:
             refused = task_results.complete(
                 conn, finished, self.reply_destination, clock_value(self.clock)
             )

@@ -334,6 +334,7 @@ class Worker:
             async with slots:  # claimed ahead: its lease is renewed while it waits
                 if running.stop.is_set():
                     # Its lease was lost (or the worker gave up) before it ever ran.
+                    log.warning("task %s: lease lost before it ran; discarded", claim.task_id)
                     self._count("discarded")
                     return
                 if self._stopping.is_set():

@@ -22,6 +22,7 @@ from sqlalchemy.sql.elements import ColumnElement
 
 from outbox import failpoints
 from outbox.clock import Clock
+from outbox.db.lane import Lane
 
 SQLITE_BUSY_TIMEOUT_MS = 30_000
 # Migration o0002 installs a trigger that notifies this channel on every insert of messages.
@@ -244,9 +245,18 @@ def _autocommit(engine: Engine) -> Engine:
     return found
 
 
+def autocommit_lane(engine: Engine) -> Lane:
+    """A Lane of autocommit connections of `engine`, for one_statement(lane=...)."""
+    return Lane(_autocommit(engine))
+
+
 @contextmanager
 def one_statement(
-    engine: Engine, before_commit: str | None = None, *, single: bool = True
+    engine: Engine,
+    before_commit: str | None = None,
+    *,
+    single: bool = True,
+    lane: Lane | None = None,
 ) -> Iterator[Connection]:
     """A connection for work whose statements are each atomic alone, else one transaction.
 
@@ -254,12 +264,14 @@ def one_statement(
     atomic alone, and BEGIN and COMMIT would only add round trips. Failpoint
     `before_commit` is then hit before the statement, where nothing is written
     yet. Otherwise (SQLite, or several statements) it is a transaction (BEGIN
-    IMMEDIATE on SQLite), with `before_commit` hit just before its COMMIT.
+    IMMEDIATE on SQLite), with `before_commit` hit just before its COMMIT. A
+    single statement runs on `lane`'s held connection when one is given (see
+    outbox.db.lane), else on one from the pool.
     """
     if single and is_postgresql(engine.dialect.name):
         if before_commit is not None:
             failpoints.hit(before_commit)
-        with _autocommit(engine).connect() as conn:
+        with lane.connection() if lane is not None else _autocommit(engine).connect() as conn:
             yield conn
         return
     with engine.begin() as conn:

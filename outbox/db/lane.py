@@ -1,0 +1,76 @@
+"""A lane: one autocommit connection held for a stream of single statements.
+
+A worker claims and finishes many times a second, each time one statement in
+autocommit. Checking a connection out of the pool for each costs the checkout's
+CPU and, with pre-ping on, a round trip before the statement. A lane holds one
+connection instead: the first caller at a time uses it, and a caller that finds
+it in use takes a pooled connection as before, so callers never wait for each
+other. A connection idle for longer than IDLE_SECONDS goes back to the pool and
+the next statement takes a checked one, so an idle worker's first statement does
+not meet a connection a proxy or firewall has cut meanwhile. After any error the
+held connection is dropped: its state is unknown.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from sqlalchemy.engine import Connection, Engine
+
+IDLE_SECONDS = 5.0
+
+
+class Lane:
+    """One held autocommit connection of `engine`, for one caller at a time."""
+
+    def __init__(self, engine: Engine) -> None:
+        """Nothing connects until the first statement."""
+        self._engine = engine
+        self._lock = threading.Lock()
+        self._held: Connection | None = None
+        self._last_used = 0.0
+
+    @contextmanager
+    def connection(self) -> Iterator[Connection]:
+        """The held connection when it is free, else a pooled one; autocommit either way."""
+        if not self._lock.acquire(blocking=False):
+            with self._engine.connect() as pooled:
+                yield pooled
+            return
+        try:
+            held = self._take()
+            try:
+                yield held
+            except BaseException:
+                self._drop()
+                raise
+            self._last_used = time.monotonic()
+        finally:
+            self._lock.release()
+
+    def close(self) -> None:
+        """Give the held connection back to the pool (waits for a statement running on it)."""
+        with self._lock:
+            self._drop()
+
+    def _take(self) -> Connection:
+        held = self._held
+        if held is not None and (
+            held.closed or held.invalidated or time.monotonic() - self._last_used > IDLE_SECONDS
+        ):
+            self._drop()
+            held = None
+        if held is None:
+            held = self._held = self._engine.connect()
+        return held
+
+    def _drop(self) -> None:
+        held, self._held = self._held, None
+        if held is not None:
+            # Dropped for an error or for idling: a broken one may fail to close too.
+            with contextlib.suppress(Exception):
+                held.close()
