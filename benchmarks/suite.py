@@ -11,7 +11,8 @@ into NATS JetStream and RabbitMQ against the HTTP batch drain with the
 consumers' rate (benchmarks.broker_drain), live latency, and against the bare
 relay at the same paced producer rate, task throughput against PGQueuer, a
 worker's waiting handlers and its NOTIFY wake-up
-(benchmarks.worker_waits), cost growth with a large history, and the same
+(benchmarks.worker_waits), cost growth with a large history, the database's
+cost per delivered message and per finished task (benchmarks.db_cost), and the same
 drain, task throughput and publish on SQLite files beside PostgreSQL (the
 SQLite rows' baseline is our PostgreSQL figure from the same run).
 """
@@ -47,6 +48,7 @@ from benchmarks import (
     broker_ceiling,
     broker_drain,
     cost_growth,
+    db_cost,
     profiles,
     task_throughput,
     worker_waits,
@@ -591,6 +593,9 @@ def measure(runs: int, quick: bool) -> list[Row]:
             baseline=None,
         )
     )
+    cost = repeat("database cost", runs, lambda: db_cost.run(quick))
+    for scenario, unit, figure in DB_COST_ROWS:
+        rows.append(median_row(scenario, "postgresql", unit, cost, ours=figure, baseline=None))
     # SQLite, the embedded default: its baseline is our PostgreSQL figure of the same run.
     rows.append(
         median_row(
@@ -618,6 +623,58 @@ def measure(runs: int, quick: bool) -> list[Row]:
         )
     )
     return rows
+
+
+# (scenario, unit, figure of benchmarks.db_cost): reported without targets for now.
+DB_COST_ROWS = (
+    (
+        "WAL per delivered message (outbox database, without full-page images)",
+        "WAL bytes/message",
+        "message_outbox_wal_bytes",
+    ),
+    (
+        "full-page images per delivered message (after a checkpoint)",
+        "FPI bytes/message",
+        "message_outbox_fpi_bytes",
+    ),
+    (
+        "index entries per delivered message (outbox database)",
+        "entries/message",
+        "message_outbox_index_entries",
+    ),
+    (
+        "HOT share of message updates (claim, settle)",
+        "HOT % of updates",
+        "message_outbox.outbox_messages.hot_pct",
+    ),
+    (
+        "receiver WAL per delivered message (its own database)",
+        "WAL bytes/message",
+        "message_receiver_wal_bytes",
+    ),
+    (
+        "WAL per finished task (claim, finish, reply; without full-page images)",
+        "WAL bytes/task",
+        "task_outbox_wal_bytes",
+    ),
+    (
+        "full-page images per finished task (after a checkpoint)",
+        "FPI bytes/task",
+        "task_outbox_fpi_bytes",
+    ),
+    ("index entries per finished task", "entries/task", "task_outbox_index_entries"),
+    (
+        "HOT share of task updates (claim, finish)",
+        "HOT % of updates",
+        "task_outbox.outbox_tasks.hot_pct",
+    ),
+    (
+        "WAL per lease renewal (without full-page images)",
+        "WAL bytes/renewal",
+        "renewal_outbox_wal_bytes",
+    ),
+    ("HOT share of lease renewals", "HOT % of updates", "renewal_outbox.outbox_tasks.hot_pct"),
+)
 
 
 def cell(value: float | None, digits: int = 1) -> str:
@@ -768,6 +825,11 @@ BASELINES = (
     "0.5 s) shows what the NOTIFY replaces.",
     "cost growth: the same database with no history, then with finished tasks and sent "
     "replies; the relay's memory is its peak RSS (VmHWM) while draining.",
+    "database cost (benchmarks/db_cost.py): WAL records and full-page images attributed to "
+    "the benchmark's own databases by reading the window's WAL back (pg_walinspect), after a "
+    "CHECKPOINT, and B-tree entries written, per message a 2-relay drain delivered (receipts "
+    "in a database of their own), per task 2 Workers finished (with its reply) and per lease "
+    "renewal; HOT shares from pg_stat_user_tables. No baseline and no target yet.",
     "sqlite rows: our figure on SQLite files against our PostgreSQL figure of the same run.",
 )
 
