@@ -16,9 +16,10 @@ Figures are per delivered message, per finished task and per renewal: WAL
 record bytes without full-page images (`*_wal_bytes`), full-page image bytes
 after the checkpoint (`*_fpi_bytes`), B-tree entries written (`*_index_entries`;
 a non-HOT update writes one in every index whose predicate the new row
-matches), and per table the share of updates that were HOT (in %). Keys with a
-dot break a figure down by table, index or WAL record kind. `--setup` runs SQL on
-each fresh outbox database before its prefill (say, a fillfactor to try).
+matches), and per table the share of updates that were HOT (in %) and how much
+its heap grew. Keys with a dot break a figure down by table, index or WAL record
+kind. `--setup` runs SQL on each fresh outbox database before its prefill (say,
+a fillfactor to try).
 """
 
 from __future__ import annotations
@@ -171,6 +172,7 @@ def database_figures(prefix: str, database: Database, per: int) -> Run:
         if any(counters.values()):
             figures[f"{prefix}.{name}.updates"] = counters["updated"] / per
             figures[f"{prefix}.{name}.hot_pct"] = hot_share(counters)
+            figures[f"{prefix}.{name}.heap_growth_bytes"] = counters["heap_bytes"] / per
     return figures
 
 

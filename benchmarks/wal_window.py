@@ -76,7 +76,8 @@ RELATION_FILES = sa.text(
     """
 )
 TABLE_COUNTERS = sa.text(
-    "SELECT relname, n_tup_ins, n_tup_upd, n_tup_hot_upd, n_tup_del FROM pg_stat_user_tables"
+    "SELECT relname, n_tup_ins, n_tup_upd, n_tup_hot_upd, n_tup_del, "
+    "pg_relation_size(relid) AS heap_bytes FROM pg_stat_user_tables"
 )
 CLUSTER_POINT = sa.text(
     "SELECT pg_current_wal_flush_lsn()::text, wal_records, wal_fpi, wal_bytes FROM pg_stat_wal"
@@ -213,7 +214,7 @@ def relation_files(url: str) -> dict[int, tuple[str, str, bool]]:
 
 
 def table_counters(url: str) -> dict[str, dict[str, int]]:
-    """Rows inserted, updated, HOT-updated and deleted so far, per user table."""
+    """Rows inserted, updated, HOT-updated and deleted so far, and heap size, per user table."""
     engine = sa.create_engine(url)
     try:
         with engine.connect() as conn:
@@ -226,6 +227,7 @@ def table_counters(url: str) -> dict[str, dict[str, int]]:
             "updated": row.n_tup_upd,
             "hot_updated": row.n_tup_hot_upd,
             "deleted": row.n_tup_del,
+            "heap_bytes": row.heap_bytes,
         }
         for row in rows
     }
