@@ -228,6 +228,35 @@ def test_resolved_state_upgrades_and_downgrades_without_losing_a_decision(
         engine.dispose()
 
 
+def message_fillfactor(engine: sa.Engine) -> list[str]:
+    """The storage options of outbox_messages (PostgreSQL's pg_class.reloptions)."""
+    with engine.connect() as conn:
+        options = conn.execute(
+            sa.text("SELECT reloptions FROM pg_class WHERE relname = 'outbox_messages'")
+        ).scalar_one()
+    return list(options or [])
+
+
+@pytest.mark.parametrize("backend", ["postgresql"], indirect=True)
+def test_message_pages_keep_room_for_claims_and_settles(blank_url: str) -> None:
+    # o0009: a fillfactor of 70 on outbox_messages, removed again by its downgrade.
+    outbox.upgrade(blank_url)
+    engine = outbox.create_engine(blank_url)
+    try:
+        assert message_fillfactor(engine) == ["fillfactor=70"]
+        with engine.begin() as conn:
+            command.downgrade(alembic_config(conn), "outbox@o0008")
+        assert message_fillfactor(engine) == []
+    finally:
+        engine.dispose()
+    outbox.upgrade(blank_url)
+    engine = outbox.create_engine(blank_url)
+    try:
+        assert message_fillfactor(engine) == ["fillfactor=70"]
+    finally:
+        engine.dispose()
+
+
 BOTH_HEADS = {required_head("outbox"), required_head("receiver")}
 
 
