@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from typing import Any, NoReturn
 
 from outbox import failpoints, migrations
-from outbox.cli import dead, demo, operations, receiver, relay, settings, worker
+from outbox.cli import console, dead, demo, operations, receiver, relay, settings, worker
 from outbox.cli.environment import check_environment
 from outbox.cli.logs import report_error
 from outbox.db.dialect import missing_sqlite_file
@@ -18,7 +18,12 @@ from outbox.redaction import redact
 
 DEFAULT_DB = settings.DEFAULT_DB
 # Settings each command resolves from flag, environment, config file and default.
-OPTIONS = {"worker": worker.OPTIONS, "relay": relay.OPTIONS, "receiver": receiver.OPTIONS}
+OPTIONS = {
+    "worker": worker.OPTIONS,
+    "relay": relay.OPTIONS,
+    "receiver": receiver.OPTIONS,
+    "console": console.OPTIONS,
+}
 
 
 def _db_argument(parser: argparse.ArgumentParser) -> None:
@@ -80,6 +85,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     operations.add_parsers(commands, _db_argument)
     dead.add_parser(commands, _db_argument)
+    console.add_parser(commands, _db_argument)
     worker.add_parser(commands, _db_argument)
     relay.add_parser(commands)
     receiver.add_parser(commands)
@@ -116,6 +122,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return relay.run(args)
         if args.command == "receiver":
             return receiver.run(args)
+        if args.command == "console":
+            return console.run(args)
     except (ValueError, OSError, OutboxError) as exc:
         report_error(f"outbox: error: {exc}")
         return 2
@@ -125,6 +133,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 def known_variables() -> set[str]:
     """Every OUTBOX_* variable a command reads (destinations' aside)."""
     known = {settings.DB.env, settings.CONFIG_ENV, relay.CONFIG_ENV, receiver.SECRETS_ENV}
+    known.add(console.TOKEN_ENV)
     known |= {failpoints.ENV_VAR, failpoints.ACTION_VAR}
     return known | {option.env for options in OPTIONS.values() for option in options}
 

@@ -24,6 +24,8 @@ class DeadFilter:
     """Text the last error contains (case-insensitive)."""
     newer_than: float | None = None
     older_than: float | None = None
+    after: str | None = None
+    """Only those listed after this reply_id (the next page of a list)."""
 
 
 DEAD_FIELDS = (
@@ -66,6 +68,9 @@ def select_dead(limit: int, now: Now, chosen: DeadFilter) -> sa.Select[Any]:
         query = query.where(messages.c.created_at > now - chosen.newer_than)
     if chosen.older_than is not None:
         query = query.where(messages.c.created_at <= now - chosen.older_than)
+    if chosen.after is not None:
+        after = sa.select(messages.c.id).where(messages.c.reply_id == chosen.after)
+        query = query.where(messages.c.id > after.scalar_subquery())
     return query.order_by(messages.c.id).limit(limit)
 
 

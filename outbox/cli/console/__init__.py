@@ -1,0 +1,99 @@
+"""`outbox console`: a web page for operators: the backlog, dead replies, and their requeue.
+
+It binds to loopback unless told otherwise; anywhere else it refuses to start
+without a token (OUTBOX_CONSOLE_TOKEN), which every request must then carry.
+A requeue from the page is `outbox dead requeue`'s: the receipt lookup first
+(the destinations read from --config, as the relay reads them), a refusal unless
+forced, an audit row with the operator's name. --read-only hides it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+from collections.abc import Callable
+from typing import Any
+
+from outbox.cli.arguments import boolean, positive_int
+from outbox.cli.settings import Option, add_flags
+
+LOOPBACK = "127.0.0.1"
+TOKEN_ENV = "OUTBOX_CONSOLE_TOKEN"  # noqa: S105 (the variable that holds it)
+SHORTEST_TOKEN = 16
+OPTIONS = (
+    Option.of("console", "host", default=LOOPBACK),
+    Option.of("console", "port", positive_int, 8080),
+    Option.of("console", "read_only", boolean, False),
+)
+HELP = {
+    "host": f"address to listen on (default {LOOPBACK}; elsewhere {TOKEN_ENV} is required)",
+    "port": "port to listen on (default 8080)",
+}
+
+
+def add_parser(commands: Any, db_argument: Callable[[argparse.ArgumentParser], None]) -> None:
+    """Register `outbox console`."""
+    parser = commands.add_parser(
+        "console",
+        help="operator web console: backlog, dead replies, requeue",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    db_argument(parser)
+    add_flags(parser, OPTIONS[:2], HELP)
+    parser.add_argument(
+        "--read-only",
+        action="store_const",
+        const=True,
+        default=None,
+        help="show everything, change nothing: no requeue (env OUTBOX_CONSOLE_READ_ONLY)",
+    )
+
+
+def console_token(host: str) -> str | None:
+    """The token every request must carry: required off loopback, optional on it."""
+    from outbox.cli.console.security import is_loopback
+
+    token = os.environ.get(TOKEN_ENV) or None
+    if token is None and not is_loopback(host):
+        raise ValueError(
+            f"the console listens on {host}, not loopback: set {TOKEN_ENV} to a token "
+            "every request must carry"
+        )
+    if token is not None and len(token.strip()) < SHORTEST_TOKEN:
+        raise ValueError(f"{TOKEN_ENV} must be at least {SHORTEST_TOKEN} characters")
+    return token
+
+
+def run(args: argparse.Namespace) -> int:
+    """Serve the console until interrupted; returns the exit status."""
+    import uvicorn
+
+    from outbox.cli.console.app import create_app
+    from outbox.cli.console.decide import check_config
+    from outbox.operations import Operations
+
+    token = console_token(args.host)
+    with Operations(args.db) as ops:
+        check_config(ops, args.config)
+        app = create_app(ops, config=args.config, token=token, read_only=args.read_only)
+        config = uvicorn.Config(
+            app,
+            host=args.host,
+            port=args.port,
+            log_config=None,
+            access_log=False,
+            lifespan="off",
+            ws="none",
+        )
+        logging.basicConfig(level=logging.INFO, format="%(message)s")
+        logging.getLogger("outbox.console").info(
+            "console on http://%s:%d%s%s",
+            args.host,
+            args.port,
+            " (read-only)" if args.read_only else "",
+            " (token required)" if token else "",
+        )
+        uvicorn.Server(config).run()
+    return 0

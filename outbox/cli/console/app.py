@@ -1,0 +1,119 @@
+"""The console's Starlette app: the pages, the login form, the style sheet, the guard."""
+
+from __future__ import annotations
+
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
+from starlette.requests import Request
+from starlette.responses import PlainTextResponse, RedirectResponse, Response
+from starlette.routing import Route
+
+from outbox.cli.console.pages import HERE, Pages
+from outbox.cli.console.security import (
+    SESSION_COOKIE,
+    Guard,
+    authenticated,
+    checked_form,
+    session_value,
+    token_matches,
+)
+from outbox.operations import Operations
+
+STYLE = (HERE / "static" / "console.css").read_text(encoding="utf-8")
+
+
+class Login:
+    """The login form: the token entered once, remembered in an HttpOnly SameSite cookie."""
+
+    def __init__(self, pages: Pages, token: str | None) -> None:
+        """Checks against `token`; without one, there is nothing to log in to."""
+        self.pages = pages
+        self.token = token
+
+    async def unauthorized(self, request: Request) -> Response:
+        """401: the login form for a page, a short text for anything else."""
+        headers = {"WWW-Authenticate": "Bearer"}
+        if request.method == "GET":
+            response = self.pages.render(
+                request, "login.html", 401, next=_local(request.url.path), wrong=False
+            )
+            response.headers.update(headers)
+            return response
+        return PlainTextResponse("401: the console token is required", 401, headers)
+
+    async def form(self, request: Request) -> Response:
+        """GET /login: the form (or the overview when already in, or when no token is set)."""
+        if authenticated(request, self.token):
+            return RedirectResponse(_local(request.query_params.get("next", "/")), 303)
+        return self.pages.render(
+            request, "login.html", next=_local(request.query_params.get("next", "/")), wrong=False
+        )
+
+    async def submit(self, request: Request) -> Response:
+        """POST /login: a right token sets the session cookie; a wrong one answers 401."""
+        form = await checked_form(request)
+        target = _local(form.get("next", "/"))
+        if self.token is None:
+            return RedirectResponse(target, 303)
+        if not token_matches(self.token, form.get("token", "")):
+            return self.pages.render(request, "login.html", 401, next=target, wrong=True)
+        response = RedirectResponse(target, 303)
+        response.set_cookie(
+            SESSION_COOKIE,
+            session_value(self.token),
+            httponly=True,
+            samesite="strict",
+            path="/",
+        )
+        return response
+
+    async def logout(self, request: Request) -> Response:
+        """POST /logout: forget the session cookie."""
+        await checked_form(request)
+        response = RedirectResponse("/login", 303)
+        response.delete_cookie(SESSION_COOKIE, path="/", httponly=True, samesite="strict")
+        return response
+
+
+def _local(target: str) -> str:
+    """A path on this console to go to after login; anything else (another site) is "/"."""
+    if target.startswith("/") and not target.startswith("//") and "\\" not in target:
+        return target
+    return "/"
+
+
+def style(request: Request) -> Response:
+    """The one style sheet (the policy allows styles from this origin only)."""
+    return Response(STYLE, media_type="text/css")
+
+
+async def refused(request: Request, exc: Exception) -> Response:
+    """An HTTP error as short text (403 for a missing CSRF token, and so on)."""
+    assert isinstance(exc, HTTPException)
+    return PlainTextResponse(f"{exc.status_code}: {exc.detail}", exc.status_code)
+
+
+def create_app(
+    ops: Operations, *, config: str | None, token: str | None, read_only: bool
+) -> Starlette:
+    """The console on `ops`; `token` None means no token is asked (loopback only)."""
+    pages = Pages(ops, config, read_only, token is not None)
+    login = Login(pages, token)
+    routes = [
+        Route("/", pages.overview),
+        Route("/dead", pages.dead),
+        Route("/reply", pages.reply),
+        Route("/reply/requeue", pages.requeue, methods=["POST"]),
+        Route("/task", pages.task),
+        Route("/search", pages.search),
+        Route("/login", login.form),
+        Route("/login", login.submit, methods=["POST"]),
+        Route("/logout", login.logout, methods=["POST"]),
+        Route("/static/console.css", style),
+    ]
+    return Starlette(
+        routes=routes,
+        middleware=[Middleware(Guard, token=token, unauthorized=login.unauthorized)],
+        exception_handlers={HTTPException: refused},
+    )

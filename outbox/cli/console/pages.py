@@ -1,0 +1,213 @@
+"""The console's pages: overview, dead replies, one reply (and its requeue), one task, search.
+
+Reads run in the thread pool (the handlers are plain functions); every page is a
+Jinja2 template with autoescaping, so bodies and error texts are shown, never run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlencode
+
+import jinja2
+from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import RedirectResponse, Response
+from starlette.templating import Jinja2Templates
+
+from outbox.cli.arguments import age_text, non_empty, parse_duration, positive_int
+from outbox.cli.console import decide
+from outbox.cli.console.reads import ConsoleReads
+from outbox.cli.console.security import CSRF_FIELD, checked_form
+from outbox.db.operations_sql import DeadFilter
+from outbox.operations import Operations
+from outbox.redaction import redact
+from outbox.states import MessageState
+
+HERE = Path(__file__).parent
+PAGE_SIZE = 50
+FILTERS = ("destination", "status", "error", "since", "until")
+
+
+def iso(epoch: float | None) -> str:
+    """Epoch seconds as UTC time for people; empty for None."""
+    if epoch is None:
+        return ""
+    moment = datetime.fromtimestamp(epoch, UTC)
+    return moment.isoformat(sep=" ", timespec="seconds").replace("+00:00", "Z")
+
+
+def templates() -> Jinja2Templates:
+    """The page templates, every value escaped whatever the file's name."""
+    environment = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(HERE / "templates"),
+        autoescape=True,
+        undefined=jinja2.StrictUndefined,
+    )
+    environment.filters["iso"] = iso
+    environment.filters["age"] = age_text
+    return Jinja2Templates(env=environment)
+
+
+class Pages:
+    """The page handlers, on one Operations (the one `outbox dead` would open)."""
+
+    def __init__(self, ops: Operations, config: str | None, read_only: bool, token: bool) -> None:
+        """`config` names the destinations' receipt lookups; `token`: whether one is required."""
+        self.ops = ops
+        self.reads = ConsoleReads(ops)
+        self.config = config
+        self.read_only = read_only
+        self.token = token
+        self.templates = templates()
+
+    def render(
+        self, request: Request, name: str, status_code: int = 200, **context: Any
+    ) -> Response:
+        """A page, with what every page shows: the CSRF field, read-only, logout."""
+        context.update(
+            csrf_field=CSRF_FIELD,
+            csrf=request.state.csrf,
+            read_only=self.read_only,
+            token=self.token,
+            page=name.removesuffix(".html"),
+        )
+        return self.templates.TemplateResponse(request, name, context, status_code=status_code)
+
+    def overview(self, request: Request) -> Response:
+        """Counts per state, oldest pending ages, and backlog and dead per destination."""
+        status = self.ops.status()
+        figures, routed = self.reads.destinations()
+        destinations = [
+            {
+                "name": name,
+                "backlog": figure.backlog,
+                "dead": figure.dead,
+                "oldest_age": figure.oldest_age,
+                "routed": name in routed,
+            }
+            for name, figure in sorted(figures.destinations.items())
+        ]
+        return self.render(
+            request, "overview.html", status=status, destinations=destinations, refresh=True
+        )
+
+    def dead(self, request: Request) -> Response:
+        """Dead replies, oldest first, filtered as `outbox dead list` filters them; paged."""
+        params = request.query_params
+        try:
+            chosen = dead_filter({name: params.get(name, "") for name in FILTERS})
+        except (argparse.ArgumentTypeError, ValueError) as exc:
+            return self.render(
+                request,
+                "dead.html",
+                400,
+                rows=[],
+                error=str(exc),
+                filters=params,
+                more=None,
+                after=None,
+                first="",
+            )
+        after = params.get("after") or None
+        rows = self.ops.dead(PAGE_SIZE + 1, dataclasses.replace(chosen, after=after))
+        kept = {name: params[name] for name in FILTERS if params.get(name)}
+        more = None
+        if len(rows) > PAGE_SIZE:
+            rows = rows[:PAGE_SIZE]
+            more = urlencode({**kept, "after": rows[-1]["reply_id"]})
+        for row in rows:
+            row["last_error"] = None if row["last_error"] is None else redact(row["last_error"])
+        return self.render(
+            request,
+            "dead.html",
+            rows=rows,
+            error=None,
+            filters=params,
+            more=more,
+            after=after,
+            first=urlencode(kept),
+        )
+
+    def reply(self, request: Request) -> Response:
+        """One message: body, attempts, last status and error, decisions, its task."""
+        reply_id = request.query_params.get("id", "")
+        message = self.reads.reply(reply_id) if reply_id else None
+        if message is None:
+            return self.render(request, "missing.html", 404, what="reply", wanted=reply_id)
+        return self.render(
+            request,
+            "reply.html",
+            message=message,
+            dead=message["state"] == MessageState.DEAD,
+            done=None,
+            forceable=False,
+            asked={},
+            requeued=request.query_params.get("requeued"),
+        )
+
+    async def requeue(self, request: Request) -> Response:
+        """Requeue one dead message (POST), then show the reply; a refusal shown on it."""
+        if self.read_only:
+            raise HTTPException(403, "the console is read-only")
+        form = await checked_form(request)
+        reply_id = form.get("reply_id", "")
+        done = await run_in_threadpool(
+            decide.requeue,
+            self.ops,
+            self.config,
+            reply_id,
+            reason=form.get("reason", ""),
+            by=form.get("by", ""),
+            force=form.get("force") == "yes",
+        )
+        if done.outcome == "requeued" and done.audit is not None:
+            query = urlencode({"id": reply_id, "requeued": done.audit["id"]})
+            return RedirectResponse(f"/reply?{query}", status_code=303)
+        message = await run_in_threadpool(self.reads.reply, reply_id)
+        if message is None:
+            return self.render(request, "missing.html", 404, what="reply", wanted=reply_id)
+        return self.render(
+            request,
+            "reply.html",
+            409,
+            message=message,
+            dead=message["state"] == MessageState.DEAD,
+            done=done,
+            forceable=decide.forceable(done),
+            asked=form,
+            requeued=None,
+        )
+
+    def task(self, request: Request) -> Response:
+        """One task: payload, state, attempts, owner, fence, deadline, result, its reply."""
+        task_id = request.query_params.get("id", "")
+        task = self.reads.task(task_id) if task_id else None
+        if task is None:
+            return self.render(request, "missing.html", 404, what="task", wanted=task_id)
+        return self.render(request, "task.html", task=task)
+
+    def search(self, request: Request) -> Response:
+        """A reply_id or a task_id: its page, or a page saying neither exists."""
+        wanted = request.query_params.get("q", "").strip()
+        if wanted and self.reads.message_exists(wanted):
+            return RedirectResponse(f"/reply?{urlencode({'id': wanted})}", status_code=303)
+        if wanted and self.reads.task(wanted) is not None:
+            return RedirectResponse(f"/task?{urlencode({'id': wanted})}", status_code=303)
+        return self.render(request, "missing.html", 404, what="reply or task", wanted=wanted)
+
+
+def dead_filter(given: dict[str, str]) -> DeadFilter:
+    """The `dead list` filter the page's fields name; ValueError names a bad one."""
+    return DeadFilter(
+        destination=non_empty(given["destination"]) if given["destination"].strip() else None,
+        status=positive_int(given["status"]) if given["status"].strip() else None,
+        error=given["error"] if given["error"].strip() else None,
+        newer_than=parse_duration(given["since"]) if given["since"].strip() else None,
+        older_than=parse_duration(given["until"]) if given["until"].strip() else None,
+    )

@@ -1,0 +1,95 @@
+"""What the console's pages read: `outbox status` and `outbox dead`'s own queries
+(outbox.operations), the relay's per-destination figures, and a task or a message whole."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import sqlalchemy as sa
+
+from outbox.db import console_sql
+from outbox.db.dialect import now_expression
+from outbox.operations import Operations
+from outbox.redaction import redact
+from relay import sql as relay_sql
+from relay.figures import Figures, figures_from
+
+BODY_SHOWN = 65_536
+"""Bytes of a body the reply page shows; the rest is cut (body_bytes says how many)."""
+
+
+class ConsoleReads:
+    """Reads for the pages, on the engine of the Operations that `outbox dead` uses."""
+
+    def __init__(self, ops: Operations) -> None:
+        """Read through `ops` and its engine."""
+        self.ops = ops
+
+    def now(self) -> sa.ColumnElement[float]:
+        """The statements' "now": the database clock, or the manual clock of a test."""
+        return now_expression(self.ops.clock, self.ops.engine.dialect.name)
+
+    def destinations(self) -> tuple[Figures, set[str]]:
+        """Backlog and dead count per destination as the relay's gauges count them (unrouted
+        destinations included), and the destinations some live relay delivers."""
+        now = self.now()
+        with self.ops.engine.connect() as conn:
+            rows = conn.execute(relay_sql.destination_figures(now)).all()
+            routed = set(conn.execute(relay_sql.live_destinations(now)).scalars())
+        return figures_from(rows, routed, ()), routed
+
+    def reply(self, reply_id: str) -> dict[str, Any] | None:
+        """One message's delivery record, its body shown as text, and its decisions."""
+        message = self.ops.message(reply_id)
+        if message is None:
+            return None
+        message["body_text"] = body_text(bytes(message.pop("body")))
+        message["last_error"] = _redacted(message["last_error"])
+        with self.ops.engine.connect() as conn:
+            decisions = conn.execute(console_sql.select_decisions(reply_id)).mappings().all()
+        message["decisions"] = [
+            {**row, "previous_error": _redacted(row["previous_error"])} for row in decisions
+        ]
+        return message
+
+    def task(self, task_id: str) -> dict[str, Any] | None:
+        """One task, with its payload and result pretty-printed, and its reply."""
+        with self.ops.engine.connect() as conn:
+            row = conn.execute(console_sql.select_task(task_id)).mappings().first()
+            if row is None:
+                return None
+            reply = conn.execute(console_sql.select_reply_of(task_id)).mappings().first()
+        task = dict(row)
+        task["payload"] = pretty(task["payload"])
+        task["result"] = None if task["result"] is None else pretty(task["result"])
+        task["last_error"] = _redacted(task["last_error"])
+        task["reply"] = None if reply is None else dict(reply)
+        return task
+
+    def message_exists(self, reply_id: str) -> bool:
+        """Whether a message has this reply_id."""
+        with self.ops.engine.connect() as conn:
+            return conn.execute(console_sql.message_exists(reply_id)).first() is not None
+
+
+def pretty(text: str) -> str:
+    """JSON text indented for reading; anything else as it is."""
+    try:
+        return json.dumps(json.loads(text), indent=2, ensure_ascii=False, sort_keys=True)
+    except ValueError:
+        return text
+
+
+def body_text(body: bytes) -> str | None:
+    """A body as text for the page (JSON pretty-printed), or None when it is not UTF-8."""
+    try:
+        text = body[:BODY_SHOWN].decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+    return pretty(text) if len(body) <= BODY_SHOWN else text + "\n…"
+
+
+def _redacted(text: str | None) -> str | None:
+    """Error text with anything credential-like hidden."""
+    return None if text is None else redact(text)

@@ -1,0 +1,123 @@
+"""Who may use the console, and what a browser may do with its pages.
+
+With a token configured (OUTBOX_CONSOLE_TOKEN; required off loopback), every
+request but the login form's must carry it: as `Authorization: Bearer`, or as
+the session cookie the login form sets (an HMAC of the token, so the cookie
+never holds the token itself). Every POST must carry the CSRF token of the
+double-submit cookie in its form: a cross-site form cannot read the cookie,
+and SameSite=Strict keeps the browser from sending it along. Every response
+carries a Content-Security-Policy that allows no script at all.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import ipaddress
+import secrets
+from collections.abc import Awaitable, Callable
+from urllib.parse import parse_qs
+
+from starlette.exceptions import HTTPException
+from starlette.middleware.base import BaseHTTPMiddleware
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.types import ASGIApp
+
+SESSION_COOKIE = "outbox_console_session"
+CSRF_COOKIE = "outbox_console_csrf"
+CSRF_FIELD = "csrf_token"
+MAX_FORM_BYTES = 65_536
+OPEN_PATHS = frozenset({"/login", "/static/console.css"})
+"""Answered without the token: the login form and the style sheet it uses."""
+CONTENT_SECURITY_POLICY = (
+    "default-src 'none'; style-src 'self'; img-src 'self'; form-action 'self'; "
+    "frame-ancestors 'none'; base-uri 'none'"
+)
+SECURITY_HEADERS = {
+    "Content-Security-Policy": CONTENT_SECURITY_POLICY,
+    "X-Content-Type-Options": "nosniff",
+    "X-Frame-Options": "DENY",
+    "Referrer-Policy": "no-referrer",
+    "Cache-Control": "no-store",
+}
+Unauthorized = Callable[[Request], Awaitable[Response]]
+
+
+def is_loopback(host: str) -> bool:
+    """Whether `host` is a loopback name or address (only then may a token be absent)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def session_value(token: str) -> str:
+    """The session cookie's value for `token`: proves the token without holding it."""
+    return hmac.new(token.encode(), b"outbox console session", hashlib.sha256).hexdigest()
+
+
+def token_matches(token: str, offered: str) -> bool:
+    """Whether `offered` is the token, in time that does not depend on where they differ."""
+    return hmac.compare_digest(token.encode(), offered.encode())
+
+
+def authenticated(request: Request, token: str | None) -> bool:
+    """Whether the request carries the token (bearer header or session cookie)."""
+    if token is None:
+        return True
+    scheme, _, offered = request.headers.get("authorization", "").partition(" ")
+    if scheme.lower() == "bearer" and offered:
+        return token_matches(token, offered.strip())
+    cookie = request.cookies.get(SESSION_COOKIE, "")
+    return hmac.compare_digest(session_value(token).encode(), cookie.encode())
+
+
+class Guard(BaseHTTPMiddleware):
+    """Refuses requests without the token, hands out the CSRF cookie, adds the headers."""
+
+    def __init__(self, app: ASGIApp, token: str | None, unauthorized: Unauthorized) -> None:
+        """`unauthorized` answers a request without the token (a 401 login page)."""
+        super().__init__(app)
+        self.token = token
+        self.unauthorized = unauthorized
+
+    async def dispatch(
+        self, request: Request, call_next: Callable[[Request], Awaitable[Response]]
+    ) -> Response:
+        """Check the token, then answer with the security headers and the CSRF cookie."""
+        known = request.cookies.get(CSRF_COOKIE)
+        request.state.csrf = known or secrets.token_urlsafe(32)
+        if request.url.path in OPEN_PATHS or authenticated(request, self.token):
+            response = await call_next(request)
+        else:
+            response = await self.unauthorized(request)
+        response.headers.update(SECURITY_HEADERS)
+        if known is None:
+            response.set_cookie(
+                CSRF_COOKIE, request.state.csrf, httponly=True, samesite="strict", path="/"
+            )
+        return response
+
+
+async def checked_form(request: Request) -> dict[str, str]:
+    """The POSTed form's fields, after its CSRF token matched the cookie (else 403)."""
+    if request.headers.get("content-type", "").split(";")[0].strip() != (
+        "application/x-www-form-urlencoded"
+    ):
+        raise HTTPException(415, "a form must be application/x-www-form-urlencoded")
+    body = await request.body()
+    if len(body) > MAX_FORM_BYTES:
+        raise HTTPException(413, "form too large")
+    fields = {
+        name: values[0]
+        for name, values in parse_qs(body.decode("utf-8", "replace")).items()
+        if values
+    }
+    cookie = request.cookies.get(CSRF_COOKIE, "")
+    offered = fields.pop(CSRF_FIELD, "")
+    if not cookie or not hmac.compare_digest(cookie.encode(), offered.encode()):
+        raise HTTPException(403, "missing or wrong CSRF token: reload the page and try again")
+    return fields

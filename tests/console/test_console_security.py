@@ -1,0 +1,196 @@
+"""`outbox console`'s guard: the token, the login form, CSRF, and the headers of every answer."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+from support.console_helpers import TOKEN, ConsoleClient, csrf_of
+
+from outbox.cli import main
+from outbox.cli.console import console_token
+from outbox.cli.console.security import (
+    CONTENT_SECURITY_POLICY,
+    CSRF_COOKIE,
+    SESSION_COOKIE,
+    is_loopback,
+)
+from outbox.operations import Operations
+
+
+@pytest.mark.parametrize(
+    ("host", "loopback"),
+    [("127.0.0.1", True), ("127.0.0.2", True), ("::1", True), ("localhost", True),
+     ("0.0.0.0", False), ("10.1.2.3", False), ("::", False), ("console.example", False)],
+)  # fmt: skip
+def test_only_loopback_addresses_count_as_loopback(host: str, loopback: bool) -> None:
+    assert is_loopback(host) is loopback
+
+
+def test_a_token_is_optional_on_loopback_and_required_elsewhere(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("OUTBOX_CONSOLE_TOKEN", raising=False)
+    assert console_token("127.0.0.1") is None
+    with pytest.raises(ValueError, match="OUTBOX_CONSOLE_TOKEN"):
+        console_token("0.0.0.0")
+    monkeypatch.setenv("OUTBOX_CONSOLE_TOKEN", TOKEN)
+    assert console_token("0.0.0.0") == TOKEN
+
+
+def test_the_command_refuses_to_listen_off_loopback_without_a_token(
+    seeded: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.delenv("OUTBOX_CONSOLE_TOKEN", raising=False)
+    assert main(["console", "--db", seeded, "--host", "0.0.0.0"]) == 2
+    assert "not loopback: set OUTBOX_CONSOLE_TOKEN" in capsys.readouterr().err
+
+
+def test_the_command_reads_its_token_variable_and_refuses_a_short_one(
+    seeded: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # The variable is known to the environment check: the complaint is its length.
+    monkeypatch.setenv("OUTBOX_CONSOLE_TOKEN", "short")
+    assert main(["console", "--db", seeded, "--host", "0.0.0.0"]) == 2
+    assert "at least 16 characters" in capsys.readouterr().err
+
+
+def test_every_answer_carries_a_strict_policy_and_no_script_may_run(
+    ops: Operations, make_client: Callable[..., ConsoleClient]
+) -> None:
+    console = make_client()
+    for path in ("/", "/dead", "/reply?id=b-1", "/reply?id=missing", "/static/console.css"):
+        headers = console.get(path).headers
+        assert headers["content-security-policy"] == CONTENT_SECURITY_POLICY
+        assert headers["x-content-type-options"] == "nosniff"
+        assert headers["referrer-policy"] == "no-referrer"
+    directives = dict(d.strip().split(" ", 1) for d in CONTENT_SECURITY_POLICY.split(";"))
+    assert directives["default-src"] == "'none'"
+    assert "script-src" not in directives  # so default-src 'none' forbids every script
+    assert directives["style-src"] == "'self'"
+    assert directives["frame-ancestors"] == "'none'"
+
+
+def test_without_a_token_on_loopback_pages_open_directly(
+    ops: Operations, make_client: Callable[..., ConsoleClient]
+) -> None:
+    console = make_client()
+    assert console.get("/").status_code == 200
+    assert console.get("/login").headers["location"] == "/"
+
+
+@pytest.mark.parametrize(
+    "authorization", [None, "Bearer wrong-token-of-some-length", f"Basic {TOKEN}", "Bearer "]
+)
+def test_a_missing_or_wrong_token_gets_401(
+    ops: Operations, authorization: str | None, make_client: Callable[..., ConsoleClient]
+) -> None:
+    console = make_client(token=TOKEN)
+    headers = {} if authorization is None else {"Authorization": authorization}
+    for path in ("/", "/dead", "/reply?id=b-1", "/task?id=x", "/search?q=b-1"):
+        answer = console.get(path, headers=headers)
+        assert answer.status_code == 401
+        assert answer.headers["www-authenticate"] == "Bearer"
+        assert 'id="login"' in answer.text  # a browser gets the login form
+        assert "b-1" not in answer.text.replace("/reply?id=b-1", "")
+    answer = console.post("/reply/requeue", headers=headers, data={"reply_id": "b-1"})
+    assert answer.status_code == 401
+
+
+def test_the_bearer_token_opens_every_page(
+    ops: Operations, make_client: Callable[..., ConsoleClient]
+) -> None:
+    console = make_client(token=TOKEN)
+    answer = console.get("/dead", headers={"Authorization": f"Bearer {TOKEN}"})
+    assert answer.status_code == 200
+    assert 'data-reply-id="b-1"' in answer.text
+
+
+def test_the_login_form_sets_an_httponly_strict_cookie_that_opens_the_pages(
+    ops: Operations, make_client: Callable[..., ConsoleClient]
+) -> None:
+    console = make_client(token=TOKEN)
+    form = console.get("/dead")
+    assert form.status_code == 401
+    csrf = csrf_of(form.text)
+    wrong = console.post(
+        "/login", data={"csrf_token": csrf, "token": "not-the-token", "next": "/dead"}
+    )
+    assert wrong.status_code == 401
+    assert 'id="wrong-token"' in wrong.text
+    assert SESSION_COOKIE not in console.cookies
+    right = console.post("/login", data={"csrf_token": csrf, "token": TOKEN, "next": "/dead"})
+    assert (right.status_code, right.headers["location"]) == (303, "/dead")
+    set_cookie = right.headers["set-cookie"].lower()
+    assert f"{SESSION_COOKIE}=" in set_cookie
+    assert "httponly" in set_cookie
+    assert "samesite=strict" in set_cookie
+    assert TOKEN.lower() not in set_cookie  # the cookie proves the token, never holds it
+    assert console.get("/dead").status_code == 200
+    # Logging out forgets it.
+    page = console.get("/")
+    assert console.post("/logout", data={"csrf_token": csrf_of(page.text)}).status_code == 303
+    assert console.get("/").status_code == 401
+
+
+def test_login_goes_back_only_to_a_page_of_this_console(
+    ops: Operations, make_client: Callable[..., ConsoleClient]
+) -> None:
+    console = make_client(token=TOKEN)
+    csrf = csrf_of(console.get("/login").text)
+    for target in ("https://elsewhere.example/", "//elsewhere.example/", "/\\elsewhere"):
+        answer = console.post("/login", data={"csrf_token": csrf, "token": TOKEN, "next": target})
+        assert answer.headers["location"] == "/"
+
+
+def test_the_csrf_cookie_is_httponly_and_strict(
+    ops: Operations, make_client: Callable[..., ConsoleClient]
+) -> None:
+    set_cookie = make_client().get("/").headers["set-cookie"].lower()
+    assert f"{CSRF_COOKIE}=" in set_cookie
+    assert "httponly" in set_cookie
+    assert "samesite=strict" in set_cookie
+
+
+@pytest.mark.parametrize("offered", [None, "", "forged-token"])
+def test_a_post_without_the_csrf_token_is_refused(
+    ops: Operations,
+    offered: str | None,
+    no_relay_config: None,
+    make_client: Callable[..., ConsoleClient],
+) -> None:
+    console = make_client(token=TOKEN)
+    bearer = {"Authorization": f"Bearer {TOKEN}"}
+    console.get("/", headers=bearer)  # the browser holds the CSRF cookie
+    form = {"reply_id": "b-1", "reason": "r", "by": "ops", "force": "yes"}
+    if offered is not None:
+        form["csrf_token"] = offered
+    for path in ("/reply/requeue", "/login", "/logout"):
+        answer = console.post(path, data=form, headers=bearer)
+        assert answer.status_code == 403, path
+        assert "CSRF" in answer.text
+    assert ops.message("b-1")["state"] == "dead"  # type: ignore[index]
+
+
+def test_a_cross_site_post_carries_no_cookie_and_is_refused(
+    ops: Operations, make_client: Callable[..., ConsoleClient]
+) -> None:
+    # SameSite=Strict: a form on another site reaches the console without the cookies.
+    console = make_client()
+    csrf = csrf_of(console.get("/reply?id=b-1").text)
+    console.cookies.clear()
+    form = {"csrf_token": csrf, "reply_id": "b-1", "reason": "r", "by": "ops", "force": "yes"}
+    assert console.post("/reply/requeue", data=form).status_code == 403
+    assert ops.message("b-1")["state"] == "dead"  # type: ignore[index]
+
+
+def test_read_only_hides_the_requeue_and_refuses_it(
+    ops: Operations, make_client: Callable[..., ConsoleClient]
+) -> None:
+    console = make_client(read_only=True)
+    page = console.get("/reply?id=b-1")
+    assert 'id="requeue-form"' not in page.text
+    assert "read-only" in page.text
+    form = {"csrf_token": console.cookies[CSRF_COOKIE], "reply_id": "b-1", "reason": "r", "by": "o"}
+    assert console.post("/reply/requeue", data=form).status_code == 403
+    assert ops.message("b-1")["state"] == "dead"  # type: ignore[index]

@@ -1,0 +1,100 @@
+"""Helpers for tests of `outbox console`: a seeded database and a client on the app."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from typing import Any
+
+import httpx
+import sqlalchemy as sa
+from sqlalchemy.orm import Session
+
+import outbox
+from outbox import AuthContext, Envelope, TaskQueue
+from outbox.cli.console.app import create_app
+from outbox.cli.console.security import CSRF_FIELD
+from outbox.operations import Operations
+from outbox.schema import messages
+from outbox.testing import ManualClock
+
+SCRIPT_BODY = {"note": "<script>document.title='ran'</script>", "amp": "a & b"}
+TOKEN = "s3cret-console-token-for-tests"
+CSRF_INPUT = re.compile(rf'name="{CSRF_FIELD}" value="([^"]+)"')
+
+
+def seed(db_url: str, engine: sa.Engine, clock: ManualClock) -> None:
+    """Three tasks (one done, with its reply pending), and dead replies: two to billing
+    (410 and 409), one to shipping (a body holding <script>), created an hour apart."""
+    with TaskQueue(db_url, clock=clock, allowed_sources=("agent-a",)) as queue:
+        for n in range(3):
+            envelope = Envelope(f"m-{n}", "agent-a", {"n": n}, clock() + 3600)
+            queue.receive(AuthContext("agent-a"), envelope)
+        done = queue.claim("worker-1")
+        assert done is not None
+        queue.finish(done, {"ok": True})
+    dead = [
+        ("b-1", "billing", 410, "HTTP 410: gone", {"id": "b-1"}),
+        ("b-2", "billing", 409, "HTTP 409 conflict: other body", {"id": "b-2"}),
+        ("s-1", "shipping", None, "outcome unknown: <b>lease</b> expired", SCRIPT_BODY),
+    ]
+    for reply_id, destination, status, error, body in dead:
+        with Session(engine) as session, session.begin():
+            outbox.publish(session, destination, reply_id, body, clock=clock)
+        with engine.begin() as conn:
+            conn.execute(
+                sa.update(messages)
+                .where(messages.c.reply_id == reply_id)
+                .values(state="dead", attempts=3, last_status=status, last_error=error)
+            )
+        clock.advance(3600)
+
+
+class ConsoleClient:
+    """A blocking client on the console app, in process, keeping cookies as a browser does
+    (redirects are not followed, so a test sees them)."""
+
+    def __init__(self, app: Any) -> None:
+        self._runner = asyncio.Runner()
+        transport = httpx.ASGITransport(app=app)
+        self._client = httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1")
+
+    @property
+    def cookies(self) -> httpx.Cookies:
+        """The cookies the app has set."""
+        return self._client.cookies
+
+    def request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        """One request through the app."""
+        return self._runner.run(self._client.request(method, path, **kwargs))
+
+    def get(self, path: str, **kwargs: Any) -> httpx.Response:
+        """GET through the app."""
+        return self.request("GET", path, **kwargs)
+
+    def post(self, path: str, **kwargs: Any) -> httpx.Response:
+        """POST through the app."""
+        return self.request("POST", path, **kwargs)
+
+    def close(self) -> None:
+        """Close the client and its event loop."""
+        self._runner.run(self._client.aclose())
+        self._runner.close()
+
+
+def client(
+    ops: Operations,
+    *,
+    token: str | None = None,
+    read_only: bool = False,
+    config: str | None = None,
+) -> ConsoleClient:
+    """A client on the console app over `ops`."""
+    return ConsoleClient(create_app(ops, config=config, token=token, read_only=read_only))
+
+
+def csrf_of(page: str) -> str:
+    """The CSRF token a page's forms carry."""
+    found = CSRF_INPUT.search(page)
+    assert found is not None, "the page has no form with a CSRF token"
+    return found[1]
