@@ -195,3 +195,11 @@ relays = sa.Table(
     sa.Column("expires_at", Epoch(), nullable=False),
     sa.Index("ix_outbox_relays_destination", "destination"),
 )
+
+# What `outbox console` charts per minute, each read through its timestamp's index over
+# the charted window only: messages created, sent and dead (by when their last attempt
+# fell due, the nearest stored time to their death), and tasks finished.
+sa.Index("ix_outbox_messages_created", messages.c.created_at)
+sa.Index("ix_outbox_messages_sent", messages.c.sent_at, **_partial("state = 'sent'"))
+sa.Index("ix_outbox_messages_died", messages.c.available_at, **_partial("state = 'dead'"))
+sa.Index("ix_outbox_tasks_finished", tasks.c.finished_at, **_partial("finished_at IS NOT NULL"))

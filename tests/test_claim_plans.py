@@ -168,4 +168,6 @@ def test_the_relay_gauges_read_no_delivered_history(db_url: str) -> None:
     assert len(scans) >= 3, plan
     for line in scans:
         assert "Seq Scan" not in line, plan
-    assert "ix_outbox_messages_dead" in plan, plan
+    # Dead rows through either index that holds dead rows only (the console's chart added
+    # ix_outbox_messages_died, on when they fell due; the planner may take either).
+    assert "ix_outbox_messages_dead" in plan or "ix_outbox_messages_died" in plan, plan

@@ -9,7 +9,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from outbox.db.sql import Now
+from outbox.db.sql import Now, state_literal
 from outbox.schema import messages, requeues
 from outbox.states import MessageState, TaskState
 
@@ -55,8 +55,9 @@ def oldest_pending_age(table: sa.Table, now: Now) -> sa.Select[Any]:
 
 def select_dead(limit: int, now: Now, chosen: DeadFilter) -> sa.Select[Any]:
     """Dead messages that match `chosen`, oldest first, each with its age."""
+    # The state written into the SQL: a generic plan can then use ix_outbox_messages_dead.
     query = sa.select(*DEAD_FIELDS, (now - messages.c.created_at).label("age")).where(
-        messages.c.state == MessageState.DEAD.value
+        messages.c.state == state_literal(MessageState.DEAD)
     )
     if chosen.destination is not None:
         query = query.where(messages.c.destination == chosen.destination)

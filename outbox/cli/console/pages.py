@@ -21,7 +21,7 @@ from starlette.responses import RedirectResponse, Response
 from starlette.templating import Jinja2Templates
 
 from outbox.cli.arguments import age_text, non_empty, parse_duration, positive_int
-from outbox.cli.console import decide
+from outbox.cli.console import charts, decide
 from outbox.cli.console.reads import ConsoleReads
 from outbox.cli.console.security import CSRF_FIELD, checked_form
 from outbox.db.operations_sql import DeadFilter
@@ -93,8 +93,17 @@ class Pages:
             }
             for name, figure in sorted(figures.destinations.items())
         ]
+        now = charts.database_now(self.ops)
+        drawn = charts.charts(charts.minute_counts(self.ops, now, charts.LONGEST), now)
         return self.render(
-            request, "overview.html", status=status, destinations=destinations, refresh=True
+            request,
+            "overview.html",
+            status=status,
+            destinations=destinations,
+            charts=drawn,
+            width=charts.WIDTH,
+            height=charts.HEIGHT,
+            refresh=True,
         )
 
     def dead(self, request: Request) -> Response:

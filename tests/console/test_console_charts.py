@@ -1,0 +1,77 @@
+"""The overview's per-minute charts: counted from stored timestamps, over their window only."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+
+import sqlalchemy as sa
+from support.console_helpers import ConsoleClient
+from support.operations_helpers import mark_sent
+
+from outbox.cli.console import charts
+from outbox.operations import Operations
+from outbox.schema import messages
+from outbox.testing import ManualClock
+
+
+def totals(page: str, minutes: int) -> dict[str, int]:
+    """The totals the chart of a window shows, per series."""
+    chart = page.split(f'data-window="{minutes}"', 1)[1].split("</figure>", 1)[0]
+    return {k: int(v) for k, v in re.findall(r'data-series="([^"]+)">(\d+)<', chart)}
+
+
+def test_the_charts_count_each_minute_of_their_window(
+    ops: Operations,
+    engine: sa.Engine,
+    clock: ManualClock,
+    make_client: Callable[..., ConsoleClient],
+) -> None:
+    # The seed: four replies enqueued 3h, 2h, 1h (dead) and 3h ago (the task's); one task
+    # finished 3h ago. Now, sent: one 30 s ago, one 59 minutes ago, one two days ago.
+    now = clock()
+    with engine.begin() as conn:
+        for n in range(3):
+            conn.execute(
+                messages.insert().values(
+                    reply_id=f"sent-{n}", destination="billing", body=b"{}",
+                    content_hash="0" * 64, headers="{}", state="pending", attempts=1,
+                    available_at=now, fence=1, created_at=now - 2 * 86400,
+                )
+            )  # fmt: skip
+    mark_sent(engine, {"sent-0": now - 30, "sent-1": now - 59 * 60, "sent-2": now - 2 * 86400})
+    page = make_client().get("/").text
+    assert totals(page, 60) == {
+        "replies enqueued": 0,
+        "replies sent": 2,
+        "replies dead": 0,  # died 1h ago and more: the minute an hour back is not drawn
+        "tasks finished": 0,
+    }
+    assert totals(page, 1440) == {
+        "replies enqueued": 4,  # sent-* were created two days ago
+        "replies sent": 2,
+        "replies dead": 3,
+        "tasks finished": 1,
+    }
+
+
+def test_a_chart_draws_one_point_per_minute_scaled_to_its_busiest() -> None:
+    now = 600.0 * 60 + 10  # ten seconds into minute 600
+    counts = {"enqueued": {600: 4, 599: 2, 541: 1, 540: 9}, "sent": {}, "dead": {}, "finished": {}}
+    hour, day = charts.charts(counts, now)
+    enqueued = hour.lines[0]
+    points = [tuple(map(float, p.split(","))) for p in enqueued.points.split()]
+    assert len(points) == 60
+    assert (enqueued.total, enqueued.peak, hour.peak) == (7, 4, 4)  # minute 540 is outside
+    assert points[0] == (0.0, charts.HEIGHT - 1 / 4 * charts.HEIGHT)  # minute 541
+    assert points[-1] == (charts.WIDTH, 0.0)  # minute 600, the busiest: the top
+    assert points[-2][1] == charts.HEIGHT / 2
+    assert (day.lines[0].total, day.peak) == (16, 9)
+    assert all(line.points.count(",") == 1440 for line in day.lines)
+
+
+def test_the_day_is_read_in_one_query_per_series_on_the_database_clock(ops: Operations) -> None:
+    now = charts.database_now(ops)
+    counts = charts.minute_counts(ops, now, charts.LONGEST)
+    assert set(counts) == {series for series, _, _ in charts.SERIES}
+    assert sum(counts["dead"].values()) == 3

@@ -1,0 +1,109 @@
+"""EXPLAIN guard: the console's charts and dead list read only what they show.
+
+A chart counts one day of a history that may hold months; the dead list reads
+dead rows, which are few beside the delivered ones. Each must walk its index,
+even as the generic plan psycopg switches to after five runs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+import sqlalchemy as sa
+from test_claim_plans import generic_plan
+
+from outbox.db import console_sql
+from outbox.db import operations_sql as dead_sql
+from outbox.db.dialect import bound_now
+from outbox.db.operations_sql import DeadFilter
+
+MINUTES = 20_000  # about two weeks of history, a row a minute of each kind
+DAY = 86_400.0
+DEAD_ONLY = ("ix_outbox_messages_dead", "ix_outbox_messages_died")
+"""The partial indexes that hold dead messages only."""
+
+
+@pytest.fixture
+def history(db_url: str) -> Iterator[sa.Engine]:
+    """Two weeks of messages (mostly sent, a few dead) and finished tasks, analyzed."""
+    engine = sa.create_engine(sa.make_url(db_url).set(drivername="postgresql+psycopg"))
+    with engine.begin() as conn:
+        conn.execute(
+            sa.text(
+                "INSERT INTO outbox_tasks (task_id, tenant_id, payload, priority, deadline, hops, "
+                "state, attempts, max_attempts, available_at, fence, created_at, updated_at, "
+                "finished_at) SELECT 't-' || n, 'a', '{}', 0, 1e12, 0, 'done', 1, 3, 0, 1, "
+                "n * 60, n * 60, n * 60 + 1 FROM generate_series(1, :n) n"
+            ),
+            {"n": MINUTES},
+        )
+        conn.execute(
+            sa.text(
+                "INSERT INTO outbox_messages (reply_id, destination, body, content_hash, "
+                "headers, state, attempts, fence, available_at, created_at, sent_at) "
+                "SELECT 'm-' || n, CASE WHEN n % 2 = 0 THEN 'a' ELSE 'b' END, '\\x7b7d', 'h', "
+                "'{}', CASE WHEN n % 500 = 0 THEN 'dead' ELSE 'sent' END, 1, 1, n * 60, n * 60, "
+                "CASE WHEN n % 500 = 0 THEN NULL ELSE n * 60 + 1 END "
+                "FROM generate_series(1, :n) n"
+            ),
+            {"n": MINUTES},
+        )
+    with engine.connect() as conn:
+        conn.execution_options(isolation_level="AUTOCOMMIT").exec_driver_sql(
+            "ANALYZE outbox_tasks, outbox_messages"
+        )
+    yield engine
+    engine.dispose()
+
+
+def scans(plan: str) -> list[str]:
+    """The plan's scan lines."""
+    return [line for line in plan.splitlines() if "Scan" in line]
+
+
+@pytest.mark.parametrize("backend", ["postgresql"], indirect=True)
+@pytest.mark.parametrize(
+    ("series", "index"),
+    [
+        ("enqueued", "ix_outbox_messages_created"),
+        ("sent", "ix_outbox_messages_sent"),
+        ("dead", "ix_outbox_messages_died"),
+        ("finished", "ix_outbox_tasks_finished"),
+    ],
+)
+def test_a_chart_reads_its_window_through_its_index(
+    history: sa.Engine, series: str, index: str
+) -> None:
+    until = MINUTES * 60.0
+    statement = console_sql.per_minute(series, until - DAY, until, "postgresql")
+    with history.connect() as conn:
+        plan = generic_plan(conn, statement, {"since": until - DAY, "until": until})
+    found = scans(plan)
+    assert found, plan
+    assert all(index in line for line in found), plan
+    assert "Seq Scan" not in plan, plan
+
+
+@pytest.mark.parametrize("backend", ["postgresql"], indirect=True)
+@pytest.mark.parametrize(
+    "chosen",
+    [
+        DeadFilter(),
+        DeadFilter(destination="a"),
+        DeadFilter(destination="a", error="gone", status=410),
+        DeadFilter(after="m-1000"),
+    ],
+    ids=["all", "destination", "filters", "next-page"],
+)
+def test_the_dead_list_reads_dead_rows_only(history: sa.Engine, chosen: DeadFilter) -> None:
+    statement = dead_sql.select_dead(51, bound_now("postgresql"), chosen)
+    with history.connect() as conn:
+        plan = generic_plan(conn, statement, {"now": None})
+    found = scans(plan)
+    assert any(index in line for line in found for index in DEAD_ONLY), plan
+    assert "Seq Scan" not in plan, plan
+    # Every scan walks an index of dead rows only, or (the next page) finds where it
+    # starts through reply_id's unique index.
+    for line in found:
+        assert any(index in line for index in (*DEAD_ONLY, "uq_outbox_messages_reply_id")), plan
