@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import re
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -17,6 +21,7 @@ from outbox.cli.console.security import CSRF_FIELD
 from outbox.operations import Operations
 from outbox.schema import messages
 from outbox.testing import ManualClock
+from support.receiver_helpers import ROOT, free_port, wait_until
 
 SCRIPT_BODY = {"note": "<script>document.title='ran'</script>", "amp": "a & b"}
 TOKEN = "s3cret-console-token-for-tests"
@@ -98,3 +103,48 @@ def csrf_of(page: str) -> str:
     found = CSRF_INPUT.search(page)
     assert found is not None, "the page has no form with a CSRF token"
     return found[1]
+
+
+class ConsoleProcess:
+    """`outbox console` running as a real child process on a free loopback port."""
+
+    def __init__(self, db_url: str, log: Path, *extra: str, token: str | None = None) -> None:
+        self.port = free_port()
+        self.base = f"http://127.0.0.1:{self.port}"
+        env = {k: v for k, v in os.environ.items() if not k.startswith("OUTBOX_")}
+        if token is not None:
+            env["OUTBOX_CONSOLE_TOKEN"] = token
+        self.log = log
+        with log.open("wb") as sink:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "outbox.cli", "console", "--db", db_url,
+                 "--port", str(self.port), *extra],
+                cwd=ROOT, env=env, stdout=sink, stderr=subprocess.STDOUT,
+            )  # fmt: skip
+
+    def ready(self) -> bool:
+        """Whether the style sheet (open to all) answers; fails at once if the process died."""
+        if self.proc.poll() is not None:
+            raise AssertionError(
+                f"console exited with {self.proc.returncode}: {self.log.read_text()}"
+            )
+        try:
+            return httpx.get(self.base + "/static/console.css", timeout=1).status_code == 200
+        except httpx.TransportError:
+            return False
+
+    def wait_ready(self, timeout: float = 20) -> ConsoleProcess:
+        """Block until the console answers."""
+        wait_until(self.ready, timeout, "the console to answer")
+        return self
+
+    def stop(self) -> int:
+        """Terminate (SIGTERM) and reap the process; returns its exit status."""
+        if self.proc.poll() is None:
+            self.proc.terminate()
+        try:
+            self.proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        return self.proc.returncode
