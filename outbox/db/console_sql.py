@@ -65,9 +65,7 @@ CHARTED = {
 (states written into the SQL, so that a generic plan can still prove the index usable)."""
 
 
-def per_minute(
-    series: str, since: float, until: float, dialect_name: str
-) -> sa.Select[int, int]:
+def per_minute(series: str, since: float, until: float, dialect_name: str) -> sa.Select[int, int]:
     """(minute, count) of one charted series for the minutes in [since, until): only that
     window is read, through the timestamp's index (schema: ix_outbox_*_created/sent/...)."""
     stamp, rows = CHARTED[series]
