@@ -103,7 +103,7 @@ def task_window(total: int, setup: Sequence[str]) -> Window:
             try:
                 timed_drain(
                     our_consumer,
-                    (url, CONCURRENCY),
+                    (url, CONCURRENCY, "threads"),
                     WORKERS,
                     lambda: task_taken(engine),
                     lambda: tasks_left(engine),

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
+from support.environment import ALL_TABLES, IN_CI
 
 import outbox
 import receiver
@@ -23,16 +24,6 @@ from outbox.testing import ManualClock
 
 PG_ADMIN_URL = os.environ.get(
     "OUTBOX_TEST_PG_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test"
-)
-IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
-ALL_TABLES = (
-    "outbox_inbox",
-    "outbox_tasks",
-    "outbox_messages",
-    "outbox_requeues",
-    "outbox_relays",
-    "receiver_receipts",
-    "receiver_effects",
 )
 START = 1_000_000.0
 

@@ -7,7 +7,6 @@ missing browser fails the run, as a missing PostgreSQL does; elsewhere it skips.
 
 from __future__ import annotations
 
-import os
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,13 +14,15 @@ from pathlib import Path
 import httpx
 import pytest
 from selenium import webdriver
+from selenium.common.exceptions import WebDriverException
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webdriver import WebDriver
+from selenium.webdriver.support.ui import WebDriverWait
 from support.console_helpers import TOKEN, ConsoleProcess
+from support.environment import IN_CI
 from support.receiver_helpers import wait_until
 
-IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 CHROMIUM = shutil.which("chromium")
 CHROMEDRIVER = shutil.which("chromedriver")
 
@@ -59,6 +60,31 @@ def page(browser: WebDriver) -> Iterator[WebDriver]:
     browser.delete_all_cookies()
 
 
+def navigate(driver: WebDriver, css: str = "", link: str = "") -> None:
+    """Click the element (a CSS selector, or a link by its text) and wait for the next page.
+
+    Without the wait, the next lookup may find the old page's elements, or find them
+    gone stale halfway through reading them.
+    """
+    old = driver.find_element(By.TAG_NAME, "html")
+    target = (
+        driver.find_element(By.LINK_TEXT, link)
+        if link
+        else driver.find_element(By.CSS_SELECTOR, css)
+    )
+    target.click()
+
+    def replaced(_: WebDriver) -> bool:
+        try:
+            old.is_enabled()
+        except WebDriverException:
+            # Stale, or (Chromium's other wording) "does not belong to the document".
+            return True
+        return False
+
+    WebDriverWait(driver, 15).until(replaced)
+
+
 def count(driver: WebDriver, table: str, state: str) -> int:
     """The count an overview table shows for `state`."""
     return int(driver.find_element(By.CSS_SELECTOR, f"#{table} td[data-state='{state}']").text)
@@ -80,21 +106,21 @@ def test_a_dead_reply_found_by_filter_is_requeued_and_shows_as_pending(
 ) -> None:
     page.get(console.base + "/dead")
     page.find_element(By.NAME, "error").send_keys("conflict")
-    page.find_element(By.CSS_SELECTOR, "#filters button").click()
+    navigate(page, css="#filters button")
     rows = page.find_elements(By.CSS_SELECTOR, "#dead tbody tr")
     assert [row.get_attribute("data-reply-id") for row in rows] == ["b-2"]
-    rows[0].find_element(By.LINK_TEXT, "b-2").click()
+    navigate(page, link="b-2")
     page.find_element(By.NAME, "reason").send_keys("billing fixed the conflict")
     page.find_element(By.NAME, "by").send_keys("ops-anna")
-    page.find_element(By.CSS_SELECTOR, "#requeue-form button").click()
+    navigate(page, css="#requeue-form button")
     # No receipt lookup is configured: refused first, with what the lookup said.
     assert page.find_element(By.ID, "receipt").text == "not checked"
     assert page.find_element(By.ID, "state").text == "dead"
-    page.find_element(By.CSS_SELECTOR, "#force-form button").click()
+    navigate(page, css="#force-form button")
     assert "Requeued" in page.find_element(By.ID, "requeued").text
     assert page.find_element(By.ID, "state").text == "pending"
     assert page.find_element(By.CSS_SELECTOR, "#decisions td.by").text == "ops-anna"
-    page.find_element(By.LINK_TEXT, "overview").click()
+    navigate(page, link="overview")
     assert count(page, "reply-counts", "pending") == 2
     assert count(page, "reply-counts", "dead") == 2
 
@@ -120,7 +146,7 @@ def test_a_cross_site_post_without_the_csrf_token_is_refused(
         encoding="utf-8",
     )
     page.get(attack.as_uri())
-    page.find_element(By.ID, "go").click()
+    navigate(page, css="#go")
     wait_until(lambda: "403" in page.page_source, 10, "the console to refuse the POST")
     page.get(console.base + "/reply?id=b-1")
     assert page.find_element(By.ID, "state").text == "dead"
@@ -144,11 +170,11 @@ def test_a_wrong_or_missing_token_gets_401_and_the_right_one_opens(
     assert right.status_code == 200
     page.get(guarded.base + "/dead")
     page.find_element(By.NAME, "token").send_keys("not-the-token")
-    page.find_element(By.CSS_SELECTOR, "#login button").click()
+    navigate(page, css="#login button")
     assert page.find_element(By.ID, "wrong-token").is_displayed()
     assert not page.find_elements(By.ID, "dead")
     page.find_element(By.NAME, "token").send_keys(TOKEN)
-    page.find_element(By.CSS_SELECTOR, "#login button").click()
+    navigate(page, css="#login button")
     assert page.current_url == guarded.base + "/dead"
     assert len(page.find_elements(By.CSS_SELECTOR, "#dead tbody tr")) == 3
     assert page.execute_script("return document.cookie") == ""  # HttpOnly: out of reach

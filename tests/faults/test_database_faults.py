@@ -44,9 +44,9 @@ from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
-from conftest import IN_CI
 from sqlalchemy.orm import Session
 from support.cli_helpers import running_in_thread
+from support.environment import IN_CI
 from support.receiver_helpers import wait_until
 from support.relay_helpers import SECRET, publish_many, rows
 from support.scripted_server import Answer, ScriptedServer

@@ -60,7 +60,6 @@ from typing import Any, ClassVar, TypeVar, cast
 import pytest
 import sqlalchemy as sa
 import uvicorn
-from conftest import ALL_TABLES
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
@@ -73,6 +72,7 @@ from hypothesis.stateful import (
 )
 from sqlalchemy.orm import Session
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from support.environment import ALL_TABLES
 from support.receiver_helpers import SECRET
 
 import outbox

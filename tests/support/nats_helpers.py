@@ -22,10 +22,10 @@ from typing import Any, TypeVar
 
 import pytest
 
+from support.environment import IN_CI
 from support.receiver_helpers import free_port, wait_until
 
 NATS_URL = os.environ.get("OUTBOX_TEST_NATS_URL", "nats://127.0.0.1:4222")
-IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 T = TypeVar("T")
 
 

@@ -17,8 +17,9 @@ from typing import Any
 
 import pytest
 
+from support.environment import IN_CI
+
 AMQP_URL = os.environ.get("OUTBOX_TEST_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/")
-IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 
 
 @dataclass(frozen=True)
