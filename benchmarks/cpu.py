@@ -35,3 +35,27 @@ def process_cpu_seconds(command: str) -> float:
             rest = stat[stat.rindex(")") + 2 :].split()
             total += int(rest[11]) + int(rest[12])  # utime, stime: fields 14 and 15
     return total / TICKS_PER_SECOND
+
+
+def process_tree_cpu_seconds(pid: int) -> float:
+    """CPU seconds (user and system) used so far by process `pid` and its live descendants."""
+    stats: dict[int, tuple[int, float]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue  # it ended while being listed
+        # The command name in parentheses may hold spaces: the fields follow the last ")".
+        rest = stat[stat.rindex(")") + 2 :].split()
+        stats[int(entry.name)] = (int(rest[1]), (int(rest[11]) + int(rest[12])) / TICKS_PER_SECOND)
+    tree = {pid}
+    grew = True
+    while grew:
+        grew = False
+        for child, (parent, _) in stats.items():
+            if parent in tree and child not in tree:
+                tree.add(child)
+                grew = True
+    return sum(stats[p][1] for p in tree if p in stats)
