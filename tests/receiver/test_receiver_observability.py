@@ -136,6 +136,27 @@ def json_lines(err: bytes) -> list[dict[str, Any]]:
     return parsed
 
 
+def test_a_batch_counts_each_receipt_by_its_outcome(db_url: str) -> None:
+    with ReceiptStore(db_url) as store:
+        store.accept("b-1", BODY)
+        store.accept("b-2", BODY)
+        client = AppClient(create_app(store, [SECRET], effect=record_effect))
+        items = [("b-1", BODY), ("b-2", OTHER), ("b-3", BODY), ("b-4", BODY), ("b-5", OTHER)]
+        batch = json.dumps(
+            {"replies": [{"reply_id": r, "body": b.decode()} for r, b in items]}
+        ).encode()
+        answer = client.post("/replies/batch", content=batch, headers=signed("batch:1-5-5", batch))
+        assert answer.status_code == 200
+        page = client.get("/metrics").text
+    samples = scrape(page)
+    assert labelled(samples, "outbox_receiver_receipts_total", "outcome") == {
+        ("stored",): 3.0,
+        ("duplicate",): 1.0,
+        ("conflict",): 1.0,
+    }
+    assert samples["outbox_receiver_commit_receipts_sum", ()] == 5.0
+
+
 @pytest.fixture
 def secret_file(tmp_path: Path) -> Path:
     """A secrets file with the test secret."""
