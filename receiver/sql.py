@@ -28,24 +28,41 @@ INSERT_EFFECTS_POSTGRESQL = (
     "SELECT * FROM unnest("
     "CAST(%(ids)b AS varchar[]), CAST(%(times)b AS float8[]), CAST(%(bodies)b AS bytea[]))"
 )
-# %(now)s is a manual clock's time, or NULL for the database's (no extra round trip).
-INSERT_RECEIPTS_POSTGRESQL = (
-    "INSERT INTO receiver_receipts (reply_id, content_hash, body, received_at) "
-    "SELECT t.reply_id, t.content_hash, t.body, "
-    f"COALESCE(%(now)s::float8, {database_now('postgresql')}) FROM unnest("
-    "CAST(%(ids)b AS varchar[]), CAST(%(hashes)b AS varchar[]), CAST(%(bodies)b AS bytea[])"
-    ") AS t(reply_id, content_hash, body) "
-    "ON CONFLICT (reply_id) DO NOTHING RETURNING reply_id, received_at"
-)
+
+
+def _insert_receipts_postgresql(with_reference_effect: bool) -> str:
+    """Insert receipts unless stored (and, if asked, their reference effects) in one statement.
+
+    Its one row is the receipts' received_at (one value for the whole statement: a
+    manual clock's %(now)s, else the statement's time) and the array of the given
+    reply_ids that were stored already, usually empty. Sending back that instead of
+    a row per new receipt spares the database and the receiver a row each.
+    """
+    effect = (
+        "effect AS (INSERT INTO receiver_effects (reply_id, created_at, body) "
+        "SELECT reply_id, received_at, body FROM new), "
+        if with_reference_effect
+        else ""
+    )
+    return (
+        f"WITH clock AS (SELECT COALESCE(%(now)s::float8, {database_now('postgresql')}) AS at), "
+        "given AS (SELECT * FROM unnest("
+        "CAST(%(ids)b AS varchar[]), CAST(%(hashes)b AS varchar[]), CAST(%(bodies)b AS bytea[])"
+        ") AS t(reply_id, content_hash, body)), "
+        "new AS (INSERT INTO receiver_receipts (reply_id, content_hash, body, received_at) "
+        "SELECT given.reply_id, given.content_hash, given.body, clock.at FROM given, clock "
+        "ON CONFLICT (reply_id) DO NOTHING RETURNING reply_id, received_at, body), "
+        f"{effect}"
+        "held AS (SELECT reply_id FROM given EXCEPT ALL SELECT reply_id FROM new) "
+        "SELECT clock.at, ARRAY(SELECT reply_id FROM held) FROM clock"
+    )
+
+
+INSERT_RECEIPTS_POSTGRESQL = _insert_receipts_postgresql(with_reference_effect=False)
 # The reference effect rides on the same statement: the rows the receipt insert returns
 # (first receipts only) are its effect rows. One round trip and one parse fewer per
 # request than running it after the insert.
-INSERT_RECEIPTS_AND_EFFECTS_POSTGRESQL = (
-    f"WITH new AS ({INSERT_RECEIPTS_POSTGRESQL}, body), "
-    "effect AS (INSERT INTO receiver_effects (reply_id, created_at, body) "
-    "SELECT reply_id, received_at, body FROM new) "
-    "SELECT reply_id, received_at FROM new"
-)
+INSERT_RECEIPTS_AND_EFFECTS_POSTGRESQL = _insert_receipts_postgresql(with_reference_effect=True)
 
 
 def insert_effects(conn: sa.Connection, fresh: Sequence[tuple[str, float, bytes]]) -> None:
@@ -69,35 +86,44 @@ def insert_effects(conn: sa.Connection, fresh: Sequence[tuple[str, float, bytes]
 
 def insert_receipts(
     conn: sa.Connection,
-    rows: Sequence[tuple[str, str, bytes]],
+    reply_ids: Sequence[str],
+    hashes: Sequence[str],
+    bodies: Sequence[bytes],
     clock: Clock | None,
     *,
     with_reference_effect: bool = False,
 ) -> dict[str, float]:
-    """Insert (reply_id, content_hash, body) receipts unless stored; the new ones' received_at.
+    """Insert receipts (distinct reply_ids) unless stored; the new ones' received_at.
 
     `with_reference_effect` (PostgreSQL only) writes the reference effect of
     each new receipt in the same statement.
     """
     if is_postgresql(conn.dialect.name):
-        result = conn.exec_driver_sql(
+        statement = (
             INSERT_RECEIPTS_AND_EFFECTS_POSTGRESQL
             if with_reference_effect
-            else INSERT_RECEIPTS_POSTGRESQL,
-            {
-                "now": clock_value(clock),
-                "ids": [r[0] for r in rows],
-                "hashes": [r[1] for r in rows],
-                "bodies": [r[2] for r in rows],
-            },
+            else INSERT_RECEIPTS_POSTGRESQL
         )
-    else:
-        result = conn.execute(
-            insert_ignoring_conflicts(receipts, conn.dialect.name)
-            .values(received_at=now_expression(clock, conn.dialect.name))
-            .returning(receipts.c.reply_id, receipts.c.received_at),
-            [{"reply_id": r[0], "content_hash": r[1], "body": r[2]} for r in rows],
-        )
+        parameters = {
+            "now": clock_value(clock),
+            "ids": list(reply_ids),
+            "hashes": list(hashes),
+            "bodies": list(bodies),
+        }
+        received_at, held = conn.exec_driver_sql(statement, parameters).one()
+        inserted = dict.fromkeys(reply_ids, float(received_at))
+        for reply_id in held:
+            del inserted[reply_id]
+        return inserted
+    result = conn.execute(
+        insert_ignoring_conflicts(receipts, conn.dialect.name)
+        .values(received_at=now_expression(clock, conn.dialect.name))
+        .returning(receipts.c.reply_id, receipts.c.received_at),
+        [
+            {"reply_id": reply_id, "content_hash": digest, "body": body}
+            for reply_id, digest, body in zip(reply_ids, hashes, bodies, strict=True)
+        ],
+    )
     return {row.reply_id: float(row.received_at) for row in result.all()}
 
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
@@ -96,6 +96,30 @@ def _check_item(reply_id: object, body: object) -> None:
         raise TypeError(f"body must be bytes, not {type(body).__name__}")
 
 
+class _Decided(NamedTuple):
+    """What one transaction decided: a status per item, and what accept() reports from it."""
+
+    statuses: list[str]
+    digests: list[str]
+    inserted: dict[str, float]
+    """received_at of each receipt this transaction stored."""
+    held: dict[str, tuple[str, float]]
+    """content hash and received_at of each receipt that was stored before it."""
+
+
+def _status(
+    index: int,
+    first: int,
+    digests: Sequence[str],
+    held: tuple[str, float] | None,
+) -> str:
+    """stored, duplicate or conflict for item `index`, whose reply_id first came at `first`."""
+    if held is None and index == first:
+        return "stored"
+    stored_hash = digests[first] if held is None else held[0]
+    return "duplicate" if stored_hash == digests[index] else "conflict"
+
+
 class ReceiptStore(DatabaseHandle):
     """Receipts deduplicated by reply_id and body hash; the effect commits with the receipt."""
 
@@ -130,61 +154,66 @@ class ReceiptStore(DatabaseHandle):
     def accept(self, reply_id: str, body: bytes, effect: Effect | None = None) -> Receipt:
         """Store a receipt and run `effect` once per reply_id (None: no effect); same id,
         other body: PayloadCollision."""
-        [result] = self._accept_all([(reply_id, body)], effect)
-        if isinstance(result, PayloadCollision):
-            raise result
-        return result
+        decided = self._accept_all([(reply_id, body)], effect)
+        [status], [digest] = decided.statuses, decided.digests
+        if status == "conflict":
+            stored_hash, _ = decided.held[reply_id]
+            raise PayloadCollision(
+                f"reply_id {reply_id!r} is stored with content hash {stored_hash}; "
+                f"this body hashes to {digest}"
+            )
+        received_at = (
+            decided.inserted[reply_id] if status == "stored" else decided.held[reply_id][1]
+        )
+        return Receipt(reply_id, digest, received_at, duplicate=status == "duplicate")
 
     def accept_many(
         self, items: Sequence[tuple[str, bytes]], effect: Effect | None = None
     ) -> list[str]:
         """Store many receipts in ONE transaction, deduped per item: stored|duplicate|conflict."""
-        return [
-            "conflict"
-            if isinstance(result, PayloadCollision)
-            else "duplicate"
-            if result.duplicate
-            else "stored"
-            for result in self._accept_all(items, effect)
-        ]
+        return self._accept_all(items, effect).statuses
 
-    def _accept_all(
-        self, items: Sequence[tuple[str, bytes]], effect: Effect | None
-    ) -> list[Receipt | PayloadCollision]:
+    def _accept_all(self, items: Sequence[tuple[str, bytes]], effect: Effect | None) -> _Decided:
         for reply_id, body in items:
             _check_item(reply_id, body)
-        data = [(reply_id, bytes(body)) for reply_id, body in items]
+        reply_ids = [reply_id for reply_id, _ in items]
+        bodies = [bytes(body) for _, body in items]
         run = effect
         # On PostgreSQL the reference effect is written by the receipt insert itself. That
         # one statement is then the whole transaction: it runs in autocommit, and "before
         # commit" is before that statement.
         fused = run is record_effect and is_postgresql(self._dialect)
 
-        def store() -> list[Receipt | PayloadCollision]:
+        def store() -> _Decided:
             with one_statement(self._engine, "receiver.before_commit", single=fused) as conn:
-                return self._accept_in(conn, data, run, fused)
+                return self._accept_in(conn, reply_ids, bodies, run, fused)
 
         with _unavailable_when_it_fails():
             # A second try after a COMMIT that failed is safe: the receipt makes it a duplicate.
-            results = retry.quickly(store, retry_if=self._worth_another_try, tries=_TRIES)
+            decided = retry.quickly(store, retry_if=self._worth_another_try, tries=_TRIES)
         failpoints.hit("receiver.after_commit")
-        return results
+        return decided
 
     def _accept_in(
         self,
         conn: sa.Connection,
-        items: Sequence[tuple[str, bytes]],
+        reply_ids: list[str],
+        bodies: list[bytes],
         effect: Effect | None,
         fused: bool,
-    ) -> list[Receipt | PayloadCollision]:
+    ) -> _Decided:
         """Insert receipts in bulk; run the effect on each first receipt (`fused`: the insert's)."""
-        digests = [sha256_hex(body) for _, body in items]
+        digests = [sha256_hex(body) for body in bodies]
         first: dict[str, int] = {}
-        for index, (reply_id, _) in enumerate(items):
+        for index, reply_id in enumerate(reply_ids):
             first.setdefault(reply_id, index)
+        distinct = len(first) == len(reply_ids)
+        indexes = first.values()
         inserted = sql.insert_receipts(
             conn,
-            [(reply_id, digests[i], items[i][1]) for reply_id, i in first.items()],
+            reply_ids if distinct else [reply_ids[i] for i in indexes],
+            digests if distinct else [digests[i] for i in indexes],
+            bodies if distinct else [bodies[i] for i in indexes],
             self.clock,
             with_reference_effect=fused,
         )
@@ -197,32 +226,24 @@ class ReceiptStore(DatabaseHandle):
             if missing
             else {}
         )
-        results: list[Receipt | PayloadCollision] = []
-        fresh: list[tuple[str, float, bytes]] = []
-        for index, (reply_id, body) in enumerate(items):
-            digest = digests[index]
-            if reply_id in inserted and first[reply_id] == index:
-                results.append(Receipt(reply_id, digest, inserted[reply_id], duplicate=False))
-                fresh.append((reply_id, inserted[reply_id], body))
-                continue
-            if reply_id in inserted:
-                stored_hash, received_at = digests[first[reply_id]], inserted[reply_id]
-            elif reply_id in held:
-                stored_hash, received_at = held[reply_id]
-            else:
-                raise _LostRace  # purged between our insert and our read
-            if stored_hash == digest:
-                results.append(Receipt(reply_id, digest, received_at, duplicate=True))
-            else:
-                results.append(
-                    PayloadCollision(
-                        f"reply_id {reply_id!r} is stored with content hash {stored_hash}; "
-                        f"this body hashes to {digest}"
-                    )
-                )
-        if effect is not None and fresh and not fused:
+        if len(held) < len(missing):
+            raise _LostRace  # purged between our insert and our read
+        if distinct and not held:
+            # The usual batch: every reply is new.
+            statuses = ["stored"] * len(reply_ids)
+        else:
+            statuses = [
+                _status(index, first[reply_id], digests, held.get(reply_id))
+                for index, reply_id in enumerate(reply_ids)
+            ]
+        if effect is not None and inserted and not fused:
+            fresh = [
+                (reply_id, inserted[reply_id], bodies[index])
+                for reply_id, index in first.items()
+                if reply_id in inserted
+            ]
             run_effects(conn, effect, fresh)
-        return results
+        return _Decided(statuses, digests, inserted, held)
 
     def lookup(self, reply_id: str) -> Receipt | None:
         """The stored receipt of `reply_id` (duplicate=True: it predates this call), or None."""

@@ -208,3 +208,48 @@ def test_accept_without_an_effect_stores_the_receipt_and_nothing_else(db_url: st
         assert store.accept_many([("r-2", b"[]")]) == ["stored"]
     assert set(stored_receipts(db_url)) == {"r-1", "r-2"}
     assert count_effects(db_url) == 0
+
+
+def _effect_rows(url: str) -> list[tuple[str, float, bytes]]:
+    engine = outbox.create_engine(url)
+    try:
+        with engine.connect() as conn:
+            query = sa.select(effects.c.reply_id, effects.c.created_at, effects.c.body)
+            return sorted((r, float(at), bytes(b)) for r, at, b in conn.execute(query))
+    finally:
+        engine.dispose()
+
+
+def _record_one_by_one(session: Session, body: bytes) -> None:
+    """The reference effect without its batch form: the path an application's effect takes."""
+    record_effect(session, body)
+
+
+@pytest.mark.parametrize("effect", [record_effect, _record_one_by_one], ids=["fused", "own"])
+def test_a_batch_decides_repeats_within_it_and_receipts_stored_before(
+    store: ReceiptStore, db_url: str, clock: ManualClock, effect: object
+) -> None:
+    store.accept("held", b'{"h":1}', record_effect)
+    held_at = clock()
+    clock.advance(7)
+    items = [
+        ("a", b'{"a":1}'),
+        ("held", b'{"h":1}'),  # stored before, same body
+        ("a", b'{"a":1}'),  # repeated in the batch, same body
+        ("b", b'{"b":1}'),
+        ("a", b'{"a":2}'),  # repeated in the batch, other body
+        ("held", b'{"h":2}'),  # stored before, other body
+    ]
+    statuses = store.accept_many(items, effect)  # type: ignore[arg-type]
+    assert statuses == ["stored", "duplicate", "duplicate", "stored", "conflict", "conflict"]
+    assert stored_receipts(db_url) == {"held": b'{"h":1}', "a": b'{"a":1}', "b": b'{"b":1}'}
+    assert _effect_rows(db_url) == [
+        ("a", clock(), b'{"a":1}'),
+        ("b", clock(), b'{"b":1}'),
+        ("held", held_at, b'{"h":1}'),
+    ]
+    assert store.accept("a", b'{"a":1}') == Receipt(
+        "a", sha256_hex(b'{"a":1}'), clock(), duplicate=True
+    )
+    with pytest.raises(PayloadCollision, match=sha256_hex(b'{"a":1}')):
+        store.accept("a", b'{"a":3}')
