@@ -44,6 +44,9 @@ TASK_REPLY_PREFIX = "reply:"
 # A batch request is signed with a "batch:" id, which no message may take: a captured
 # batch request then cannot pass as one message at a receiver, nor the reverse.
 BATCH_ID_PREFIX = "batch:"
+# Reply_ids joined by spaces, which no reply_id holds: a whole batch's in one regex pass.
+_ONE_OF_REPLY_IDS = f"(?!{re.escape(BATCH_ID_PREFIX)}){REPLY_ID.pattern}"
+REPLY_IDS = re.compile(f"{_ONE_OF_REPLY_IDS}(?: {_ONE_OF_REPLY_IDS})*")
 
 
 def is_reply_id(text: object) -> bool:
@@ -53,6 +56,17 @@ def is_reply_id(text: object) -> bool:
         and REPLY_ID.fullmatch(text) is not None
         and not text.startswith(BATCH_ID_PREFIX)
     )
+
+
+def are_reply_ids(texts: Sequence[object]) -> bool:
+    """Whether every one of `texts` may identify a message (is_reply_id), in one pass."""
+    if not texts or not all(type(text) is str for text in texts):
+        return all(is_reply_id(text) for text in texts)
+    joined = " ".join(texts)  # type: ignore[arg-type]
+    # A space inside one of them would pass for a separator: then each is asked alone.
+    if joined.count(" ") != len(texts) - 1:
+        return False
+    return REPLY_IDS.fullmatch(joined) is not None
 
 
 def check_reply_id(reply_id: object) -> str:

@@ -32,7 +32,7 @@ from outbox.db import retry
 from outbox.db.dialect import READ_ONLY, is_postgresql, now_expression, one_statement
 from outbox.db.handle import DatabaseHandle
 from outbox.errors import PayloadCollision, StoreUnavailable
-from outbox.messages import check_reply_id
+from outbox.messages import are_reply_ids, check_reply_id
 from outbox.migrations import RECEIVER_BRANCH
 from receiver import sql
 from receiver.effects import Effect, record_effect, run_effects
@@ -90,8 +90,9 @@ class Receipt:
     duplicate: bool
 
 
-def _check_item(reply_id: object, body: object) -> None:
-    check_reply_id(reply_id)
+def _check_item(reply_id: object, body: object, checked_id: bool) -> None:
+    if not checked_id:
+        check_reply_id(reply_id)
     if not isinstance(body, bytes | bytearray | memoryview):
         raise TypeError(f"body must be bytes, not {type(body).__name__}")
 
@@ -174,9 +175,11 @@ class ReceiptStore(DatabaseHandle):
         return self._accept_all(items, effect).statuses
 
     def _accept_all(self, items: Sequence[tuple[str, bytes]], effect: Effect | None) -> _Decided:
-        for reply_id, body in items:
-            _check_item(reply_id, body)
         reply_ids = [reply_id for reply_id, _ in items]
+        # One pass for the usual batch; a bad one is then found and named.
+        checked_ids = are_reply_ids(reply_ids)
+        for reply_id, body in items:
+            _check_item(reply_id, body, checked_ids)
         bodies = [bytes(body) for _, body in items]
         run = effect
         # On PostgreSQL the reference effect is written by the receipt insert itself. That

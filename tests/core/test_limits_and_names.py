@@ -1,12 +1,16 @@
-"""Bounded reconcile batches on PostgreSQL, and names/free text the database cannot hold."""
+"""Bounded reconcile batches on PostgreSQL, names/free text the database cannot hold, and
+which names a reply_id may take."""
 
 from __future__ import annotations
 
 import pytest
 import sqlalchemy as sa
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from outbox import AuthContext, Envelope, InvalidEnvelope, TaskQueue
 from outbox.db.task_sql import expire_past_deadline, reap_expired_task_leases
+from outbox.messages import are_reply_ids, is_reply_id
 from outbox.testing import ManualClock
 
 
@@ -58,3 +62,16 @@ def test_a_nul_in_a_failure_reason_is_kept_escaped(queue: TaskQueue, clock: Manu
     task = queue.task(ack.task_id)
     assert task is not None
     assert task["last_error"] == "boom\\x00here"
+
+
+_ID_PIECES = st.sampled_from(["a", "Z", "9", "-", ":", ".", " ", "\n", "é", "batch:", "x" * 199])
+
+
+@settings(max_examples=500, deadline=None)
+@given(
+    texts=st.lists(
+        st.lists(_ID_PIECES, max_size=3).map("".join) | st.none() | st.integers(), max_size=5
+    )
+)
+def test_reply_ids_checked_together_are_judged_as_one_by_one(texts: list[object]) -> None:
+    assert are_reply_ids(texts) == all(is_reply_id(text) for text in texts)
