@@ -38,7 +38,7 @@ from outbox.messages import is_reply_id
 from outbox.signing import CONTENT_HASH_HEADER, ID_HEADER, SigningKey, parse_secret, verify
 from receiver.effects import Effect
 from receiver.metrics import ConsumerMetrics
-from receiver.rules import InvalidJSON, parse_strict_json
+from receiver.strict_json import InvalidJSON, check_strict_json
 
 Outcome = Literal["stored", "duplicate", "conflict", "invalid", "retry"]
 ACKNOWLEDGED: frozenset[Outcome] = frozenset({"stored", "duplicate", "conflict"})
@@ -108,7 +108,7 @@ def check(delivery: Delivery, keys: Sequence[SigningKey]) -> str:
     if declared != sha256_hex(delivery.body):
         raise Invalid(f"the body's SHA-256 differs from its {CONTENT_HASH_HEADER} header")
     try:
-        parse_strict_json(delivery.body)
+        check_strict_json(delivery.body)
     except InvalidJSON as exc:
         raise Invalid(f"body is not strict JSON: {exc}") from exc
     return reply_id

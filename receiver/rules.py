@@ -8,8 +8,8 @@ POST /replies, in this order (the first failure decides the status):
 3. Content-Type ``application/json`` (charset, if given, utf-8) -> 415;
 4. strict JSON -> 400: UTF-8 only, no BOM, no NaN/Infinity, no duplicate keys,
    nesting at most ``MAX_DEPTH``, no lone surrogates and no NUL in strings or
-   keys. Any JSON value is accepted at the top level, because ``publish()``
-   may send any JSON value;
+   keys (``receiver.strict_json``). Any JSON value is accepted at the top
+   level, because ``publish()`` may send any JSON value;
 5. dedupe: 200 ``{"ack": "stored", "reply_id", "duplicate"}``, 409 on a
    collision, 503 when the store is unavailable (the relay retries).
 
@@ -38,20 +38,21 @@ so a relay can refuse to resend past it.
 
 from __future__ import annotations
 
-import json
-import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from outbox.errors import SignatureError, StoreUnavailable
-from outbox.messages import BATCH_ID_PREFIX, is_reply_id
+from outbox.messages import BATCH_ID_PREFIX, are_reply_ids, is_reply_id
 from outbox.signing import SigningKey, verify
 from receiver.effects import Effect
 from receiver.store import Receipt
+from receiver.strict_json import MAX_DEPTH as MAX_DEPTH
+from receiver.strict_json import InvalidJSON as InvalidJSON
+from receiver.strict_json import check_strict_json
+from receiver.strict_json import parse_strict_json as parse_strict_json
 
 RETENTION_HEADER = "Outbox-Receipt-Retention"
-MAX_DEPTH = 64
 RETRY_AFTER_SECONDS = 1
 MAX_BATCH_ITEMS = 1000
 
@@ -72,10 +73,6 @@ class Store(Protocol):
         ...
 
 
-class InvalidJSON(ValueError):
-    """The body is not strict JSON."""
-
-
 @dataclass(frozen=True)
 class Answer:
     """An HTTP answer: status, JSON document and extra headers."""
@@ -94,83 +91,6 @@ def error(status: int, message: str, **headers: str) -> Answer:
 UNAVAILABLE = error(
     503, "receipt store unavailable, retry", **{"Retry-After": str(RETRY_AFTER_SECONDS)}
 )
-
-
-def _reject_constant(name: str) -> Any:
-    raise InvalidJSON(f"{name} is not JSON")
-
-
-def _finite_float(text: str) -> float:
-    value = float(text)
-    if value in (math.inf, -math.inf):
-        # 1e400 is valid JSON text but no float: it would be read as infinity.
-        raise InvalidJSON(f"number {text[:40]} is out of range")
-    return value
-
-
-def _unique_object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    result = dict(pairs)
-    if len(result) != len(pairs):
-        raise InvalidJSON("duplicate key in an object")
-    return result
-
-
-def _check_text(text: str) -> None:
-    if "\x00" in text:
-        raise InvalidJSON("NUL character in a string")
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError as exc:
-        raise InvalidJSON("lone surrogate in a string") from exc
-
-
-# One decoder for every call: json.loads would build a new one per call with these hooks.
-_STRICT_DECODER = json.JSONDecoder(
-    parse_constant=_reject_constant, object_pairs_hook=_unique_object, parse_float=_finite_float
-)
-
-
-def parse_strict_json(body: bytes, max_depth: int = MAX_DEPTH) -> Any:
-    """Parse strict JSON from UTF-8 bytes, or raise InvalidJSON."""
-    if body.startswith(b"\xef\xbb\xbf"):
-        raise InvalidJSON("byte order mark before JSON")
-    try:
-        text = body.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise InvalidJSON("body is not UTF-8") from exc
-    try:
-        value = _STRICT_DECODER.decode(text)
-    except RecursionError as exc:
-        raise InvalidJSON(f"nesting deeper than {max_depth}") from exc
-    except ValueError as exc:  # JSONDecodeError, InvalidJSON, too many int digits
-        raise InvalidJSON(str(exc)) from exc
-    # Strict UTF-8 decoding and the decoder refuse raw NULs and surrogates, so only a \u
-    # escape can produce one; and fewer brackets than the limit cannot nest too deep.
-    # Most bodies pass both tests and need no walk.
-    check_text = "\\u" in text
-    check_depth = text.count("[") + text.count("{") > max_depth
-    if check_text or check_depth:
-        _walk(value, max_depth, check_text)
-    return value
-
-
-def _walk(value: Any, max_depth: int, check_text: bool) -> None:
-    stack: list[tuple[Any, int]] = [(value, 0)]
-    while stack:
-        item, depth = stack.pop()
-        if isinstance(item, str):
-            if check_text:
-                _check_text(item)
-        elif isinstance(item, dict | list):
-            if depth >= max_depth:
-                raise InvalidJSON(f"nesting deeper than {max_depth}")
-            if isinstance(item, dict):
-                for key, child in item.items():
-                    if check_text:
-                        _check_text(key)
-                    stack.append((child, depth + 1))
-            else:
-                stack.extend((child, depth + 1) for child in item)
 
 
 def is_json_content_type(value: str | None) -> bool:
@@ -209,8 +129,14 @@ class ReceiverRules:
         now = None if self.wall_clock is None else self.wall_clock()
         return verify(self.keys, headers, body, tolerance=self.tolerance, now=now)
 
-    def _checked(self, headers: Mapping[str, str], body: bytes) -> tuple[str, Any] | Answer:
-        """Checks 1-4, shared by both POSTs: (signed webhook-id, parsed JSON) or the refusal."""
+    def _checked(
+        self,
+        headers: Mapping[str, str],
+        body: bytes,
+        read: Callable[[bytes], Any] = parse_strict_json,
+    ) -> tuple[str, Any] | Answer:
+        """Checks 1-4, shared by both POSTs: (signed webhook-id, what `read` made of the
+        JSON) or the refusal."""
         try:
             webhook_id = self._verify(headers, body)
         except SignatureError as exc:
@@ -220,13 +146,13 @@ class ReceiverRules:
         if not is_json_content_type(_header(headers, "content-type")):
             return error(415, "Content-Type must be application/json (UTF-8)")
         try:
-            return webhook_id, parse_strict_json(body)
+            return webhook_id, read(body)
         except InvalidJSON as exc:
             return error(400, f"invalid JSON: {exc}")
 
     def check_message(self, headers: Mapping[str, str], body: bytes) -> tuple[str, bytes] | Answer:
         """The checks of POST /replies (no I/O): (reply_id, body) to store, or the refusal."""
-        checked = self._checked(headers, body)
+        checked = self._checked(headers, body, check_strict_json)
         if isinstance(checked, Answer):
             return checked
         reply_id, _ = checked
@@ -271,20 +197,22 @@ class ReceiverRules:
             return error(400, f'expected {{"replies": [1..{MAX_BATCH_ITEMS} items]}}')
         statuses: list[str | None] = []
         valid: list[tuple[str, bytes]] = []
-        ids: list[str] = []
-        for item in items:
-            reply_id = item.get("reply_id") if isinstance(item, dict) else None
-            text = item.get("body") if isinstance(item, dict) else None
-            ids.append(reply_id if isinstance(reply_id, str) else "")
-            if not isinstance(reply_id, str) or not is_reply_id(reply_id):
+        ids: list[Any] = [
+            item.get("reply_id") if isinstance(item, dict) else None for item in items
+        ]
+        # One pass for the usual batch, whose reply_ids are all good; else each is asked.
+        good_ids = are_reply_ids(ids)
+        for item, reply_id in zip(items, ids, strict=True):
+            if not (good_ids or is_reply_id(reply_id)):
                 statuses.append("invalid")
                 continue
+            text = item.get("body")
             if not isinstance(text, str) or not _headers_or_none(item.get("headers")):
                 statuses.append("invalid")
                 continue
             data = text.encode("utf-8")
             try:
-                parse_strict_json(data)
+                check_strict_json(data)
             except InvalidJSON:
                 statuses.append("invalid")
                 continue
@@ -295,7 +223,10 @@ class ReceiverRules:
         except StoreUnavailable:
             return UNAVAILABLE
         results = [
-            {"reply_id": reply_id, "status": status if status is not None else next(stored)}
+            {
+                "reply_id": reply_id if isinstance(reply_id, str) else "",
+                "status": status if status is not None else next(stored),
+            }
             for reply_id, status in zip(ids, statuses, strict=True)
         ]
         return Answer(200, {"results": results})
