@@ -102,6 +102,13 @@ class ReceiptGroupCommit:
 
 
 def _respond(answer: Answer) -> Response:
+    if isinstance(answer.document, bytes):
+        return Response(
+            answer.document,
+            status_code=answer.status,
+            headers=answer.headers,
+            media_type=JSONResponse.media_type,
+        )
     return JSONResponse(answer.document, status_code=answer.status, headers=answer.headers)
 
 

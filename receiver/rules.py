@@ -40,6 +40,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from json.encoder import encode_basestring
 from typing import Any, Protocol
 
 from outbox.errors import SignatureError, StoreUnavailable
@@ -78,7 +79,8 @@ class Answer:
     """An HTTP answer: status, JSON document and extra headers."""
 
     status: int
-    document: dict[str, Any]
+    document: dict[str, Any] | bytes
+    """The JSON document, or its compact UTF-8 text when the rules wrote it themselves."""
     headers: dict[str, str] = field(default_factory=dict)
 
 
@@ -222,14 +224,13 @@ class ReceiverRules:
             stored = iter(self.store.accept_many(valid, self.effect) if valid else [])
         except StoreUnavailable:
             return UNAVAILABLE
-        results = [
-            {
-                "reply_id": reply_id if isinstance(reply_id, str) else "",
-                "status": status if status is not None else next(stored),
-            }
-            for reply_id, status in zip(ids, statuses, strict=True)
-        ]
-        return Answer(200, {"results": results})
+        return Answer(
+            200,
+            _results_json(
+                [reply_id if isinstance(reply_id, str) else "" for reply_id in ids],
+                [status if status is not None else next(stored) for status in statuses],
+            ),
+        )
 
     def get_reply(self, reply_id: str, headers: Mapping[str, str]) -> Answer:
         """Decide GET /replies/{reply_id}: signed with webhook-id = reply_id, empty body."""
@@ -253,6 +254,22 @@ class ReceiverRules:
                 "received_at": receipt.received_at,
             },
         )
+
+
+def _results_json(reply_ids: Sequence[str], statuses: Sequence[str]) -> bytes:
+    """``{"results": [{"reply_id", "status"}, ...]}`` as json.dumps writes it compactly.
+
+    Written directly: a dict per item, then dumped, cost a batch of 1,000 about
+    five times as much. Statuses are plain words; reply_ids are escaped by the
+    encoder json.dumps uses.
+    """
+    items = ",".join(
+        [
+            f'{{"reply_id":{encode_basestring(reply_id)},"status":"{status}"}}'
+            for reply_id, status in zip(reply_ids, statuses, strict=True)
+        ]
+    )
+    return f'{{"results":[{items}]}}'.encode()
 
 
 def _headers_or_none(value: object) -> bool:

@@ -172,3 +172,32 @@ def test_a_number_that_overflows_to_infinity_is_refused(store: ReceiptStore, num
     assert "out of range" in response.json()["error"]
     status, answer = post(client, batch_body(("inf-2", body.decode())))
     assert (status, answer["results"][0]["status"]) == (200, "invalid")  # type: ignore[index]
+
+
+def test_the_answer_is_written_as_json_dumps_writes_it(store: ReceiptStore) -> None:
+    client = AppClient(create_app(store, secrets=[SECRET], effect=record_effect))
+    items = [
+        {"reply_id": 'q"uote\\s', "body": "{}"},  # a valid reply_id that needs escaping
+        {"reply_id": "bad id é\n\u2028\x7f", "body": "{}"},
+        {"reply_id": 7, "body": "{}"},
+        {"body": "{}"},
+        "not an object",
+        {"reply_id": 'q"uote\\s', "body": "{}"},
+    ]
+    body = json.dumps({"replies": items}).encode()
+    response = client.post("/replies/batch", content=body, headers=signed("batch:1-6-6", body))
+    expected = {
+        "results": [
+            {"reply_id": 'q"uote\\s', "status": "stored"},
+            {"reply_id": "bad id é\n\u2028\x7f", "status": "invalid"},
+            {"reply_id": "", "status": "invalid"},
+            {"reply_id": "", "status": "invalid"},
+            {"reply_id": "", "status": "invalid"},
+            {"reply_id": 'q"uote\\s', "status": "duplicate"},
+        ]
+    }
+    assert response.status_code == 200
+    assert response.headers["content-type"] == "application/json"
+    assert response.content == json.dumps(
+        expected, ensure_ascii=False, allow_nan=False, separators=(",", ":")
+    ).encode("utf-8")
