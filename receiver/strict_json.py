@@ -17,8 +17,8 @@ doubt:
 * as many ``:`` in the compact re-serialization as in the body: a duplicate
   key drops a pair, and with it the pair's colon, while colons inside strings
   stay (one flat object with as many keys as colons needs no re-serialization);
-* nesting within the limit: certain when the body has fewer brackets than the
-  limit, else counted level by level over the containers;
+* nesting within the limit: certain when the body is too short or has too few
+  brackets to nest deeper, else counted level by level over the containers;
 * where the value is used, no run of 19 digits: orjson reads an integer
   outside 64 bits as a float, where the exact parse keeps an int.
 
@@ -124,9 +124,22 @@ def _fast_path(body: bytes, max_depth: int, *, exact_numbers: bool) -> Any:
             return _UNPROVEN
         if compact.count(b":") != colons:
             return _UNPROVEN
-    if body.count(b"[") + body.count(b"{") > max_depth and _deeper_than(value, max_depth):
+    if _may_nest_too_deep(body, max_depth) and _deeper_than(value, max_depth):
         return _UNPROVEN
     return value
+
+
+_COUNTED_UP_TO = 4096
+"""Bytes of a body whose brackets are counted; a longer one is walked: that costs less."""
+
+
+def _may_nest_too_deep(body: bytes, max_depth: int) -> bool:
+    """False when the bytes alone show nesting within `max_depth`."""
+    if len(body) < 2 * (max_depth + 1):
+        return False  # each level takes an opening and a closing bracket
+    if len(body) > _COUNTED_UP_TO:
+        return True
+    return body.count(b"[") + body.count(b"{") > max_depth
 
 
 def _deeper_than(value: Any, max_depth: int) -> bool:

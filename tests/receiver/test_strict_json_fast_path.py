@@ -80,6 +80,8 @@ REFUSED = [
     b'{"a":"\\u003a","a":1}',  # an escaped colon
     b'{"a\\u0000b":1}',
     b'"\\ud83d"',
+    # Long enough to be walked rather than counted.
+    b'{"pad":"' + b"x" * 5000 + b'","a":' + b"[" * (MAX_DEPTH) + b"]" * (MAX_DEPTH) + b"}",
 ]
 
 ACCEPTED = [
@@ -91,6 +93,7 @@ ACCEPTED = [
     b'"\\ud83d\\ude00"',
     b'"\\u00e9 \\\\u0000"',
     b"[" * MAX_DEPTH + b"]" * MAX_DEPTH,
+    b'[{"pad":"' + b"x" * 5000 + b'"},' + b"[" * (MAX_DEPTH - 1) + b"]" * (MAX_DEPTH - 1) + b"]",
     b' {"a" : [ 1 , 2 ] }\n',
     b"-0",
     b"1e-400",
