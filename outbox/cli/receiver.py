@@ -1,6 +1,6 @@
 """`outbox receiver`: serve the reference receiver, upgrade its tables, purge old receipts.
 
-    outbox receiver --db URL --port N --secret-file PATH [--host 127.0.0.1]
+    outbox receiver --db URL --port N --secret-file PATH [--host 127.0.0.1] [--workers N]
     outbox receiver upgrade --db URL
     outbox receiver purge --db URL --older-than 30d [--retention 30d]
     outbox receiver consume --db URL --from nats://HOST:PORT --stream S --durable D
@@ -17,10 +17,11 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import socket
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from outbox.cli import consume
+from outbox.cli import consume, processes
 from outbox.cli.arguments import parse_duration, positive_float, positive_int
 from outbox.cli.logs import LOG_HELP, configure_logging, log_options
 from outbox.cli.settings import Option, add_flags
@@ -30,6 +31,11 @@ from receiver.protocol import DEFAULT_HEADER_LIMIT, DEFAULT_REQUEST_TIMEOUT
 
 DEFAULT_MAX_CONNECTIONS = 1000
 DEFAULT_KEEP_ALIVE = 5.0
+
+if TYPE_CHECKING:
+    import uvicorn
+
+    from receiver.store import ReceiptStore
 
 SECRETS_ENV = "OUTBOX_RECEIVER_SECRETS"
 
@@ -73,6 +79,7 @@ SERVING_OPTIONS = (
     Option.of("receiver", "max_connections", positive_int, DEFAULT_MAX_CONNECTIONS),
     Option.of("receiver", "keep_alive", positive_float, DEFAULT_KEEP_ALIVE),
     Option.of("receiver", "body_budget", positive_int),
+    Option.of("receiver", "workers", positive_int, 1),
     *log_options("receiver"),
 )
 """Serving settings: each a flag, an OUTBOX_RECEIVER_* variable, or receiver.* in the file."""
@@ -92,6 +99,7 @@ HELP = {
     "keep_alive": "seconds an idle connection stays open between requests (default 5)",
     "body_budget": "request body bytes buffered at once; over it: 503 + Retry-After "
     "(default 64 MiB, at least max_body)",
+    "workers": "processes serving the port, each with its own database pool and limits (default 1)",
     **LOG_HELP,
 }
 
@@ -154,6 +162,62 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _serve(args: argparse.Namespace, retention: float) -> int:
+    from receiver.store import ReceiptStore
+
+    secrets = load_secrets(args.secret_file)
+    configure_logging(args.log_format, args.log_level)
+    listening = logging.getLogger("outbox.receiver")
+    fields = {"host": args.host, "port": args.port, "retention": retention}
+    if args.workers == 1:
+        server, store = _server(args, retention, secrets)
+        try:
+            listening.info(
+                "receiver listening on http://%s:%d (retention %gs, %d secret(s))",
+                args.host,
+                args.port,
+                retention,
+                len(secrets),
+                extra={"fields": fields},
+            )
+            server.run()
+        finally:
+            store.close()
+        return 0
+    # Each worker opens its own store; this one only says now, once, if the database is
+    # not ready, rather than in every worker.
+    ReceiptStore(args.db, retention=retention).close()
+    sock = processes.bind(args.host, args.port)
+    try:
+        listening.info(
+            "receiver listening on http://%s:%d with %d worker processes "
+            "(retention %gs, %d secret(s))",
+            args.host,
+            args.port,
+            args.workers,
+            retention,
+            len(secrets),
+            extra={"fields": {**fields, "workers": args.workers}},
+        )
+        return processes.serve_in_processes(args.workers, _worker, sock, (args, retention))
+    finally:
+        sock.close()
+
+
+def _worker(sock: socket.socket, settings: tuple[argparse.Namespace, float]) -> None:
+    """One of `--workers` processes: serve the parent's socket until SIGTERM."""
+    args, retention = settings
+    configure_logging(args.log_format, args.log_level)
+    server, store = _server(args, retention, load_secrets(args.secret_file))
+    try:
+        server.run(sockets=[sock])
+    finally:
+        store.close()
+
+
+def _server(
+    args: argparse.Namespace, retention: float, secrets: list[str]
+) -> tuple[uvicorn.Server, ReceiptStore]:
+    """The reference receiver as a uvicorn server, and the store it answers from."""
     import uvicorn
 
     from receiver.app import create_app
@@ -161,8 +225,6 @@ def _serve(args: argparse.Namespace, retention: float) -> int:
     from receiver.protocol import http_settings
     from receiver.store import ReceiptStore
 
-    secrets = load_secrets(args.secret_file)
-    configure_logging(args.log_format, args.log_level)
     store = ReceiptStore(args.db, retention=retention)
     try:
         app = create_app(
@@ -189,15 +251,7 @@ def _serve(args: argparse.Namespace, retention: float) -> int:
             timeout_keep_alive=args.keep_alive,
             **http_settings(args.header_limit, args.request_timeout),
         )
-        logging.getLogger("outbox.receiver").info(
-            "receiver listening on http://%s:%d (retention %gs, %d secret(s))",
-            args.host,
-            args.port,
-            retention,
-            len(secrets),
-            extra={"fields": {"host": args.host, "port": args.port, "retention": retention}},
-        )
-        uvicorn.Server(config).run()
-    finally:
+    except BaseException:
         store.close()
-    return 0
+        raise
+    return uvicorn.Server(config), store

@@ -1,4 +1,5 @@
-"""The receiver as a real process: the lost ACK, serving over uvicorn, and the CLI."""
+"""The receiver as a real process: the lost ACK, serving over uvicorn, worker processes, and
+the CLI."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from support.receiver_helpers import (
     count_effects,
     signed,
     stored_receipts,
+    wait_until,
 )
 
 from outbox import failpoints
@@ -185,3 +187,95 @@ def test_upgrade_command(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> 
     assert main(["receiver", "upgrade", "--db", url]) == 0
     assert main(["receiver", "purge", "--db", url, "--older-than", "30d"]) == 0
     assert "purged 0" in capsys.readouterr().out
+
+
+def _workers_of(served: ReceiverProcess) -> list[int]:
+    """Pids of the worker processes `outbox receiver --workers N` started (not its tracker)."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            argv = (entry / "cmdline").read_bytes()
+        except OSError:
+            continue  # ended while being listed
+        parent = int(stat.rsplit(")", 1)[1].split()[1])
+        if parent == served.proc.pid and b"spawn_main" in argv:
+            pids.append(int(entry.name))
+    return pids
+
+
+def _gone(pid: int) -> bool:
+    try:
+        return (Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return True
+
+
+def test_workers_share_one_port_each_answers_and_sigterm_stops_them_all(
+    db_url: str, secret_file: Path
+) -> None:
+    served = ReceiverProcess(db_url, secret_file, options=["--workers", "2"]).wait_ready()
+    try:
+        workers: list[int] = []
+
+        def both_started() -> bool:
+            workers[:] = _workers_of(served)
+            return len(workers) == 2
+
+        wait_until(both_started, 20, "two worker processes")
+        # With the other worker stopped, only this one can take the connection: an answer
+        # is then this one's.
+        for index, worker in enumerate(workers):
+            others = [pid for pid in workers if pid != worker]
+            for pid in others:
+                os.kill(pid, signal.SIGSTOP)
+            try:
+                body = b'{"worker":%d}' % index
+                answer = httpx.post(
+                    served.base + "/replies",
+                    content=body,
+                    headers=signed(f"w-{index}", body),
+                    timeout=20,
+                )
+            finally:
+                for pid in others:
+                    os.kill(pid, signal.SIGCONT)
+            assert answer.status_code == 200, answer.text
+        assert stored_receipts(db_url) == {"w-0": b'{"worker":0}', "w-1": b'{"worker":1}'}
+        served.proc.send_signal(signal.SIGTERM)
+        assert served.proc.wait(timeout=30) == 0
+        assert all(_gone(pid) for pid in workers)
+    finally:
+        served.stop()
+
+
+def test_a_worker_that_dies_ends_the_service(db_url: str, secret_file: Path) -> None:
+    served = ReceiverProcess(db_url, secret_file, options=["--workers", "2"]).wait_ready()
+    try:
+        workers: list[int] = []
+
+        def both_started() -> bool:
+            workers[:] = _workers_of(served)
+            return len(workers) == 2
+
+        wait_until(both_started, 20, "two worker processes")
+        os.kill(workers[0], signal.SIGKILL)
+        # Not left running one short: the other is stopped too, and the exit says so.
+        assert served.proc.wait(timeout=30) == 1
+        assert all(_gone(pid) for pid in workers)
+        _, err = served.proc.communicate(timeout=10)
+        assert f"worker {workers[0]} ended".encode() in err
+    finally:
+        served.stop()
+
+
+@pytest.mark.parametrize("workers", ["0", "-1", "two", "1.5"])
+def test_workers_must_be_a_whole_number_of_at_least_one(
+    workers: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(["receiver", "--db", "sqlite://", "--workers", workers])
+    assert exited.value.code == 2
+    assert f"expected a whole number >= 1, got {workers!r}" in capsys.readouterr().err

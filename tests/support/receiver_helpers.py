@@ -9,7 +9,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -128,7 +128,13 @@ def wait_until(predicate: Any, timeout: float, what: str) -> None:
 class ReceiverProcess:
     """`outbox receiver` running as a real child process on a free loopback port."""
 
-    def __init__(self, db_url: str, secret_file: Path, env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        db_url: str,
+        secret_file: Path,
+        env: dict[str, str] | None = None,
+        options: Sequence[str] = (),
+    ) -> None:
         self.port = free_port()
         self.base = f"http://127.0.0.1:{self.port}"
         child_env = {**os.environ, **(env or {})}
@@ -145,6 +151,7 @@ class ReceiverProcess:
                 str(self.port),
                 "--secret-file",
                 str(secret_file),
+                *options,
             ],
             cwd=ROOT,
             env=child_env,
