@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint faults-report clean
+.PHONY: demo test lint faults-report screenshots clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -31,6 +31,11 @@ test: lint
 # Runs tests/faults and writes docs/faults.md from the figures of that run.
 faults-report: $(STAMP)
 	$(BIN)/python tests/faults/report.py
+
+# Seeds a database, runs `outbox console` and writes a PNG of each page to docs/console/
+# (needs Debian's chromium and chromium-driver).
+screenshots: $(STAMP)
+	$(BIN)/python -m benchmarks.console_screenshots
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
