@@ -1,0 +1,182 @@
+"""How fast `outbox console` answers each page over a large history.
+
+Run alone: .venv/bin/python -m benchmarks.console_pages [--quick]
+
+On a fresh PostgreSQL database: 1,000,000 rows of history (sent replies and the
+finished tasks they answer, spread over the last day), 10,000 dead replies and a
+small live backlog, written by INSERT ... SELECT generate_series and analyzed;
+then a real `outbox console` process (asking for a token), and each page asked
+for REQUESTS times over HTTP with the token, after one warm-up request. A page's
+time is the client's, from the request to the last byte of the answer. Target:
+every page under 200 ms (slowest_ms, the largest of the pages' medians).
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+import sqlalchemy as sa
+
+from benchmarks.relay_bench import ROOT, free_port, fresh_database, log, run_alone, wait_healthy
+
+TOKEN = "benchmark-console-token-0123456789"  # noqa: S105 (a throwaway run's)
+TARGET_MS = 200.0
+REQUESTS = 10
+DAY = 86_400.0
+DESTINATIONS = 4
+
+
+def pages(dead: int) -> dict[str, str]:
+    """(name, path) of each page timed, on rows from the middle of the seeded ones; search
+    answers a redirect to the task's page."""
+    middle = dead // 2
+    return {
+        "overview": "/",
+        "dead": "/dead",
+        "dead_filtered": "/dead?destination=d-1&status=410&error=gone",
+        "dead_next_page": f"/dead?after=dead-{middle}",
+        "reply": f"/reply?id=dead-{middle}",
+        "task": f"/task?id=t-{middle}",
+        "search": f"/search?q=t-{middle}",
+    }
+
+
+def sizes(quick: bool) -> tuple[int, int]:
+    """(history rows, dead replies): the issue's, or small ones for --quick."""
+    return (20_000, 500) if quick else (1_000_000, 10_000)
+
+
+def insert_finished_tasks() -> sa.TextClause:
+    """:n done tasks finished over the day before :now, one every :gap seconds."""
+    return sa.text(
+        "INSERT INTO outbox_tasks (task_id, tenant_id, payload, priority, deadline, hops, "
+        "state, attempts, max_attempts, available_at, fence, created_at, updated_at, "
+        "finished_at, result) SELECT 't-' || n, 'orders-api', '{\"order\": 1}', 0, "
+        ":now + 3600, 0, 'done', 1, 3, :start + n * :gap, 1, :start + n * :gap, "
+        ":start + n * :gap + 0.2, :start + n * :gap + 0.2, '{\"ok\": true}' "
+        "FROM generate_series(1, :n) n"
+    )
+
+
+REPLY_FATES = {
+    # state: (task_id, attempts, sent_at, last_status, last_error)
+    "sent": ("'t-' || n", "1", ":start + n * :gap + 0.5", "200", "NULL"),
+    "dead": (
+        "NULL",
+        "5",
+        "NULL",
+        "CASE WHEN n % 3 = 0 THEN 410 ELSE 503 END",
+        "CASE WHEN n % 3 = 0 THEN 'HTTP 410 gone' ELSE 'HTTP 503' END",
+    ),
+    "pending": ("NULL", "0", "NULL", "NULL", "NULL"),
+}
+"""The columns that differ by state: sent replies answer the task of the same number, dead
+ones carry a destination's last answer."""
+
+
+def insert_replies(state: str) -> sa.TextClause:
+    """:n replies in `state` ('<state>-<n>') to DESTINATIONS destinations, created one every
+    :gap seconds from :start."""
+    task_id, attempts, sent_at, status, error = REPLY_FATES[state]
+    return sa.text(
+        "INSERT INTO outbox_messages (reply_id, task_id, destination, body, content_hash, "
+        "headers, state, attempts, fence, available_at, created_at, sent_at, last_status, "
+        f"last_error) SELECT '{state}-' || n, {task_id}, 'd-' || (n % {DESTINATIONS}), "
+        f"'\\x7b7d', 'h', '{{}}', '{state}', {attempts}, 1, :start + n * :gap + 60, "
+        f":start + n * :gap, {sent_at}, {status}, {error} FROM generate_series(1, :n) n"
+    )
+
+
+def seed(url: str, history: int, dead: int) -> None:
+    """Half the history sent replies, half finished tasks; the dead replies; 100 pending."""
+    engine = sa.create_engine(url)
+    now = time.time()
+    half = history // 2
+    try:
+        with engine.begin() as conn:
+            window = {"now": now, "start": now - DAY, "gap": DAY / half, "n": half}
+            conn.execute(insert_finished_tasks(), window)
+            conn.execute(insert_replies("sent"), window)
+            conn.execute(insert_replies("dead"), {**window, "gap": DAY / dead, "n": dead})
+            recent = {"start": now - 100, "gap": 1.0, "n": 100}
+            conn.execute(insert_replies("pending"), recent)
+        with engine.connect() as conn:
+            conn.execution_options(isolation_level="AUTOCOMMIT").exec_driver_sql(
+                "VACUUM ANALYZE outbox_tasks, outbox_messages"
+            )
+    finally:
+        engine.dispose()
+
+
+@contextmanager
+def console_process(url: str, log_file: Path, token: str) -> Iterator[str]:
+    """A real `outbox console` process asking for `token`; its base URL."""
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OUTBOX_")}
+    env["OUTBOX_CONSOLE_TOKEN"] = token
+    with log_file.open("wb") as sink:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "outbox.cli", "console", "--db", url, "--port", str(port)],
+            cwd=ROOT, env=env, stdout=sink, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+    try:
+        base = f"http://127.0.0.1:{port}"
+        wait_healthy(base + "/static/console.css")
+        yield base
+    finally:
+        proc.terminate()
+        proc.wait(timeout=15)
+
+
+def time_pages(base: str, dead: int) -> dict[str, float]:
+    """Median and slowest milliseconds of each page, and the slowest median."""
+    figures: dict[str, float] = {}
+    headers = {"Authorization": f"Bearer {TOKEN}"}
+    with httpx.Client(base_url=base, headers=headers, timeout=30) as client:
+        for name, path in pages(dead).items():
+            expected = 303 if name == "search" else 200
+            spent = []
+            for n in range(REQUESTS + 1):
+                started = time.perf_counter()
+                answer = client.get(path)
+                elapsed = (time.perf_counter() - started) * 1000
+                if answer.status_code != expected:
+                    raise RuntimeError(f"{path} answered {answer.status_code}: {answer.text}")
+                if n > 0:  # the first warms the connection pool and the compiled statements
+                    spent.append(elapsed)
+            figures[f"{name}_median_ms"] = round(statistics.median(spent), 1)
+            figures[f"{name}_max_ms"] = round(max(spent), 1)
+    medians = [value for key, value in figures.items() if key.endswith("_median_ms")]
+    figures["slowest_ms"] = max(medians)
+    return figures
+
+
+def run(quick: bool) -> dict[str, Any]:
+    """One run: seed, start the console, time each page."""
+    history, dead = sizes(quick)
+    with fresh_database() as url, tempfile.TemporaryDirectory() as tmp:
+        started = time.monotonic()
+        seed(url, history, dead)
+        log(f"seeded {history:,} rows and {dead:,} dead in {time.monotonic() - started:.0f} s")
+        with console_process(url, Path(tmp) / "console.log", TOKEN) as base:
+            figures = time_pages(base, dead)
+    return {**figures, "history_rows": float(history), "dead_replies": float(dead)}
+
+
+def main(argv: Any = None) -> int:
+    """Run once and print the figures as JSON."""
+    return run_alone("python -m benchmarks.console_pages", run, argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
