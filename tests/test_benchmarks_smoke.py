@@ -61,6 +61,7 @@ def test_quick_suite_runs_and_writes_its_table(pg_server: sa.Engine, tmp_path: P
         ("claim latency with history", "postgresql"),
         ("drain slowdown with history", "postgresql"),
         ("relay peak RSS draining", "postgresql"),
+        ("console slowest page", "postgresql"),
         ("WAL per delivered message", "postgresql"),
         ("full-page images per delivered message", "postgresql"),
         ("index entries per delivered message", "postgresql"),
@@ -96,3 +97,6 @@ def test_quick_suite_runs_and_writes_its_table(pg_server: sa.Engine, tmp_path: P
         if row["baseline"] is not None:
             assert row["baseline"] > 0, row
             assert row["ratio"] > 0, row
+    pages = rows[("console slowest page", "postgresql")]["runs"][0]
+    assert pages["slowest_ms"] > 0
+    assert pages["slowest_ms"] == max(v for k, v in pages.items() if k.endswith("_median_ms"))
