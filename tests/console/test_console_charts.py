@@ -75,3 +75,35 @@ def test_the_day_is_read_in_one_query_per_series_on_the_database_clock(ops: Oper
     counts = charts.minute_counts(ops, now, charts.LONGEST)
     assert set(counts) == {series for series, _, _ in charts.SERIES}
     assert sum(counts["dead"].values()) == 3
+
+
+def test_settled_minutes_are_kept_and_only_the_recent_ones_read_again(
+    ops: Operations, engine: sa.Engine, clock: ManualClock
+) -> None:
+    cache = charts.SettledCounts()
+    now = charts.database_now(ops)
+    first = cache.counts(ops, now, charts.LONGEST)
+    assert first == charts.minute_counts(ops, now, charts.LONGEST)
+    # Rows land in a settled minute (an hour back) and in the current one; the dead
+    # series is read whole each time, so its settled minute changes too.
+    with engine.begin() as conn:
+        for reply_id, created, state in (
+            ("old", now - 3600, "pending"),
+            ("new", now, "pending"),
+            ("died", now - 3600, "dead"),
+        ):
+            conn.execute(
+                messages.insert().values(
+                    reply_id=reply_id, destination="billing", body=b"{}",
+                    content_hash="0" * 64, headers="{}", state=state, attempts=1,
+                    available_at=created, fence=1, created_at=created,
+                )
+            )  # fmt: skip
+    again = cache.counts(ops, now, charts.LONGEST)
+    assert sum(again["enqueued"].values()) == sum(first["enqueued"].values()) + 1  # "new" only
+    assert sum(again["dead"].values()) == sum(first["dead"].values()) + 1
+    # An hour on, every minute is read again: "old" and "died" show as enqueued.
+    later = now + charts.REREAD_AFTER * 60
+    reread = cache.counts(ops, later, charts.LONGEST)
+    assert reread == charts.minute_counts(ops, later, charts.LONGEST)
+    assert sum(reread["enqueued"].values()) == sum(first["enqueued"].values()) + 3

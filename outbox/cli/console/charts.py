@@ -5,7 +5,8 @@ style attributes and no script)."""
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+import threading
+from dataclasses import dataclass, field
 
 import sqlalchemy as sa
 
@@ -51,14 +52,59 @@ class Chart:
 def minute_counts(ops: Operations, now: float, minutes: int) -> dict[str, dict[int, int]]:
     """Per series, the count of each minute of the `minutes` before the current one."""
     current = math.floor(now / MINUTE)
-    since, until = (current - minutes + 1) * MINUTE, (current + 1) * MINUTE
+    return _read(ops, [series for series, _, _ in SERIES], current - minutes + 1, current + 1)
+
+
+def _read(ops: Operations, series: list[str], first: int, end: int) -> dict[str, dict[int, int]]:
+    """Per series, the count of each minute in [first, end) (minute numbers)."""
     dialect = ops.engine.dialect.name
     counts: dict[str, dict[int, int]] = {}
     with ops.engine.connect() as conn:
-        for series, _, _ in SERIES:
-            query = console_sql.per_minute(series, since, until, dialect)
-            counts[series] = {int(m): int(c) for m, c in conn.execute(query)}
+        for each in series:
+            query = console_sql.per_minute(each, first * MINUTE, end * MINUTE, dialect)
+            counts[each] = {int(m): int(c) for m, c in conn.execute(query)}
     return counts
+
+
+SETTLED_AFTER = 5
+"""Minutes after which a minute's counts of enqueued, sent and finished no longer change:
+each timestamp is written as it happens (a transaction may commit a little later)."""
+REREAD_AFTER = 60
+"""Minutes after which every count is read again (a purge may delete rows of a past minute)."""
+ALWAYS_READ = frozenset({"dead"})
+"""Series read whole each time: a requeue takes a row out of a past minute (and the dead
+are few: their partial index answers at once)."""
+
+
+@dataclass
+class SettledCounts:
+    """Per-minute counts that keep the settled minutes, so that an overview reads only the
+    last few minutes of the busy series, not a whole day of history each time."""
+
+    _counts: dict[str, dict[int, int]] = field(default_factory=dict)
+    _settled_until: int | None = None
+    _read_at: int = 0
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def counts(self, ops: Operations, now: float, minutes: int) -> dict[str, dict[int, int]]:
+        """Per series, the count of each minute of the `minutes` before the current one."""
+        current = math.floor(now / MINUTE)
+        first, end = current - minutes + 1, current + 1
+        busy = [series for series, _, _ in SERIES if series not in ALWAYS_READ]
+        with self._lock:
+            kept = self._settled_until
+            if kept is None or kept < first or current - self._read_at >= REREAD_AFTER:
+                kept, self._counts, self._read_at = first, {}, current
+            fresh = _read(ops, busy, kept, end)
+            fresh.update(_read(ops, sorted(ALWAYS_READ), first, end))
+            settled = current - SETTLED_AFTER + 1
+            for series in busy:
+                merged = {m: c for m, c in self._counts.get(series, {}).items() if m >= first}
+                merged.update(fresh[series])
+                self._counts[series] = {m: c for m, c in merged.items() if m < settled}
+                fresh[series] = merged
+            self._settled_until = max(settled, first)
+            return fresh
 
 
 def charts(counts: dict[str, dict[int, int]], now: float) -> tuple[Chart, ...]:

@@ -65,6 +65,7 @@ class Pages:
         self.read_only = read_only
         self.token = token
         self.templates = templates()
+        self.minute_counts = charts.SettledCounts()
 
     def render(
         self, request: Request, name: str, status_code: int = 200, **context: Any
@@ -94,7 +95,7 @@ class Pages:
             for name, figure in sorted(figures.destinations.items())
         ]
         now = charts.database_now(self.ops)
-        drawn = charts.charts(charts.minute_counts(self.ops, now, charts.LONGEST), now)
+        drawn = charts.charts(self.minute_counts.counts(self.ops, now, charts.LONGEST), now)
         return self.render(
             request,
             "overview.html",
