@@ -126,6 +126,12 @@ class HandlerThreads:
                 continue  # the worker gave up on it before it started
             try:
                 value = call()
+            except StopIteration as exc:
+                # A future cannot hold StopIteration (it ends coroutines): as PEP 479 does
+                # for generators, it arrives as the RuntimeError it stands for.
+                failed = RuntimeError(f"handler raised StopIteration: {exc}")
+                failed.__cause__ = exc
+                self._answer(answer, answer.set_exception, failed)
             except BaseException as exc:  # noqa: BLE001 - the awaiting task decides
                 self._answer(answer, answer.set_exception, exc)
             else:

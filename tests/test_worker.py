@@ -376,3 +376,25 @@ def test_a_lost_listen_connection_is_replaced_and_wakes_the_worker_again(
         assert wait_until(lambda: listeners() not in ([], [first]), 10), "never listened again"
         task_id = submit_named(queue, "after-loss")
         assert wait_until(lambda: states(queue, [task_id]) == ["done"], 5)
+
+
+def last_error(queue: TaskQueue, task_id: str) -> str | None:
+    """The task's last error, if any."""
+    task = queue.task(task_id)
+    return None if task is None else task["last_error"]
+
+
+def test_a_handler_raising_stop_iteration_fails_its_attempt(queue: TaskQueue) -> None:
+    [task_id] = submit(queue, 1)
+
+    def handler(claim: Claim, stop: threading.Event) -> str:
+        return str(next(iter(())))  # an empty iterator: StopIteration
+
+    # A future cannot hold StopIteration: without its translation the task would stay
+    # running, renewed by the heartbeat, and its slot taken for good.
+    with running_in_thread(Worker(queue, handler, poll_interval=0.05)):
+        assert wait_until(lambda: "StopIteration" in (last_error(queue, task_id) or ""))
+    task = queue.task(task_id)
+    assert task is not None
+    assert task["state"] in ("pending", "failed")
+    assert "RuntimeError: handler raised StopIteration" in task["last_error"]

@@ -5,10 +5,11 @@ autocommit. Checking a connection out of the pool for each costs the checkout's
 CPU and, with pre-ping on, a round trip before the statement. A lane holds one
 connection instead: the first caller at a time uses it, and a caller that finds
 it in use takes a pooled connection as before, so callers never wait for each
-other. A connection idle for longer than IDLE_SECONDS goes back to the pool and
-the next statement takes a checked one, so an idle worker's first statement does
-not meet a connection a proxy or firewall has cut meanwhile. After any error the
-held connection is dropped: its state is unknown.
+other. A connection idle for longer than IDLE_SECONDS goes back to the pool when
+the next statement comes, which takes a checked one: an idle worker's first
+statement does not meet a connection a proxy or firewall has cut meanwhile. After
+any error the held connection is dropped: its state is unknown. Once closed, a
+lane holds nothing: every statement takes a pooled connection.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ class Lane:
         self._lock = threading.Lock()
         self._held: Connection | None = None
         self._last_used = 0.0
+        self._closed = False
 
     @contextmanager
     def connection(self) -> Iterator[Connection]:
@@ -42,6 +44,10 @@ class Lane:
                 yield pooled
             return
         try:
+            if self._closed:
+                with self._engine.connect() as pooled:
+                    yield pooled
+                return
             held = self._take()
             try:
                 yield held
@@ -53,7 +59,9 @@ class Lane:
             self._lock.release()
 
     def close(self) -> None:
-        """Give the held connection back to the pool (waits for a statement running on it)."""
+        """Give the held connection back to the pool (waits for a statement running on it);
+        statements after this take pooled connections."""
+        self._closed = True
         with self._lock:
             self._drop()
 
