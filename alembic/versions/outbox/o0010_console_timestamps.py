@@ -43,7 +43,8 @@ def upgrade() -> None:
             options: dict[str, Any] = {"postgresql_using": "brin"}
         else:
             options = {"postgresql_where": sa.text(where), "sqlite_where": sa.text(where)}
-        op.create_index(name, table, [column], **options)
+        # An operator may have built them beforehand, CONCURRENTLY (README, Schema).
+        op.create_index(name, table, [column], if_not_exists=True, **options)
 
 
 def downgrade() -> None:
