@@ -16,10 +16,8 @@ from __future__ import annotations
 
 import argparse
 import math
-import os
 import random
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -38,7 +36,8 @@ from selenium.webdriver.remote.webdriver import WebDriver
 from sqlalchemy.orm import Session
 
 import outbox
-from benchmarks.relay_bench import ROOT, free_port, log, wait_healthy
+from benchmarks.console_pages import console_process
+from benchmarks.relay_bench import ROOT, log
 from outbox import AuthContext, Envelope, TaskQueue
 from outbox.operations import Operations
 from outbox.schema import messages, relays
@@ -237,26 +236,6 @@ def seed(url: str) -> Seeded:
 
 
 @contextmanager
-def console(url: str, log_file: Path) -> Iterator[str]:
-    """A real `outbox console` process asking for TOKEN; its base URL."""
-    port = free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("OUTBOX_")}
-    env["OUTBOX_CONSOLE_TOKEN"] = TOKEN
-    with log_file.open("wb") as sink:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "outbox.cli", "console", "--db", url, "--port", str(port)],
-            cwd=ROOT, env=env, stdout=sink, stderr=subprocess.STDOUT,
-        )  # fmt: skip
-    try:
-        base = f"http://127.0.0.1:{port}"
-        wait_healthy(base + "/static/console.css")
-        yield base
-    finally:
-        proc.terminate()
-        proc.wait(timeout=15)
-
-
-@contextmanager
 def chromium() -> Iterator[WebDriver]:
     """Headless Chromium with a WIDTH x HEIGHT viewport."""
     binary, driver = shutil.which("chromium"), shutil.which("chromedriver")
@@ -333,7 +312,7 @@ def main(argv: list[str] | None = None) -> int:
         outbox.upgrade(url)
         log(f"seeding {url}")
         seeded = seed(url)
-        with console(url, Path(tmp) / "console.log") as base, chromium() as browser:
+        with console_process(url, Path(tmp) / "console.log", TOKEN) as base, chromium() as browser:
             for path in shoot(browser, base, seeded, out):
                 log(f"wrote {path.relative_to(ROOT) if path.is_relative_to(ROOT) else path}")
     return 0

@@ -8,6 +8,7 @@ and the broker. Read from Linux's /proc (the benchmarks run on Linux).
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 TICKS_PER_SECOND = os.sysconf("SC_CLK_TCK")
@@ -20,26 +21,8 @@ def machine_busy_seconds() -> float:
     return (user + nice + system + irq + softirq) / TICKS_PER_SECOND
 
 
-def process_cpu_seconds(command: str) -> float:
-    """CPU seconds (user and system) used so far by every process whose name is `command`."""
-    total = 0
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue  # it ended while being listed
-        name = stat[stat.index("(") + 1 : stat.rindex(")")]
-        if name == command:
-            rest = stat[stat.rindex(")") + 2 :].split()
-            total += int(rest[11]) + int(rest[12])  # utime, stime: fields 14 and 15
-    return total / TICKS_PER_SECOND
-
-
-def process_tree_cpu_seconds(pid: int) -> float:
-    """CPU seconds (user and system) used so far by process `pid` and its live descendants."""
-    stats: dict[int, tuple[int, float]] = {}
+def _processes() -> Iterator[tuple[int, str, int, float]]:
+    """(pid, name, parent pid, CPU seconds used so far) of every process now running."""
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
@@ -48,8 +31,20 @@ def process_tree_cpu_seconds(pid: int) -> float:
         except OSError:
             continue  # it ended while being listed
         # The command name in parentheses may hold spaces: the fields follow the last ")".
+        name = stat[stat.index("(") + 1 : stat.rindex(")")]
         rest = stat[stat.rindex(")") + 2 :].split()
-        stats[int(entry.name)] = (int(rest[1]), (int(rest[11]) + int(rest[12])) / TICKS_PER_SECOND)
+        cpu = (int(rest[11]) + int(rest[12])) / TICKS_PER_SECOND  # utime, stime: 14 and 15
+        yield int(entry.name), name, int(rest[1]), cpu  # the parent pid: field 4
+
+
+def process_cpu_seconds(command: str) -> float:
+    """CPU seconds (user and system) used so far by every process whose name is `command`."""
+    return sum(cpu for _, name, _, cpu in _processes() if name == command)
+
+
+def process_tree_cpu_seconds(pid: int) -> float:
+    """CPU seconds (user and system) used so far by process `pid` and its live descendants."""
+    stats = {child: (parent, cpu) for child, _, parent, cpu in _processes()}
     tree = {pid}
     grew = True
     while grew:
