@@ -13,7 +13,7 @@ from support.console_helpers import ConsoleClient, csrf_of
 from support.operations_helpers import audit_rows
 from support.receiver_helpers import SECRET, ReceiverProcess
 
-from outbox.cli.console import pages
+from outbox.cli.console import pages, reads
 from outbox.cli.console.security import CSRF_COOKIE
 from outbox.operations import Operations
 from outbox.schema import messages
@@ -112,6 +112,31 @@ def test_the_reply_page_shows_the_body_escaped_and_the_delivery_record(
     assert 'id="attempts">3<' in page
     assert "outcome unknown: &lt;b&gt;lease&lt;/b&gt; expired" in page
     assert 'id="requeue-form"' in page
+
+
+def test_a_long_utf8_body_cut_inside_a_character_is_shown_as_text(
+    ops: Operations, make_client: Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(reads, "BODY_SHOWN", 8)
+    # 3-byte characters: 8 bytes end inside the third one.
+    with ops.engine.begin() as conn:
+        conn.execute(
+            messages.update().where(messages.c.reply_id == "b-1").values(body="€€€€".encode())
+        )
+    page = make_client().get("/reply?id=b-1").text
+    assert "Not UTF-8 text" not in page
+    assert re.search(r'<pre id="body">€€\n…</pre>', page)
+
+
+def test_a_long_body_that_is_not_utf8_says_so(
+    ops: Operations, make_client: Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(reads, "BODY_SHOWN", 8)
+    with ops.engine.begin() as conn:
+        conn.execute(
+            messages.update().where(messages.c.reply_id == "b-1").values(body=b"ab\xff" * 5)
+        )
+    assert "Not UTF-8 text" in make_client().get("/reply?id=b-1").text
 
 
 def test_the_reply_page_never_shows_the_headers(ops: Operations, make_client: Client) -> None:

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import codecs
 import json
 from typing import Any
 
@@ -83,11 +84,14 @@ def pretty(text: str) -> str:
 
 def body_text(body: bytes) -> str | None:
     """A body as text for the page (JSON pretty-printed), or None when it is not UTF-8."""
+    whole = len(body) <= BODY_SHOWN
+    # Not final unless whole: the cut may split a character, which is not an error.
+    decoder = codecs.getincrementaldecoder("utf-8")()
     try:
-        text = body[:BODY_SHOWN].decode("utf-8")
+        text = decoder.decode(body[:BODY_SHOWN], final=whole)
     except UnicodeDecodeError:
         return None
-    return pretty(text) if len(body) <= BODY_SHOWN else text + "\n…"
+    return pretty(text) if whole else text + "\n…"
 
 
 def _redacted(text: str | None) -> str | None:
