@@ -36,15 +36,16 @@ DAY = 86_400.0
 DESTINATIONS = 4
 
 
-def pages(dead: int) -> dict[str, str]:
-    """(name, path) of each page timed, on rows from the middle of the seeded ones; search
-    answers a redirect to the task's page."""
+def pages(dead: int, middle_id: int) -> dict[str, str]:
+    """(name, path) of each page timed, on rows from the middle of the seeded ones (the
+    middle dead reply's message id is `middle_id`); search answers a redirect to the task's
+    page."""
     middle = dead // 2
     return {
         "overview": "/",
         "dead": "/dead",
         "dead_filtered": "/dead?destination=d-1&status=410&error=gone",
-        "dead_next_page": f"/dead?after=dead-{middle}",
+        "dead_next_page": f"/dead?after={middle_id}",
         "reply": f"/reply?id=dead-{middle}",
         "task": f"/task?id=t-{middle}",
         "search": f"/search?q=t-{middle}",
@@ -97,8 +98,9 @@ def insert_replies(state: str) -> sa.TextClause:
     )
 
 
-def seed(url: str, history: int, dead: int) -> None:
-    """Half the history sent replies, half finished tasks; the dead replies; 100 pending."""
+def seed(url: str, history: int, dead: int) -> int:
+    """Half the history sent replies, half finished tasks; the dead replies; 100 pending.
+    Returns the message id of the middle dead reply (where the next page timed starts)."""
     engine = sa.create_engine(url)
     now = time.time()
     half = history // 2
@@ -110,12 +112,17 @@ def seed(url: str, history: int, dead: int) -> None:
             conn.execute(insert_replies("dead"), {**window, "gap": DAY / dead, "n": dead})
             recent = {"start": now - 100, "gap": 1.0, "n": 100}
             conn.execute(insert_replies("pending"), recent)
+            middle_id = conn.execute(
+                sa.text("SELECT id FROM outbox_messages WHERE reply_id = :reply_id"),
+                {"reply_id": f"dead-{dead // 2}"},
+            ).scalar_one()
         with engine.connect() as conn:
             conn.execution_options(isolation_level="AUTOCOMMIT").exec_driver_sql(
                 "VACUUM ANALYZE outbox_tasks, outbox_messages"
             )
     finally:
         engine.dispose()
+    return int(middle_id)
 
 
 @contextmanager
@@ -138,12 +145,12 @@ def console_process(url: str, log_file: Path, token: str) -> Iterator[str]:
         proc.wait(timeout=15)
 
 
-def time_pages(base: str, dead: int) -> dict[str, float]:
+def time_pages(base: str, dead: int, middle_id: int) -> dict[str, float]:
     """Median and slowest milliseconds of each page, and the slowest median."""
     figures: dict[str, float] = {}
     headers = {"Authorization": f"Bearer {TOKEN}"}
     with httpx.Client(base_url=base, headers=headers, timeout=30) as client:
-        for name, path in pages(dead).items():
+        for name, path in pages(dead, middle_id).items():
             expected = 303 if name == "search" else 200
             spent = []
             for n in range(REQUESTS + 1):
@@ -166,10 +173,10 @@ def run(quick: bool) -> dict[str, Any]:
     history, dead = sizes(quick)
     with fresh_database() as url, tempfile.TemporaryDirectory() as tmp:
         started = time.monotonic()
-        seed(url, history, dead)
+        middle_id = seed(url, history, dead)
         log(f"seeded {history:,} rows and {dead:,} dead in {time.monotonic() - started:.0f} s")
         with console_process(url, Path(tmp) / "console.log", TOKEN) as base:
-            figures = time_pages(base, dead)
+            figures = time_pages(base, dead, middle_id)
     return {**figures, "history_rows": float(history), "dead_replies": float(dead)}
 
 

@@ -75,6 +75,7 @@ def _iso(epoch: float | None) -> str | None:
 def _dead_list(ops: Operations, limit: int, chosen: DeadFilter, as_json: bool) -> int:
     rows = ops.dead(limit, chosen)
     for row in rows:
+        del row["id"]  # the row's key for paging, not part of what the list shows
         row["created"] = _iso(row["created_at"])
         row["age"] = round(float(row["age"]), 3)
     if as_json:

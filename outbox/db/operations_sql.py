@@ -24,8 +24,8 @@ class DeadFilter:
     """Text the last error contains (case-insensitive)."""
     newer_than: float | None = None
     older_than: float | None = None
-    after: str | None = None
-    """Only those listed after this reply_id (the next page of a list)."""
+    after: int | None = None
+    """Only those after this message id (the next page of a list, which is in id order)."""
 
 
 DEAD_FIELDS = (
@@ -54,11 +54,11 @@ def oldest_pending_age(table: sa.Table, now: Now) -> sa.Select[Any]:
 
 
 def select_dead(limit: int, now: Now, chosen: DeadFilter) -> sa.Select[Any]:
-    """Dead messages that match `chosen`, oldest first, each with its age."""
+    """Dead messages that match `chosen`, oldest first, each with its id and age."""
     # The state written into the SQL: a generic plan can then use ix_outbox_messages_dead.
-    query = sa.select(*DEAD_FIELDS, (now - messages.c.created_at).label("age")).where(
-        messages.c.state == state_literal(MessageState.DEAD)
-    )
+    query = sa.select(
+        messages.c.id, *DEAD_FIELDS, (now - messages.c.created_at).label("age")
+    ).where(messages.c.state == state_literal(MessageState.DEAD))
     if chosen.destination is not None:
         query = query.where(messages.c.destination == chosen.destination)
     if chosen.status is not None:
@@ -70,8 +70,7 @@ def select_dead(limit: int, now: Now, chosen: DeadFilter) -> sa.Select[Any]:
     if chosen.older_than is not None:
         query = query.where(messages.c.created_at <= now - chosen.older_than)
     if chosen.after is not None:
-        after = sa.select(messages.c.id).where(messages.c.reply_id == chosen.after)
-        query = query.where(messages.c.id > after.scalar_subquery())
+        query = query.where(messages.c.id > chosen.after)
     return query.order_by(messages.c.id).limit(limit)
 
 

@@ -101,6 +101,28 @@ def test_the_dead_list_pages(make_client: Client, monkeypatch: pytest.MonkeyPatc
     assert 'id="next-page"' not in billing  # exactly a page: no empty next one
 
 
+def test_the_next_page_holds_when_the_last_row_shown_was_purged(
+    ops: Operations, make_client: Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(pages, "PAGE_SIZE", 2)
+    console = make_client()
+    first = console.get("/dead").text
+    assert listed(first) == ["b-1", "b-2"]
+    following = re.search(r'href="/dead\?([^"]+)" id="next-page"', first)
+    assert following is not None
+    with ops.engine.begin() as conn:
+        conn.execute(messages.delete().where(messages.c.reply_id == "b-2"))
+    second = console.get(f"/dead?{following[1].replace('&amp;', '&')}")
+    assert second.status_code == 200
+    assert listed(second.text) == ["s-1"]
+
+
+def test_a_page_start_that_is_not_a_row_id_is_said_on_the_page(make_client: Client) -> None:
+    page = make_client().get("/dead?after=b-1")
+    assert page.status_code == 400
+    assert "after" in page.text
+
+
 def test_the_reply_page_shows_the_body_escaped_and_the_delivery_record(
     make_client: Client,
 ) -> None:

@@ -112,6 +112,7 @@ class Pages:
         params = request.query_params
         try:
             chosen = dead_filter({name: params.get(name, "") for name in FILTERS})
+            after = page_start(params.get("after", ""))
         except (argparse.ArgumentTypeError, ValueError) as exc:
             return self.render(
                 request,
@@ -124,13 +125,13 @@ class Pages:
                 after=None,
                 first="",
             )
-        after = params.get("after") or None
         rows = self.ops.dead(PAGE_SIZE + 1, dataclasses.replace(chosen, after=after))
         kept = {name: params[name] for name in FILTERS if params.get(name)}
         more = None
         if len(rows) > PAGE_SIZE:
             rows = rows[:PAGE_SIZE]
-            more = urlencode({**kept, "after": rows[-1]["reply_id"]})
+            # The id, not the reply_id: the next page holds even if that row is purged.
+            more = urlencode({**kept, "after": rows[-1]["id"]})
         for row in rows:
             row["last_error"] = None if row["last_error"] is None else redact(row["last_error"])
         return self.render(
@@ -221,3 +222,13 @@ def dead_filter(given: dict[str, str]) -> DeadFilter:
         newer_than=parse_duration(given["since"]) if given["since"].strip() else None,
         older_than=parse_duration(given["until"]) if given["until"].strip() else None,
     )
+
+
+def page_start(given: str) -> int | None:
+    """The message id a next page starts after (None: the first page); ValueError if not one."""
+    if not given.strip():
+        return None
+    try:
+        return int(given)
+    except ValueError:
+        raise ValueError(f"after: not a message id: {given!r}") from None
