@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import pytest
-from support.console_helpers import TOKEN, ConsoleClient, csrf_of
+from support.console_helpers import BOUND_PORT, TOKEN, ConsoleClient, csrf_of
 
 from outbox.cli import main
 from outbox.cli.console import console_token
@@ -63,7 +63,7 @@ def test_every_answer_carries_a_strict_policy_and_no_script_may_run(
         headers = console.get(path).headers
         assert headers["content-security-policy"] == CONTENT_SECURITY_POLICY
         assert headers["x-content-type-options"] == "nosniff"
-        assert headers["referrer-policy"] == "no-referrer"
+        assert headers["referrer-policy"] == "same-origin"
     directives = dict(d.strip().split(" ", 1) for d in CONTENT_SECURITY_POLICY.split(";"))
     assert directives["default-src"] == "'none'"
     assert "script-src" not in directives  # so default-src 'none' forbids every script
@@ -194,3 +194,75 @@ def test_read_only_hides_the_requeue_and_refuses_it(
     form = {"csrf_token": console.cookies[CSRF_COOKIE], "reply_id": "b-1", "reason": "r", "by": "o"}
     assert console.post("/reply/requeue", data=form).status_code == 403
     assert ops.message("b-1")["state"] == "dead"  # type: ignore[index]
+
+
+@pytest.mark.parametrize(
+    "host",
+    ["evil.example:8080", "evil.example", f"127.0.0.1:{BOUND_PORT + 1}", "127.0.0.1", ""],
+)
+def test_a_request_naming_another_host_is_refused(
+    ops: Operations, host: str, make_client: Callable[..., ConsoleClient]
+) -> None:
+    # DNS rebinding: a page of evil.example, its name now resolving to 127.0.0.1, asks the
+    # console for itself; the browser names evil.example in the Host header.
+    console = make_client()
+    for path in ("/", "/dead", "/reply?id=b-1", "/static/console.css"):
+        answer = console.get(path, headers={"Host": host})
+        assert answer.status_code == 400, path
+        assert "b-1" not in answer.text
+        assert answer.headers["content-security-policy"] == CONTENT_SECURITY_POLICY
+
+
+@pytest.mark.parametrize(
+    "host",
+    [f"127.0.0.1:{BOUND_PORT}", f"localhost:{BOUND_PORT}", f"[::1]:{BOUND_PORT}",
+     f"LocalHost:{BOUND_PORT}"],
+)  # fmt: skip
+def test_the_loopback_names_of_the_bound_port_are_let_in(
+    ops: Operations, host: str, make_client: Callable[..., ConsoleClient]
+) -> None:
+    assert make_client().get("/dead", headers={"Host": host}).status_code == 200
+
+
+def test_a_console_bound_to_a_name_answers_to_that_name(
+    ops: Operations, make_client: Callable[..., ConsoleClient]
+) -> None:
+    console = make_client(host="localhost")
+    assert console.get("/").status_code == 200
+    assert console.get("/", headers={"Host": f"127.0.0.1:{BOUND_PORT}"}).status_code == 200
+    assert console.get("/", headers={"Host": "evil.example:8080"}).status_code == 400
+
+
+def test_off_loopback_the_token_guards_whatever_name_reached_the_console(
+    ops: Operations, make_client: Callable[..., ConsoleClient]
+) -> None:
+    # Operators reach it by names it cannot know (DNS, a proxy); a rebinding page has
+    # neither the token nor the session cookie, which belongs to the console's own name.
+    console = make_client(host="0.0.0.0", token=TOKEN)
+    headers = {"Host": "console.example:8080"}
+    assert console.get("/dead", headers=headers).status_code == 401
+    bearer = {**headers, "Authorization": f"Bearer {TOKEN}"}
+    assert console.get("/dead", headers=bearer).status_code == 200
+
+
+@pytest.mark.parametrize(
+    "origin", ["http://evil.example:8080", f"http://localhost:{BOUND_PORT}", "null",
+               f"https://127.0.0.1:{BOUND_PORT}"],
+)  # fmt: skip
+def test_a_post_from_another_origin_is_refused_even_with_the_csrf_token(
+    ops: Operations,
+    origin: str,
+    no_relay_config: None,
+    make_client: Callable[..., ConsoleClient],
+) -> None:
+    console = make_client()
+    csrf = csrf_of(console.get("/reply?id=b-1").text)  # the cookie is held, the token read
+    form = {"csrf_token": csrf, "reply_id": "b-1", "reason": "r", "by": "ops", "force": "yes"}
+    answer = console.post("/reply/requeue", data=form, headers={"Origin": origin})
+    assert answer.status_code == 403
+    assert "Origin" in answer.text
+    assert ops.message("b-1")["state"] == "dead"  # type: ignore[index]
+    # From the console's own origin the same form goes through.
+    own = {"Origin": f"http://127.0.0.1:{BOUND_PORT}"}
+    assert console.post("/reply/requeue", data=form, headers=own).status_code == 303
+    assert ops.message("b-1")["state"] == "pending"  # type: ignore[index]

@@ -25,6 +25,9 @@ from support.receiver_helpers import ROOT, free_port, wait_until
 
 SCRIPT_BODY = {"note": "<script>document.title='ran'</script>", "amp": "a & b"}
 TOKEN = "s3cret-console-token-for-tests"
+BOUND_HOST = "127.0.0.1"
+BOUND_PORT = 8080
+"""The address an in-process console app believes it is bound to."""
 CSRF_INPUT = re.compile(rf'name="{CSRF_FIELD}" value="([^"]+)"')
 
 
@@ -59,10 +62,10 @@ class ConsoleClient:
     """A blocking client on the console app, in process, keeping cookies as a browser does
     (redirects are not followed, so a test sees them)."""
 
-    def __init__(self, app: Any) -> None:
+    def __init__(self, app: Any, base_url: str) -> None:
         self._runner = asyncio.Runner()
         transport = httpx.ASGITransport(app=app)
-        self._client = httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1")
+        self._client = httpx.AsyncClient(transport=transport, base_url=base_url)
 
     @property
     def cookies(self) -> httpx.Cookies:
@@ -93,9 +96,16 @@ def client(
     token: str | None = None,
     read_only: bool = False,
     config: str | None = None,
+    host: str = BOUND_HOST,
+    scheme: str = "http",
 ) -> ConsoleClient:
-    """A client on the console app over `ops`."""
-    return ConsoleClient(create_app(ops, config=config, token=token, read_only=read_only))
+    """A client on the console app over `ops`, as if bound to `host`:BOUND_PORT; requests
+    go to that address over `scheme`."""
+    app = create_app(
+        ops, config=config, token=token, read_only=read_only, host=host, port=BOUND_PORT
+    )
+    shown = f"[{host}]" if ":" in host else host
+    return ConsoleClient(app, f"{scheme}://{shown}:{BOUND_PORT}")
 
 
 def csrf_of(page: str) -> str:

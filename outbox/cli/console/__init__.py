@@ -77,7 +77,14 @@ def run(args: argparse.Namespace) -> int:
     token = console_token(args.host)
     with Operations(args.db) as ops:
         check_config(ops, args.config)
-        app = create_app(ops, config=args.config, token=token, read_only=args.read_only)
+        app = create_app(
+            ops,
+            config=args.config,
+            token=token,
+            read_only=args.read_only,
+            host=args.host,
+            port=args.port,
+        )
         config = uvicorn.Config(
             app,
             host=args.host,

@@ -13,6 +13,7 @@ from outbox.cli.console.pages import HERE, Pages
 from outbox.cli.console.security import (
     SESSION_COOKIE,
     Guard,
+    allowed_hosts,
     authenticated,
     checked_form,
     session_value,
@@ -95,9 +96,16 @@ async def refused(request: Request, exc: Exception) -> Response:
 
 
 def create_app(
-    ops: Operations, *, config: str | None, token: str | None, read_only: bool
+    ops: Operations,
+    *,
+    config: str | None,
+    token: str | None,
+    read_only: bool,
+    host: str,
+    port: int,
 ) -> Starlette:
-    """The console on `ops`; `token` None means no token is asked (loopback only)."""
+    """The console on `ops`, bound to `host`:`port`; `token` None means no token is asked
+    (loopback only)."""
     pages = Pages(ops, config, read_only, token is not None)
     login = Login(pages, token)
     routes = [
@@ -114,6 +122,13 @@ def create_app(
     ]
     return Starlette(
         routes=routes,
-        middleware=[Middleware(Guard, token=token, unauthorized=login.unauthorized)],
+        middleware=[
+            Middleware(
+                Guard,
+                token=token,
+                unauthorized=login.unauthorized,
+                hosts=allowed_hosts(host, port),
+            )
+        ],
         exception_handlers={HTTPException: refused},
     )

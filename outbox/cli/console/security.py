@@ -7,6 +7,14 @@ never holds the token itself). Every POST must carry the CSRF token of the
 double-submit cookie in its form: a cross-site form cannot read the cookie,
 and SameSite=Strict keeps the browser from sending it along. Every response
 carries a Content-Security-Policy that allows no script at all.
+
+A console bound to loopback answers only requests that name it: a Host header of
+its own address or a loopback name, with its port. Without that, a page whose
+name re-resolves to 127.0.0.1 (DNS rebinding) would be same-origin with a console
+that asks no token. Off loopback the token is required and guards it: the names
+operators reach it by are not known to it, and a rebinding page holds neither the
+token nor the session cookie (which belongs to the console's real name). A POST
+whose Origin header is present must come from the console's own origin.
 """
 
 from __future__ import annotations
@@ -21,13 +29,14 @@ from urllib.parse import parse_qs
 from starlette.exceptions import HTTPException
 from starlette.middleware.base import BaseHTTPMiddleware
 from starlette.requests import Request
-from starlette.responses import Response
+from starlette.responses import PlainTextResponse, Response
 from starlette.types import ASGIApp
 
 SESSION_COOKIE = "outbox_console_session"
 CSRF_COOKIE = "outbox_console_csrf"
 CSRF_FIELD = "csrf_token"
 MAX_FORM_BYTES = 65_536
+DEFAULT_HTTP_PORT = 80
 OPEN_PATHS = frozenset({"/login", "/static/console.css"})
 """Answered without the token: the login form and the style sheet it uses."""
 CONTENT_SECURITY_POLICY = (
@@ -38,7 +47,9 @@ SECURITY_HEADERS = {
     "Content-Security-Policy": CONTENT_SECURITY_POLICY,
     "X-Content-Type-Options": "nosniff",
     "X-Frame-Options": "DENY",
-    "Referrer-Policy": "no-referrer",
+    # Not no-referrer: under it a browser sends `Origin: null` with the console's own
+    # forms, which the Origin check would refuse; same-origin still tells no other site.
+    "Referrer-Policy": "same-origin",
     "Cache-Control": "no-store",
 }
 Unauthorized = Callable[[Request], Awaitable[Response]]
@@ -52,6 +63,28 @@ def is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False
+
+
+def allowed_hosts(host: str, port: int) -> frozenset[str] | None:
+    """The Host headers a console bound to `host`:`port` answers (lower case), or None
+    (any) off loopback, where the token guards it."""
+    if not is_loopback(host):
+        return None
+    names = {host.lower(), "localhost", "127.0.0.1", "::1"}
+    shown = {f"[{name}]" if ":" in name else name for name in names}
+    hosts = {f"{name}:{port}" for name in shown}
+    if port == DEFAULT_HTTP_PORT:  # a browser leaves the default port out
+        hosts |= shown
+    return frozenset(hosts)
+
+
+def foreign_origin(request: Request) -> bool:
+    """Whether the request names an Origin other than the one it was addressed to."""
+    origin = request.headers.get("origin")
+    if origin is None:
+        return False
+    own = f"{request.url.scheme}://{request.headers.get('host', '')}"
+    return origin.lower() != own.lower()
 
 
 def session_value(token: str) -> str:
@@ -78,19 +111,32 @@ def authenticated(request: Request, token: str | None) -> bool:
 class Guard(BaseHTTPMiddleware):
     """Refuses requests without the token, hands out the CSRF cookie, adds the headers."""
 
-    def __init__(self, app: ASGIApp, token: str | None, unauthorized: Unauthorized) -> None:
-        """`unauthorized` answers a request without the token (a 401 login page)."""
+    def __init__(
+        self,
+        app: ASGIApp,
+        token: str | None,
+        unauthorized: Unauthorized,
+        hosts: frozenset[str] | None,
+    ) -> None:
+        """`unauthorized` answers a request without the token (a 401 login page); `hosts`
+        are the Host headers answered (None: any, see allowed_hosts)."""
         super().__init__(app)
         self.token = token
         self.unauthorized = unauthorized
+        self.hosts = hosts
 
     async def dispatch(
         self, request: Request, call_next: Callable[[Request], Awaitable[Response]]
     ) -> Response:
-        """Check the token, then answer with the security headers and the CSRF cookie."""
+        """Check the Host, the Origin and the token, then answer with the security headers
+        and the CSRF cookie."""
         known = request.cookies.get(CSRF_COOKIE)
         request.state.csrf = known or secrets.token_urlsafe(32)
-        if request.url.path in OPEN_PATHS or authenticated(request, self.token):
+        if self.hosts is not None and request.headers.get("host", "").lower() not in self.hosts:
+            response: Response = PlainTextResponse("400: not a name of this console", 400)
+        elif request.method == "POST" and foreign_origin(request):
+            response = PlainTextResponse("403: the form's Origin is not this console", 403)
+        elif request.url.path in OPEN_PATHS or authenticated(request, self.token):
             response = await call_next(request)
         else:
             response = await self.unauthorized(request)
