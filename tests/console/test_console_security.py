@@ -8,11 +8,12 @@ import pytest
 from support.console_helpers import BOUND_PORT, TOKEN, ConsoleClient, csrf_of
 
 from outbox.cli import main
-from outbox.cli.console import console_token
+from outbox.cli.console import console_token, security
 from outbox.cli.console.security import (
     CONTENT_SECURITY_POLICY,
     CSRF_COOKIE,
     SESSION_COOKIE,
+    SESSION_SECONDS,
     is_loopback,
 )
 from outbox.operations import Operations
@@ -266,3 +267,100 @@ def test_a_post_from_another_origin_is_refused_even_with_the_csrf_token(
     own = {"Origin": f"http://127.0.0.1:{BOUND_PORT}"}
     assert console.post("/reply/requeue", data=form, headers=own).status_code == 303
     assert ops.message("b-1")["state"] == "pending"  # type: ignore[index]
+
+
+class MovableClock:
+    """The session clock of a test: stays where it is put."""
+
+    def __init__(self, at: float) -> None:
+        self.at = at
+
+    def __call__(self) -> float:
+        return self.at
+
+
+@pytest.fixture
+def session_clock(monkeypatch: pytest.MonkeyPatch) -> MovableClock:
+    """The console's session clock, moved by the test."""
+    clock = MovableClock(1_700_000_000.0)
+    monkeypatch.setattr(security, "now", clock)
+    return clock
+
+
+def logged_in_cookie(console: ConsoleClient, token: str = TOKEN) -> str:
+    """Log in with `token` through the form; the session cookie's value."""
+    csrf = csrf_of(console.get("/login").text)
+    answer = console.post("/login", data={"csrf_token": csrf, "token": token, "next": "/"})
+    assert answer.status_code == 303
+    return str(console.cookies[SESSION_COOKIE])
+
+
+def opens(console: ConsoleClient, cookie: str) -> bool:
+    """Whether the session cookie `cookie` alone opens the dead list."""
+    console.cookies.clear()
+    answer = console.get("/dead", headers={"Cookie": f"{SESSION_COOKIE}={cookie}"})
+    assert answer.status_code in (200, 401)
+    return answer.status_code == 200
+
+
+def test_a_session_lasts_a_bounded_time(
+    ops: Operations, session_clock: MovableClock, make_client: Callable[..., ConsoleClient]
+) -> None:
+    console = make_client(token=TOKEN)
+    cookie = logged_in_cookie(console)
+    session_clock.at += SESSION_SECONDS - 1
+    assert opens(console, cookie)
+    session_clock.at += 2
+    assert not opens(console, cookie)
+
+
+def test_a_session_cookie_from_the_future_is_refused(
+    ops: Operations, session_clock: MovableClock, make_client: Callable[..., ConsoleClient]
+) -> None:
+    console = make_client(token=TOKEN)
+    cookie = logged_in_cookie(console)
+    session_clock.at -= 60
+    assert not opens(console, cookie)
+
+
+def test_a_tampered_session_cookie_is_refused(
+    ops: Operations, session_clock: MovableClock, make_client: Callable[..., ConsoleClient]
+) -> None:
+    console = make_client(token=TOKEN)
+    cookie = logged_in_cookie(console)
+    assert opens(console, cookie)
+    issued, _, proof = cookie.partition(".")
+    later = str(int(issued) + SESSION_SECONDS)  # the same proof, a longer life
+    flipped = proof[:-1] + ("0" if proof[-1] != "0" else "1")
+    for forged in (f"{later}.{proof}", f"{issued}.{flipped}", proof, f"{issued}.", "", "x.y"):
+        assert not opens(console, forged), forged
+    # Nor does the session of another token open this console.
+    another = "another-token-of-enough-length"
+    assert not opens(console, logged_in_cookie(make_client(token=another), another))
+
+
+def test_the_session_cookie_is_httponly_strict_and_ends(
+    ops: Operations, session_clock: MovableClock, make_client: Callable[..., ConsoleClient]
+) -> None:
+    console = make_client(token=TOKEN)
+    csrf = csrf_of(console.get("/login").text)
+    answer = console.post("/login", data={"csrf_token": csrf, "token": TOKEN, "next": "/"})
+    set_cookie = answer.headers["set-cookie"].lower()
+    assert set_cookie.startswith(f"{SESSION_COOKIE}=")
+    assert "httponly" in set_cookie
+    assert "samesite=strict" in set_cookie
+    assert f"max-age={SESSION_SECONDS}" in set_cookie
+    assert "secure" not in set_cookie  # over http a Secure cookie would never come back
+
+
+def test_over_https_the_cookies_are_secure(
+    ops: Operations, session_clock: MovableClock, make_client: Callable[..., ConsoleClient]
+) -> None:
+    console = make_client(token=TOKEN, scheme="https")
+    form = console.get("/login")
+    assert "; secure" in form.headers["set-cookie"].lower()  # the CSRF cookie
+    answer = console.post(
+        "/login", data={"csrf_token": csrf_of(form.text), "token": TOKEN, "next": "/"}
+    )
+    assert answer.status_code == 303
+    assert "; secure" in answer.headers["set-cookie"].lower()

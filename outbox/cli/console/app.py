@@ -12,11 +12,13 @@ from starlette.routing import Route
 from outbox.cli.console.pages import HERE, Pages
 from outbox.cli.console.security import (
     SESSION_COOKIE,
+    SESSION_SECONDS,
     Guard,
     allowed_hosts,
     authenticated,
     checked_form,
-    session_value,
+    new_session,
+    secure,
     token_matches,
 )
 from outbox.operations import Operations
@@ -62,9 +64,11 @@ class Login:
         response = RedirectResponse(target, 303)
         response.set_cookie(
             SESSION_COOKIE,
-            session_value(self.token),
+            new_session(self.token),
+            max_age=SESSION_SECONDS,
             httponly=True,
             samesite="strict",
+            secure=secure(request),
             path="/",
         )
         return response
@@ -73,7 +77,9 @@ class Login:
         """POST /logout: forget the session cookie."""
         await checked_form(request)
         response = RedirectResponse("/login", 303)
-        response.delete_cookie(SESSION_COOKIE, path="/", httponly=True, samesite="strict")
+        response.delete_cookie(
+            SESSION_COOKIE, path="/", httponly=True, samesite="strict", secure=secure(request)
+        )
         return response
 
 

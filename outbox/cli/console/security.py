@@ -2,8 +2,9 @@
 
 With a token configured (OUTBOX_CONSOLE_TOKEN; required off loopback), every
 request but the login form's must carry it: as `Authorization: Bearer`, or as
-the session cookie the login form sets (an HMAC of the token, so the cookie
-never holds the token itself). Every POST must carry the CSRF token of the
+the session cookie the login form sets: its issue time and an HMAC of that time
+keyed by the token, so the cookie never holds the token, and a copied cookie
+opens the console for SESSION_SECONDS at most. Every POST must carry the CSRF token of the
 double-submit cookie in its form: a cross-site form cannot read the cookie,
 and SameSite=Strict keeps the browser from sending it along. Every response
 carries a Content-Security-Policy that allows no script at all.
@@ -22,7 +23,9 @@ from __future__ import annotations
 import hashlib
 import hmac
 import ipaddress
+import re
 import secrets
+import time
 from collections.abc import Awaitable, Callable
 from urllib.parse import parse_qs
 
@@ -33,6 +36,10 @@ from starlette.responses import PlainTextResponse, Response
 from starlette.types import ASGIApp
 
 SESSION_COOKIE = "outbox_console_session"
+SESSION_SECONDS = 12 * 3600
+"""How long a login lasts: a session cookie older than this is refused."""
+SESSION_PURPOSE = "outbox-console-session:"
+ISSUED = re.compile(r"[0-9]{1,12}")
 CSRF_COOKIE = "outbox_console_csrf"
 CSRF_FIELD = "csrf_token"
 MAX_FORM_BYTES = 65_536
@@ -87,9 +94,32 @@ def foreign_origin(request: Request) -> bool:
     return origin.lower() != own.lower()
 
 
-def session_value(token: str) -> str:
-    """The session cookie's value for `token`: proves the token without holding it."""
-    return hmac.new(token.encode(), b"outbox console session", hashlib.sha256).hexdigest()
+def now() -> float:
+    """The sessions' clock (epoch seconds)."""
+    return time.time()
+
+
+def session_value(token: str, issued: int) -> str:
+    """The session cookie's value for `token`, issued at `issued` (epoch seconds): the time
+    and an HMAC of it keyed by the token, which proves the token without holding it."""
+    proof = hmac.new(token.encode(), f"{SESSION_PURPOSE}{issued}".encode(), hashlib.sha256)
+    return f"{issued}.{proof.hexdigest()}"
+
+
+def new_session(token: str) -> str:
+    """A session cookie's value for `token`, issued now."""
+    return session_value(token, int(now()))
+
+
+def session_valid(token: str, cookie: str) -> bool:
+    """Whether `cookie` is a session issued with `token` less than SESSION_SECONDS ago."""
+    issued, dot, _ = cookie.partition(".")
+    if not dot or ISSUED.fullmatch(issued) is None:
+        return False
+    expected = session_value(token, int(issued))
+    if not hmac.compare_digest(expected.encode(), cookie.encode()):
+        return False
+    return 0 <= now() - int(issued) < SESSION_SECONDS
 
 
 def token_matches(token: str, offered: str) -> bool:
@@ -104,8 +134,13 @@ def authenticated(request: Request, token: str | None) -> bool:
     scheme, _, offered = request.headers.get("authorization", "").partition(" ")
     if scheme.lower() == "bearer" and offered:
         return token_matches(token, offered.strip())
-    cookie = request.cookies.get(SESSION_COOKIE, "")
-    return hmac.compare_digest(session_value(token).encode(), cookie.encode())
+    return session_valid(token, request.cookies.get(SESSION_COOKIE, ""))
+
+
+def secure(request: Request) -> bool:
+    """Whether cookies set in answer to `request` are Secure: only when it came over https
+    (no proxy is trusted to say so)."""
+    return request.url.scheme == "https"
 
 
 class Guard(BaseHTTPMiddleware):
@@ -143,7 +178,12 @@ class Guard(BaseHTTPMiddleware):
         response.headers.update(SECURITY_HEADERS)
         if known is None:
             response.set_cookie(
-                CSRF_COOKIE, request.state.csrf, httponly=True, samesite="strict", path="/"
+                CSRF_COOKIE,
+                request.state.csrf,
+                httponly=True,
+                samesite="strict",
+                secure=secure(request),
+                path="/",
             )
         return response
 
