@@ -101,9 +101,7 @@ def client(
 ) -> ConsoleClient:
     """A client on the console app over `ops`, as if bound to `host`:BOUND_PORT; requests
     go to that address over `scheme`."""
-    app = create_app(
-        ops, config=config, token=token, read_only=read_only, host=host, port=BOUND_PORT
-    )
+    app = create_app(ops, config=config, token=token, read_only=read_only, host=host)
     shown = f"[{host}]" if ":" in host else host
     return ConsoleClient(app, f"{scheme}://{shown}:{BOUND_PORT}")
 

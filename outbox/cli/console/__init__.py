@@ -83,7 +83,6 @@ def run(args: argparse.Namespace) -> int:
             token=token,
             read_only=args.read_only,
             host=args.host,
-            port=args.port,
         )
         config = uvicorn.Config(
             app,

@@ -108,9 +108,8 @@ def create_app(
     token: str | None,
     read_only: bool,
     host: str,
-    port: int,
 ) -> Starlette:
-    """The console on `ops`, bound to `host`:`port`; `token` None means no token is asked
+    """The console on `ops`, bound to `host`; `token` None means no token is asked
     (loopback only)."""
     pages = Pages(ops, config, read_only, token is not None)
     login = Login(pages, token)
@@ -133,7 +132,7 @@ def create_app(
                 Guard,
                 token=token,
                 unauthorized=login.unauthorized,
-                hosts=allowed_hosts(host, port),
+                hosts=allowed_hosts(host),
             )
         ],
         exception_handlers={HTTPException: refused},

@@ -10,7 +10,8 @@ and SameSite=Strict keeps the browser from sending it along. Every response
 carries a Content-Security-Policy that allows no script at all.
 
 A console bound to loopback answers only requests that name it: a Host header of
-its own address or a loopback name, with its port. Without that, a page whose
+its own address or a loopback name (any port: a tunnel forwards from its own).
+Without that, a page whose
 name re-resolves to 127.0.0.1 (DNS rebinding) would be same-origin with a console
 that asks no token. Off loopback the token is required and guards it: the names
 operators reach it by are not known to it, and a rebinding page holds neither the
@@ -43,7 +44,6 @@ ISSUED = re.compile(r"[0-9]{1,12}")
 CSRF_COOKIE = "outbox_console_csrf"
 CSRF_FIELD = "csrf_token"
 MAX_FORM_BYTES = 65_536
-DEFAULT_HTTP_PORT = 80
 OPEN_PATHS = frozenset({"/login", "/static/console.css"})
 """Answered without the token: the login form and the style sheet it uses."""
 CONTENT_SECURITY_POLICY = (
@@ -72,17 +72,21 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-def allowed_hosts(host: str, port: int) -> frozenset[str] | None:
-    """The Host headers a console bound to `host`:`port` answers (lower case), or None
-    (any) off loopback, where the token guards it."""
+def allowed_hosts(host: str) -> frozenset[str] | None:
+    """The host names a console bound to `host` answers to (lower case), or None (any)
+    off loopback, where the token guards it. Any port: a tunnel (ssh -L 9000:...) forwards
+    from a port of its own, and a rebinding page is told apart by its name alone."""
     if not is_loopback(host):
         return None
-    names = {host.lower(), "localhost", "127.0.0.1", "::1"}
-    shown = {f"[{name}]" if ":" in name else name for name in names}
-    hosts = {f"{name}:{port}" for name in shown}
-    if port == DEFAULT_HTTP_PORT:  # a browser leaves the default port out
-        hosts |= shown
-    return frozenset(hosts)
+    return frozenset({host.lower(), "localhost", "127.0.0.1", "::1"})
+
+
+def host_name(header: str) -> str:
+    """The name in a Host header, without its port or an IPv6 address's brackets."""
+    header = header.strip().lower()
+    if header.startswith("["):
+        return header[1 : header.find("]")] if "]" in header else header
+    return header.rsplit(":", 1)[0] if ":" in header else header
 
 
 def foreign_origin(request: Request) -> bool:
@@ -167,7 +171,8 @@ class Guard(BaseHTTPMiddleware):
         and the CSRF cookie."""
         known = request.cookies.get(CSRF_COOKIE)
         request.state.csrf = known or secrets.token_urlsafe(32)
-        if self.hosts is not None and request.headers.get("host", "").lower() not in self.hosts:
+        named = host_name(request.headers.get("host", ""))
+        if self.hosts is not None and named not in self.hosts:
             response: Response = PlainTextResponse("400: not a name of this console", 400)
         elif request.method == "POST" and foreign_origin(request):
             response = PlainTextResponse("403: the form's Origin is not this console", 403)
