@@ -25,7 +25,7 @@ from support.receiver_helpers import (
 )
 
 from outbox import failpoints
-from outbox.cli import main
+from outbox.cli import main, processes
 from outbox.cli.receiver import load_secrets, parse_duration
 from outbox.signing import sign
 from outbox.testing import ManualClock
@@ -268,6 +268,38 @@ def test_a_worker_that_dies_ends_the_service(db_url: str, secret_file: Path) -> 
         _, err = served.proc.communicate(timeout=10)
         assert f"worker {workers[0]} ended".encode() in err
     finally:
+        served.stop()
+
+
+def _port_free(port: int) -> bool:
+    """Whether a restarted receiver could bind the port now."""
+    try:
+        processes.bind("127.0.0.1", port).close()
+    except OSError:
+        return False
+    return True
+
+
+def test_workers_end_when_their_parent_is_killed(db_url: str, secret_file: Path) -> None:
+    served = ReceiverProcess(db_url, secret_file, options=["--workers", "2"]).wait_ready()
+    try:
+        workers: list[int] = []
+
+        def both_started() -> bool:
+            workers[:] = _workers_of(served)
+            return len(workers) == 2
+
+        wait_until(both_started, 20, "two worker processes")
+        # No cleanup runs in the parent: only the workers themselves can let go of the port.
+        served.proc.kill()
+        served.proc.wait(timeout=10)
+        wait_until(lambda: all(_gone(pid) for pid in workers), 20, "the orphaned workers to end")
+        wait_until(lambda: _port_free(served.port), 10, "the port to be free")
+    finally:
+        # Workers left behind would hold the output pipes open and stop() would never return.
+        for pid in workers:
+            if not _gone(pid):
+                os.kill(pid, signal.SIGKILL)
         served.stop()
 
 
