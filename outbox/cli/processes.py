@@ -1,23 +1,22 @@
 """Several processes serving one listening socket: `outbox receiver --workers N`.
 
-The parent binds and listens on the socket, then starts N worker processes
-(spawned: a fresh interpreter each, as on every platform) that each serve it
-with their own event loop, database pool and limits; the kernel hands each
-new connection to one of them. SIGTERM or SIGINT to the parent is passed on
-to every worker as SIGTERM, so each finishes what it is answering, and the
-parent returns when all have ended; the workers ignore SIGINT, which a
-terminal's Ctrl-C sends them too, and leave it to the parent. Stopping is bounded: workers still running
-after a grace period (30 s), or when a stop signal comes while they stop, are
-killed. A worker that ends by itself ends the service: the others are stopped
-and the exit status is 1, for the service manager to restart it whole rather
-than run on short of a worker. The status is 1 too when a worker had to be
-killed, or ended otherwise than as asked even while the service was stopping:
-0 says every worker finished cleanly.
+The parent binds and listens on the socket, then starts N worker processes (spawned:
+a fresh interpreter each, as on every platform) that each serve it with their own
+event loop, database pool and limits; the kernel hands each new connection to one of
+them. SIGTERM or SIGINT to the parent is passed on to every worker as SIGTERM, so
+each finishes what it is answering, and the parent returns when all have ended; the
+workers ignore SIGINT, which a terminal's Ctrl-C sends them too, and leave it to the
+parent. Stopping is bounded: workers still running after a grace period (30 s), or
+when a stop signal comes while they stop, are killed. A worker that ends by itself
+ends the service: the others are stopped and the exit status is 1, for the service
+manager to restart it whole rather than run on short of a worker. The status is 1
+too when a worker had to be killed, or ended otherwise than as asked even while the
+service was stopping: 0 says every worker finished cleanly.
 
-A worker ends with its parent, even a parent killed without a chance to stop
-them (SIGKILL, the OOM killer), so a restart finds the port free: on Linux the
-kernel sends the worker SIGTERM when the parent dies (PR_SET_PDEATHSIG);
-elsewhere a thread in the worker looks for a new parent every second.
+A worker ends with its parent, even a parent killed without a chance to stop them
+(SIGKILL, the OOM killer), so a restart finds the port free: on Linux the kernel
+sends the worker SIGTERM when the parent dies (PR_SET_PDEATHSIG); elsewhere a thread
+in the worker looks for a new parent every second.
 """
 
 from __future__ import annotations
