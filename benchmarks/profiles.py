@@ -26,6 +26,8 @@ import threading
 import time
 from pathlib import Path
 
+import sqlalchemy as sa
+
 import outbox
 from benchmarks.broker_drain import BATCH, PLACES, RELAYS
 from benchmarks.relay_bench import (
@@ -127,6 +129,14 @@ def attach(pid: int) -> list[str]:
     return ["--pid", str(pid), "--duration", str(DRAIN_SAMPLE_SECONDS)]
 
 
+def drained(engine: sa.Engine) -> None:
+    """Let the relays finish the backlog (they are stopped after), for at most the deadline."""
+    deadline = time.monotonic() + DRAIN_DEADLINE_SECONDS
+    pause = threading.Event()
+    while undelivered(engine) and time.monotonic() < deadline:
+        pause.wait(0.1)
+
+
 def drain(messages: int) -> str:
     """Sample a relay and the receiver mid-drain of `messages`; both summaries."""
     spy = py_spy()
@@ -149,10 +159,7 @@ def drain(messages: int) -> str:
                 ]
                 for sampler in samplers:
                     sampler.wait(timeout=DRAIN_DEADLINE_SECONDS)
-                deadline = time.monotonic() + DRAIN_DEADLINE_SECONDS
-                pause = threading.Event()
-                while undelivered(engine) and time.monotonic() < deadline:
-                    pause.wait(0.1)
+                drained(engine)
         finally:
             engine.dispose()
         return "\n\n".join(
@@ -182,10 +189,7 @@ def broker(kind: str, messages: int) -> str:
                     timeout=DRAIN_DEADLINE_SECONDS,
                     check=True,
                 )
-                deadline = time.monotonic() + DRAIN_DEADLINE_SECONDS
-                pause = threading.Event()
-                while undelivered(engine) and time.monotonic() < deadline:
-                    pause.wait(0.1)
+                drained(engine)
         finally:
             engine.dispose()
         return f"relay ({kind}): {summarize(raw, seconds=DRAIN_SAMPLE_SECONDS)}"
