@@ -129,6 +129,11 @@ def _claim_statements(dialect_name: str) -> tuple[Any, Any]:
             sa.update(messages)
             .where(
                 messages.c.id == picked.c.id,
+                # The picks again as an array: the rows to update are then found by
+                # primary-key probes. Joined on the CTE alone, a backlog of some tens of
+                # thousands made a hash join look cheaper, built by scanning every
+                # pending row at each claim (tests/test_claim_plans.py).
+                messages.c.id == sa.any_(sa.func.array(sa.select(picked.c.id).scalar_subquery())),
                 messages.c.state == state_literal(MessageState.PENDING),
             )
             .values(**_claim_values(now, picked.c.attempts))

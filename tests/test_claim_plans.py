@@ -22,8 +22,13 @@ from relay import sql as relay_sql
 PARAMETER = re.compile(r"%\((\w+)\)s")
 
 
-def generic_plan(conn: sa.Connection, statement: Any, values: dict[str, Any]) -> str:
-    """EXPLAIN of `statement` as PostgreSQL plans it once for any parameter values."""
+def generic_plan(
+    conn: sa.Connection, statement: Any, values: dict[str, Any], mode: str = "force_generic_plan"
+) -> str:
+    """EXPLAIN of `statement` as PostgreSQL plans it once for any parameter values.
+
+    With `mode` "force_custom_plan", as it plans it for these values instead.
+    """
     compiled = statement.compile(dialect=conn.dialect, compile_kwargs={"render_postcompile": True})
     order: list[str] = []
 
@@ -39,7 +44,7 @@ def generic_plan(conn: sa.Connection, statement: Any, values: dict[str, Any]) ->
     ]
     cursor = conn.connection.dbapi_connection.cursor()  # type: ignore[union-attr]
     try:
-        cursor.execute("SET plan_cache_mode = force_generic_plan")
+        cursor.execute(f"SET plan_cache_mode = {mode}")
         cursor.execute(f"PREPARE guarded ({', '.join(types)}) AS {sql}")
         # Literal arguments: EXECUTE cannot infer the types of bound ones.
         arguments = psycopg_sql.SQL(", ").join(psycopg_sql.Literal(params[n]) for n in order)
@@ -109,6 +114,44 @@ def test_the_relay_claim_walks_only_its_own_destinations(db_url: str) -> None:
     for plan in plans:
         assert "ix_outbox_messages_routable" in plan, plan
         assert "Seq Scan on outbox_messages" not in plan, plan
+
+
+@pytest.mark.parametrize("backend", ["postgresql"], indirect=True)
+@pytest.mark.parametrize("mode", ["force_generic_plan", "force_custom_plan"])
+def test_the_relay_claim_finds_its_picks_by_primary_key(db_url: str, mode: str) -> None:
+    # A backlog of a few tens of thousands of pending rows made a hash join, building its
+    # table by scanning every pending row, look cheaper than 500 primary-key probes.
+    engine = sa.create_engine(sa.make_url(db_url).set(drivername="postgresql+psycopg"))
+    try:
+        with engine.begin() as conn:
+            conn.execute(
+                sa.text(
+                    "INSERT INTO outbox_messages (reply_id, destination, body, content_hash, "
+                    "headers, state, attempts, fence, available_at, created_at) "
+                    "SELECT 'm-' || n, 'default', '\\x7b7d', 'h', '{}', 'pending', 0, 0, n, n "
+                    "FROM generate_series(1, :n) n"
+                ),
+                {"n": HISTORY},
+            )
+        with engine.connect() as conn:
+            conn.execution_options(isolation_level="AUTOCOMMIT").exec_driver_sql(
+                "ANALYZE outbox_messages"
+            )
+            _, update = relay_sql._claim_statements("postgresql")
+            values = {
+                "now": None,
+                "claim_owner": "r",
+                "lease": 30.0,
+                "limit": 500,
+                "budget": 3,
+                "destinations": ["default"],
+                "skip_destinations": [],
+            }
+            plan = generic_plan(conn, update, values, mode)
+    finally:
+        engine.dispose()
+    assert "Seq Scan on outbox_messages" not in plan, plan
+    assert "pk_outbox_messages" in plan, plan
 
 
 @pytest.mark.parametrize("backend", ["postgresql"], indirect=True)
