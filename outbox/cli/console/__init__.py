@@ -83,6 +83,9 @@ def run(args: argparse.Namespace) -> int:
             token=token,
             read_only=args.read_only,
             host=args.host,
+            # Before the port opens: the operator's first look does not wait for a day of
+            # chart counts to be read.
+            warm=True,
         )
         config = uvicorn.Config(
             app,

@@ -108,10 +108,13 @@ def create_app(
     token: str | None,
     read_only: bool,
     host: str,
+    warm: bool = False,
 ) -> Starlette:
     """The console on `ops`, bound to `host`; `token` None means no token is asked
-    (loopback only)."""
+    (loopback only). With `warm`, what the first overview would read is read now."""
     pages = Pages(ops, config, read_only, token is not None)
+    if warm:
+        pages.warm()
     login = Login(pages, token)
     routes = [
         Route("/", pages.overview),

@@ -80,8 +80,20 @@ class Pages:
         )
         return self.templates.TemplateResponse(request, name, context, status_code=status_code)
 
+    def warm(self) -> None:
+        """Do once, before the first request, what would make it slow: compile the
+        templates and read the day of per-minute counts the charts keep."""
+        environment = self.templates.env
+        for name in environment.list_templates():
+            environment.get_template(name)
+        self._overview()
+
     def overview(self, request: Request) -> Response:
         """Counts per state, oldest pending ages, and backlog and dead per destination."""
+        return self.render(request, "overview.html", **self._overview())
+
+    def _overview(self) -> dict[str, Any]:
+        """What the overview shows."""
         status = self.ops.status()
         figures, routed = self.reads.destinations()
         destinations = [
@@ -96,16 +108,14 @@ class Pages:
         ]
         now = charts.database_now(self.ops)
         drawn = charts.charts(self.minute_counts.counts(self.ops, now, charts.LONGEST), now)
-        return self.render(
-            request,
-            "overview.html",
-            status=status,
-            destinations=destinations,
-            charts=drawn,
-            width=charts.WIDTH,
-            height=charts.HEIGHT,
-            refresh=True,
-        )
+        return {
+            "status": status,
+            "destinations": destinations,
+            "charts": drawn,
+            "width": charts.WIDTH,
+            "height": charts.HEIGHT,
+            "refresh": True,
+        }
 
     def dead(self, request: Request) -> Response:
         """Dead replies, oldest first, filtered as `outbox dead list` filters them; paged."""
