@@ -19,7 +19,7 @@ from sqlalchemy.engine import Engine
 from outbox import failpoints
 from outbox.clock import Clock
 from outbox.db import message_sql, retry
-from outbox.db.dialect import clock_value, now_expression, one_statement
+from outbox.db.dialect import autocommit_lane, clock_value, now_expression, one_statement
 from relay import sql
 from relay.figures import Figures, figures_from
 from relay.policy import Outcome, Retry, Sent, retry_delay, target_state
@@ -66,6 +66,15 @@ class RelayLeases:
         self._next_announce = float("-inf")
         self.claim_in_doubt = False
         """A claim raised after its COMMIT may have happened: its rows are to be adopted."""
+        # Claims and settles come many times a second: each stream keeps a connection
+        # rather than checking one out of the pool each time (see outbox.db.lane).
+        self._claims = autocommit_lane(engine)
+        self._settles = autocommit_lane(engine)
+
+    def close(self) -> None:
+        """Give back the held connections (statements after this take pooled ones)."""
+        self._claims.close()
+        self._settles.close()
 
     def claim(self, busy: Collection[str] = (), may_adopt: bool = True) -> Leased:
         """Lease a batch, retrying transient errors: (messages to deliver, to resolve).
@@ -97,7 +106,7 @@ class RelayLeases:
         # Reap, adopt and claim are each one statement, atomic alone: on PostgreSQL they run
         # without BEGIN and COMMIT, one round trip each, on the path from a producer's commit
         # to delivery. SQLite picks, then updates: BEGIN IMMEDIATE holds the write lock.
-        with one_statement(self._engine) as conn:
+        with one_statement(self._engine, lane=self._claims) as conn:
             self._reap_expired_leases(conn, now)
             rows: list[ClaimedRow] = []
             if adopting:
@@ -195,9 +204,10 @@ class RelayLeases:
                     1 if message.id in unattempted else 0,
                 )
             )
-        with self._engine.begin() as conn:
+        # One statement, atomic alone: in autocommit on PostgreSQL, the failpoint before
+        # it standing for a crash before the COMMIT (nothing is written either way).
+        with one_statement(self._engine, "relay.before_sent_commit", lane=self._settles) as conn:
             settled = sql.settle(conn, self.owner, rows, clock_value(self.clock))
-            failpoints.hit("relay.before_sent_commit")
         failpoints.hit("relay.after_sent_commit")
         missing = [m for m in messages if m.id not in settled]
         if missing:

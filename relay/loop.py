@@ -135,6 +135,7 @@ class Relay(DatabaseHandle):
             loop.close()
         leases = getattr(self, "leases", None)
         if leases is not None:
+            leases.close()
             try:
                 leases.withdraw()
             except Exception as exc:  # noqa: BLE001 - closing goes on: the pool must be released

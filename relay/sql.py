@@ -182,7 +182,8 @@ def claim_messages(
         "skip_destinations": list(skip_destinations),
     }
     if pick is None:
-        return [ClaimedRow._make(row) for row in conn.execute(update, params)]
+        # Fetched at once: iterating the result would fetch row by row.
+        return [ClaimedRow._make(row) for row in conn.execute(update, params).all()]
     # SQLite: the transaction holds the write lock (BEGIN IMMEDIATE), so reading the
     # candidates first cannot race; its RETURNING cannot name the FROM table's columns.
     previous: dict[int, int] = {row[0]: row[1] for row in conn.execute(pick, params)}
