@@ -42,7 +42,7 @@ from benchmarks.task_throughput import (
     timed_drain,
 )
 from benchmarks.wal_window import Database, Window, observe
-from outbox.tasks import TaskQueue
+from outbox.tasks import Claim, TaskQueue
 
 RELAYS, BATCH = 2, 1000  # as the suite's drain
 LEASE = 30.0
@@ -133,7 +133,11 @@ def renewal_window(url: str, held: int, rounds: int) -> Window:
         nonlocal claims
         with TaskQueue(url, lease=LEASE) as queue:
             for _ in range(rounds):
-                claims = [queue.renew(claim) for claim in claims]
+                # As a Worker's heartbeat renews them: every held lease in one statement.
+                renewed = queue.renew_many(claims)
+                claims = [claim for claim in renewed if isinstance(claim, Claim)]
+                if len(claims) != held:
+                    raise RuntimeError(f"renewed {len(claims)} of {held} leases")
 
     return observe({"outbox": url}, work)
 

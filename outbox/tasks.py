@@ -8,6 +8,7 @@ touches no row the caller has lost the task and gets Fenced.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -34,7 +35,7 @@ from outbox.db.dialect import (
 )
 from outbox.db.handle import DatabaseHandle
 from outbox.db.lane import Lane
-from outbox.errors import BatchFailed, OutboxError, PayloadCollision
+from outbox.errors import BatchFailed, Fenced, OutboxError, PayloadCollision
 from outbox.intake import Accepted, Ack, AuthContext, Envelope, accept, authorize, check_name
 from outbox.messages import (
     ReplyError,
@@ -300,22 +301,25 @@ class TaskQueue(DatabaseHandle):
 
     def renew(self, claim: Claim) -> Claim:
         """Extend the lease (heartbeat); Fenced when the task is no longer held by this claim."""
-        with self._engine.begin() as conn:
-            lease_until = conn.execute(
-                task_sql.renew_lease(self._dialect),
-                {**self._holding(claim, clock_value(self.clock)), "lease": self.lease},
-            ).scalar()
-            if lease_until is None:
-                raise task_results.fenced(conn, claim)
-        return Claim(
-            task_id=claim.task_id,
-            owner=claim.owner,
-            fence=claim.fence,
-            attempt=claim.attempt,
-            payload=claim.payload,
-            lease_until=lease_until,
-            deadline=claim.deadline,
-        )
+        renewed = self.renew_many([claim])[0]
+        if isinstance(renewed, Fenced):
+            raise renewed
+        return renewed
+
+    def renew_many(self, claims: Sequence[Claim]) -> list[Claim | Fenced]:
+        """Extend many leases in one statement: per claim, the renewed Claim, or the Fenced
+        error saying why the task is no longer held by it. A database error raises."""
+        held = [(claim.task_id, claim.owner, claim.fence) for claim in claims]
+        with one_statement(self._engine) as conn:
+            renewed = task_sql.renew_leases(conn, held, self.lease, clock_value(self.clock))
+            missing = [claim for claim in claims if claim.task_id not in renewed]
+            why = {claim.task_id: task_results.fenced(conn, claim) for claim in missing}
+        return [
+            why[claim.task_id]
+            if claim.task_id not in renewed
+            else dataclasses.replace(claim, lease_until=renewed[claim.task_id])
+            for claim in claims
+        ]
 
     def finish(
         self, claim: Claim, result: Any, effect: Callable[[Session], None] | None = None

@@ -9,7 +9,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +18,7 @@ import sqlalchemy as sa
 from support.cli_helpers import one_line_error, running_in_thread
 from support.worker_tasks import real_time_queue, submit
 
-from outbox import AuthContext, Claim, Envelope, TaskQueue
+from outbox import AuthContext, Claim, Envelope, Fenced, TaskQueue
 from outbox.testing import ManualClock
 from outbox.worker import PermanentFailure, Worker
 
@@ -129,7 +129,7 @@ def test_a_renewal_refused_because_the_task_just_finished_is_not_reported(
 ) -> None:
     [task_id] = submit(queue, 1)
     go, renewing = threading.Event(), threading.Event()
-    real_renew = queue.renew
+    real_renew_many = queue.renew_many
 
     def handler(claim: Claim, stop: threading.Event) -> str:
         assert go.wait(15)
@@ -137,14 +137,14 @@ def test_a_renewal_refused_because_the_task_just_finished_is_not_reported(
 
     worker = Worker(queue, handler, poll_interval=0.05, heartbeat=0.05)
 
-    def renew_after_the_finish(claim: Claim) -> Claim:
+    def renew_after_the_finish(claims: Sequence[Claim]) -> list[Claim | Fenced]:
         # The beat read the task as running; the result commits before its renewal lands.
         renewing.set()
         go.set()
         assert wait_until(lambda: all(key[0] != task_id for key in worker._running))
-        return real_renew(claim)
+        return real_renew_many(claims)
 
-    queue.renew = renew_after_the_finish  # type: ignore[method-assign]
+    queue.renew_many = renew_after_the_finish  # type: ignore[method-assign]
     with caplog.at_level("WARNING", logger="outbox.worker"), running_in_thread(worker):
         assert renewing.wait(15)
         assert wait_until(lambda: states(queue, [task_id]) == ["done"])

@@ -19,6 +19,7 @@ from outbox.db.dialect import (
     bound_now,
     database_now,
     insert_ignoring_conflicts,
+    is_postgresql,
     supports_skip_locked,
 )
 from outbox.db.sql import Now, limit_parameter, picked_once, state_literal
@@ -141,18 +142,6 @@ def _held(now: Now) -> sa.ColumnElement[bool]:
     )
 
 
-@functools.cache
-def renew_lease(dialect_name: str) -> sa.Update:
-    """Extend a lease that still holds by :lease; built once."""
-    now = bound_now(dialect_name)
-    return (
-        sa.update(tasks)
-        .where(_held(now))
-        .values(lease_until=now + sa.bindparam("lease", type_=sa.Double()), updated_at=now)
-        .returning(tasks.c.lease_until)
-    )
-
-
 # Many tasks finish in one statement: each row is matched by its (task_id, owner, fence)
 # triple and the same lease and deadline guard as _held, so a stale holder's row is left
 # as it is and missing from RETURNING. The rows travel as arrays (PostgreSQL) or as one
@@ -160,7 +149,7 @@ def renew_lease(dialect_name: str) -> sa.Update:
 _COMPLETE_SET = """
     state = 'done', result = v.result, lease_until = NULL, finished_at = {now}, updated_at = {now}
 """
-_COMPLETE_WHERE = """
+_HELD_IN_V = """
     {t}.task_id = v.task_id AND {t}.state = 'running' AND {t}.owner = v.owner
     AND {t}.fence = v.fence AND {t}.lease_until > {now} AND {t}.deadline > {now}
 """
@@ -179,7 +168,7 @@ COMPLETE_POSTGRESQL = (
         UPDATE outbox_tasks AS t SET"""
     + _COMPLETE_SET.format(now=_PG_NOW)
     + "FROM v WHERE"
-    + _COMPLETE_WHERE.format(t="t", now=_PG_NOW)
+    + _HELD_IN_V.format(t="t", now=_PG_NOW)
     + """RETURNING t.task_id
     ), replies AS (
         INSERT INTO outbox_messages (reply_id, task_id, destination, body, content_hash,
@@ -204,9 +193,61 @@ COMPLETE_SQLITE = sa.text(
         FROM json_each(:rows)
     ) AS v
     WHERE"""
-    + _COMPLETE_WHERE.format(t="outbox_tasks", now=_SQLITE_NOW)
+    + _HELD_IN_V.format(t="outbox_tasks", now=_SQLITE_NOW)
     + "RETURNING outbox_tasks.task_id"
 )
+
+# A heartbeat renews every lease a worker holds in one statement: each row matched by
+# (task_id, owner, fence) and the held guard, as a finish is.
+_RENEW_SET = "lease_until = {now} + {lease}, updated_at = {now}"
+RENEW_POSTGRESQL = (
+    "UPDATE outbox_tasks AS t SET "
+    + _RENEW_SET.format(now=_PG_NOW, lease="%(lease)s::float8")
+    + """ FROM unnest(
+        CAST(%(task_ids)s AS varchar[]), CAST(%(owners)s AS varchar[]),
+        CAST(%(fences)s AS bigint[])
+    ) AS v(task_id, owner, fence)
+    WHERE"""
+    + _HELD_IN_V.format(t="t", now=_PG_NOW)
+    + "RETURNING t.task_id, t.lease_until"
+)
+RENEW_SQLITE = sa.text(
+    "UPDATE outbox_tasks SET "
+    + _RENEW_SET.format(now=_SQLITE_NOW, lease=":lease")
+    + """ FROM (
+        SELECT json_extract(value, '$[0]') AS task_id, json_extract(value, '$[1]') AS owner,
+               json_extract(value, '$[2]') AS fence
+        FROM json_each(:rows)
+    ) AS v
+    WHERE"""
+    + _HELD_IN_V.format(t="outbox_tasks", now=_SQLITE_NOW)
+    + "RETURNING outbox_tasks.task_id, outbox_tasks.lease_until"
+)
+
+Held = tuple[str, str, int]
+"""(task_id, owner, fence) of a held lease."""
+
+
+def renew_leases(
+    conn: sa.Connection, held: Sequence[Held], lease: float, now: float | None
+) -> dict[str, float]:
+    """Extend by `lease` each of `held` that still holds, in one statement; their new
+    lease_until by task_id (the others are missing)."""
+    if not held:
+        return {}
+    if is_postgresql(conn.dialect.name):
+        task_ids, owners, fences = (list(c) for c in zip(*held, strict=True))
+        params = {"task_ids": task_ids, "owners": owners, "fences": fences}
+        # Planned per run: a generic plan may rescan the arrays once per row (see UNPREPARED).
+        result = conn.exec_driver_sql(
+            RENEW_POSTGRESQL,
+            {**params, "lease": lease, "now": now},
+            execution_options={UNPREPARED: True},
+        )
+    else:
+        result = conn.execute(RENEW_SQLITE, {"rows": json.dumps(held), "lease": lease, "now": now})
+    return {str(task_id): float(until) for task_id, until in result}
+
 
 Completion = tuple[str, str, int, str]
 """(task_id, owner, fence, result as canonical JSON) of a task to mark done."""

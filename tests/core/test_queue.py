@@ -6,6 +6,7 @@ one reply whose body is the canonical result document.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import random
@@ -261,6 +262,33 @@ def test_renew_extends_the_lease(queue: TaskQueue, clock: ManualClock) -> None:
     queue.finish(renewed, "ok")
     assert task(queue, tid)["state"] == "done"
     assert_one_reply(queue, tid, "done", "ok")
+
+
+def test_renew_many_renews_the_held_and_says_why_each_other_is_not(
+    queue: TaskQueue, clock: ManualClock
+) -> None:
+    """A heartbeat's one statement: held leases extended, lost ones left as they are."""
+    held, stolen, finished = (submit(queue, clock, f"m-{n}") for n in range(3))
+    claims = {c.task_id: c for c in queue.claim_many("w1", 3)}
+    clock.advance(LEASE)  # every lease lapsed; w2 takes over one of them
+    queue.reconcile()
+    taken = {c.task_id: c for c in queue.claim_many("w2", 3)}
+    assert set(taken) == {held, stolen, finished}
+    queue.finish(taken[finished], "by w2")
+    renewing = [taken[held], claims[stolen], taken[finished]]
+    clock.advance(1)
+    answers = queue.renew_many(renewing)
+    assert isinstance(answers[0], Claim)
+    assert answers[0].lease_until == clock() + LEASE
+    assert answers[0] == dataclasses.replace(renewing[0], lease_until=clock() + LEASE)
+    assert isinstance(answers[1], Fenced)
+    assert "held by 'w2' under fence 2" in str(answers[1])
+    assert isinstance(answers[2], Fenced)
+    assert "task is done" in str(answers[2])
+    # The lost claim's task keeps its new holder's lease.
+    assert task(queue, stolen)["lease_until"] == taken[stolen].lease_until
+    assert task(queue, held)["lease_until"] == clock() + LEASE
+    assert queue.renew_many([]) == []
 
 
 def test_old_claim_object_still_works_after_renew(queue: TaskQueue, clock: ManualClock) -> None:
