@@ -96,14 +96,15 @@ def sign(
     if not _MSG_ID.fullmatch(msg_id):
         raise ValueError(f"webhook id must be 1..200 printable ASCII without '.', got {msg_id!r}")
     seconds = int(time.time() if timestamp is None else timestamp)
-    secrets = [secret] if isinstance(secret, str | bytes | SigningKey) else list(secret)
-    if not secrets:
-        raise ValueError("at least one secret is needed to sign")
-    return {
-        ID_HEADER: msg_id,
-        TIMESTAMP_HEADER: str(seconds),
-        SIGNATURE_HEADER: " ".join(signature(s, msg_id, seconds, body) for s in secrets),
-    }
+    if isinstance(secret, str | bytes | SigningKey):
+        # One secret, the usual case: a relay signs each message published to a broker.
+        signatures = signature(secret, msg_id, seconds, body)
+    else:
+        secrets = list(secret)
+        if not secrets:
+            raise ValueError("at least one secret is needed to sign")
+        signatures = " ".join(signature(s, msg_id, seconds, body) for s in secrets)
+    return {ID_HEADER: msg_id, TIMESTAMP_HEADER: str(seconds), SIGNATURE_HEADER: signatures}
 
 
 def verify(

@@ -18,10 +18,14 @@ from relay.records import Message
 from relay.webhooks import request_headers
 
 
-def broker_headers(destination: Destination, message: Message) -> dict[str, str]:
-    """The headers one broker message carries (see the module's docstring)."""
-    return {
-        **message.headers,
-        **request_headers(destination, message.reply_id, message.body),
-        CONTENT_HASH_HEADER: message.content_hash,
-    }
+def broker_headers(
+    destination: Destination, message: Message, timestamp: float | None = None
+) -> dict[str, str]:
+    """The headers one broker message carries (see the module's docstring), signed at
+    `timestamp` (by default now: a parcel's messages may share one reading of the clock)."""
+    headers = request_headers(destination, message.reply_id, message.body, timestamp)
+    headers[CONTENT_HASH_HEADER] = message.content_hash
+    if message.headers:
+        # The message's own headers first, as HTTP sends them; the relay's win a clash.
+        return {**message.headers, **headers}
+    return headers

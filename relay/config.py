@@ -152,6 +152,9 @@ def check_template(key: str, template: str) -> None:
         raise ConfigError(f"{key} {template!r} names {unknown}; only {{ordering_key}} is known")
     if not template:
         raise ConfigError(f"{key} must not be empty")
+    if key == "subject" and any(c in template for c in " \t\r\n"):
+        # The relay publishes without the client's per-message subject check.
+        raise ConfigError(f"{key} {template!r} must not hold spaces, tabs or line breaks")
 
 
 def check_destinations(destinations: Mapping[str, Destination]) -> dict[str, Destination]:

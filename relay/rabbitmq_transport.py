@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, cast
 
@@ -113,7 +114,8 @@ class RabbitMqTransport(Transport):
         except Exception as exc:  # noqa: BLE001 - whatever failed, nothing was published
             failed = Retry(None, _failure("cannot connect", exc))
             return dict.fromkeys((m.id for m in messages), failed)
-        publishes = [asyncio.ensure_future(self._publish(channel, m)) for m in messages]
+        signed_at = time.time()  # one reading of the clock for the parcel's signatures
+        publishes = [asyncio.ensure_future(self._publish(channel, m, signed_at)) for m in messages]
         # One wait for the whole parcel, not a timer per message: past the deadline
         # what is still unconfirmed is a retry.
         await asyncio.wait(publishes, timeout=max(0.0, deadline - loop.time()))
@@ -129,7 +131,7 @@ class RabbitMqTransport(Transport):
             await self._forget(connection)
         return {message.id: outcome for message, outcome in zip(messages, outcomes, strict=True)}
 
-    async def _publish(self, channel: Channel, message: Message) -> Outcome:
+    async def _publish(self, channel: Channel, message: Message, signed_at: float) -> Outcome:
         """Publish one message and wait for its confirm (or return)."""
         pika = self._pika
         key = routing_key(self.template, message)
@@ -141,7 +143,7 @@ class RabbitMqTransport(Transport):
                     f"{MAX_ROUTING_KEY_BYTES}: {key}"
                 ),
             )
-        headers = broker_headers(self.destination, message)
+        headers = broker_headers(self.destination, message, signed_at)
         properties = self._properties(
             message_id=message.reply_id,
             content_type=headers.pop("content-type"),

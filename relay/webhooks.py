@@ -17,12 +17,15 @@ from relay.policy import Retry, truncate
 USER_AGENT = "outbox-relay/0.1"
 
 
-def request_headers(destination: Destination, msg_id: str, body: bytes) -> dict[str, str]:
-    """Content type, user agent, and the Standard Webhooks signature of `body` as `msg_id`."""
+def request_headers(
+    destination: Destination, msg_id: str, body: bytes, timestamp: float | None = None
+) -> dict[str, str]:
+    """Content type, user agent, and the Standard Webhooks signature of `body` as `msg_id`
+    (signed at `timestamp`, by default now)."""
     headers = {"content-type": "application/json", "user-agent": USER_AGENT}
     key = destination.signing_key
     if key is not None:
-        headers.update(sign(key, msg_id, None, body))
+        headers.update(sign(key, msg_id, timestamp, body))
     else:
         headers["webhook-id"] = msg_id
     return headers

@@ -364,6 +364,14 @@ def test_broker_destinations_from_the_file_and_the_environment() -> None:
         ),
         ({"kind": "nats", "url": "nats://h", "stream": "S", "subject": "s.{"}, "subject 's.{'"),
         (
+            {"kind": "nats", "url": "nats://h", "stream": "S", "subject": "s.a b"},
+            "must not hold spaces, tabs or line breaks",
+        ),
+        (
+            {"kind": "nats", "url": "nats://h", "stream": "S", "subject": "s\r\nPUB x 0"},
+            "must not hold spaces, tabs or line breaks",
+        ),
+        (
             {"kind": "nats", "url": "nats://h", "stream": "S", "subject": "s", "mode": "batch"},
             "mode is a key of http destinations, not of nats",
         ),
