@@ -60,27 +60,28 @@ def generic_plan(
 HISTORY = 20_000  # finished rows, so that a scan would cost what it does in production
 
 
-def with_history(db_url: str) -> sa.Engine:
-    """An engine on the test database, holding HISTORY finished tasks and sent messages."""
+def with_history(db_url: str, pending_every: int = 1000) -> sa.Engine:
+    """An engine on the test database, holding HISTORY tasks and messages: every
+    `pending_every`-th of them pending, the others finished (done, sent)."""
     engine = sa.create_engine(sa.make_url(db_url).set(drivername="postgresql+psycopg"))
     with engine.begin() as conn:
         conn.execute(
             sa.text(
                 "INSERT INTO outbox_tasks (task_id, tenant_id, payload, priority, deadline, hops, "
                 "state, attempts, max_attempts, available_at, fence, created_at, updated_at) "
-                "SELECT 't-' || n, 'a', '{}', 0, 1e12, 0, CASE WHEN n % 1000 = 0 THEN "
+                "SELECT 't-' || n, 'a', '{}', 0, 1e12, 0, CASE WHEN n % :every = 0 THEN "
                 "'pending' ELSE 'done' END, 1, 3, 0, 1, n, n FROM generate_series(1, :n) n"
             ),
-            {"n": HISTORY},
+            {"n": HISTORY, "every": pending_every},
         )
         conn.execute(
             sa.text(
                 "INSERT INTO outbox_messages (reply_id, destination, body, content_hash, "
                 "headers, state, attempts, fence, available_at, created_at) "
-                "SELECT 'm-' || n, 'default', '\\x7b7d', 'h', '{}', CASE WHEN n % 1000 = 0 "
+                "SELECT 'm-' || n, 'default', '\\x7b7d', 'h', '{}', CASE WHEN n % :every = 0 "
                 "THEN 'pending' ELSE 'sent' END, 1, 1, 0, n FROM generate_series(1, :n) n"
             ),
-            {"n": HISTORY},
+            {"n": HISTORY, "every": pending_every},
         )
     with engine.connect() as conn:
         conn.execution_options(isolation_level="AUTOCOMMIT").exec_driver_sql(
@@ -121,22 +122,9 @@ def test_the_relay_claim_walks_only_its_own_destinations(db_url: str) -> None:
 def test_the_relay_claim_finds_its_picks_by_primary_key(db_url: str, mode: str) -> None:
     # A backlog of a few tens of thousands of pending rows made a hash join, building its
     # table by scanning every pending row, look cheaper than 500 primary-key probes.
-    engine = sa.create_engine(sa.make_url(db_url).set(drivername="postgresql+psycopg"))
+    engine = with_history(db_url, pending_every=1)
     try:
-        with engine.begin() as conn:
-            conn.execute(
-                sa.text(
-                    "INSERT INTO outbox_messages (reply_id, destination, body, content_hash, "
-                    "headers, state, attempts, fence, available_at, created_at) "
-                    "SELECT 'm-' || n, 'default', '\\x7b7d', 'h', '{}', 'pending', 0, 0, n, n "
-                    "FROM generate_series(1, :n) n"
-                ),
-                {"n": HISTORY},
-            )
         with engine.connect() as conn:
-            conn.execution_options(isolation_level="AUTOCOMMIT").exec_driver_sql(
-                "ANALYZE outbox_messages"
-            )
             _, update = relay_sql._claim_statements("postgresql")
             values = {
                 "now": None,
