@@ -10,7 +10,8 @@ for REQUESTS times over HTTP with the token, after one warm-up request. A page's
 time is the client's, from the request to the last byte of the answer. Target:
 every page under 200 ms (slowest_ms, the largest of the pages' medians), the
 first answer of each page too (slowest_first_ms: the overview's is the first
-request the console gets after it starts).
+page the console renders after it starts; only its stylesheet, the readiness check,
+comes before).
 """
 
 from __future__ import annotations

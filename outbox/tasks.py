@@ -307,19 +307,30 @@ class TaskQueue(DatabaseHandle):
         return renewed
 
     def renew_many(self, claims: Sequence[Claim]) -> list[Claim | Fenced]:
-        """Extend many leases in one statement: per claim, the renewed Claim, or the Fenced
-        error saying why the task is no longer held by it. A database error raises."""
+        """Extend many leases in one statement: per claim, the Claim with its lease_until,
+        or the Fenced error saying why the task is no longer held by it.
+
+        A task whose row is locked by a write under way (its finish, say) is not waited
+        for: while it is still held, its Claim comes back with the lease unchanged. A
+        database error raises.
+        """
+        now = clock_value(self.clock)
         held = [(claim.task_id, claim.owner, claim.fence) for claim in claims]
+        answers: list[Claim | Fenced] = []
         with one_statement(self._engine) as conn:
-            renewed = task_sql.renew_leases(conn, held, self.lease, clock_value(self.clock))
-            missing = [claim for claim in claims if claim.task_id not in renewed]
-            why = {claim.task_id: task_results.fenced(conn, claim) for claim in missing}
-        return [
-            why[claim.task_id]
-            if claim.task_id not in renewed
-            else dataclasses.replace(claim, lease_until=renewed[claim.task_id])
-            for claim in claims
-        ]
+            renewed = task_sql.renew_leases(conn, held, self.lease, now)
+            for claim, key in zip(claims, held, strict=True):
+                until = renewed.get(key)
+                if until is None:
+                    # Not renewed: lost, or skipped while its row was locked. Ask again.
+                    until = conn.execute(
+                        task_sql.held_lease(self._dialect), self._holding(claim, now)
+                    ).scalar()
+                if until is None:
+                    answers.append(task_results.fenced(conn, claim))
+                else:
+                    answers.append(dataclasses.replace(claim, lease_until=until))
+        return answers
 
     def finish(
         self, claim: Claim, result: Any, effect: Callable[[Session], None] | None = None

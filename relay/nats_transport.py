@@ -86,7 +86,7 @@ def header_bytes(headers: Mapping[str, str]) -> int:
     return len(b"NATS/1.0\r\n") + sum(lines) + 2
 
 
-def header_bytes_at_most(headers: Mapping[str, str]) -> int:
+def header_bytes_bound(headers: Mapping[str, str]) -> int:
     """At least header_bytes(headers) (names and values unstripped), for less work."""
     text = "".join(headers) + "".join(headers.values())
     return len(b"NATS/1.0\r\n") + len(text.encode()) + 4 * len(headers) + 2
@@ -208,7 +208,7 @@ class NatsTransport(Transport):
         }
         limit = link.client.max_payload
         # The exact size only near the limit: the bound is cheaper, and almost always enough.
-        if len(message.body) + header_bytes_at_most(headers) > limit:
+        if len(message.body) + header_bytes_bound(headers) > limit:
             size = len(message.body) + header_bytes(headers)
             if size > limit:
                 # The server would drop the connection over it, and every resend again.

@@ -34,6 +34,10 @@ def test_quick_suite_runs_and_writes_its_table(pg_server: sa.Engine, tmp_path: P
         os.killpg(suite.pid, signal.SIGKILL)
         _, stderr = suite.communicate()
         raise AssertionError(f"the quick suite ran over 420 s:\n{stderr[-4000:]}") from None
+    except BaseException:  # an interrupt: what the suite started must not outlive the run
+        os.killpg(suite.pid, signal.SIGKILL)
+        suite.communicate()
+        raise
     assert suite.returncode == 0, stderr
     document = json.loads(out.read_text(encoding="utf-8"))
     rows = {(row["scenario"].split(" (")[0], row["backend"]): row for row in document["rows"]}

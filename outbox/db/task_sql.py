@@ -198,18 +198,30 @@ COMPLETE_SQLITE = sa.text(
 )
 
 # A heartbeat renews every lease a worker holds in one statement: each row matched by
-# (task_id, owner, fence) and the held guard, as a finish is.
+# (task_id, owner, fence) and the held guard, as a finish is. On PostgreSQL a row locked
+# right now (its finish or failure being written) is skipped, not waited for: waiting in
+# one multi-row statement while a batch of finishes waits on another is a deadlock, and
+# a row being finished needs no renewal (if that write rolls back, the next beat renews).
 _RENEW_SET = "lease_until = {now} + {lease}, updated_at = {now}"
 RENEW_POSTGRESQL = (
-    "UPDATE outbox_tasks AS t SET "
-    + _RENEW_SET.format(now=_PG_NOW, lease="%(lease)s::float8")
-    + """ FROM unnest(
-        CAST(%(task_ids)s AS varchar[]), CAST(%(owners)s AS varchar[]),
-        CAST(%(fences)s AS bigint[])
-    ) AS v(task_id, owner, fence)
-    WHERE"""
+    """WITH v AS (
+        SELECT * FROM unnest(
+            CAST(%(task_ids)s AS varchar[]), CAST(%(owners)s AS varchar[]),
+            CAST(%(fences)s AS bigint[])
+        ) AS v(task_id, owner, fence)
+    ), held AS MATERIALIZED (
+        SELECT t.task_id FROM outbox_tasks AS t, v
+        WHERE"""
     + _HELD_IN_V.format(t="t", now=_PG_NOW)
-    + "RETURNING t.task_id, t.lease_until"
+    # The ids again as an array: primary-key probes, not a walk over every running task.
+    + """AND t.task_id = ANY(CAST(%(task_ids)s AS varchar[]))
+        FOR UPDATE OF t SKIP LOCKED
+    )
+    UPDATE outbox_tasks AS t SET """
+    + _RENEW_SET.format(now=_PG_NOW, lease="%(lease)s::float8")
+    + """
+    FROM held WHERE t.task_id = held.task_id
+    RETURNING t.task_id, t.owner, t.fence, t.lease_until"""
 )
 RENEW_SQLITE = sa.text(
     "UPDATE outbox_tasks SET "
@@ -221,7 +233,8 @@ RENEW_SQLITE = sa.text(
     ) AS v
     WHERE"""
     + _HELD_IN_V.format(t="outbox_tasks", now=_SQLITE_NOW)
-    + "RETURNING outbox_tasks.task_id, outbox_tasks.lease_until"
+    + """RETURNING outbox_tasks.task_id, outbox_tasks.owner, outbox_tasks.fence,
+        outbox_tasks.lease_until"""
 )
 
 Held = tuple[str, str, int]
@@ -230,9 +243,10 @@ Held = tuple[str, str, int]
 
 def renew_leases(
     conn: sa.Connection, held: Sequence[Held], lease: float, now: float | None
-) -> dict[str, float]:
-    """Extend by `lease` each of `held` that still holds, in one statement; their new
-    lease_until by task_id (the others are missing)."""
+) -> dict[Held, float]:
+    """Extend by `lease` each of `held` that still holds, in one statement: the new
+    lease_until of each one extended. Missing: leases no longer held, and (PostgreSQL)
+    rows locked by a write under way, which are not waited for."""
     if not held:
         return {}
     if is_postgresql(conn.dialect.name):
@@ -246,7 +260,16 @@ def renew_leases(
         )
     else:
         result = conn.execute(RENEW_SQLITE, {"rows": json.dumps(held), "lease": lease, "now": now})
-    return {str(task_id): float(until) for task_id, until in result}
+    return {
+        (str(task_id), str(owner), int(fence)): float(until)
+        for task_id, owner, fence, until in result
+    }
+
+
+@functools.cache
+def held_lease(dialect_name: str) -> sa.Select[Any]:
+    """lease_until of :held_task while :holder still holds it under :held_fence, else no row."""
+    return sa.select(tasks.c.lease_until).where(_held(bound_now(dialect_name)))
 
 
 Completion = tuple[str, str, int, str]

@@ -10,6 +10,7 @@ import dataclasses
 import hashlib
 import json
 import random
+import threading
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -289,6 +290,60 @@ def test_renew_many_renews_the_held_and_says_why_each_other_is_not(
     assert task(queue, stolen)["lease_until"] == taken[stolen].lease_until
     assert task(queue, held)["lease_until"] == clock() + LEASE
     assert queue.renew_many([]) == []
+
+
+def test_renew_many_answers_each_claim_of_a_task_held_twice_by_its_fence(
+    queue: TaskQueue, clock: ManualClock
+) -> None:
+    """A worker may hold a task lost and claimed again under two fences at once: only the
+    newer claim is renewed; the older one is Fenced, not renewed by its twin's row."""
+    tid = submit(queue, clock, "m-1")
+    stale = claim(queue, "w1")
+    clock.advance(LEASE)
+    queue.reconcile()
+    fresh = claim(queue, "w1")
+    assert (fresh.task_id, fresh.fence) == (tid, stale.fence + 1)
+    clock.advance(1)
+    old, new = queue.renew_many([stale, fresh])
+    assert isinstance(old, Fenced)
+    assert f"under fence {fresh.fence}" in str(old)
+    assert isinstance(new, Claim)
+    assert (new.fence, new.lease_until) == (fresh.fence, clock() + LEASE)
+
+
+@pytest.mark.parametrize("backend", ["postgresql"], indirect=True)
+def test_renew_many_skips_a_row_locked_by_a_write_under_way(
+    queue: TaskQueue, clock: ManualClock, db_url: str
+) -> None:
+    """A heartbeat never waits on a row its own finish is writing (two multi-row statements
+    waiting on each other would deadlock): that claim comes back still held, unextended."""
+    busy, free = (submit(queue, clock, f"m-{n}") for n in range(2))
+    claims = {c.task_id: c for c in queue.claim_many("w1", 2)}
+    clock.advance(5)
+    engine = sa.create_engine(sa.make_url(db_url).set(drivername="postgresql+psycopg"))
+    try:
+        with engine.connect() as locker:
+            locker.exec_driver_sql(
+                "SELECT 1 FROM outbox_tasks WHERE task_id = %(t)s FOR UPDATE", {"t": busy}
+            )
+            answers: list[Claim | Fenced] = []
+            renewing = threading.Thread(
+                target=lambda: answers.extend(queue.renew_many([claims[busy], claims[free]]))
+            )
+            renewing.start()
+            renewing.join(timeout=15)
+            waited = renewing.is_alive()
+            locker.rollback()  # lets a renewal that waited go on, so the test ends
+            renewing.join()
+    finally:
+        engine.dispose()
+    assert not waited, "renew_many waited for the locked row"
+    kept, renewed = answers
+    assert isinstance(kept, Claim)
+    assert isinstance(renewed, Claim)
+    assert kept.lease_until == claims[busy].lease_until  # held, not extended this beat
+    assert renewed.lease_until == clock() + LEASE
+    assert task(queue, busy)["lease_until"] == claims[busy].lease_until
 
 
 def test_old_claim_object_still_works_after_renew(queue: TaskQueue, clock: ManualClock) -> None:
