@@ -37,9 +37,15 @@ def _processes() -> Iterator[tuple[int, str, int, float]]:
         yield int(entry.name), name, int(rest[1]), cpu  # the parent pid: field 4
 
 
-def process_cpu_seconds(command: str) -> float:
-    """CPU seconds (user and system) used so far by every process whose name is `command`."""
-    return sum(cpu for _, name, _, cpu in _processes() if name == command)
+def process_cpu_seconds(command: str) -> dict[int, float]:
+    """CPU seconds (user and system) used so far by each process named `command`, by pid."""
+    return {pid: cpu for pid, name, _, cpu in _processes() if name == command}
+
+
+def cpu_between(before: dict[int, float], after: dict[int, float]) -> float:
+    """CPU seconds spent between two readings by the processes alive at both: one that
+    started or ended meanwhile (a test's own server, say) would count its whole life."""
+    return sum(after[pid] - before[pid] for pid in before.keys() & after.keys())
 
 
 def process_tree_cpu_seconds(pid: int) -> float:

@@ -34,7 +34,7 @@ from sqlalchemy.orm import Session
 
 import outbox
 import receiver
-from benchmarks.cpu import machine_busy_seconds, process_cpu_seconds
+from benchmarks.cpu import cpu_between, machine_busy_seconds, process_cpu_seconds
 from outbox.canonical import canonical_bytes, sha256_hex
 from outbox.schema import messages
 from receiver.schema import receipts
@@ -362,7 +362,8 @@ def timed_drain(
         started, before, timed_from = launched, 0, "first relay started"
         at_start = at_launch
     elapsed = finished - started
-    busy, served = (end - start for end, start in zip(at_end, at_start, strict=True))
+    busy = at_end[0] - at_start[0]
+    served = cpu_between(at_start[1], at_end[1])
     moved = max(sent - before, 1)
     cpu = {"cpu_us_per_message": round(busy * 1e6 / moved, 1)}
     if server is not None:
@@ -377,9 +378,9 @@ def timed_drain(
     }
 
 
-def server_seconds(server: str | None) -> float:
-    """CPU seconds used so far by the processes named `server`; 0 for none."""
-    return 0.0 if server is None else process_cpu_seconds(server)
+def server_seconds(server: str | None) -> dict[int, float]:
+    """CPU seconds used so far by each process named `server`, by pid; none for None."""
+    return {} if server is None else process_cpu_seconds(server)
 
 
 def produce(url: str, index: int, ready: Any, go: Any, stop: Any, counts: Any, rate: float) -> None:
