@@ -38,6 +38,27 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
 
 
+LONGEST_FIRST = (
+    "tests/test_benchmarks_smoke.py",
+    "tests/faults/test_soak.py",
+    "tests/faults/test_model.py",
+)
+"""Tests of a minute or more, started first: begun last, one would run on alone at the end
+of a parallel run while the other workers sit idle."""
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Run LONGEST_FIRST before everything else, longest first; the rest as collected."""
+
+    def rank(item: pytest.Item) -> int:
+        for place, prefix in enumerate(LONGEST_FIRST):
+            if item.nodeid.startswith(prefix):
+                return place
+        return len(LONGEST_FIRST)
+
+    items.sort(key=rank)
+
+
 @pytest.fixture(scope="session")
 def soak(request: pytest.FixtureRequest) -> bool:
     """Whether the fault scenarios run in their long form."""
