@@ -90,24 +90,33 @@ def with_history(db_url: str, pending_every: int = 1000) -> sa.Engine:
     return engine
 
 
+def claim_values(limit: int, destinations: list[str], **more: Any) -> dict[str, Any]:
+    """The relay claim's parameters, for relay `r` on the database's clock."""
+    return {
+        "now": None,
+        "claim_owner": "r",
+        "lease": 30.0,
+        "limit": limit,
+        "budget": 3,
+        "destinations": destinations,
+        **more,
+    }
+
+
 @pytest.mark.parametrize("backend", ["postgresql"], indirect=True)
 def test_the_relay_claim_walks_only_its_own_destinations(db_url: str) -> None:
     engine = with_history(db_url)
     try:
         with engine.connect() as conn:
             _, update = relay_sql._claim_statements("postgresql")
-            values = {
-                "now": None,
-                "claim_owner": "r",
-                "lease": 30.0,
-                "limit": 100,
-                "budget": 3,
-                "destinations": ["default", "hung"],
-            }
             # Only the relay's destinations, and of those not the ones whose pipeline is
             # full: each picked along the destination-first index.
             plans = [
-                generic_plan(conn, update, {**values, "skip_destinations": skipped})
+                generic_plan(
+                    conn,
+                    update,
+                    claim_values(100, ["default", "hung"], skip_destinations=skipped),
+                )
                 for skipped in ([], ["hung"])
             ]
     finally:
@@ -126,15 +135,7 @@ def test_the_relay_claim_finds_its_picks_by_primary_key(db_url: str, mode: str) 
     try:
         with engine.connect() as conn:
             _, update = relay_sql._claim_statements("postgresql")
-            values = {
-                "now": None,
-                "claim_owner": "r",
-                "lease": 30.0,
-                "limit": 500,
-                "budget": 3,
-                "destinations": ["default"],
-                "skip_destinations": [],
-            }
+            values = claim_values(500, ["default"], skip_destinations=[])
             plan = generic_plan(conn, update, values, mode)
     finally:
         engine.dispose()

@@ -206,6 +206,16 @@ def _workers_of(served: ReceiverProcess) -> list[int]:
     return pids
 
 
+def _wait_for_two_workers(served: ReceiverProcess, workers: list[int]) -> None:
+    """Fill `workers` with the pids of `--workers 2` once both are running."""
+
+    def both_started() -> bool:
+        workers[:] = _workers_of(served)
+        return len(workers) == 2
+
+    wait_until(both_started, 20, "two worker processes")
+
+
 def _gone(pid: int) -> bool:
     try:
         return (Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
@@ -219,12 +229,7 @@ def test_workers_share_one_port_each_answers_and_sigterm_stops_them_all(
     served = ReceiverProcess(db_url, secret_file, options=["--workers", "2"]).wait_ready()
     try:
         workers: list[int] = []
-
-        def both_started() -> bool:
-            workers[:] = _workers_of(served)
-            return len(workers) == 2
-
-        wait_until(both_started, 20, "two worker processes")
+        _wait_for_two_workers(served, workers)
         # With the other worker stopped, only this one can take the connection: an answer
         # is then this one's.
         for index, worker in enumerate(workers):
@@ -255,12 +260,7 @@ def test_a_worker_that_dies_ends_the_service(db_url: str, secret_file: Path) -> 
     served = ReceiverProcess(db_url, secret_file, options=["--workers", "2"]).wait_ready()
     try:
         workers: list[int] = []
-
-        def both_started() -> bool:
-            workers[:] = _workers_of(served)
-            return len(workers) == 2
-
-        wait_until(both_started, 20, "two worker processes")
+        _wait_for_two_workers(served, workers)
         os.kill(workers[0], signal.SIGKILL)
         # Not left running one short: the other is stopped too, and the exit says so.
         assert served.proc.wait(timeout=30) == 1
@@ -284,12 +284,7 @@ def test_workers_end_when_their_parent_is_killed(db_url: str, secret_file: Path)
     served = ReceiverProcess(db_url, secret_file, options=["--workers", "2"]).wait_ready()
     try:
         workers: list[int] = []
-
-        def both_started() -> bool:
-            workers[:] = _workers_of(served)
-            return len(workers) == 2
-
-        wait_until(both_started, 20, "two worker processes")
+        _wait_for_two_workers(served, workers)
         # No cleanup runs in the parent: only the workers themselves can let go of the port.
         served.proc.kill()
         served.proc.wait(timeout=10)
