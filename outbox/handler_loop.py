@@ -17,8 +17,7 @@ import asyncio
 import concurrent.futures
 import contextlib
 import threading
-from collections.abc import Callable, Coroutine
-from functools import partial
+from collections.abc import Awaitable, Callable, Coroutine
 from queue import SimpleQueue
 from typing import Any, Generic, TypeVar
 
@@ -40,9 +39,19 @@ class HandlerLoop:
             writer_threads, thread_name_prefix="outbox-writer"
         )
 
+    @property
+    def thread_id(self) -> int | None:
+        """The identifier of the loop's thread, once started."""
+        return self._thread.ident
+
     def start(self) -> None:
         """Start the loop's thread."""
         self._thread.start()
+
+    def run(self, coroutine: Coroutine[Any, Any, T], timeout: float | None) -> T:
+        """Run `coroutine` on the loop from another thread and wait for its result
+        (without end when `timeout` is None)."""
+        return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result(timeout)
 
     def submit(self, coroutine: Coroutine[Any, Any, None]) -> concurrent.futures.Future[None]:
         """Run `coroutine` as a task on the loop (from any thread); its future cancels it."""
@@ -83,6 +92,47 @@ class HandlerLoop:
                 self.loop.run_until_complete(asyncio.wait(left, timeout=1.0))
         finally:
             self.loop.close()
+
+
+class LoopWake:
+    """Wakes one coroutine of a HandlerLoop; set() from any thread, at most one call queued.
+
+    The claim loop waits here for a free slot, a NOTIFY or stop(). Handlers end on the
+    loop and set it there directly; other threads' calls are folded into one queued
+    call, so a burst of notifications costs the loop one wake-up, not one each.
+    """
+
+    def __init__(self, loop: HandlerLoop) -> None:
+        """Nothing is waiting yet."""
+        self._loop = loop
+        self._event = asyncio.Event()
+        self._lock = threading.Lock()
+        self._queued = False
+
+    def set(self) -> None:
+        """Wake the waiter, or let its next wait() return at once (any thread)."""
+        if threading.get_ident() == self._loop.thread_id:
+            self._event.set()
+            return
+        with self._lock:
+            if self._queued:
+                return
+            self._queued = True
+        # A closed loop has nobody left waiting.
+        with contextlib.suppress(RuntimeError):
+            self._loop.loop.call_soon_threadsafe(self._set_queued)
+
+    async def wait(self, timeout: float) -> None:
+        """Return once set (then clear it) or after `timeout` seconds (on the loop)."""
+        if not self._event.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._event.wait(), timeout)
+        self._event.clear()
+
+    def _set_queued(self) -> None:
+        with self._lock:
+            self._queued = False
+        self._event.set()
 
 
 class HandlerThreads:
@@ -150,7 +200,7 @@ class HandlerThreads:
 
 
 class BatchedWrites(Generic[T, R]):
-    """Items written together, one batch at a time, on the writer threads of a HandlerLoop.
+    """Items written together, one batch at a time, by a coroutine on a HandlerLoop.
 
     submit() is called by the loop's tasks and returns the item's own answer. An item
     submitted while a batch is being written waits, on the loop and without a thread,
@@ -159,8 +209,8 @@ class BatchedWrites(Generic[T, R]):
     number of writer threads.)
     """
 
-    def __init__(self, loop: HandlerLoop, write: Callable[[list[T]], list[R]]) -> None:
-        """`write(items)` blocks, on a writer thread, and answers each item in order."""
+    def __init__(self, loop: HandlerLoop, write: Callable[[list[T]], Awaitable[list[R]]]) -> None:
+        """`write(items)` is awaited on the loop and answers each item in order."""
         self._loop = loop
         self._write = write
         self._waiting: list[tuple[T, asyncio.Future[R]]] = []
@@ -179,7 +229,7 @@ class BatchedWrites(Generic[T, R]):
             while self._waiting:
                 batch, self._waiting = self._waiting, []
                 try:
-                    answers = await self._loop.write(partial(self._write, [i for i, _ in batch]))
+                    answers = await self._write([i for i, _ in batch])
                     if len(answers) != len(batch):
                         raise RuntimeError(f"{len(answers)} answers for {len(batch)} items")
                 except asyncio.CancelledError:  # the loop is closing: so are its submitters

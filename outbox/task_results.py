@@ -37,6 +37,37 @@ def complete(
     Returns, per (claim, result), None when written, or the InvalidMessage or
     Fenced that kept it out; the others are written regardless.
     """
+    refused, completions = prepare(finished)
+    if is_postgresql(conn.dialect.name) and conn.dialect.driver == "psycopg":
+        # One statement in psycopg's own SQL: the fast path the worker takes.
+        replies = done_reply_rows(completions, destination)
+        done = task_sql.complete_tasks_with_replies(conn, completions, replies, now)
+    else:
+        if is_postgresql(conn.dialect.name):  # asyncpg, psycopg2: portable statements
+            done = task_sql.complete_tasks_one_by_one(conn, completions, now)
+        else:
+            done = task_sql.complete_tasks(conn, completions, now)
+        add_task_replies(
+            conn,
+            [
+                TaskReply(task_id, TaskState.DONE, result)
+                for task_id, _, _, result in completions
+                if task_id in done
+            ],
+            destination,
+            now,
+        )
+    for index, (claim, _) in enumerate(finished):
+        if refused[index] is None and claim.task_id not in done:
+            refused[index] = _fenced_after_write(conn, claim)
+    return refused
+
+
+def prepare(
+    finished: Sequence[tuple[Claim, Any]],
+) -> tuple[list[OutboxError | None], list[task_sql.Completion]]:
+    """Per (claim, result), the InvalidMessage or Fenced known before writing (else None),
+    and the completions to write: one per task, each result encoded."""
     refused: list[OutboxError | None] = [None] * len(finished)
     # One claim per task: of two claims of one task (a lost lease taken again by the
     # same worker), only the newer can hold it, and one reply row per task may exist.
@@ -61,32 +92,17 @@ def complete(
             refused[index] = invalid
             continue
         completions.append((claim.task_id, claim.owner, claim.fence, result_json))
-    if is_postgresql(conn.dialect.name) and conn.dialect.driver == "psycopg":
-        # One statement in psycopg's own SQL: the fast path the worker takes.
-        replies = task_reply_rows(
-            [TaskReply(task_id, TaskState.DONE, result) for task_id, _, _, result in completions],
-            destination,
-        )
-        done = task_sql.complete_tasks_with_replies(conn, completions, replies, now)
-    else:
-        if is_postgresql(conn.dialect.name):  # asyncpg, psycopg2: portable statements
-            done = task_sql.complete_tasks_one_by_one(conn, completions, now)
-        else:
-            done = task_sql.complete_tasks(conn, completions, now)
-        add_task_replies(
-            conn,
-            [
-                TaskReply(task_id, TaskState.DONE, result)
-                for task_id, _, _, result in completions
-                if task_id in done
-            ],
-            destination,
-            now,
-        )
-    for index, (claim, _) in enumerate(finished):
-        if refused[index] is None and claim.task_id not in done:
-            refused[index] = _fenced_after_write(conn, claim)
-    return refused
+    return refused, completions
+
+
+def done_reply_rows(
+    completions: Sequence[task_sql.Completion], destination: str
+) -> list[dict[str, Any]]:
+    """The reply rows of completions, in their order, for task_sql.complete_parameters."""
+    return task_reply_rows(
+        [TaskReply(task_id, TaskState.DONE, result) for task_id, _, _, result in completions],
+        destination,
+    )
 
 
 def _fenced_after_write(conn: Connection, claim: Claim) -> Fenced:

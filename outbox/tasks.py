@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import random
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -62,6 +62,23 @@ class Claim:
     payload: dict[str, Any]
     lease_until: float | None = None
     deadline: float | None = None
+
+
+def claims_from_rows(rows: Sequence[Mapping[Any, Any]]) -> list[Claim]:
+    """The Claims of a claim statement's rows, in claim order (RETURNING keeps none)."""
+    ordered = sorted(rows, key=lambda r: (-r["priority"], r["available_at"], r["created_at"]))
+    return [
+        Claim(
+            task_id=r["task_id"],
+            owner=r["owner"],
+            fence=r["fence"],
+            attempt=r["attempts"],
+            payload=json.loads(r["payload"]),
+            lease_until=r["lease_until"],
+            deadline=r["deadline"],
+        )
+        for r in ordered
+    ]
 
 
 def _storable_reason(reason: object) -> str:
@@ -263,19 +280,7 @@ class TaskQueue(DatabaseHandle):
                 self._reconcile_in(conn, now)
             rows = self._claim_rows(conn, owner, limit, now)
         failpoints.hit("claim.after_commit")
-        rows.sort(key=lambda r: (-r["priority"], r["available_at"], r["created_at"]))
-        return [
-            Claim(
-                task_id=r["task_id"],
-                owner=r["owner"],
-                fence=r["fence"],
-                attempt=r["attempts"],
-                payload=json.loads(r["payload"]),
-                lease_until=r["lease_until"],
-                deadline=r["deadline"],
-            )
-            for r in rows
-        ]
+        return claims_from_rows(rows)
 
     def _claim_rows(
         self, conn: Connection, owner: str, limit: int, now: float | None

@@ -17,7 +17,7 @@ result would be refused anyway.
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
+import contextlib
 import inspect
 import logging
 import os
@@ -35,7 +35,7 @@ import sqlalchemy as sa
 from outbox.db import retry
 from outbox.db.dialect import listen_conninfo
 from outbox.errors import Fenced, InvalidMessage, PermanentFailure
-from outbox.handler_loop import BatchedWrites, HandlerLoop, HandlerThreads
+from outbox.handler_loop import BatchedWrites, HandlerLoop, HandlerThreads, LoopWake
 from outbox.handlers import WrongHandlerKind, handler_name, is_async_handler
 from outbox.observability.probe import Probe
 from outbox.observability.worker_metrics import WorkerMetrics
@@ -43,6 +43,7 @@ from outbox.result_group_commit import ResultGroupCommit
 from outbox.states import TaskState
 from outbox.task_wakeups import TaskWakeups
 from outbox.tasks import Claim, TaskQueue
+from outbox.worker_lanes import DATABASE_ERRORS, ThreadedLanes, worker_lanes
 
 log = logging.getLogger("outbox.worker")
 Handler = Callable[[Claim, Any], Any]
@@ -66,7 +67,7 @@ class _Running:
     # An async handler's own stop event, set from other threads through this function.
     async_stop: asyncio.Event | None = None
     set_async_stop: Callable[[], None] | None = None
-    task: concurrent.futures.Future[None] | None = None  # an async handler's, to cancel it
+    task: asyncio.Task[None] | None = None  # its task on the loop, to cancel it
     busy: bool = True  # holds one of `concurrency` slots (see Worker._free_slots)
 
     @property
@@ -127,7 +128,9 @@ class Worker:
         self._busy = 0  # entries of _running that hold a slot
         self._lock = threading.Lock()
         self._stopping = threading.Event()
-        self._wake = threading.Event()
+        self._released = threading.Event()  # a running task was forgotten: for the drain
+        self._claim_wake: LoopWake | None = None  # the claim loop's, while it runs
+        self._loop: HandlerLoop | None = None
         self._beats_end = threading.Event()
         self._next_reconcile = 0.0  # the _moment() of the next claim that reconciles
         self._misuse: str | None = None  # set when the handler proves to be of the wrong kind
@@ -148,7 +151,7 @@ class Worker:
     def stop(self) -> None:
         """Stop claiming; running handlers finish within the grace period. Any thread."""
         self._stopping.set()
-        self._wake.set()
+        self._wake_claims()
 
     def run(self, install_signal_handlers: bool = True) -> None:
         """Claim and handle tasks until stop() or SIGTERM/SIGINT, then drain and return.
@@ -182,39 +185,28 @@ class Worker:
         )
         beat = threading.Thread(target=self._heartbeats, name="outbox-heartbeat", daemon=True)
         beat.start()
+        # Every claimed task is a task of one event loop, whichever the handler's kind:
+        # the slot it holds frees when its handler returns, not when its result commits.
+        # The claims and the batches of results run on that loop too (see worker_lanes).
+        loop = self._loop = HandlerLoop()
+        self._claim_wake = LoopWake(loop)
         wakeups = self._wakeups()
         if wakeups is not None:
             wakeups.start()
-        # Every claimed task is a task of one event loop, whichever the handler's kind:
-        # the slot it holds frees when its handler returns, not when its result commits.
-        loop = HandlerLoop()
+        lanes = worker_lanes(self.queue, loop, self.owner)
         finishes: BatchedWrites[tuple[_Running, Any], bool] = BatchedWrites(
-            loop, self._finish_together
+            loop, partial(self._finish_together, lanes)
         )
-        slots = asyncio.Semaphore(self.concurrency)  # handlers running at once
         threads = None if self.is_async else HandlerThreads(loop, self.concurrency)
         loop.start()
         try:
-            while not self._stopping.is_set():
-                self.last_turn = time.monotonic()
-                self._wake.clear()
-                free = self._free_slots()
-                claims = self._claim(free) if free > 0 else []
-                for claim in claims:
-                    running = _Running(claim)
-                    if threads is None:
-                        running.async_stop, running.set_async_stop = loop.stop_event()
-                    with self._lock:
-                        self._running[running.key] = running
-                        self._busy += 1
-                    running.task = loop.submit(
-                        self._handle(loop, finishes, slots, threads, running)
-                    )
-                if not claims or len(claims) == free:
-                    # Wait for a free slot, new work (a NOTIFY or the poll) or stop.
-                    self._wake.wait(self.poll_interval)
+            loop.run(self._claim_loop(loop, lanes, finishes, threads), timeout=None)
         finally:
             abandoned = self._drain()
+            try:
+                loop.run(lanes.close(), timeout=self.heartbeat)
+            except Exception as exc:  # noqa: BLE001 - closing: the leases expire anyway
+                log.warning("worker %s: connections not closed (%s)", self.owner, exc)
             loop.close(timeout=self.heartbeat)
             if threads is not None:
                 threads.close()  # idle threads end now, late ones once their handler returns
@@ -231,6 +223,35 @@ class Worker:
             )
         if self._misuse is not None:
             raise WrongHandlerKind(self._misuse)
+
+    async def _claim_loop(
+        self,
+        loop: HandlerLoop,
+        lanes: ThreadedLanes,
+        finishes: BatchedWrites[tuple[_Running, Any], bool],
+        threads: HandlerThreads | None,
+    ) -> None:
+        """Claim while slots are free, each claim a task of the loop, until stop()."""
+        slots = asyncio.Semaphore(self.concurrency)  # handlers running at once
+        wake = self._claim_wake
+        assert wake is not None  # set by run() before the loop starts
+        while not self._stopping.is_set():
+            self.last_turn = time.monotonic()
+            free = self._free_slots()
+            claims = await self._claim(lanes, free) if free > 0 else []
+            for claim in claims:
+                running = _Running(claim)
+                if threads is None:
+                    running.async_stop, running.set_async_stop = loop.stop_event()
+                with self._lock:
+                    self._running[running.key] = running
+                    self._busy += 1
+                running.task = loop.loop.create_task(
+                    self._handle(loop, finishes, slots, threads, running)
+                )
+            if not claims or len(claims) == free:
+                # Wait for a free slot, new work (a NOTIFY or the poll) or stop.
+                await wake.wait(self.poll_interval)
 
     def health(self) -> dict[str, Any]:
         """Liveness for /healthz: the claim loop has turned recently."""
@@ -256,19 +277,19 @@ class Worker:
             os._exit(EXIT_FORCED)
         self.stop()
 
-    def _claim(self, limit: int) -> list[Claim]:
+    async def _claim(self, lanes: ThreadedLanes, limit: int) -> list[Claim]:
         # Expired leases and deadlines matter on the scale of the lease, not of a claim:
         # reconciling in every claim cost a third of a busy worker's time.
         moment = self._moment()
         reconcile = moment >= self._next_reconcile
         try:
-            claims = self.queue.claim_many(self.owner, limit, reconcile=reconcile)
+            claims = await lanes.claim(limit, reconcile)
             if reconcile:
                 self._next_reconcile = moment + self.queue.lease / RECONCILES_PER_LEASE
             if claims and self.metrics is not None:
                 self.metrics.claimed(len(claims))
             return claims
-        except sa.exc.DBAPIError as exc:
+        except DATABASE_ERRORS as exc:
             # Nothing was leased, or the leases expire and are taken again.
             log.warning("worker %s: claim failed (%s); trying again", self.owner, exc)
             return []
@@ -278,7 +299,13 @@ class Worker:
         conninfo = listen_conninfo(self.queue.engine)
         if conninfo is None:
             return None
-        return TaskWakeups(conninfo, self._wake.set, self.poll_interval, self.listening)
+        return TaskWakeups(conninfo, self._wake_claims, self.poll_interval, self.listening)
+
+    def _wake_claims(self) -> None:
+        """Let the claim loop look for work now (any thread)."""
+        wake = self._claim_wake
+        if wake is not None:
+            wake.set()
 
     def _moment(self) -> float:
         """Seconds on the queue's clock when it has a manual one (leases run on it), else
@@ -301,9 +328,9 @@ class Worker:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 break
-            # A handler sets `_wake` once its outcome is written and its slot is free.
-            self._wake.wait(remaining)
-            self._wake.clear()
+            # Set once a handler's outcome is written and its slot is free.
+            self._released.wait(remaining)
+            self._released.clear()
         with self._lock:
             late = list(self._running.values())
             for running in late:
@@ -311,8 +338,10 @@ class Worker:
                 # this one's may be written any more.
                 running.lost = True
                 running.halt()
-                if running.task is not None:
-                    running.task.cancel()
+                if running.task is not None and self._loop is not None:
+                    # A closed loop has cancelled its tasks already.
+                    with contextlib.suppress(RuntimeError):
+                        self._loop.loop.call_soon_threadsafe(running.task.cancel)
         if late:
             log.warning(
                 "worker %s: abandoned %d running tasks to lease expiry", self.owner, len(late)
@@ -426,7 +455,7 @@ class Worker:
                 return
             running.busy = False
             self._busy -= 1
-        self._wake.set()
+        self._wake_claims()
 
     def _release(self, running: _Running) -> None:
         """Forget the running task (its outcome is settled) and wake the claim loop."""
@@ -434,7 +463,8 @@ class Worker:
             if self._running.pop(running.key, None) is not None and running.busy:
                 running.busy = False
                 self._busy -= 1
-        self._wake.set()
+        self._released.set()
+        self._wake_claims()
 
     def _handled(self, started: float) -> None:
         if self.metrics is not None:
@@ -459,8 +489,10 @@ class Worker:
             return "failed"
         return "done"
 
-    def _finish_together(self, finished: list[tuple[_Running, Any]]) -> list[bool]:
-        """Commit async handlers' results in one transaction; per result, whether it was.
+    async def _finish_together(
+        self, lanes: ThreadedLanes, finished: list[tuple[_Running, Any]]
+    ) -> list[bool]:
+        """Commit handlers' results in one transaction; per result, whether it was.
 
         The common case only: a result not committed here (its lease lost, the result
         refused, a database error) is then settled alone, as a plain handler's is, by
@@ -470,7 +502,7 @@ class Worker:
         if not held:
             return [False] * len(finished)
         try:
-            refused = self.queue.finish_many([(r.claim, result) for r, result in held])
+            written = await lanes.finish([(r.claim, result) for r, result in held])
         except Exception as exc:  # noqa: BLE001 - nothing known committed: each is settled alone
             log.warning(
                 "worker %s: %d results not committed together (%s); writing each alone",
@@ -480,8 +512,8 @@ class Worker:
             )
             return [False] * len(finished)
         committed = set()
-        for (running, _), error in zip(held, refused, strict=True):
-            if error is None:
+        for (running, _), was_written in zip(held, written, strict=True):
+            if was_written:
                 running.written = True
                 committed.add(running.key)
                 self._count("done")

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 from support.cli_helpers import one_line_error, running_in_thread
-from support.worker_tasks import real_time_queue, submit
+from support.worker_tasks import before_result_writes, real_time_queue, submit
 
 from outbox import AuthContext, Claim, Envelope, Fenced, TaskQueue
 from outbox.testing import ManualClock
@@ -92,7 +92,7 @@ def test_an_error_fails_the_attempt_and_a_permanent_failure_ends_the_task(
 
 
 def test_a_refused_renewal_stops_the_handler_and_its_result_is_discarded(
-    queue: TaskQueue,
+    queue: TaskQueue, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     [task_id] = submit(queue, 1)
     started, stopped = threading.Event(), threading.Event()
@@ -104,13 +104,9 @@ def test_a_refused_renewal_stops_the_handler_and_its_result_is_discarded(
         return {"late": True}
 
     finishes: list[str] = []
-    real_finish_many = queue.finish_many
-
-    def counting_finish_many(finished: Any) -> Any:
-        finishes.extend(claim.task_id for claim, _ in finished)
-        return real_finish_many(finished)
-
-    queue.finish_many = counting_finish_many  # type: ignore[method-assign]
+    before_result_writes(
+        monkeypatch, queue, lambda finished: finishes.extend(c.task_id for c, _ in finished)
+    )
     with running_in_thread(Worker(queue, handler, poll_interval=0.05, heartbeat=0.05)):
         assert started.wait(15)
         assert queue.cancel(task_id)
@@ -311,15 +307,12 @@ def test_an_outcome_is_written_once_the_database_answers_again(
     [task_id] = submit(queue, 1)
     runs: list[int] = []
     refusals = iter(range(4))
-    real_finish_many = queue.finish_many
 
-    def finish_after_an_outage(finished: Any) -> Any:
+    def an_outage(finished: Any) -> None:
         if next(refusals, None) is not None:
             raise sa.exc.OperationalError("COMMIT", {}, Exception("server closed"), True)
-        return real_finish_many(finished)
 
-    # The worker writes results through finish_many (its group commit).
-    monkeypatch.setattr(queue, "finish_many", finish_after_an_outage)
+    before_result_writes(monkeypatch, queue, an_outage)
 
     def handler(claim: Claim, stop: threading.Event) -> dict[str, Any]:
         runs.append(claim.attempt)

@@ -14,7 +14,7 @@ import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
 from sqlalchemy.pool import NullPool
 from support.cli_helpers import one_line_error, running_in_thread
-from support.worker_tasks import real_time_queue, submit
+from support.worker_tasks import before_result_writes, real_time_queue, submit
 from test_worker import live, states, wait_until
 
 import outbox.asyncio
@@ -75,13 +75,7 @@ def test_results_finishing_together_commit_together_beyond_the_writer_threads(
     count = 3 * WRITER_THREADS
     ids = submit(queue, count)
     batches: list[int] = []
-    real_finish_many = queue.finish_many
-
-    def counted(finished: Any) -> Any:
-        batches.append(len(finished))
-        return real_finish_many(finished)
-
-    monkeypatch.setattr(queue, "finish_many", counted)
+    before_result_writes(monkeypatch, queue, lambda finished: batches.append(len(finished)))
     waiting = 0
     all_in: asyncio.Event | None = None
 
@@ -133,14 +127,12 @@ def test_results_are_written_once_the_database_answers_again(
     ids = submit(queue, 3)
     runs: list[int] = []
     refusals = iter(range(4))
-    real_finish_many = queue.finish_many
 
-    def finish_after_an_outage(finished: Any) -> Any:
+    def an_outage(finished: Any) -> None:
         if next(refusals, None) is not None:
             raise sa.exc.OperationalError("COMMIT", {}, Exception("server closed"), True)
-        return real_finish_many(finished)
 
-    monkeypatch.setattr(queue, "finish_many", finish_after_an_outage)
+    before_result_writes(monkeypatch, queue, an_outage)
 
     async def handler(claim: Claim, stop: asyncio.Event) -> dict[str, Any]:
         runs.append(claim.attempt)
@@ -155,19 +147,18 @@ def test_results_are_written_once_the_database_answers_again(
 
 
 def test_a_slot_takes_the_next_task_while_the_last_result_waits_for_its_commit(
-    queue: TaskQueue,
+    queue: TaskQueue, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     first, second = submit(queue, 2)
-    commit_held, second_started = threading.Event(), threading.Event()
-    real_finish_many = queue.finish_many
+    second_started = threading.Event()
+    # Per write of the first's result: whether the second started while it was held.
+    started_while_held: list[bool] = []
 
-    def slow_finish_many(finished: Any) -> Any:
+    def slow_write(finished: Any) -> None:
         if any(claim.task_id == first for claim, _ in finished):
-            commit_held.set()
-            assert second_started.wait(15), "the second task waited for the first's commit"
-        return real_finish_many(finished)
+            started_while_held.append(second_started.wait(15))
 
-    queue.finish_many = slow_finish_many  # type: ignore[method-assign]
+    before_result_writes(monkeypatch, queue, slow_write)
 
     async def handler(claim: Claim, stop: asyncio.Event) -> str:
         if claim.task_id == second:
@@ -178,7 +169,7 @@ def test_a_slot_takes_the_next_task_while_the_last_result_waits_for_its_commit(
     # handler returned, while its result is still being committed.
     with running_in_thread(Worker(queue, handler, concurrency=1, poll_interval=0.05)):
         assert wait_until(lambda: states(queue, [first, second]) == ["done", "done"])
-    assert commit_held.is_set()
+    assert started_while_held[:1] == [True], "the second task waited for the first's commit"
 
 
 def test_tasks_claimed_ahead_are_given_back_unrun_when_the_worker_stops(

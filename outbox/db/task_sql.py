@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import sqlalchemy as sa
+from sqlalchemy.dialects.postgresql import psycopg
 
 from outbox.db.dialect import (
     UNPREPARED,
@@ -120,6 +121,15 @@ def claim_tasks(dialect_name: str, capped: bool, manual_clock: bool) -> sa.Updat
         )
         .returning(*CLAIM_RETURNING)
     )
+
+
+@functools.cache
+def claim_tasks_psycopg(manual_clock: bool) -> tuple[str, dict[str, Any]]:
+    """claim_tasks on PostgreSQL without a tenant cap, as psycopg SQL text, with the values
+    of its fixed parameters; :claim_owner, :lease, :limit (and :now) are bound per claim."""
+    dialect = psycopg.dialect()  # type: ignore[no-untyped-call]
+    compiled = claim_tasks("postgresql", False, manual_clock).compile(dialect=dialect)
+    return str(compiled), dict(compiled.params)
 
 
 def lock_tenant_caps() -> sa.Select[Any]:
@@ -286,8 +296,18 @@ def complete_tasks_with_replies(
     statement; returns their task_ids. `replies` are the completions' reply rows, in order."""
     if not completions:
         return set()
+    params = complete_parameters(completions, replies, now)
+    # Planned per run: a generic plan may rescan the arrays once per row (see UNPREPARED).
+    result = conn.exec_driver_sql(COMPLETE_POSTGRESQL, params, execution_options={UNPREPARED: True})
+    return set(result.scalars().all())
+
+
+def complete_parameters(
+    completions: Sequence[Completion], replies: Sequence[dict[str, Any]], now: float | None
+) -> dict[str, Any]:
+    """COMPLETE_POSTGRESQL's parameters: the completions and their reply rows as arrays."""
     task_ids, owners, fences, results = (list(c) for c in zip(*completions, strict=True))
-    params = {
+    return {
         "task_ids": task_ids,
         "owners": owners,
         "fences": fences,
@@ -298,9 +318,6 @@ def complete_tasks_with_replies(
         "hashes": [row["content_hash"] for row in replies],
         "now": now,
     }
-    # Planned per run: a generic plan may rescan the arrays once per row (see UNPREPARED).
-    result = conn.exec_driver_sql(COMPLETE_POSTGRESQL, params, execution_options={UNPREPARED: True})
-    return set(result.scalars().all())
 
 
 @functools.cache

@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
 
-from outbox import AuthContext, Envelope, TaskQueue
+import pytest
+
+from outbox import AuthContext, Claim, Envelope, TaskQueue
+from outbox.worker_lanes import PsycopgLanes
 
 SOURCE = AuthContext("agent-a")
 
@@ -25,3 +30,31 @@ def submit(queue: TaskQueue, count: int) -> list[str]:
         queue.receive(SOURCE, Envelope(f"m-{n}", "agent-a", {"n": n}, deadline)).task_id
         for n in range(count)
     ]
+
+
+def before_result_writes(
+    monkeypatch: pytest.MonkeyPatch,
+    queue: TaskQueue,
+    hook: Callable[[Sequence[tuple[Claim, Any]]], None],
+) -> None:
+    """Call `hook(finished)`, on a thread, before each write of results a Worker of `queue`
+    makes: its batches, on either lane (see outbox.worker_lanes), and its single retries.
+
+    A hook that raises stands for a failed write; one that blocks holds the write back
+    while the worker's loop goes on.
+    """
+    real_finish_many = queue.finish_many
+
+    def finish_many(finished: Sequence[tuple[Claim, Any]]) -> Any:
+        hook(finished)
+        return real_finish_many(finished)
+
+    # ThreadedLanes and the retries of single results write through finish_many.
+    monkeypatch.setattr(queue, "finish_many", finish_many)
+    real_lane_finish = PsycopgLanes.finish
+
+    async def lane_finish(lanes: PsycopgLanes, finished: Sequence[tuple[Claim, Any]]) -> Any:
+        await asyncio.to_thread(hook, finished)
+        return await real_lane_finish(lanes, finished)
+
+    monkeypatch.setattr(PsycopgLanes, "finish", lane_finish)

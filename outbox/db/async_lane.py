@@ -1,0 +1,73 @@
+"""An async lane: one held autocommit psycopg connection on an event loop (PostgreSQL).
+
+The worker's claims and finishes run on its event loop, as coroutines: a claim
+or a batch of results then costs no hop to a thread and back, which was most of
+a busy worker's CPU. The rules are those of outbox.db.lane: statements run one
+at a time on the held connection; after any error or cancellation it is closed
+(its state is unknown) and the next statement opens another; one idle for longer
+than IDLE_SECONDS is replaced before the next statement, which then does not
+meet a connection a proxy or firewall has cut meanwhile.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import psycopg
+
+from outbox.db.lane import IDLE_SECONDS
+
+# Seconds a connection attempt may take: a claim waiting on an unreachable database
+# would hold up the worker's stop as long as libpq's own default.
+CONNECT_TIMEOUT = 5
+
+
+class AsyncLane:
+    """One held autocommit AsyncConnection, opened from a libpq connection string."""
+
+    def __init__(self, conninfo: str) -> None:
+        """Nothing connects until the first statement."""
+        self._conninfo = conninfo
+        self._held: psycopg.AsyncConnection[Any] | None = None
+        self._last_used = 0.0
+        self._closed = False
+
+    @asynccontextmanager
+    async def connection(self) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
+        """The held connection (opened when there is none); autocommit."""
+        if self._closed:
+            raise RuntimeError("the lane is closed")
+        held = await self._take()
+        try:
+            yield held
+        except BaseException:
+            await self._drop()
+            raise
+        self._last_used = time.monotonic()
+
+    async def close(self) -> None:
+        """Close the held connection; statements after this raise RuntimeError."""
+        self._closed = True
+        await self._drop()
+
+    async def _take(self) -> psycopg.AsyncConnection[Any]:
+        held = self._held
+        if held is not None and (held.closed or time.monotonic() - self._last_used > IDLE_SECONDS):
+            await self._drop()
+            held = None
+        if held is None:
+            held = self._held = await psycopg.AsyncConnection.connect(
+                self._conninfo, autocommit=True, connect_timeout=CONNECT_TIMEOUT
+            )
+        return held
+
+    async def _drop(self) -> None:
+        held, self._held = self._held, None
+        if held is not None:
+            # Dropped for an error or for idling: a broken one may fail to close too.
+            with contextlib.suppress(Exception):
+                await held.close()

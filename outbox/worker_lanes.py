@@ -1,0 +1,125 @@
+"""How a Worker's event loop claims tasks and commits results: its two lanes.
+
+The claim loop and the batches of results run as coroutines on the worker's
+HandlerLoop. On PostgreSQL through psycopg they run there too, on two held
+async connections (PsycopgLanes): the same statements as TaskQueue.claim_many
+and TaskQueue.finish_many, with the same failpoints around them, and no hop to a
+thread and back per claim or batch. Elsewhere (SQLite, other drivers), and for a
+claim that reconciles first or counts tenants against their cap (several
+statements in one transaction), each goes to TaskQueue on a writer thread
+(ThreadedLanes).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from functools import partial
+from typing import Any
+
+import psycopg
+import sqlalchemy as sa
+from psycopg.rows import dict_row
+
+from outbox import failpoints, task_results
+from outbox.db import task_sql
+from outbox.db.async_lane import AsyncLane
+from outbox.db.dialect import clock_value, listen_conninfo
+from outbox.handler_loop import HandlerLoop
+from outbox.intake import check_name
+from outbox.tasks import Claim, TaskQueue, claims_from_rows
+
+DATABASE_ERRORS = (sa.exc.DBAPIError, psycopg.Error)
+"""What a lane raises when the database fails or cannot be reached."""
+
+
+class ThreadedLanes:
+    """Claims and results written by TaskQueue on the loop's writer threads."""
+
+    def __init__(self, queue: TaskQueue, loop: HandlerLoop, owner: str) -> None:
+        """Claims are leased to `owner`."""
+        self.queue = queue
+        self.owner = check_name("owner", owner)
+        self._loop = loop
+
+    async def claim(self, limit: int, reconcile: bool) -> list[Claim]:
+        """Lease up to `limit` tasks, reconciling first when asked (see claim_many)."""
+        claim = partial(self.queue.claim_many, self.owner, limit, reconcile=reconcile)
+        return await self._loop.write(claim)
+
+    async def finish(self, finished: Sequence[tuple[Claim, Any]]) -> list[bool]:
+        """Commit results with their replies in one transaction; per pair, whether it was.
+
+        A pair not committed was refused (its lease lost, the result not storable):
+        TaskQueue.finish_many says why. A database error raises and commits none.
+        """
+        refused = await self._loop.write(partial(self.queue.finish_many, finished))
+        return [error is None for error in refused]
+
+    async def close(self) -> None:
+        """Nothing is held: the queue's own connections stay the queue's."""
+
+
+class PsycopgLanes(ThreadedLanes):
+    """Claims and results on two held psycopg AsyncConnections of the loop (PostgreSQL)."""
+
+    def __init__(self, queue: TaskQueue, loop: HandlerLoop, owner: str, conninfo: str) -> None:
+        """Connections open from `conninfo` at the first statement of each lane."""
+        super().__init__(queue, loop, owner)
+        self._claims = AsyncLane(conninfo)
+        self._finishes = AsyncLane(conninfo)
+
+    async def claim(self, limit: int, reconcile: bool) -> list[Claim]:
+        """Lease up to `limit` tasks in one autocommit statement, as claim_many does."""
+        if reconcile or self.queue.tenant_cap is not None:
+            return await super().claim(limit, reconcile)
+        now = clock_value(self.queue.clock)
+        sql, fixed = task_sql.claim_tasks_psycopg(manual_clock=now is not None)
+        params = {**fixed, "claim_owner": self.owner, "lease": self.queue.lease, "limit": limit}
+        if now is not None:
+            params["now"] = now
+        # Autocommit: nothing is written before the statement, and all of it once it ends.
+        failpoints.hit("claim.before_commit")
+        async with self._claims.connection() as conn:
+            cursor = conn.cursor(row_factory=dict_row)
+            await cursor.execute(sql, params)
+            rows = await cursor.fetchall()
+        failpoints.hit("claim.after_commit")
+        return claims_from_rows(rows)
+
+    async def finish(self, finished: Sequence[tuple[Claim, Any]]) -> list[bool]:
+        """Commit results with their replies in one autocommit statement, as finish_many does.
+
+        A pair not committed was refused; TaskQueue.finish_many, writing it again,
+        says why. A database error raises: the statement may or may not have
+        committed, as a lost COMMIT answer leaves it.
+        """
+        refused, completions = task_results.prepare(finished)
+        if not completions:
+            return [False] * len(finished)
+        replies = task_results.done_reply_rows(completions, self.queue.reply_destination)
+        now = clock_value(self.queue.clock)
+        params = task_sql.complete_parameters(completions, replies, now)
+        failpoints.hit("finish.before_commit")
+        async with self._finishes.connection() as conn:
+            # Planned per run, as finish_many's (see outbox.db.dialect.UNPREPARED).
+            cursor = await conn.execute(task_sql.COMPLETE_POSTGRESQL, params, prepare=False)
+            done = {task_id for (task_id,) in await cursor.fetchall()}
+        failpoints.hit("finish.after_commit")
+        return [
+            error is None and claim.task_id in done
+            for error, (claim, _) in zip(refused, finished, strict=True)
+        ]
+
+    async def close(self) -> None:
+        """Close both held connections."""
+        await self._claims.close()
+        await self._finishes.close()
+
+
+def worker_lanes(queue: TaskQueue, loop: HandlerLoop, owner: str) -> ThreadedLanes:
+    """The lanes for a Worker of `queue` on `loop`: PsycopgLanes where they apply."""
+    engine = queue.engine
+    conninfo = listen_conninfo(engine)
+    if conninfo is not None and engine.dialect.driver == "psycopg":
+        return PsycopgLanes(queue, loop, owner, conninfo)
+    return ThreadedLanes(queue, loop, owner)

@@ -1,0 +1,237 @@
+"""A Worker's lanes: claims and results on its event loop, and the wake-up of its claim loop."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Coroutine, Iterator
+from typing import Any, TypeVar
+
+import psycopg
+import pytest
+import sqlalchemy as sa
+
+from outbox import AuthContext, Envelope, TaskQueue
+from outbox.failpoints import Crash, arm
+from outbox.handler_loop import HandlerLoop, LoopWake
+from outbox.tasks import Claim
+from outbox.testing import ManualClock
+from outbox.worker_lanes import PsycopgLanes, ThreadedLanes, worker_lanes
+
+T = TypeVar("T")
+OWNER = "lane-worker"
+only_postgresql = pytest.mark.parametrize("backend", ["postgresql"], indirect=True)
+
+
+@pytest.fixture
+def loop() -> Iterator[HandlerLoop]:
+    """A started HandlerLoop, closed afterwards."""
+    handler_loop = HandlerLoop()
+    handler_loop.start()
+    yield handler_loop
+    handler_loop.close(timeout=5)
+
+
+@pytest.fixture
+def lanes(queue: TaskQueue, loop: HandlerLoop) -> Iterator[ThreadedLanes]:
+    """The lanes a Worker of `queue` would use, closed afterwards."""
+    chosen = worker_lanes(queue, loop, OWNER)
+    yield chosen
+    loop.run(chosen.close(), timeout=5)
+
+
+def on(loop: HandlerLoop, coroutine: Coroutine[Any, Any, T]) -> T:
+    """Run `coroutine` on the loop and return its result."""
+    return loop.run(coroutine, timeout=10)
+
+
+def receive(queue: TaskQueue, name: str, priority: int = 0, deadline: float = 4e9) -> str:
+    """One task with payload {"name": name}; its id."""
+    envelope = Envelope(name, "agent-a", {"name": name}, deadline, priority=priority)
+    return queue.receive(AuthContext("agent-a"), envelope).task_id
+
+
+def test_postgresql_takes_the_async_lanes_and_sqlite_the_threaded_ones(
+    backend: str, lanes: ThreadedLanes
+) -> None:
+    assert isinstance(lanes, PsycopgLanes) == (backend == "postgresql")
+
+
+def test_a_claim_leases_tasks_in_claim_order_as_claim_many_does(
+    queue: TaskQueue, loop: HandlerLoop, lanes: ThreadedLanes, clock: ManualClock
+) -> None:
+    low, high = receive(queue, "low", priority=0), receive(queue, "high", priority=5)
+    claims = on(loop, lanes.claim(10, reconcile=False))
+    assert [c.task_id for c in claims] == [high, low]
+    assert [(c.owner, c.fence, c.attempt) for c in claims] == [(OWNER, 1, 1)] * 2
+    assert [c.payload for c in claims] == [{"name": "high"}, {"name": "low"}]
+    assert [c.lease_until for c in claims] == [clock() + queue.lease] * 2
+    for claim in claims:
+        task = queue.task(claim.task_id)
+        assert task is not None
+        assert (task["state"], task["owner"], task["fence"]) == ("running", OWNER, 1)
+    assert on(loop, lanes.claim(10, reconcile=False)) == []
+
+
+def test_a_claim_takes_at_most_its_limit(
+    queue: TaskQueue, loop: HandlerLoop, lanes: ThreadedLanes
+) -> None:
+    for n in range(5):
+        receive(queue, f"t{n}")
+    assert len(on(loop, lanes.claim(3, reconcile=False))) == 3
+    assert len(on(loop, lanes.claim(3, reconcile=False))) == 2
+
+
+def test_a_reconciling_claim_takes_back_an_expired_lease_first(
+    queue: TaskQueue, loop: HandlerLoop, lanes: ThreadedLanes, clock: ManualClock
+) -> None:
+    task_id = receive(queue, "t")
+    [first] = on(loop, lanes.claim(1, reconcile=False))
+    clock.advance(queue.lease + 1)
+    assert on(loop, lanes.claim(1, reconcile=False)) == []  # not reconciled: still running
+    [again] = on(loop, lanes.claim(1, reconcile=True))
+    assert (again.task_id, again.fence, again.attempt) == (task_id, first.fence + 1, 2)
+
+
+def test_results_commit_with_their_replies_and_stale_claims_are_refused(
+    queue: TaskQueue, loop: HandlerLoop, lanes: ThreadedLanes
+) -> None:
+    for name in ("a", "b", "c"):
+        receive(queue, name)
+    a, b, c = on(loop, lanes.claim(3, reconcile=False))
+    stale = Claim(b.task_id, b.owner, b.fence + 7, b.attempt, b.payload)
+    written = on(loop, lanes.finish([(a, {"r": "a"}), (stale, {"r": "stale"}), (c, float("nan"))]))
+    assert written == [True, False, False]  # a stale fence; a result that is not JSON
+    states = {t: queue.task(t)["state"] for t in (a.task_id, b.task_id, c.task_id)}  # type: ignore[index]
+    assert states == {a.task_id: "done", b.task_id: "running", c.task_id: "running"}
+    assert queue.task(a.task_id)["result"] == {"r": "a"}  # type: ignore[index]
+    [reply] = queue.messages()
+    assert reply["task_id"] == a.task_id
+    assert json.loads(reply["body"])["status"] == "done"
+    # Written once: a second finish of the same claim changes nothing.
+    assert on(loop, lanes.finish([(a, {"r": "again"})])) == [False]
+    assert len(queue.messages()) == 1
+
+
+def test_of_two_claims_of_one_task_in_a_batch_only_the_newer_is_written(
+    queue: TaskQueue, loop: HandlerLoop, lanes: ThreadedLanes, clock: ManualClock
+) -> None:
+    receive(queue, "t")
+    [old] = on(loop, lanes.claim(1, reconcile=False))
+    clock.advance(queue.lease + 1)
+    [new] = on(loop, lanes.claim(1, reconcile=True))
+    assert on(loop, lanes.finish([(old, "old"), (new, "new")])) == [False, True]
+    assert queue.task(new.task_id)["result"] == "new"  # type: ignore[index]
+
+
+@only_postgresql
+@pytest.mark.parametrize(
+    ("point", "claimed", "state"),
+    [
+        ("claim.before_commit", False, "pending"),
+        ("claim.after_commit", True, "running"),
+    ],
+)
+def test_a_claim_passes_its_failpoints_around_the_statement(
+    queue: TaskQueue,
+    loop: HandlerLoop,
+    lanes: ThreadedLanes,
+    point: str,
+    claimed: bool,
+    state: str,
+) -> None:
+    task_id = receive(queue, "t")
+    with arm(point), pytest.raises(Crash):
+        on(loop, lanes.claim(1, reconcile=False))
+    assert queue.task(task_id)["state"] == state  # type: ignore[index]
+    assert len(on(loop, lanes.claim(1, reconcile=False))) == (0 if claimed else 1)
+
+
+@only_postgresql
+@pytest.mark.parametrize(
+    ("point", "state"), [("finish.before_commit", "running"), ("finish.after_commit", "done")]
+)
+def test_a_finish_passes_its_failpoints_around_the_statement(
+    queue: TaskQueue, loop: HandlerLoop, lanes: ThreadedLanes, point: str, state: str
+) -> None:
+    receive(queue, "t")
+    [claim] = on(loop, lanes.claim(1, reconcile=False))
+    with arm(point), pytest.raises(Crash):
+        on(loop, lanes.finish([(claim, "ok")]))
+    assert queue.task(claim.task_id)["state"] == state  # type: ignore[index]
+    assert len(queue.messages()) == (1 if state == "done" else 0)
+
+
+@only_postgresql
+def test_a_lane_whose_connection_was_cut_raises_once_then_connects_again(
+    queue: TaskQueue, loop: HandlerLoop, lanes: ThreadedLanes
+) -> None:
+    receive(queue, "t")
+    assert on(loop, lanes.claim(1, reconcile=False)) != []  # the claim lane is connected
+    with queue.engine.connect() as conn:
+        cut = conn.execute(
+            sa.text(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                "WHERE datname = current_database() AND pid <> pg_backend_pid() "
+                "AND query LIKE 'WITH picked AS MATERIALIZED%'"
+            )
+        ).all()
+    assert cut == [(True,)]
+    receive(queue, "u")
+    with pytest.raises(psycopg.OperationalError):
+        on(loop, lanes.claim(1, reconcile=False))
+    [claim] = on(loop, lanes.claim(1, reconcile=False))
+    assert claim.payload == {"name": "u"}
+
+
+@only_postgresql
+def test_a_closed_lane_refuses_statements(
+    queue: TaskQueue, loop: HandlerLoop, lanes: ThreadedLanes
+) -> None:
+    on(loop, lanes.close())
+    with pytest.raises(RuntimeError, match="closed"):
+        on(loop, lanes.claim(1, reconcile=False))
+
+
+def test_a_capped_queue_claims_within_the_cap(db_url: str, loop: HandlerLoop) -> None:
+    with TaskQueue(db_url, allowed_sources=("agent-a",), tenant_cap=1) as queue:
+        receive(queue, "a1")
+        receive(queue, "a2")
+        capped = worker_lanes(queue, loop, OWNER)
+        try:
+            assert len(on(loop, capped.claim(10, reconcile=False))) == 1
+        finally:
+            on(loop, capped.close())
+
+
+# --- LoopWake -------------------------------------------------------------------------------
+
+
+def test_a_wake_set_from_other_threads_reaches_the_waiter_once(loop: HandlerLoop) -> None:
+    wake = LoopWake(loop)
+    setters = [threading.Thread(target=wake.set) for _ in range(20)]
+    for setter in setters:
+        setter.start()
+    for setter in setters:
+        setter.join()
+
+    async def wait_twice() -> tuple[bool, bool]:
+        started = loop.loop.time()
+        await wake.wait(10)  # the sets above: at once
+        woken = loop.loop.time()
+        await wake.wait(0.05)  # nothing more was set: the timeout
+        return woken - started < 5, loop.loop.time() - woken >= 0.04
+
+    assert on(loop, wait_twice()) == (True, True)
+
+
+def test_a_wake_set_on_the_loop_wakes_a_waiting_coroutine(loop: HandlerLoop) -> None:
+    wake = LoopWake(loop)
+
+    async def woken() -> bool:
+        loop.loop.call_soon(wake.set)
+        started = loop.loop.time()
+        await wake.wait(10)
+        return loop.loop.time() - started < 5
+
+    assert on(loop, woken())
