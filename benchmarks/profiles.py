@@ -72,9 +72,14 @@ def drain_once(url: str) -> None:
 def summarize(raw: Path, shown: int = SHOWN, seconds: float | None = None) -> str:
     """Inclusive share of samples per function, from py-spy's raw (collapsed) output."""
     inclusive: collections.Counter[str] = collections.Counter()
-    total = 0
+    total = torn = 0
     for line in raw.read_text().splitlines():
         stack, _, count = line.rpartition(" ")
+        if not count.isdigit():
+            # Sampling without pausing the process (--nonblocking) may read a frame's name
+            # while it changes: a name with a line break tears its sample in two.
+            torn += 1
+            continue
         if "importlib._bootstrap" in stack:
             continue  # the interpreter starting, not the Worker
         samples = int(count)
@@ -89,6 +94,8 @@ def summarize(raw: Path, shown: int = SHOWN, seconds: float | None = None) -> st
                 inclusive[key] += samples
     rows = [f"{samples / total:6.1%}  {key}" for key, samples in inclusive.most_common(shown)]
     header = f"{total} samples of the thread holding the interpreter lock (imports left out)"
+    if torn:
+        header += f", {torn} torn lines left out"
     if seconds:
         header += f", {total / (seconds * SAMPLES_PER_SECOND):.0%} of {seconds:g} s"
     return header + "\n" + "\n".join(rows)
