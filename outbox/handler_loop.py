@@ -4,11 +4,12 @@ An `async def` handler is awaited on the loop: handlers that mostly wait (an HTT
 call, a model's answer) then cost a task each, not a thread each, so a worker can
 hold hundreds of them. A plain handler runs on one of `concurrency` daemon threads
 (HandlerThreads) while its task awaits it. Either way, what follows the handler is
-the same: what blocks stays off the loop, the worker's writes (results, failures)
-run on a small pool of threads, and results that finish together are written
-together (BatchedWrites). They wait on the loop, not on a thread each, so a batch
-holds whatever finished while the previous one was written, however many handlers
-that is, and a handler's thread takes its next task while its result is committed.
+the same: results that finish together are written together (BatchedWrites),
+by a coroutine of the loop (see outbox.worker_lanes), and what blocks (failures,
+results written alone, all writes on SQLite) runs on a small pool of writer
+threads. Results wait on the loop, not on a thread each, so a batch holds whatever
+finished while the previous one was written, however many handlers that is, and a
+handler's thread takes its next task while its result is committed.
 """
 
 from __future__ import annotations
@@ -23,8 +24,8 @@ from typing import Any, Generic, TypeVar
 
 T = TypeVar("T")
 R = TypeVar("R")
-# Threads that write outcomes: results go in batches (BatchedWrites), one thread at a
-# time; the others write failures and the results a batch could not commit.
+# Threads that write outcomes that block: failures, the results a batch could not commit,
+# and (where the batches are not written on the loop) the batches, one at a time.
 WRITER_THREADS = 8
 
 

@@ -17,6 +17,7 @@ result would be refused anyway.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import inspect
 import logging
@@ -37,6 +38,7 @@ from outbox.db.dialect import listen_conninfo
 from outbox.errors import Fenced, InvalidMessage, PermanentFailure
 from outbox.handler_loop import BatchedWrites, HandlerLoop, HandlerThreads, LoopWake
 from outbox.handlers import WrongHandlerKind, handler_name, is_async_handler
+from outbox.intake import check_name
 from outbox.observability.probe import Probe
 from outbox.observability.worker_metrics import WorkerMetrics
 from outbox.result_group_commit import ResultGroupCommit
@@ -121,7 +123,7 @@ class Worker:
         # Results that finish together commit together: one transaction per batch.
         self._results = ResultGroupCommit(queue)
         self.handler = handler
-        self.owner = owner or f"worker-{socket.gethostname()}-{os.getpid()}"
+        self.owner = check_name("owner", owner or f"worker-{socket.gethostname()}-{os.getpid()}")
         self.concurrency = concurrency
         self.poll_interval = poll_interval
         self._running: dict[tuple[str, int], _Running] = {}
@@ -183,25 +185,30 @@ class Worker:
                 }
             },
         )
-        beat = threading.Thread(target=self._heartbeats, name="outbox-heartbeat", daemon=True)
-        beat.start()
         # Every claimed task is a task of one event loop, whichever the handler's kind:
         # the slot it holds frees when its handler returns, not when its result commits.
         # The claims and the batches of results run on that loop too (see worker_lanes).
         loop = self._loop = HandlerLoop()
         self._claim_wake = LoopWake(loop)
+        lanes = worker_lanes(self.queue, loop, self.owner)
+        beat = threading.Thread(target=self._heartbeats, name="outbox-heartbeat", daemon=True)
+        beat.start()
         wakeups = self._wakeups()
         if wakeups is not None:
             wakeups.start()
-        lanes = worker_lanes(self.queue, loop, self.owner)
         finishes: BatchedWrites[tuple[_Running, Any], bool] = BatchedWrites(
             loop, partial(self._finish_together, lanes)
         )
         threads = None if self.is_async else HandlerThreads(loop, self.concurrency)
         loop.start()
+        claiming = loop.submit(self._claim_loop(loop, lanes, finishes, threads))
         try:
-            loop.run(self._claim_loop(loop, lanes, finishes, threads), timeout=None)
+            claiming.result()
         finally:
+            # However run() ends, an exception in this thread included (KeyboardInterrupt
+            # without our signal handlers), the claim loop ends before the drain.
+            self.stop()
+            self._end_claims(claiming)
             abandoned = self._drain()
             try:
                 loop.run(lanes.close(), timeout=self.heartbeat)
@@ -252,6 +259,15 @@ class Worker:
             if not claims or len(claims) == free:
                 # Wait for a free slot, new work (a NOTIFY or the poll) or stop.
                 await wake.wait(self.poll_interval)
+
+    def _end_claims(self, claiming: concurrent.futures.Future[None]) -> None:
+        """Wait for the claim loop to end (a claim in flight completes), else cancel it."""
+        try:
+            claiming.result(timeout=self.heartbeat)
+        except concurrent.futures.TimeoutError:
+            claiming.cancel()  # its leases, if any, expire and are taken again
+        except BaseException:  # noqa: BLE001, S110 - raised from run() already
+            pass
 
     def health(self) -> dict[str, Any]:
         """Liveness for /healthz: the claim loop has turned recently."""

@@ -4,14 +4,19 @@ The claim loop and the batches of results run as coroutines on the worker's
 HandlerLoop. On PostgreSQL through psycopg they run there too, on two held
 async connections (PsycopgLanes): the same statements as TaskQueue.claim_many
 and TaskQueue.finish_many, with the same failpoints around them, and no hop to a
-thread and back per claim or batch. Elsewhere (SQLite, other drivers), and for a
-claim that reconciles first or counts tenants against their cap (several
-statements in one transaction), each goes to TaskQueue on a writer thread
-(ThreadedLanes).
+thread and back per claim or batch. They connect from the URL the queue was
+opened with: a queue on an engine of the caller's, whose settings may live
+outside its URL (connect_args, a creator, a token hook), keeps ThreadedLanes.
+Elsewhere (SQLite, other drivers), and for a claim that reconciles first or
+counts tenants against their cap (several statements in one transaction), a
+claim goes to TaskQueue on a thread of its own, never behind the writer threads
+(a write retried through an outage would hold up the claims, and with them the
+worker's liveness), and a batch of results on a writer thread (ThreadedLanes).
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 from collections.abc import Sequence
 from functools import partial
 from typing import Any
@@ -40,11 +45,14 @@ class ThreadedLanes:
         self.queue = queue
         self.owner = check_name("owner", owner)
         self._loop = loop
+        self._claim_thread = concurrent.futures.ThreadPoolExecutor(
+            1, thread_name_prefix="outbox-claims"
+        )
 
     async def claim(self, limit: int, reconcile: bool) -> list[Claim]:
         """Lease up to `limit` tasks, reconciling first when asked (see claim_many)."""
         claim = partial(self.queue.claim_many, self.owner, limit, reconcile=reconcile)
-        return await self._loop.write(claim)
+        return await self._loop.loop.run_in_executor(self._claim_thread, claim)
 
     async def finish(self, finished: Sequence[tuple[Claim, Any]]) -> list[bool]:
         """Commit results with their replies in one transaction; per pair, whether it was.
@@ -56,7 +64,9 @@ class ThreadedLanes:
         return [error is None for error in refused]
 
     async def close(self) -> None:
-        """Nothing is held: the queue's own connections stay the queue's."""
+        """End the claim thread (a claim running on it ends first); the queue's own
+        connections stay the queue's."""
+        self._claim_thread.shutdown(wait=False)
 
 
 class PsycopgLanes(ThreadedLanes):
@@ -94,16 +104,16 @@ class PsycopgLanes(ThreadedLanes):
         committed, as a lost COMMIT answer leaves it.
         """
         refused, completions = task_results.prepare(finished)
-        if not completions:
-            return [False] * len(finished)
-        replies = task_results.done_reply_rows(completions, self.queue.reply_destination)
-        now = clock_value(self.queue.clock)
-        params = task_sql.complete_parameters(completions, replies, now)
+        done: set[str] = set()
         failpoints.hit("finish.before_commit")
-        async with self._finishes.connection() as conn:
-            # Planned per run, as finish_many's (see outbox.db.dialect.UNPREPARED).
-            cursor = await conn.execute(task_sql.COMPLETE_POSTGRESQL, params, prepare=False)
-            done = {task_id for (task_id,) in await cursor.fetchall()}
+        if completions:
+            replies = task_results.done_reply_rows(completions, self.queue.reply_destination)
+            now = clock_value(self.queue.clock)
+            params = task_sql.complete_parameters(completions, replies, now)
+            async with self._finishes.connection() as conn:
+                # Planned per run, as finish_many's (see outbox.db.dialect.UNPREPARED).
+                cursor = await conn.execute(task_sql.COMPLETE_POSTGRESQL, params, prepare=False)
+                done = {task_id for (task_id,) in await cursor.fetchall()}
         failpoints.hit("finish.after_commit")
         return [
             error is None and claim.task_id in done
@@ -111,7 +121,8 @@ class PsycopgLanes(ThreadedLanes):
         ]
 
     async def close(self) -> None:
-        """Close both held connections."""
+        """Close both held connections and the claim thread."""
+        await super().close()
         await self._claims.close()
         await self._finishes.close()
 
@@ -120,6 +131,6 @@ def worker_lanes(queue: TaskQueue, loop: HandlerLoop, owner: str) -> ThreadedLan
     """The lanes for a Worker of `queue` on `loop`: PsycopgLanes where they apply."""
     engine = queue.engine
     conninfo = listen_conninfo(engine)
-    if conninfo is not None and engine.dialect.driver == "psycopg":
+    if conninfo is not None and engine.dialect.driver == "psycopg" and queue.owns_engine:
         return PsycopgLanes(queue, loop, owner, conninfo)
     return ThreadedLanes(queue, loop, owner)

@@ -233,6 +233,45 @@ def test_sigterm_lets_the_running_task_finish_and_claims_nothing_more(
     assert states(queue, [first, second]) == ["done", "pending"]
 
 
+# A Worker run by an application that keeps Python's own SIGINT handling: the interrupt is
+# a KeyboardInterrupt in the thread that called run().
+INTERRUPTED_WORKER = """
+import sys
+from outbox import TaskQueue, Worker
+from support.worker_handlers import gated
+with TaskQueue(sys.argv[1]) as queue:
+    try:
+        Worker(queue, gated, poll_interval=0.05).run(install_signal_handlers=False)
+    except KeyboardInterrupt:
+        sys.exit(0)
+sys.exit(3)
+"""
+
+
+def test_an_interrupt_of_the_thread_in_run_stops_the_claims_before_the_drain(
+    db_url: str, queue: TaskQueue, tmp_path: Path
+) -> None:
+    first, second = submit(queue, 2)
+    env = {**os.environ, "OUTBOX_TEST_GATE": str(tmp_path), "PYTHONPATH": str(ROOT / "tests")}
+    proc = subprocess.Popen(
+        [sys.executable, "-c", INTERRUPTED_WORKER, db_url],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        assert wait_until(lambda: (tmp_path / f"started-{first}").exists())
+        proc.send_signal(signal.SIGINT)
+        (tmp_path / "release").touch()
+        _, err = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, err.decode()
+    # The running task finished in the drain; the next one was never claimed.
+    assert states(queue, [first, second]) == ["done", "pending"]
+
+
 def test_a_handler_that_cannot_be_loaded_is_a_one_line_error(
     capsys: pytest.CaptureFixture[str],
 ) -> None:

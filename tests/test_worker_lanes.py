@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import threading
 from collections.abc import Coroutine, Iterator
+from functools import partial
 from typing import Any, TypeVar
 
 import psycopg
@@ -13,7 +15,7 @@ import sqlalchemy as sa
 
 from outbox import AuthContext, Envelope, TaskQueue
 from outbox.failpoints import Crash, arm
-from outbox.handler_loop import HandlerLoop, LoopWake
+from outbox.handler_loop import WRITER_THREADS, HandlerLoop, LoopWake
 from outbox.tasks import Claim
 from outbox.testing import ManualClock
 from outbox.worker_lanes import PsycopgLanes, ThreadedLanes, worker_lanes
@@ -42,7 +44,7 @@ def lanes(queue: TaskQueue, loop: HandlerLoop) -> Iterator[ThreadedLanes]:
 
 def on(loop: HandlerLoop, coroutine: Coroutine[Any, Any, T]) -> T:
     """Run `coroutine` on the loop and return its result."""
-    return loop.run(coroutine, timeout=10)
+    return loop.run(coroutine, timeout=20)
 
 
 def receive(queue: TaskQueue, name: str, priority: int = 0, deadline: float = 4e9) -> str:
@@ -235,3 +237,37 @@ def test_a_wake_set_on_the_loop_wakes_a_waiting_coroutine(loop: HandlerLoop) -> 
         return loop.loop.time() - started < 5
 
     assert on(loop, woken())
+
+
+def test_a_queue_on_the_callers_engine_keeps_the_threaded_lanes(
+    db_url: str, loop: HandlerLoop
+) -> None:
+    # Its connection settings may live outside its URL (connect_args, a creator).
+    engine = sa.create_engine(sa.make_url(db_url))
+    try:
+        with TaskQueue(engine) as queue:
+            chosen = worker_lanes(queue, loop, OWNER)
+            assert type(chosen) is ThreadedLanes
+            on(loop, chosen.close())
+    finally:
+        engine.dispose()
+
+
+def test_a_threaded_claim_does_not_wait_behind_busy_writer_threads(
+    queue: TaskQueue, loop: HandlerLoop, lanes: ThreadedLanes
+) -> None:
+    task_id = receive(queue, "t")
+    release = threading.Event()
+
+    async def writers_held_and_a_claim() -> list[str]:
+        held = [loop.write(partial(release.wait, 15)) for _ in range(WRITER_THREADS)]
+        pending = [asyncio.ensure_future(h) for h in held]
+        try:
+            # Reconciling: a claim that always goes through TaskQueue on a thread.
+            claims = await asyncio.wait_for(lanes.claim(1, reconcile=True), 10)
+        finally:
+            release.set()
+            await asyncio.gather(*pending)
+        return [c.task_id for c in claims]
+
+    assert on(loop, writers_held_and_a_claim()) == [task_id]

@@ -50,7 +50,12 @@ class AsyncLane:
         self._last_used = time.monotonic()
 
     async def close(self) -> None:
-        """Close the held connection; statements after this raise RuntimeError."""
+        """Close the held connection; statements after this raise RuntimeError.
+
+        A statement in flight is not waited for: its caller gets an error, while the
+        server may still commit it (a worker closes its lanes after its drain, so only
+        an abandoned task's guarded write can be in flight then).
+        """
         self._closed = True
         await self._drop()
 

@@ -41,6 +41,11 @@ class DatabaseHandle:
         """The engine this object runs on."""
         return self._engine
 
+    @property
+    def owns_engine(self) -> bool:
+        """Whether this object made its engine from a URL: its connection settings are the URL's."""
+        return self._owns_engine
+
     def ping(self) -> bool:
         """One round trip to the database (raises when it does not answer); for readiness."""
         with self._engine.connect() as conn:
