@@ -202,34 +202,33 @@ def test_heartbeats_keep_a_long_task_leased(queue: TaskQueue) -> None:
     assert lease_ends == sorted(lease_ends)
 
 
-@pytest.mark.parametrize("handler", ["gated", "async_gated"])
-def test_sigterm_lets_the_running_task_finish_and_claims_nothing_more(
-    db_url: str, queue: TaskQueue, tmp_path: Path, handler: str
-) -> None:
-    first, second = submit(queue, 2)
-    env = {
-        **os.environ,
-        "OUTBOX_TEST_GATE": str(tmp_path),
-        "PYTHONPATH": str(ROOT / "tests"),
-    }
+def signal_once_started(command: list[str], tmp_path: Path, first: str, signum: int) -> None:
+    """Run a worker process with gated handlers; once task `first` has started, send it
+    `signum` and release the handlers; it must exit 0 within 30 s."""
+    env = {**os.environ, "OUTBOX_TEST_GATE": str(tmp_path), "PYTHONPATH": str(ROOT / "tests")}
     proc = subprocess.Popen(
-        [
-            *(sys.executable, "-m", "outbox.cli", "worker", "--db", db_url),
-            *("--handler", f"support.worker_handlers:{handler}", "--poll-interval", "0.05"),
-        ],
-        cwd=ROOT,
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
+        command, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
     )
     try:
         assert wait_until(lambda: (tmp_path / f"started-{first}").exists())
-        proc.send_signal(signal.SIGTERM)
+        proc.send_signal(signum)
         (tmp_path / "release").touch()
         _, err = proc.communicate(timeout=30)
     finally:
         proc.kill()
     assert proc.returncode == 0, err.decode()
+
+
+@pytest.mark.parametrize("handler", ["gated", "async_gated"])
+def test_sigterm_lets_the_running_task_finish_and_claims_nothing_more(
+    db_url: str, queue: TaskQueue, tmp_path: Path, handler: str
+) -> None:
+    first, second = submit(queue, 2)
+    command = [
+        *(sys.executable, "-m", "outbox.cli", "worker", "--db", db_url),
+        *("--handler", f"support.worker_handlers:{handler}", "--poll-interval", "0.05"),
+    ]
+    signal_once_started(command, tmp_path, first, signal.SIGTERM)
     assert states(queue, [first, second]) == ["done", "pending"]
 
 
@@ -252,22 +251,9 @@ def test_an_interrupt_of_the_thread_in_run_stops_the_claims_before_the_drain(
     db_url: str, queue: TaskQueue, tmp_path: Path
 ) -> None:
     first, second = submit(queue, 2)
-    env = {**os.environ, "OUTBOX_TEST_GATE": str(tmp_path), "PYTHONPATH": str(ROOT / "tests")}
-    proc = subprocess.Popen(
-        [sys.executable, "-c", INTERRUPTED_WORKER, db_url],
-        cwd=ROOT,
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
+    signal_once_started(
+        [sys.executable, "-c", INTERRUPTED_WORKER, db_url], tmp_path, first, signal.SIGINT
     )
-    try:
-        assert wait_until(lambda: (tmp_path / f"started-{first}").exists())
-        proc.send_signal(signal.SIGINT)
-        (tmp_path / "release").touch()
-        _, err = proc.communicate(timeout=30)
-    finally:
-        proc.kill()
-    assert proc.returncode == 0, err.decode()
     # The running task finished in the drain; the next one was never claimed.
     assert states(queue, [first, second]) == ["done", "pending"]
 
