@@ -49,13 +49,9 @@ class HandlerLoop:
         """Start the loop's thread."""
         self._thread.start()
 
-    def run(self, coroutine: Coroutine[Any, Any, T], timeout: float | None) -> T:
-        """Run `coroutine` on the loop from another thread and wait for its result
-        (without end when `timeout` is None)."""
-        return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result(timeout)
-
-    def submit(self, coroutine: Coroutine[Any, Any, None]) -> concurrent.futures.Future[None]:
-        """Run `coroutine` as a task on the loop (from any thread); its future cancels it."""
+    def submit(self, coroutine: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
+        """Run `coroutine` as a task on the loop (from any thread); its future gives its
+        result and cancels it."""
         return asyncio.run_coroutine_threadsafe(coroutine, self.loop)
 
     def stop_event(self) -> tuple[asyncio.Event, Callable[[], None]]:

@@ -271,16 +271,21 @@ class TaskQueue(DatabaseHandle):
         if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
             raise ValueError(f"limit must be an int >= 1, got {limit!r}")
         now = clock_value(self.clock)
-        # Without reconciling or a tenant cap, the claim is one statement (see one_statement).
-        single = not reconcile and self.tenant_cap is None
         with one_statement(
-            self._engine, "claim.before_commit", single=single, lane=self._claims
+            self._engine,
+            "claim.before_commit",
+            single=self.claim_is_one_statement(reconcile),
+            lane=self._claims,
         ) as conn:
             if reconcile:
                 self._reconcile_in(conn, now)
             rows = self._claim_rows(conn, owner, limit, now)
         failpoints.hit("claim.after_commit")
         return claims_from_rows(rows)
+
+    def claim_is_one_statement(self, reconcile: bool) -> bool:
+        """Whether a claim is one statement: it neither reconciles nor counts a tenant cap."""
+        return not reconcile and self.tenant_cap is None
 
     def _claim_rows(
         self, conn: Connection, owner: str, limit: int, now: float | None

@@ -211,7 +211,7 @@ class Worker:
             self._end_claims(claiming)
             abandoned = self._drain()
             try:
-                loop.run(lanes.close(), timeout=self.heartbeat)
+                loop.submit(lanes.close()).result(timeout=self.heartbeat)
             except Exception as exc:  # noqa: BLE001 - closing: the leases expire anyway
                 log.warning("worker %s: connections not closed (%s)", self.owner, exc)
             loop.close(timeout=self.heartbeat)

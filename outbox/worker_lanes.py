@@ -30,7 +30,6 @@ from outbox.db import task_sql
 from outbox.db.async_lane import AsyncLane
 from outbox.db.dialect import clock_value, listen_conninfo
 from outbox.handler_loop import HandlerLoop
-from outbox.intake import check_name
 from outbox.tasks import Claim, TaskQueue, claims_from_rows
 
 DATABASE_ERRORS = (sa.exc.DBAPIError, psycopg.Error)
@@ -38,12 +37,12 @@ DATABASE_ERRORS = (sa.exc.DBAPIError, psycopg.Error)
 
 
 class ThreadedLanes:
-    """Claims and results written by TaskQueue on the loop's writer threads."""
+    """Claims by TaskQueue on a thread of their own, results on the loop's writer threads."""
 
     def __init__(self, queue: TaskQueue, loop: HandlerLoop, owner: str) -> None:
-        """Claims are leased to `owner`."""
+        """Claims are leased to `owner` (a name the Worker has checked)."""
         self.queue = queue
-        self.owner = check_name("owner", owner)
+        self.owner = owner
         self._loop = loop
         self._claim_thread = concurrent.futures.ThreadPoolExecutor(
             1, thread_name_prefix="outbox-claims"
@@ -80,7 +79,7 @@ class PsycopgLanes(ThreadedLanes):
 
     async def claim(self, limit: int, reconcile: bool) -> list[Claim]:
         """Lease up to `limit` tasks in one autocommit statement, as claim_many does."""
-        if reconcile or self.queue.tenant_cap is not None:
+        if not self.queue.claim_is_one_statement(reconcile):
             return await super().claim(limit, reconcile)
         now = clock_value(self.queue.clock)
         sql, fixed = task_sql.claim_tasks_psycopg(manual_clock=now is not None)

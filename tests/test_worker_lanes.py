@@ -39,12 +39,12 @@ def lanes(queue: TaskQueue, loop: HandlerLoop) -> Iterator[ThreadedLanes]:
     """The lanes a Worker of `queue` would use, closed afterwards."""
     chosen = worker_lanes(queue, loop, OWNER)
     yield chosen
-    loop.run(chosen.close(), timeout=5)
+    on(loop, chosen.close())
 
 
 def on(loop: HandlerLoop, coroutine: Coroutine[Any, Any, T]) -> T:
     """Run `coroutine` on the loop and return its result."""
-    return loop.run(coroutine, timeout=20)
+    return loop.submit(coroutine).result(timeout=20)
 
 
 def receive(queue: TaskQueue, name: str, priority: int = 0, deadline: float = 4e9) -> str:

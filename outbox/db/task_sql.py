@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import sqlalchemy as sa
-from sqlalchemy.dialects.postgresql import psycopg
+from sqlalchemy.dialects.postgresql import psycopg as psycopg_dialect
 
 from outbox.db.dialect import (
     UNPREPARED,
@@ -127,7 +127,7 @@ def claim_tasks(dialect_name: str, capped: bool, manual_clock: bool) -> sa.Updat
 def claim_tasks_psycopg(manual_clock: bool) -> tuple[str, dict[str, Any]]:
     """claim_tasks on PostgreSQL without a tenant cap, as psycopg SQL text, with the values
     of its fixed parameters; :claim_owner, :lease, :limit (and :now) are bound per claim."""
-    dialect = psycopg.dialect()  # type: ignore[no-untyped-call]
+    dialect = psycopg_dialect.dialect()  # type: ignore[no-untyped-call]
     compiled = claim_tasks("postgresql", False, manual_clock).compile(dialect=dialect)
     return str(compiled), dict(compiled.params)
 
