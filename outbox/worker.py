@@ -58,6 +58,10 @@ RECONCILES_PER_LEASE = 4
 # An async worker claims this share of `concurrency` ahead: a handler that returns is
 # followed at once by a task already leased, not by a claim's round trip.
 CLAIM_AHEAD = 0.5
+# Python runs signal handlers in the main thread only, and a signal the kernel hands to
+# another of the process's threads does not interrupt the main thread's wait: run()
+# waits in slices this long, so a SIGTERM is acted on whichever thread receives it.
+SIGNAL_CHECK_SECONDS = 0.1
 
 
 @dataclass
@@ -203,6 +207,8 @@ class Worker:
         loop.start()
         claiming = loop.submit(self._claim_loop(loop, lanes, finishes, threads))
         try:
+            while not concurrent.futures.wait([claiming], SIGNAL_CHECK_SECONDS).done:
+                pass
             claiming.result()
         finally:
             # However run() ends, an exception in this thread included (KeyboardInterrupt
@@ -345,7 +351,7 @@ class Worker:
             if remaining <= 0:
                 break
             # Set once a handler's outcome is written and its slot is free.
-            self._released.wait(remaining)
+            self._released.wait(min(remaining, SIGNAL_CHECK_SECONDS))
             self._released.clear()
         with self._lock:
             late = list(self._running.values())

@@ -204,14 +204,15 @@ def test_heartbeats_keep_a_long_task_leased(queue: TaskQueue) -> None:
 
 def signal_once_started(command: list[str], tmp_path: Path, first: str, signum: int) -> None:
     """Run a worker process with gated handlers; once task `first` has started, send it
-    `signum` and release the handlers; it must exit 0 within 30 s."""
+    `signum` (none when 0) and release the handlers; it must exit 0 within 30 s."""
     env = {**os.environ, "OUTBOX_TEST_GATE": str(tmp_path), "PYTHONPATH": str(ROOT / "tests")}
     proc = subprocess.Popen(
         command, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
     )
     try:
         assert wait_until(lambda: (tmp_path / f"started-{first}").exists())
-        proc.send_signal(signum)
+        if signum:
+            proc.send_signal(signum)
         (tmp_path / "release").touch()
         _, err = proc.communicate(timeout=30)
     finally:
@@ -256,6 +257,36 @@ def test_an_interrupt_of_the_thread_in_run_stops_the_claims_before_the_drain(
     )
     # The running task finished in the drain; the next one was never claimed.
     assert states(queue, [first, second]) == ["done", "pending"]
+
+
+# A Worker whose SIGTERM the kernel hands to another thread than the one in run(): a
+# thread of its own signals itself once the first task has started.
+SIGNALLED_ON_ANOTHER_THREAD = """
+import os, pathlib, signal, sys, threading, time
+from outbox import TaskQueue, Worker
+from support.worker_handlers import gated
+gate = pathlib.Path(os.environ["OUTBOX_TEST_GATE"])
+
+def signal_this_thread() -> None:
+    deadline = time.monotonic() + 30
+    while not any(gate.glob("started-*")) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    signal.pthread_kill(threading.get_ident(), signal.SIGTERM)
+
+threading.Thread(target=signal_this_thread, daemon=True).start()
+with TaskQueue(sys.argv[1]) as queue:
+    Worker(queue, gated, poll_interval=0.05).run()
+"""
+
+
+def test_a_sigterm_received_by_another_thread_still_stops_the_worker(
+    db_url: str, queue: TaskQueue, tmp_path: Path
+) -> None:
+    first, _ = submit(queue, 2)
+    signal_once_started(
+        [sys.executable, "-c", SIGNALLED_ON_ANOTHER_THREAD, db_url], tmp_path, first, 0
+    )
+    assert states(queue, [first]) == ["done"]
 
 
 def test_a_handler_that_cannot_be_loaded_is_a_one_line_error(
