@@ -20,6 +20,7 @@ import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
 from outbox import AuthContext, Claim, Envelope, Fenced, InvalidMessage, TaskQueue, task_results
+from outbox.canonical import MAX_DEPTH, MAX_NODES
 from outbox.tasks import MAX_REASON_CHARS, RECONCILE_BATCH
 from outbox.testing import ManualClock
 
@@ -1161,3 +1162,32 @@ def test_release_gives_a_claimed_task_back_unrun_and_only_under_its_claim(
     assert not queue.release(held)  # no longer held: nothing changes
     again = claim(queue, "w-2")
     assert (again.task_id, again.attempt, again.fence) == (task_id, 1, held.fence + 1)
+
+
+def nested(lists: int) -> Any:
+    """A number inside `lists` nested lists."""
+    value: Any = 1
+    for _ in range(lists):
+        value = [value]
+    return value
+
+
+@pytest.mark.parametrize(
+    "result",
+    [
+        None,
+        {"z": 1, "a": [True, None, -0.0, 1e308, 2**70], "m": {"y": "é", "b": "\u2028\x01"}},
+        'a string with "quotes", \\ and \U0001f600',
+        nested(MAX_DEPTH),  # as deep as a result may be: the reply adds a level of its own
+        list(range(MAX_NODES - 1)),  # as many nodes as a result may have, with its list
+    ],
+    ids=["null", "unsorted-keys", "string", "deepest", "most-nodes"],
+)
+def test_a_result_within_its_limits_is_committed_with_the_canonical_reply(
+    queue: TaskQueue, clock: ManualClock, result: Any
+) -> None:
+    task_id = submit(queue, clock, "m1")
+    held = claim(queue)
+    assert queue.finish_many([(held, result)]) == [None]
+    assert task(queue, task_id)["state"] == "done"
+    assert_one_reply(queue, task_id, "done", result=result)
