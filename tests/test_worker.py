@@ -204,20 +204,29 @@ def test_heartbeats_keep_a_long_task_leased(queue: TaskQueue) -> None:
 
 def signal_once_started(command: list[str], tmp_path: Path, first: str, signum: int) -> None:
     """Run a worker process with gated handlers; once task `first` has started, send it
-    `signum` (none when 0) and release the handlers; it must exit 0 within 30 s."""
+    `signum` (none when 0), and once it says it is draining, release the handlers; it
+    must exit 0 within 30 s.
+
+    The release waits for the drain: a signal is acted on in the main thread, which
+    the kernel may leave unscheduled for a while on a busy machine, and a handler
+    released before then could free its slot for another claim meanwhile.
+    """
     env = {**os.environ, "OUTBOX_TEST_GATE": str(tmp_path), "PYTHONPATH": str(ROOT / "tests")}
-    proc = subprocess.Popen(
-        command, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
-    )
+    log = tmp_path / "worker.log"
+    with log.open("wb") as stderr:
+        proc = subprocess.Popen(
+            command, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=stderr
+        )
     try:
         assert wait_until(lambda: (tmp_path / f"started-{first}").exists())
         if signum:
             proc.send_signal(signum)
+        assert wait_until(lambda: "draining running tasks" in log.read_text()), log.read_text()
         (tmp_path / "release").touch()
-        _, err = proc.communicate(timeout=30)
+        proc.wait(timeout=30)
     finally:
         proc.kill()
-    assert proc.returncode == 0, err.decode()
+    assert proc.returncode == 0, log.read_text()
 
 
 @pytest.mark.parametrize("handler", ["gated", "async_gated"])
@@ -236,7 +245,8 @@ def test_sigterm_lets_the_running_task_finish_and_claims_nothing_more(
 # A Worker run by an application that keeps Python's own SIGINT handling: the interrupt is
 # a KeyboardInterrupt in the thread that called run().
 INTERRUPTED_WORKER = """
-import sys
+import logging, sys
+logging.basicConfig(level=logging.INFO)
 from outbox import TaskQueue, Worker
 from support.worker_handlers import gated
 with TaskQueue(sys.argv[1]) as queue:
@@ -262,7 +272,8 @@ def test_an_interrupt_of_the_thread_in_run_stops_the_claims_before_the_drain(
 # A Worker whose SIGTERM the kernel hands to another thread than the one in run(): a
 # thread of its own signals itself once the first task has started.
 SIGNALLED_ON_ANOTHER_THREAD = """
-import os, pathlib, signal, sys, threading, time
+import logging, os, pathlib, signal, sys, threading, time
+logging.basicConfig(level=logging.INFO)
 from outbox import TaskQueue, Worker
 from support.worker_handlers import gated
 gate = pathlib.Path(os.environ["OUTBOX_TEST_GATE"])
