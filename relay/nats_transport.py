@@ -27,6 +27,7 @@ from outbox.errors import ConfigError, TransportError
 from outbox.redaction import redact, redact_urls
 from relay.broker_headers import broker_headers
 from relay.config import Destination
+from relay.nats_wire import BadHeaderName, HeaderBlock, relay_client
 from relay.policy import Dead, Outcome, Retry, Sent, truncate
 from relay.records import Message
 from relay.transport import Parcel, Transport
@@ -80,18 +81,6 @@ def subject_matches(filter_subject: str, subject: str) -> bool:
     return len(tokens) == len(wanted)
 
 
-def header_bytes(headers: Mapping[str, str]) -> int:
-    """The size of a header block as the NATS protocol sends it (NATS/1.0, CRLF lines)."""
-    lines = (len(k.strip().encode()) + len(v.strip().encode()) + 4 for k, v in headers.items())
-    return len(b"NATS/1.0\r\n") + sum(lines) + 2
-
-
-def header_bytes_bound(headers: Mapping[str, str]) -> int:
-    """At least header_bytes(headers) (names and values unstripped), for less work."""
-    text = "".join(headers) + "".join(headers.values())
-    return len(b"NATS/1.0\r\n") + len(text.encode()) + 4 * len(headers) + 2
-
-
 class _Link:
     """One connection, and the PubAcks its publishes wait for, by reply token."""
 
@@ -123,6 +112,8 @@ class NatsTransport(Transport):
         self.subject = destination.subject
         self._one_subject = None if "{" in self.subject else render_subject(self.subject, None)
         """The subject of every message, when the template names no ordering key."""
+        self._pub_ack_prefix = b'{"stream":%s,' % json.dumps(self.stream).encode()
+        """How nats-server starts a PubAck of this stream (an error answer never does)."""
         self._link: _Link | None = None
         self._connecting = asyncio.Lock()
         self._required_window: float | None = None
@@ -206,24 +197,25 @@ class NatsTransport(Transport):
             EXPECTED_STREAM_HEADER: self.stream,
             **broker_headers(self.destination, message, signed_at),
         }
-        limit = link.client.max_payload
-        # The exact size only near the limit: the bound is cheaper, and almost always enough.
-        if len(message.body) + header_bytes_bound(headers) > limit:
-            size = len(message.body) + header_bytes(headers)
-            if size > limit:
-                # The server would drop the connection over it, and every resend again.
-                return Dead(
-                    None,
-                    f"message of {size} bytes (body and headers) exceeds the NATS server's "
-                    f"max_payload of {limit} bytes",
-                )
+        try:
+            block = HeaderBlock(headers)
+        except BadHeaderName as exc:
+            return Dead(None, truncate(f"NATS refused the message: {exc}"))
+        size = len(message.body) + len(block.block)
+        if size > link.client.max_payload:
+            # The server would drop the connection over it, and every resend again.
+            return Dead(
+                None,
+                f"message of {size} bytes (body and headers) exceeds the NATS server's "
+                f"max_payload of {link.client.max_payload} bytes",
+            )
         errors = self._nats.errors
         try:
             await link.client.publish(
                 self._one_subject or render_subject(self.subject, message.ordering_key),
                 message.body,
                 reply=f"{link.inbox}.{token}",
-                headers=headers,
+                headers=block,
             )
         except (errors.BadHeaderError, errors.BadSubjectError, errors.MaxPayloadError) as exc:
             return Dead(None, truncate(f"NATS refused the message: {_describe(exc)}"))
@@ -260,6 +252,10 @@ class NatsTransport(Transport):
             # elected, or while a server restarts; a stream deleted for good goes dead
             # when the retry budget is spent, with this reason.
             return Retry(None, "no JetStream stream answered on the subject (missing or not ready)")
+        if data.startswith(self._pub_ack_prefix):
+            # A PubAck of this stream, duplicate or not: an error answer starts with
+            # {"error", so one that starts so carries none. Anything else is read in full.
+            return Sent(None)
         try:
             answer = json.loads(data)
             error = answer.get("error")
@@ -300,7 +296,7 @@ class NatsTransport(Transport):
         # No reconnecting inside the client: it would buffer publishes and send them
         # after the relay counted them as retries. A lost connection is closed, its
         # waiting publishes are retries, and the next parcel connects again.
-        client = self._nats.NATS()
+        client = relay_client(self._nats)()
         connecting = client.connect(
             self.destination.url,
             allow_reconnect=False,
