@@ -57,19 +57,21 @@ class SigningKey:
     def __repr__(self) -> str:
         return "SigningKey(<redacted>)"
 
-    @functools.cached_property
-    def _keyed(self) -> hmac.HMAC:
-        """The HMAC state after the key: each message's MAC starts from a copy of it."""
-        return hmac.new(self.key, digestmod=hashlib.sha256)
-
     def mac(self, prefix: bytes, body: bytes) -> bytes:
         """HMAC-SHA256 of `prefix` followed by `body` under this key."""
         # A copy of the keyed state skips hashing the key's pads for every message, and
         # updating twice skips copying the body into one string.
-        state = self._keyed.copy()
+        state = _keyed(self.key).copy()
         state.update(prefix)
         state.update(body)
         return state.digest()
+
+
+@functools.lru_cache(maxsize=64)
+def _keyed(key: bytes) -> hmac.HMAC:
+    """The HMAC state after `key`: each message's MAC starts from a copy of it (kept here,
+    not on the SigningKey, which stays a plain value to copy or pickle)."""
+    return hmac.new(key, digestmod=hashlib.sha256)
 
 
 def parse_secret(secret: str | bytes | SigningKey) -> SigningKey:

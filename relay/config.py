@@ -122,6 +122,8 @@ class Destination:
                     raise ConfigError(f"{key} is a key of {kind} destinations, not of {self.kind}")
                 if key in ("subject", "routing_key") and value is not None:
                     check_template(key, value)
+                if key == "stream" and value is not None:
+                    check_stream_name(value)
         if self.kind != "http":
             for key, value, default in (
                 ("mode", self.mode, "single"),
@@ -139,6 +141,19 @@ class Destination:
     def lookup_url(self, reply_id: str) -> str:
         """The receipt lookup for one message: GET `<url>/<reply_id>` (the id percent-encoded)."""
         return f"{self.url.rstrip('/')}/{quote(reply_id, safe='')}"
+
+
+_STREAM_NAME_REFUSED = frozenset(" \t.*>/\\")
+
+
+def check_stream_name(name: str) -> None:
+    """ConfigError unless `name` is a JetStream stream name: printable, without whitespace,
+    '.', '*', '>', '/' or '\\' (names NATS refuses, or whose PubAcks could not be read)."""
+    if not name or any(c in _STREAM_NAME_REFUSED or not c.isprintable() for c in name):
+        raise ConfigError(
+            f"stream {name!r} is not a JetStream stream name: printable characters "
+            "without whitespace, '.', '*', '>', '/' or '\\'"
+        )
 
 
 def check_template(key: str, template: str) -> None:

@@ -113,7 +113,8 @@ class NatsTransport(Transport):
         self._one_subject = None if "{" in self.subject else render_subject(self.subject, None)
         """The subject of every message, when the template names no ordering key."""
         self._pub_ack_prefix = b'{"stream":%s,' % json.dumps(self.stream).encode()
-        """How nats-server starts a PubAck of this stream (an error answer never does)."""
+        """How nats-server starts a PubAck of this stream when JSON and Go quote its name
+        alike (printable ASCII); an error answer never starts so. Other acks parse in full."""
         self._link: _Link | None = None
         self._connecting = asyncio.Lock()
         self._required_window: float | None = None

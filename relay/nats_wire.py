@@ -8,15 +8,16 @@ limit with it, and its client (`relay_client`) sends the block as it is. The
 bytes are the ones nats-py's own encoding gives (tests/relay/test_nats_wire.py
 holds the two side by side), so a consumer sees no difference.
 
-The client overrides one internal method of nats-py's Client. When the
-installed nats-py no longer has it in the shape read here, the relay publishes
-through nats-py's own encoding, with a warning: slower, never different.
+The client overrides one internal method of nats-py's Client. At first use
+the override is checked against nats-py's own method: same parameters, and
+the same bytes for sample headers that exercise each of its encoding rules.
+When either differs (another nats-py release), the relay publishes through
+nats-py's own encoding, with a warning: slower, not different.
 """
 
 from __future__ import annotations
 
 import functools
-import importlib.metadata
 import inspect
 import logging
 import re
@@ -36,7 +37,10 @@ class BadHeaderName(ValueError):
 
 
 class HeaderBlock(dict[str, str]):
-    """Headers with their encoded block: the relay's client sends `block` unchanged."""
+    """Headers with their encoded block: the relay's client sends `block` unchanged.
+
+    Built once per message and never changed after: `block` would not follow a change.
+    """
 
     __slots__ = ("block",)
 
@@ -77,6 +81,16 @@ def hpub_command(subject: str, reply: str, block: bytes, payload: bytes) -> byte
     return b"".join((head, block, payload, b"\r\n"))
 
 
+_SAMPLE_HEADERS = {
+    "Nats-Msg-Id": "r-1",
+    " padded ": "  both ends ",
+    "crlf": "one\r\ntwo",
+    "": "an empty name is left out",
+    "unicode": "caf\u00e9",
+}
+"""Headers the start check sends through both encodings: each rule nats-py applies."""
+
+
 def _overridable(base: type) -> bool:
     """Whether nats-py's Client still has the internals relay_client relies on."""
     method = getattr(base, "_send_publish", None)
@@ -85,17 +99,42 @@ def _overridable(base: type) -> bool:
     return list(inspect.signature(method).parameters) == _SEND_PUBLISH
 
 
+def queued_command(client: Any, subject: str, headers: Mapping[str, str]) -> bytes | None:
+    """What `client` (never connected) queues for the socket to publish `headers` on
+    `subject`; None when it did not finish without waiting."""
+    queued: list[bytes] = []
+
+    async def capture(cmd: bytes, priority: bool = False) -> None:
+        queued.append(cmd)
+
+    client._send_command = capture
+    payload = b'{"sample":1}'
+    # Not connected, nats-py's method queues and returns without ever waiting: one step of
+    # the coroutine runs it to its end, on any thread, with or without a running loop.
+    step = client._send_publish(subject, "_INBOX.sample.1", payload, len(payload), headers)
+    try:
+        step.send(None)
+    except StopIteration:
+        return queued[0] if len(queued) == 1 else None
+    step.close()
+    return None
+
+
+def _same_bytes(base: type, ours: type) -> bool:
+    """Whether `ours` sends what `base` (nats-py's own encoding) sends, for the sample."""
+    try:
+        theirs = queued_command(base(), "sample.subject", dict(_SAMPLE_HEADERS))
+        mine = queued_command(ours(), "sample.subject", HeaderBlock(_SAMPLE_HEADERS))
+    except Exception:  # noqa: BLE001 - any surprise means: not the shape this module knows
+        return False
+    return theirs is not None and theirs == mine
+
+
 @functools.cache
 def relay_client(nats: Any) -> type:
     """nats-py's Client, sending a HeaderBlock's bytes as they are (see the module)."""
     base: type = nats.aio.client.Client
-    if not _overridable(base):
-        log.warning(
-            "nats-py %s: its publish internals changed; publishing through its own header "
-            "encoding (slower, the same bytes)",
-            importlib.metadata.version("nats-py"),
-        )
-        return base
+    bad_subject: type[Exception] = nats.errors.BadSubjectError
 
     class RelayClient(base):  # type: ignore[misc]
         async def _send_publish(
@@ -109,6 +148,9 @@ def relay_client(nats: Any) -> type:
             if not isinstance(headers, HeaderBlock):
                 await super()._send_publish(subject, reply, payload, payload_size, headers)
                 return
+            if not subject:
+                # As nats-py's own method: "HPUB  <reply> ..." would publish to the reply.
+                raise bad_subject
             # The rest as nats-py's own method does it after encoding: count, queue, and
             # wake its flusher once per burst.
             self.stats["out_msgs"] += 1
@@ -117,4 +159,11 @@ def relay_client(nats: Any) -> type:
             if self._flush_queue is not None and self._flush_queue.empty():
                 await self._flush_pending()
 
-    return RelayClient
+    if _overridable(base) and _same_bytes(base, RelayClient):
+        return RelayClient
+    log.warning(
+        "nats-py %s: its publish internals are not the ones the relay checked; publishing "
+        "through its own header encoding (slower, the same bytes)",
+        getattr(nats.aio.client, "__version__", "?"),
+    )
+    return base

@@ -6,7 +6,7 @@ for the socket, and compared byte for byte.
 
 from __future__ import annotations
 
-import asyncio
+import json
 import logging
 import types
 from typing import Any
@@ -17,7 +17,13 @@ from nats.aio.client import Client
 
 from relay import Destination
 from relay.nats_transport import NatsTransport
-from relay.nats_wire import BadHeaderName, HeaderBlock, header_block, relay_client
+from relay.nats_wire import (
+    BadHeaderName,
+    HeaderBlock,
+    header_block,
+    queued_command,
+    relay_client,
+)
 from relay.policy import Dead, Retry, Sent
 
 HEADER_SETS: list[dict[str, str]] = [
@@ -30,29 +36,11 @@ HEADER_SETS: list[dict[str, str]] = [
 ]
 
 
-async def sent_command(client: Client, headers: Any) -> bytes:
-    """The command `client` queues for one publish with `headers` (no connection)."""
-    queued: list[bytes] = []
-
-    async def capture(cmd: bytes, priority: bool = False) -> None:
-        queued.append(cmd)
-
-    client._send_command = capture  # type: ignore[method-assign]
-    payload = b'{"body":1}'
-    # The method the relay's client overrides; publish() before it needs a connection.
-    await client._send_publish("subject.a", "_INBOX.x.7", payload, len(payload), headers)
-    assert len(queued) == 1
-    return queued[0]
-
-
 @pytest.mark.parametrize("headers", HEADER_SETS)
 def test_the_relay_sends_the_bytes_nats_py_would(headers: dict[str, str]) -> None:
-    async def both() -> tuple[bytes, bytes]:
-        theirs = await sent_command(Client(), dict(headers))
-        ours = await sent_command(relay_client(nats)(), HeaderBlock(headers))
-        return theirs, ours
-
-    theirs, ours = asyncio.run(both())
+    theirs = queued_command(Client(), "subject.a", dict(headers))
+    ours = queued_command(relay_client(nats)(), "subject.a", HeaderBlock(headers))
+    assert theirs is not None
     assert ours == theirs
     assert header_block(headers) in ours
 
@@ -64,26 +52,40 @@ def test_the_installed_nats_py_takes_the_relays_encoding() -> None:
     assert issubclass(relay_client(nats), Client)
 
 
-def test_plain_headers_still_go_through_nats_py(caplog: pytest.LogCaptureFixture) -> None:
+def test_plain_headers_still_go_through_nats_py() -> None:
     # The JetStream API requests of the same client (stream info) pass dicts, not blocks.
-    async def both() -> tuple[bytes, bytes]:
-        headers = {"Nats-Expected-Stream": "S", "x": " y "}
-        return await sent_command(Client(), headers), await sent_command(
-            relay_client(nats)(), headers
-        )
+    headers = {"Nats-Expected-Stream": "S", "x": " y "}
+    ours = queued_command(relay_client(nats)(), "subject.a", headers)
+    assert ours == queued_command(Client(), "subject.a", headers)
 
-    theirs, ours = asyncio.run(both())
-    assert ours == theirs
+
+def test_an_empty_subject_is_refused_as_nats_py_refuses_it() -> None:
+    # Sent on, "HPUB  <reply> ..." would publish the message to the relay's own inbox.
+    headers = {"Nats-Msg-Id": "r-1"}
+    with pytest.raises(nats.errors.BadSubjectError):
+        queued_command(Client(), "", dict(headers))
+    with pytest.raises(nats.errors.BadSubjectError):
+        queued_command(relay_client(nats)(), "", HeaderBlock(headers))
 
 
 def test_a_name_nats_would_refuse_is_refused_before_publishing() -> None:
     with pytest.raises(BadHeaderName, match="not a NATS header name"):
         header_block({"bad name": "x"})
     with pytest.raises(nats.errors.BadHeaderError):
-        asyncio.run(sent_command(Client(), {"bad name": "x"}))
+        queued_command(Client(), "subject.a", {"bad name": "x"})
 
 
-def test_a_nats_py_without_those_internals_keeps_its_own_publish(
+def nats_with(client: type) -> types.ModuleType:
+    """A stand-in for the nats package whose Client is `client`."""
+    module = types.ModuleType("nats_changed")
+    module.aio = types.SimpleNamespace(  # type: ignore[attr-defined]
+        client=types.SimpleNamespace(Client=client, __version__="9.9.9")
+    )
+    module.errors = nats.errors  # type: ignore[attr-defined]
+    return module
+
+
+def test_a_nats_py_of_another_shape_keeps_its_own_publish(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     class Changed:
@@ -96,11 +98,31 @@ def test_a_nats_py_without_those_internals_keeps_its_own_publish(
         async def _flush_pending(self) -> None:
             """Present."""
 
-    module = types.ModuleType("nats_changed")
-    module.aio = types.SimpleNamespace(client=types.SimpleNamespace(Client=Changed))  # type: ignore[attr-defined]
     with caplog.at_level(logging.WARNING, logger="outbox.relay"):
-        assert relay_client(module) is Changed
+        assert relay_client(nats_with(Changed)) is Changed
     assert "publishing through its own header encoding" in caplog.text
+
+
+def test_a_nats_py_that_encodes_otherwise_keeps_its_own_publish(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    class Lowering(Client):  # type: ignore[misc]
+        """Same method, another rule: a release that sends names in lower case."""
+
+        async def _send_publish(
+            self,
+            subject: str,
+            reply: str,
+            payload: bytes,
+            payload_size: int,
+            headers: dict[str, str] | None,
+        ) -> None:
+            lowered = {k.lower(): v for k, v in (headers or {}).items()}
+            await super()._send_publish(subject, reply, payload, payload_size, lowered)
+
+    with caplog.at_level(logging.WARNING, logger="outbox.relay"):
+        assert relay_client(nats_with(Lowering)) is Lowering
+    assert "9.9.9" in caplog.text
 
 
 def transport(stream: str) -> NatsTransport:
@@ -117,16 +139,35 @@ def transport(stream: str) -> NatsTransport:
 
 
 @pytest.mark.parametrize(
-    ("answer", "expected"),
+    ("stream", "answer", "expected"),
     [
-        (b'{"stream":"S", "seq":12}', Sent),
-        (b'{"stream":"S","seq":12}', Sent),
-        (b'{"stream":"S", "seq":12,"duplicate": true}', Sent),
-        (b'{"error":{"code":400,"err_code":10060,"description":"x"},"stream":"S","seq":0}', Dead),
-        (b'{"error":{"code":503,"description":"x"}}', Retry),
-        (b'{"stream":"S2", "seq":12}', Retry),  # another stream: not this destination's ack
-        (b'{"stream":"S"', Retry),  # cut short: read in full, and unreadable
+        ("S", b'{"stream":"S", "seq":12}', Sent),
+        ("S", b'{"stream":"S","seq":12}', Sent),
+        ("S", b'{"stream":"S", "seq":12,"duplicate": true}', Sent),
+        ("S", b'{"stream":"S", "domain":"hub", "seq":12}', Sent),
+        ("S", b'{"error":{"code":400,"err_code":10060,"description":"x"},"stream":"S"}', Dead),
+        ("S", b'{"error":{"code":503,"description":"x"}}', Retry),
+        ("S", b'{"stream":"S2", "seq":12}', Retry),  # another stream: not this destination's
+        ("S2", b'{"stream":"S", "seq":12}', Retry),
+        ("S", b'{"stream":"S"', Retry),  # cut short: read in full, and unreadable
+        ('a"b', b'{"stream":"a\\"b", "seq":1}', Sent),
+        ('a"b', b'{"stream":"a", "seq":1}', Retry),
+        ("caf\u00e9", '{"stream":"caf\u00e9", "seq":1}'.encode(), Sent),  # Go writes UTF-8
     ],
 )
-def test_pub_acks_read_quickly_as_a_full_read_would(answer: bytes, expected: type) -> None:
-    assert type(transport("S")._answer(answer, None)) is expected
+def test_pub_acks_read_as_a_full_read_would(stream: str, answer: bytes, expected: type) -> None:
+    assert type(transport(stream)._answer(answer, None)) is expected
+
+
+@pytest.mark.parametrize("stream", ["S", 'a"b', "ORDERS_2"])
+def test_a_pub_ack_of_the_stream_is_read_without_parsing_it(
+    stream: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    answer = b'{"stream":%s, "seq":7}' % json.dumps(stream).encode()
+    reader = transport(stream)
+
+    def refuse(text: bytes) -> Any:
+        raise AssertionError("parsed in full")
+
+    monkeypatch.setattr("relay.nats_transport.json.loads", refuse)
+    assert type(reader._answer(answer, None)) is Sent

@@ -372,6 +372,16 @@ def test_broker_destinations_from_the_file_and_the_environment() -> None:
             "must not hold spaces, tabs or line breaks",
         ),
         (
+            {"kind": "nats", "url": "nats://h", "stream": "ORDERS.EU", "subject": "s"},
+            "stream 'ORDERS.EU' is not a JetStream stream name",
+        ),
+        (
+            # Go would write its PubAcks' stream as "\x01S", which no JSON reader takes.
+            {"kind": "nats", "url": "nats://h", "stream": "\x01S", "subject": "s"},
+            "is not a JetStream stream name",
+        ),
+        ({"kind": "nats", "url": "nats://h", "stream": "", "subject": "s"}, "stream ''"),
+        (
             {"kind": "nats", "url": "nats://h", "stream": "S", "subject": "s", "mode": "batch"},
             "mode is a key of http destinations, not of nats",
         ),
