@@ -81,6 +81,33 @@ def subject_matches(filter_subject: str, subject: str) -> bool:
     return len(tokens) == len(wanted)
 
 
+class _Answers:
+    """One parcel's outcomes as its PubAcks come in, and one future for the last of them.
+
+    One future per parcel, not per message: a future, its done callback and the loop
+    turn that runs it cost more per message than reading the PubAck does.
+    """
+
+    __slots__ = ("all_in", "left", "outcomes")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, count: int) -> None:
+        self.outcomes: dict[int, Outcome] = {}
+        """By message id: the PubAck's reading, or why the message could not go out."""
+        self.left = count
+        self.all_in: asyncio.Future[None] = loop.create_future()
+        if count == 0:
+            self.all_in.set_result(None)
+
+    def record(self, message_id: int, outcome: Outcome) -> None:
+        """The outcome of one message of the parcel; the first one for it holds."""
+        if message_id in self.outcomes:
+            return
+        self.outcomes[message_id] = outcome
+        self.left -= 1
+        if self.left == 0 and not self.all_in.done():
+            self.all_in.set_result(None)
+
+
 class _Link:
     """One connection, and the PubAcks its publishes wait for, by reply token."""
 
@@ -89,7 +116,8 @@ class _Link:
         self.js: JetStreamContext = client.jetstream(timeout=timeout)
         self.inbox = inbox
         """Each publish asks for its PubAck on `<inbox>.<token>`."""
-        self.waiting: dict[str, asyncio.Future[Outcome]] = {}
+        self.waiting: dict[str, tuple[_Answers, int]] = {}
+        """By reply token: the parcel waiting for that PubAck, and the message's id."""
         self.lost = asyncio.Event()
         self.tokens = itertools.count()
 
@@ -151,31 +179,29 @@ class NatsTransport(Transport):
             return dict.fromkeys((m.id for m in parcel.messages), Retry(None, reason))
         if refusal is not None:
             return dict.fromkeys((m.id for m in parcel.messages), Retry(None, refusal))
-        outcomes: dict[int, Outcome] = {}
-        acks: dict[int, tuple[str, asyncio.Future[Outcome]]] = {}
+        answers = _Answers(loop, len(parcel.messages))
+        tokens: list[str] = []
         expired = False
         signed_at = time.time()  # one reading of the clock for the parcel's signatures
         try:
             async with asyncio.timeout_at(deadline):
                 for message in parcel.messages:
                     token = str(next(link.tokens))
-                    ack: asyncio.Future[Outcome] = loop.create_future()
-                    link.waiting[token] = ack
-                    acks[message.id] = (token, ack)
+                    link.waiting[token] = (answers, message.id)
+                    tokens.append(token)
                     refused = await self._publish(link, message, token, signed_at)
                     if refused is not None:
-                        ack.set_result(refused)
-                await self._wait(link, [ack for _, ack in acks.values()])
+                        answers.record(message.id, refused)
+                await self._wait(link, answers)
         except TimeoutError:
             expired = True
         finally:
-            for token, _ in acks.values():
+            for token in tokens:
                 link.waiting.pop(token, None)
+        outcomes = answers.outcomes
         for message in parcel.messages:
-            held = acks.get(message.id)  # None: the deadline came before its publish
-            if held is not None and held[1].done() and not held[1].cancelled():
-                outcomes[message.id] = held[1].result()
-            else:
+            if message.id not in outcomes:
+                # The deadline came before its publish or its PubAck, or the link was lost.
                 outcomes[message.id] = self._unanswered(link)
         if expired:
             # Silence past the deadline may be a half-open connection: the next attempt
@@ -224,22 +250,17 @@ class NatsTransport(Transport):
             return Retry(None, truncate(f"NATS publish failed: {_describe(exc)}"))
         return None
 
-    async def _wait(self, link: _Link, acks: list[asyncio.Future[Outcome]]) -> None:
-        """Until every PubAck is in or the connection is lost."""
-        pending = [ack for ack in acks if not ack.done()]
-        if not pending:
+    async def _wait(self, link: _Link, answers: _Answers) -> None:
+        """Until every PubAck of the parcel is in or the connection is lost; the caller's
+        deadline ends the wait."""
+        if answers.all_in.done():
             return
-        # asyncio.wait, not gather: cancelling a gather cancels the PubAcks it waits for,
-        # and a cancelled PubAck would read as CancelledError instead of a retry. The
-        # caller's deadline ends the wait.
-        everything = asyncio.ensure_future(asyncio.wait(pending))
         watch: asyncio.Future[Any] = asyncio.ensure_future(link.lost.wait())
-        waits: set[asyncio.Future[Any]] = {everything, watch}
         try:
-            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+            # asyncio.wait leaves all_in as it is when the deadline cancels this wait.
+            await asyncio.wait({answers.all_in, watch}, return_when=asyncio.FIRST_COMPLETED)
         finally:
             watch.cancel()
-            everything.cancel()
 
     def _unanswered(self, link: _Link) -> Retry:
         if link.lost.is_set():
@@ -327,9 +348,10 @@ class NatsTransport(Transport):
         prefix = len(link.inbox) + 1
 
         async def on_answer(msg: Any) -> None:
-            ack = link.waiting.pop(msg.subject[prefix:], None)
-            if ack is not None and not ack.done():
-                ack.set_result(self._answer(msg.data, msg.headers))
+            waiting = link.waiting.pop(msg.subject[prefix:], None)
+            if waiting is not None:
+                answers, message_id = waiting
+                answers.record(message_id, self._answer(msg.data, msg.headers))
 
         await client.subscribe(f"{link.inbox}.*", cb=on_answer)
         return link
