@@ -179,7 +179,8 @@ class NatsTransport(Transport):
             return dict.fromkeys((m.id for m in parcel.messages), Retry(None, reason))
         if refusal is not None:
             return dict.fromkeys((m.id for m in parcel.messages), Retry(None, refusal))
-        answers = _Answers(loop, len(parcel.messages))
+        # Each id once: a message given twice is answered by whichever PubAck comes first.
+        answers = _Answers(loop, len({m.id for m in parcel.messages}))
         tokens: list[str] = []
         expired = False
         signed_at = time.time()  # one reading of the clock for the parcel's signatures

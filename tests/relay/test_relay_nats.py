@@ -182,6 +182,26 @@ def test_a_republished_reply_id_is_dropped_by_the_stream_and_counts_as_sent(
     assert [m.headers["Nats-Msg-Id"] for m in stream.stored()] == ["r-1"]
 
 
+def test_a_message_given_twice_in_a_parcel_is_answered_without_waiting_out_the_deadline(
+    stream: Stream,
+) -> None:
+    message = Message(7, "r-7", "default", b"{}", hashlib.sha256(b"{}").hexdigest(), {}, 1, 1)
+    transport = NatsTransport(nats_destination(stream))
+
+    async def twice() -> tuple[dict[int, Any], bool]:
+        try:
+            outcomes = await transport.send(Parcel([message, message]))
+            assert transport._link is not None
+            # Waiting for a second PubAck that never comes would end at the deadline,
+            # which marks the link lost.
+            return outcomes, transport._link.lost.is_set()
+        finally:
+            await transport.close()
+
+    assert asyncio.run(twice()) == ({7: Sent(None)}, False)
+    assert [m.headers["Nats-Msg-Id"] for m in stream.stored()] == ["r-7"]
+
+
 def test_messages_of_each_key_are_stored_in_publish_order(
     db_url: str, engine: sa.Engine, clock: ManualClock, stream: Stream
 ) -> None:
