@@ -75,13 +75,17 @@ tasks = sa.Table(
     sa.Column("finished_at", Epoch()),
     sa.CheckConstraint(_in("state", TASK_STATES), name="state"),
     sa.CheckConstraint("attempts >= 0 AND attempts <= max_attempts", name="attempts"),
-    sa.Index("ix_outbox_tasks_lease", "lease_until", **_partial("state = 'running'")),
+    # Running tasks, for the per-tenant cap and for the reaper of expired leases, which
+    # reads lease_until from the rows it walks (as many as leases are held). No index
+    # names lease_until, so a heartbeat's renewal can be a HOT update (migration o0011).
     sa.Index("ix_outbox_tasks_running_tenant", "tenant_id", **_partial("state = 'running'")),
     sa.Index(
         "ix_outbox_tasks_deadline",
         "deadline",
         **_partial("state IN ('pending', 'running')"),
     ),
+    # Room on each page for a renewal's new row version: HOT only when it fits there.
+    postgresql_with={"fillfactor": 70},
 )
 
 # Claim order is priority DESC, available_at, created_at: the index walks it directly.

@@ -163,7 +163,7 @@ def test_the_task_claim_uses_the_claimable_index(db_url: str, capped: bool) -> N
     ("statement", "index"),
     [
         (task_sql.expire_past_deadline, "ix_outbox_tasks_deadline"),
-        (task_sql.reap_expired_task_leases, "ix_outbox_tasks_"),
+        (task_sql.reap_expired_task_leases, "ix_outbox_tasks_running_tenant"),
         (message_sql.reap_expired_message_leases, "ix_outbox_messages_lease"),
     ],
     ids=["expire", "reap-tasks", "reap-messages"],

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from pathlib import Path
 
 import alembic.context
@@ -228,33 +229,61 @@ def test_resolved_state_upgrades_and_downgrades_without_losing_a_decision(
         engine.dispose()
 
 
-def message_fillfactor(engine: sa.Engine) -> list[str]:
-    """The storage options of outbox_messages (PostgreSQL's pg_class.reloptions)."""
+def storage_options(engine: sa.Engine, table: str) -> list[str]:
+    """The storage options of `table` (PostgreSQL's pg_class.reloptions)."""
     with engine.connect() as conn:
         options = conn.execute(
-            sa.text("SELECT reloptions FROM pg_class WHERE relname = 'outbox_messages'")
+            sa.text("SELECT reloptions FROM pg_class WHERE relname = :table"), {"table": table}
         ).scalar_one()
     return list(options or [])
+
+
+def downgraded_and_upgraded(
+    url: str, revision: str, check: Callable[[sa.Engine, bool], None]
+) -> None:
+    """Run `check(engine, upgraded)` at head, after a downgrade to `revision`, at head again."""
+    outbox.upgrade(url)
+    engine = outbox.create_engine(url)
+    try:
+        check(engine, True)
+        with engine.begin() as conn:
+            command.downgrade(alembic_config(conn), f"outbox@{revision}")
+        check(engine, False)
+    finally:
+        engine.dispose()
+    outbox.upgrade(url)
+    engine = outbox.create_engine(url)
+    try:
+        check(engine, True)
+    finally:
+        engine.dispose()
 
 
 @pytest.mark.parametrize("backend", ["postgresql"], indirect=True)
 def test_message_pages_keep_room_for_claims_and_settles(blank_url: str) -> None:
     # o0009: a fillfactor of 70 on outbox_messages, removed again by its downgrade.
-    outbox.upgrade(blank_url)
-    engine = outbox.create_engine(blank_url)
-    try:
-        assert message_fillfactor(engine) == ["fillfactor=70"]
-        with engine.begin() as conn:
-            command.downgrade(alembic_config(conn), "outbox@o0008")
-        assert message_fillfactor(engine) == []
-    finally:
-        engine.dispose()
-    outbox.upgrade(blank_url)
-    engine = outbox.create_engine(blank_url)
-    try:
-        assert message_fillfactor(engine) == ["fillfactor=70"]
-    finally:
-        engine.dispose()
+    def check(engine: sa.Engine, upgraded: bool) -> None:
+        expected = ["fillfactor=70"] if upgraded else []
+        assert storage_options(engine, "outbox_messages") == expected
+
+    downgraded_and_upgraded(blank_url, "o0008", check)
+
+
+def test_no_task_index_names_the_lease_a_renewal_changes(backend: str, blank_url: str) -> None:
+    # o0011: ix_outbox_tasks_lease dropped and (PostgreSQL) a fillfactor of 70 on
+    # outbox_tasks; its downgrade restores both.
+    def check(engine: sa.Engine, upgraded: bool) -> None:
+        indexed = {
+            column
+            for index in sa.inspect(engine).get_indexes("outbox_tasks")
+            for column in index["column_names"]
+        }
+        assert ("lease_until" not in indexed) is upgraded
+        if backend == "postgresql":
+            expected = ["fillfactor=70"] if upgraded else []
+            assert storage_options(engine, "outbox_tasks") == expected
+
+    downgraded_and_upgraded(blank_url, "o0010", check)
 
 
 BOTH_HEADS = {required_head("outbox"), required_head("receiver")}

@@ -21,6 +21,7 @@ from sqlalchemy.orm import Session
 
 from outbox import AuthContext, Claim, Envelope, Fenced, InvalidMessage, TaskQueue, task_results
 from outbox.canonical import MAX_DEPTH, MAX_NODES
+from outbox.db import task_sql
 from outbox.tasks import MAX_REASON_CHARS, RECONCILE_BATCH
 from outbox.testing import ManualClock
 
@@ -264,6 +265,27 @@ def test_renew_extends_the_lease(queue: TaskQueue, clock: ManualClock) -> None:
     queue.finish(renewed, "ok")
     assert task(queue, tid)["state"] == "done"
     assert_one_reply(queue, tid, "done", "ok")
+
+
+@pytest.mark.parametrize("backend", ["postgresql"], indirect=True)
+def test_a_renewal_is_a_hot_update(queue: TaskQueue, clock: ManualClock) -> None:
+    """No index names what a renewal changes, and pages keep room: no new index entries."""
+    for n in range(5):
+        submit(queue, clock, f"m-{n}")
+    held = [(c.task_id, c.owner, c.fence) for c in queue.claim_many("w", 5)]
+    # This backend's counts not yet reported (PostgreSQL 15 keeps earlier transactions'
+    # until it reports them): what the renewals add is the difference.
+    counts = sa.text(
+        "SELECT pg_stat_get_xact_tuples_updated(CAST('outbox_tasks' AS regclass)), "
+        "pg_stat_get_xact_tuples_hot_updated(CAST('outbox_tasks' AS regclass))"
+    )
+    with queue._engine.begin() as conn:
+        updated_before, hot_before = conn.execute(counts).one()
+        for beat in range(3):
+            clock.advance(1)
+            assert len(task_sql.renew_leases(conn, held, LEASE, clock())) == 5, beat
+        updated, hot = conn.execute(counts).one()
+    assert (updated - updated_before, hot - hot_before) == (15, 15)
 
 
 def test_renew_many_renews_the_held_and_says_why_each_other_is_not(
