@@ -1,6 +1,6 @@
 """Database cost per delivered message and per finished task: WAL, index entries, HOT updates.
 
-Run alone: .venv/bin/python -m benchmarks.db_cost [--quick] [--setup SQL ...]
+Run alone: .venv/bin/python -m benchmarks.db_cost [--quick] [--before] [--setup SQL ...]
 
 Three windows on fresh PostgreSQL databases, each opened by a CHECKPOINT
 (benchmarks.wal_window says how WAL is attributed):
@@ -19,7 +19,8 @@ a non-HOT update writes one in every index whose predicate the new row
 matches), and per table the share of updates that were HOT (in %) and how much
 its heap grew. Keys with a dot break a figure down by table, index or WAL record
 kind. `--setup` runs SQL on each fresh outbox database before its prefill (say,
-a fillfactor to try).
+a fillfactor to try); `--before` sets the storage back to what it was before the
+migrations made for these figures (BEFORE_STORAGE), the suite's baseline.
 """
 
 from __future__ import annotations
@@ -48,6 +49,16 @@ RELAYS, BATCH = 2, 1000  # as the suite's drain
 LEASE = 30.0
 
 Run = dict[str, float]
+
+# The storage as it was before the migrations that changed it for cost, applied to a fresh
+# database as a `--setup`: the baseline the suite measures our figures against.
+BEFORE_STORAGE = (
+    # o0009: no room left on outbox_messages pages.
+    "ALTER TABLE outbox_messages RESET (fillfactor)",
+    # o0011: none on outbox_tasks pages either, and lease_until indexed.
+    "ALTER TABLE outbox_tasks RESET (fillfactor)",
+    "CREATE INDEX ix_outbox_tasks_lease ON outbox_tasks (lease_until) WHERE state = 'running'",
+)
 
 
 def sizes(quick: bool) -> tuple[int, int, int, int]:
@@ -225,6 +236,11 @@ def main(argv: Iterable[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.db_cost")
     parser.add_argument("--quick", action="store_true", help="small sizes: a smoke run")
     parser.add_argument(
+        "--before",
+        action="store_true",
+        help="the storage before migrations o0009 and o0011 (the suite's baseline)",
+    )
+    parser.add_argument(
         "--setup",
         action="append",
         default=[],
@@ -232,7 +248,8 @@ def main(argv: Iterable[str] | None = None) -> int:
         help="a statement run on each fresh outbox database before its prefill (repeatable)",
     )
     args = parser.parse_args(None if argv is None else list(argv))
-    print(json.dumps(run(args.quick, args.setup)))
+    setup = [*(BEFORE_STORAGE if args.before else ()), *args.setup]
+    print(json.dumps(run(args.quick, setup)))
     return 0
 
 
