@@ -68,7 +68,7 @@ class RelayLeases:
         """A claim raised after its COMMIT may have happened: its rows are to be adopted."""
         # Claims and settles come many times a second: each stream keeps a connection
         # rather than checking one out of the pool each time (see outbox.db.lane).
-        self._claims = autocommit_lane(engine)
+        self._claims = autocommit_lane(engine, sql.claim_session(self._dialect))
         self._settles = autocommit_lane(engine)
 
     def close(self) -> None:

@@ -84,6 +84,16 @@ def _routed_here(m: Any, dialect_name: str) -> Any:
     )
 
 
+def claim_session(dialect_name: str) -> str | None:
+    """The session setting of the connection claims run on, or None (SQLite)."""
+    if not is_postgresql(dialect_name):
+        return None
+    # Generic plans: a custom plan of the claim costs more to plan (0.4-0.7 ms here) than
+    # to run for a live trickle, and auto mode keeps choosing custom ones. The claim, its
+    # reap and its adoption are guarded as generic plans (tests/test_claim_plans.py).
+    return "SET plan_cache_mode = force_generic_plan"
+
+
 @functools.cache
 def _claim_statements(dialect_name: str) -> tuple[Any, Any]:
     """(pick, update) for a dialect, built once: SQLAlchemy then reuses their compiled SQL."""

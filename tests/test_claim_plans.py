@@ -165,8 +165,10 @@ def test_the_task_claim_uses_the_claimable_index(db_url: str, capped: bool) -> N
         (task_sql.expire_past_deadline, "ix_outbox_tasks_deadline"),
         (task_sql.reap_expired_task_leases, "ix_outbox_tasks_running_tenant"),
         (message_sql.reap_expired_message_leases, "ix_outbox_messages_lease"),
+        # The relay's adoption of its own rows after a claim in doubt, on the claims' lane.
+        (relay_sql._adopt_statement, "ix_outbox_messages_lease"),
     ],
-    ids=["expire", "reap-tasks", "reap-messages"],
+    ids=["expire", "reap-tasks", "reap-messages", "adopt"],
 )
 def test_the_reconcile_steps_of_a_claim_walk_partial_indexes(
     db_url: str, statement: Any, index: str

@@ -245,9 +245,10 @@ def _autocommit(engine: Engine) -> Engine:
     return found
 
 
-def autocommit_lane(engine: Engine) -> Lane:
-    """A Lane of autocommit connections of `engine`, for one_statement(lane=...)."""
-    return Lane(_autocommit(engine))
+def autocommit_lane(engine: Engine, setup: str | None = None) -> Lane:
+    """A Lane of autocommit connections of `engine`, for one_statement(lane=...); `setup`
+    runs on each connection it holds (see outbox.db.lane)."""
+    return Lane(_autocommit(engine), setup)
 
 
 @contextmanager

@@ -10,6 +10,10 @@ the next statement comes, which takes a checked one: an idle worker's first
 statement does not meet a connection a proxy or firewall has cut meanwhile. After
 any error the held connection is dropped: its state is unknown. Once closed, a
 lane holds nothing: every statement takes a pooled connection.
+
+A lane may run a `setup` statement (a session setting) on each connection it
+takes to hold. Such a connection is closed when the lane lets it go, never given
+back to the pool, so the setting stays with the lane's own statements.
 """
 
 from __future__ import annotations
@@ -28,9 +32,10 @@ IDLE_SECONDS = 5.0
 class Lane:
     """One held autocommit connection of `engine`, for one caller at a time."""
 
-    def __init__(self, engine: Engine) -> None:
-        """Nothing connects until the first statement."""
+    def __init__(self, engine: Engine, setup: str | None = None) -> None:
+        """Nothing connects until the first statement; `setup` runs on each held connection."""
         self._engine = engine
+        self._setup = setup
         self._lock = threading.Lock()
         self._held: Connection | None = None
         self._last_used = 0.0
@@ -74,6 +79,8 @@ class Lane:
             held = None
         if held is None:
             held = self._held = self._engine.connect()
+            if self._setup is not None:
+                held.exec_driver_sql(self._setup)
         return held
 
     def _drop(self) -> None:
@@ -81,4 +88,6 @@ class Lane:
         if held is not None:
             # Dropped for an error or for idling: a broken one may fail to close too.
             with contextlib.suppress(Exception):
+                if self._setup is not None:
+                    held.invalidate()  # its session setting must not reach the pool
                 held.close()

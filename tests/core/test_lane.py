@@ -95,3 +95,29 @@ def test_a_closed_lane_holds_nothing(engine: sa.Engine) -> None:
     with lane.connection() as conn:
         conn.execute(sa.text("SELECT 1"))
     assert lane._held is None  # a pooled connection, given back
+
+
+def test_a_lanes_setup_stays_on_its_own_connection(engine: sa.Engine) -> None:
+    cache_size = sa.text("PRAGMA cache_size")
+    with engine.connect() as conn:
+        default = conn.execute(cache_size).scalar()
+    lane = Lane(engine, setup="PRAGMA cache_size = 1234")
+    with lane.connection() as conn:
+        assert conn.execute(cache_size).scalar() == 1234
+        held = raw(conn)
+    with lane.connection() as conn:  # kept, with its setting
+        assert raw(conn) is held
+        with lane.connection() as busy:  # a pooled one, without it
+            assert busy.execute(cache_size).scalar() == default
+    with pytest.raises(sa.exc.OperationalError), lane.connection() as conn:
+        conn.execute(sa.text("SELECT * FROM no_such_table"))
+    # Dropped after the error: closed, not given back to the pool with the setting.
+    with engine.connect() as conn:
+        assert raw(conn) is not held
+        assert conn.execute(cache_size).scalar() == default
+    with lane.connection() as conn:  # a new held connection gets the setting again
+        assert raw(conn) is not held
+        assert conn.execute(cache_size).scalar() == 1234
+    lane.close()
+    with engine.connect() as conn:
+        assert conn.execute(cache_size).scalar() == default

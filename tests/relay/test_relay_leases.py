@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 from collections import Counter
 
+import pytest
 import sqlalchemy as sa
 from support.relay_helpers import SECRET, publish_many, rows
 from support.scripted_server import Answer, ScriptedServer
@@ -161,3 +162,24 @@ def test_a_claim_takes_at_most_one_batch(
         assert len(claimed) == 7
     states = [r["state"] for r in rows(engine).values()]
     assert (states.count("sending"), states.count("pending")) == (7, 23)
+
+
+@pytest.mark.parametrize("backend", ["postgresql"], indirect=True)
+def test_claims_run_on_generic_plans_and_the_setting_stays_on_their_connection(
+    db_url: str, engine: sa.Engine, server: ScriptedServer, clock: ManualClock
+) -> None:
+    # A custom plan of the claim costs more to plan than to run for a few rows: the
+    # claims' own connection plans it once, generically, for every claim after.
+    with relay_for(db_url, server, clock, "relay-a") as relay:
+        for n in range(8):  # psycopg prepares a statement at its fifth run
+            publish_many(engine, [f"g-{n}"], clock=clock)
+            assert [m.reply_id for m in relay.leases.claim()[0]] == [f"g-{n}"]
+        with relay.leases._claims.connection() as conn:
+            generic, custom = conn.exec_driver_sql(
+                "SELECT generic_plans, custom_plans FROM pg_prepared_statements "
+                "WHERE statement LIKE 'WITH picked AS MATERIALIZED%%'"
+            ).one()
+        assert custom == 0
+        assert generic > 0
+        with relay.leases._settles.connection() as conn:
+            assert conn.exec_driver_sql("SHOW plan_cache_mode").scalar() == "auto"
