@@ -84,9 +84,9 @@ tasks = sa.Table(
         "deadline",
         **_partial("state IN ('pending', 'running')"),
     ),
-    # Room on each page for a renewal's new row version: HOT only when it fits there.
-    postgresql_with={"fillfactor": 70},
 )
+# Migration o0011 leaves 30% of each outbox_tasks page free (fillfactor 70) on PostgreSQL:
+# a renewal is HOT only when its new row version fits on the page.
 
 # Claim order is priority DESC, available_at, created_at: the index walks it directly.
 sa.Index(
@@ -138,11 +138,11 @@ messages = sa.Table(
         "id",
         **_partial("state IN ('pending', 'sending') AND ordering_key IS NOT NULL"),
     ),
-    # Claims and settles change `state`, which the partial indexes name: never HOT. Room
-    # on the page keeps their new row versions there, where the WAL holds only the bytes
-    # that changed (migration o0009).
-    postgresql_with={"fillfactor": 70},
 )
+# Claims and settles change `state`, which the partial indexes name: never HOT. Room on the
+# page keeps their new row versions there, where the WAL holds only the bytes that changed:
+# migration o0009 sets a fillfactor of 70 on outbox_messages (PostgreSQL). Not declared
+# here: SQLAlchemy 2.0 takes no storage parameters on a Table, and autogenerate compares none.
 
 requeues = sa.Table(
     "outbox_requeues",

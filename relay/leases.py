@@ -72,7 +72,7 @@ class RelayLeases:
         self._settles = autocommit_lane(engine)
 
     def close(self) -> None:
-        """Give back the held connections (statements after this take pooled ones)."""
+        """Let the held connections go (statements after this take pooled ones)."""
         self._claims.close()
         self._settles.close()
 

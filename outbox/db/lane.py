@@ -11,9 +11,11 @@ statement does not meet a connection a proxy or firewall has cut meanwhile. Afte
 any error the held connection is dropped: its state is unknown. Once closed, a
 lane holds nothing: every statement takes a pooled connection.
 
-A lane may run a `setup` statement (a session setting) on each connection it
-takes to hold. Such a connection is closed when the lane lets it go, never given
-back to the pool, so the setting stays with the lane's own statements.
+A lane may hold its connections under a SessionSetting: applied on each
+connection it takes to hold, undone before it lets one go (closed instead when
+the undo fails). A connection that reaches the pool still set (a lane dropped
+without close, a caller closing the lane's connection) is discarded at its next
+checkout, so the setting never reaches another caller.
 """
 
 from __future__ import annotations
@@ -23,19 +25,40 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any, NamedTuple
 
+from sqlalchemy import event, exc
 from sqlalchemy.engine import Connection, Engine
 
 IDLE_SECONDS = 5.0
+_SET = "outbox.lane_setting"
+"""Key in a pooled connection's info while a lane's session setting is applied to it."""
+
+
+class SessionSetting(NamedTuple):
+    """A session setting a lane holds its connections under: SQL to apply it, to undo it."""
+
+    apply: str
+    undo: str
+
+
+def _refuse_set_connection(dbapi_connection: Any, record: Any, proxy: Any) -> None:
+    # Pool checkout: a connection still under a lane's setting is discarded, not lent.
+    if record.info.get(_SET):
+        raise exc.DisconnectionError("a lane's session setting is still applied")
 
 
 class Lane:
     """One held autocommit connection of `engine`, for one caller at a time."""
 
-    def __init__(self, engine: Engine, setup: str | None = None) -> None:
-        """Nothing connects until the first statement; `setup` runs on each held connection."""
+    def __init__(self, engine: Engine, setting: SessionSetting | None = None) -> None:
+        """Nothing connects until the first statement; held connections get `setting`."""
         self._engine = engine
-        self._setup = setup
+        self._setting = setting
+        if setting is not None and not event.contains(
+            engine.pool, "checkout", _refuse_set_connection
+        ):
+            event.listen(engine.pool, "checkout", _refuse_set_connection)
         self._lock = threading.Lock()
         self._held: Connection | None = None
         self._last_used = 0.0
@@ -64,8 +87,8 @@ class Lane:
             self._lock.release()
 
     def close(self) -> None:
-        """Give the held connection back to the pool (waits for a statement running on it);
-        statements after this take pooled connections."""
+        """Let the held connection go (waits for a statement running on it); statements
+        after this take pooled connections."""
         self._closed = True
         with self._lock:
             self._drop()
@@ -78,16 +101,26 @@ class Lane:
             self._drop()
             held = None
         if held is None:
-            held = self._held = self._engine.connect()
-            if self._setup is not None:
-                held.exec_driver_sql(self._setup)
+            held = self._engine.connect()
+            if self._setting is not None:
+                try:
+                    held.connection.info[_SET] = True  # before: a failed apply is discarded
+                    held.exec_driver_sql(self._setting.apply)
+                except BaseException:
+                    with contextlib.suppress(Exception):
+                        held.close()
+                    raise
+            self._held = held
         return held
 
     def _drop(self) -> None:
         held, self._held = self._held, None
-        if held is not None:
-            # Dropped for an error or for idling: a broken one may fail to close too.
-            with contextlib.suppress(Exception):
-                if self._setup is not None:
-                    held.invalidate()  # its session setting must not reach the pool
-                held.close()
+        if held is None:
+            return
+        # Dropped for an error, for idling or at close: a broken one may fail to close too.
+        with contextlib.suppress(Exception):
+            if self._setting is not None and not (held.closed or held.invalidated):
+                held.exec_driver_sql(self._setting.undo)
+                held.connection.info.pop(_SET, None)
+        with contextlib.suppress(Exception):
+            held.close()  # still marked when the undo failed: discarded at its next checkout
