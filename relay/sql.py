@@ -252,10 +252,10 @@ _SETTLE_WHERE = """
 """
 # Driver SQL for psycopg: %(name)b sends an array in binary. In both statements `now` is
 # a manual clock's time, or NULL for the database's (read in the statement itself).
+# PostgreSQL answers with one row: the array of given ids it did not settle, usually
+# empty (fenced rows are rare), instead of a row per settled message to read back.
 SETTLE_POSTGRESQL = (
-    "UPDATE outbox_messages AS m SET"
-    + _SETTLE_SET.format(m="m", now=f"COALESCE(%(now)s::float8, {database_now('postgresql')})")
-    + """FROM (
+    """WITH v AS (
         SELECT r.id, r.fence, r.delay,
                (CAST(%(states)s AS varchar[]))[r.kind] AS state,
                (CAST(%(statuses)s AS integer[]))[r.kind] AS status,
@@ -265,10 +265,15 @@ SETTLE_POSTGRESQL = (
             CAST(%(ids)b AS bigint[]), CAST(%(fences)b AS bigint[]),
             CAST(%(kinds)b AS integer[]), CAST(%(delays)b AS float8[])
         ) AS r(id, fence, kind, delay)
-    ) AS v
+    ), settled AS (
+    UPDATE outbox_messages AS m SET"""
+    + _SETTLE_SET.format(m="m", now=f"COALESCE(%(now)s::float8, {database_now('postgresql')})")
+    + """FROM v
     WHERE"""
     + _SETTLE_WHERE.format(m="m", owner="%(owner)s")
-    + "RETURNING m.id"
+    + """RETURNING m.id
+    )
+    SELECT ARRAY(SELECT id FROM v EXCEPT ALL SELECT id FROM settled)"""
 )
 SETTLE_SQLITE = sa.text(
     "UPDATE outbox_messages SET"
@@ -302,8 +307,9 @@ def settle(
             for row in rows
         ]
         states, statuses, errors, refunds = (list(column) for column in zip(*kinds, strict=True))
+        ids = [row.id for row in rows]
         params = {
-            "ids": [row.id for row in rows],
+            "ids": ids,
             "fences": [row.fence for row in rows],
             "kinds": row_kinds,
             "delays": [row.delay for row in rows],
@@ -315,12 +321,12 @@ def settle(
             "now": now,
         }
         # Planned per run: a generic plan may rescan the arrays once per row (see UNPREPARED).
-        result = conn.exec_driver_sql(
+        unsettled: list[int] = conn.exec_driver_sql(
             SETTLE_POSTGRESQL, params, execution_options={UNPREPARED: True}
-        )
-    else:
-        # Each Settlement is a JSON array in field order: see the json_extract paths above.
-        result = conn.execute(SETTLE_SQLITE, {"rows": json.dumps(rows), "owner": owner, "now": now})
+        ).scalar_one()
+        return set(ids).difference(unsettled)
+    # Each Settlement is a JSON array in field order: see the json_extract paths above.
+    result = conn.execute(SETTLE_SQLITE, {"rows": json.dumps(rows), "owner": owner, "now": now})
     return set(result.scalars().all())
 
 

@@ -64,3 +64,19 @@ def test_claimed_rows_are_read_into_records_in_their_returning_order() -> None:
     from relay.sql import CLAIMED
 
     assert [c.name for c in CLAIMED] + ["previous_attempts"] == list(ClaimedRow._fields)
+
+
+def test_settle_answers_exactly_the_rows_it_changed_among_many(engine: sa.Engine) -> None:
+    publish_many(engine, [f"m-{n}" for n in range(3)])
+    with engine.begin() as conn:
+        claimed = claim_messages(
+            conn, owner="o", now=None, lease=30, limit=3, budget=3, destinations=["default"]
+        )
+    stale = claimed[1]
+    outcomes = [
+        Settlement(c.id, c.fence - (c is stale), "sent", 200, None, 0.0, 0) for c in claimed
+    ]
+    with engine.begin() as conn:
+        assert settle(conn, "o", outcomes, None) == {claimed[0].id, claimed[2].id}
+    states = {reply_id: row["state"] for reply_id, row in rows(engine).items()}
+    assert states == {"m-0": "sent", "m-1": "sending", "m-2": "sent"}
