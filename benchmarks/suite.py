@@ -109,15 +109,12 @@ def median_row(
     """
     per_run = ratio or (lambda run: run[ours] / run[baseline or ""])
     # A ratio to a zero baseline (a share that was none) is undefined: such runs are left
-    # out of an untargeted row's ratio; a target is never judged without every run's.
-    defined = (
-        []
-        if baseline is None
-        else [r for r in runs if ratio or met is not None or r[baseline] != 0]
-    )
+    # out of the ratio, and a target is not met without every run's ratio.
+    defined = [] if baseline is None else [r for r in runs if ratio or r[baseline] != 0]
     median_ratio = round(statistics.median(map(per_run, defined)), 2) if defined else None
     ours_median = round(statistics.median(run[ours] for run in runs), 1)
     judged = median_ratio if median_ratio is not None else ours_median
+    undefined = baseline is not None and len(defined) < len(runs)
     return Row(
         scenario,
         backend,
@@ -126,7 +123,7 @@ def median_row(
         None if baseline is None else round(statistics.median(run[baseline] for run in runs), 1),
         median_ratio,
         target,
-        None if met is None else met(judged),
+        None if met is None else not undefined and met(judged),
         runs,
     )
 

@@ -25,7 +25,6 @@ from outbox.db.dialect import (
     not_in_names,
     upsert,
 )
-from outbox.db.lane import SessionSetting
 from outbox.db.sql import state_literal
 from outbox.schema import messages, relays
 from outbox.states import MessageState
@@ -85,14 +84,14 @@ def _routed_here(m: Any, dialect_name: str) -> Any:
     )
 
 
-def claim_session(dialect_name: str) -> SessionSetting | None:
+def claim_session(dialect_name: str) -> str | None:
     """The session setting of the connection claims run on, or None (SQLite)."""
     if not is_postgresql(dialect_name):
         return None
     # Generic plans: a custom plan of the claim costs more to plan (0.4-0.7 ms here) than
     # to run for a live trickle, and auto mode keeps choosing custom ones. The claim, its
     # reap and its adoption are guarded as generic plans (tests/test_claim_plans.py).
-    return SessionSetting("SET plan_cache_mode = force_generic_plan", "RESET plan_cache_mode")
+    return "SET plan_cache_mode = force_generic_plan"
 
 
 @functools.cache
@@ -273,7 +272,7 @@ SETTLE_POSTGRESQL = (
     + _SETTLE_WHERE.format(m="m", owner="%(owner)s")
     + """RETURNING m.id
     )
-    SELECT ARRAY(SELECT id FROM v EXCEPT ALL SELECT id FROM settled)"""
+    SELECT ARRAY(SELECT id FROM v EXCEPT SELECT id FROM settled)"""
 )
 SETTLE_SQLITE = sa.text(
     "UPDATE outbox_messages SET"

@@ -22,7 +22,7 @@ from sqlalchemy.sql.elements import ColumnElement
 
 from outbox import failpoints
 from outbox.clock import Clock
-from outbox.db.lane import Lane, SessionSetting
+from outbox.db.lane import Lane
 
 SQLITE_BUSY_TIMEOUT_MS = 30_000
 # Migration o0002 installs a trigger that notifies this channel on every insert of messages.
@@ -245,10 +245,10 @@ def _autocommit(engine: Engine) -> Engine:
     return found
 
 
-def autocommit_lane(engine: Engine, setting: SessionSetting | None = None) -> Lane:
-    """A Lane of autocommit connections of `engine`, for one_statement(lane=...), holding
-    them under `setting` (see outbox.db.lane)."""
-    return Lane(_autocommit(engine), setting)
+def autocommit_lane(engine: Engine, setup: str | None = None) -> Lane:
+    """A Lane of autocommit connections of `engine`, for one_statement(lane=...); `setup`
+    runs on each connection it holds (see outbox.db.lane)."""
+    return Lane(_autocommit(engine), setup)
 
 
 @contextmanager

@@ -11,11 +11,13 @@ statement does not meet a connection a proxy or firewall has cut meanwhile. Afte
 any error the held connection is dropped: its state is unknown. Once closed, a
 lane holds nothing: every statement takes a pooled connection.
 
-A lane may hold its connections under a SessionSetting: applied on each
-connection it takes to hold, undone before it lets one go (closed instead when
-the undo fails). A connection that reaches the pool still set (a lane dropped
-without close, a caller closing the lane's connection) is discarded at its next
-checkout, so the setting never reaches another caller.
+A lane may run a `setup` statement (a session setting) on each connection it
+takes to hold. It closes such a connection when it lets it go: undoing the setting
+would be a round trip on a connection it distrusts (idle, or after an error), and
+RESET would not restore a value the application's own pool events had set. One
+that reaches the pool some other way (a lane never closed, a caller closing the
+lane's connection) is discarded at its next checkout, so the setting never reaches
+another caller.
 """
 
 from __future__ import annotations
@@ -25,21 +27,14 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any, NamedTuple
+from typing import Any
 
 from sqlalchemy import event, exc
 from sqlalchemy.engine import Connection, Engine
 
 IDLE_SECONDS = 5.0
-_SET = "outbox.lane_setting"
-"""Key in a pooled connection's info while a lane's session setting is applied to it."""
-
-
-class SessionSetting(NamedTuple):
-    """A session setting a lane holds its connections under: SQL to apply it, to undo it."""
-
-    apply: str
-    undo: str
+_SET = "outbox.lane_setup"
+"""Key in a pooled connection's info once a lane's setup has run on it."""
 
 
 def _refuse_set_connection(dbapi_connection: Any, record: Any, proxy: Any) -> None:
@@ -51,11 +46,11 @@ def _refuse_set_connection(dbapi_connection: Any, record: Any, proxy: Any) -> No
 class Lane:
     """One held autocommit connection of `engine`, for one caller at a time."""
 
-    def __init__(self, engine: Engine, setting: SessionSetting | None = None) -> None:
-        """Nothing connects until the first statement; held connections get `setting`."""
+    def __init__(self, engine: Engine, setup: str | None = None) -> None:
+        """Nothing connects until the first statement; `setup` runs on each held connection."""
         self._engine = engine
-        self._setting = setting
-        if setting is not None and not event.contains(
+        self._setup = setup
+        if setup is not None and not event.contains(
             engine.pool, "checkout", _refuse_set_connection
         ):
             event.listen(engine.pool, "checkout", _refuse_set_connection)
@@ -102,10 +97,10 @@ class Lane:
             held = None
         if held is None:
             held = self._engine.connect()
-            if self._setting is not None:
+            if self._setup is not None:
                 try:
-                    held.connection.info[_SET] = True  # before: a failed apply is discarded
-                    held.exec_driver_sql(self._setting.apply)
+                    held.connection.info[_SET] = True  # first: a failed setup is discarded too
+                    held.exec_driver_sql(self._setup)
                 except BaseException:
                     with contextlib.suppress(Exception):
                         held.close()
@@ -119,8 +114,6 @@ class Lane:
             return
         # Dropped for an error, for idling or at close: a broken one may fail to close too.
         with contextlib.suppress(Exception):
-            if self._setting is not None and not (held.closed or held.invalidated):
-                held.exec_driver_sql(self._setting.undo)
-                held.connection.info.pop(_SET, None)
-        with contextlib.suppress(Exception):
-            held.close()  # still marked when the undo failed: discarded at its next checkout
+            if self._setup is not None:
+                held.invalidate()  # closed now, not given back to the pool with the setting
+            held.close()

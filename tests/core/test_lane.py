@@ -11,7 +11,7 @@ import pytest
 import sqlalchemy as sa
 
 from outbox.db import lane as lane_module
-from outbox.db.lane import IDLE_SECONDS, Lane, SessionSetting
+from outbox.db.lane import IDLE_SECONDS, Lane
 
 
 @pytest.fixture
@@ -99,7 +99,8 @@ def test_a_closed_lane_holds_nothing(engine: sa.Engine) -> None:
 
 
 CACHE_SIZE = sa.text("PRAGMA cache_size")
-SETTING = SessionSetting("PRAGMA cache_size = 1234", "PRAGMA cache_size = -2000")
+SETUP = "PRAGMA cache_size = 1234"
+DEFAULT_CACHE_SIZE = -2000
 
 
 def cache_size(conn: sa.Connection) -> int:
@@ -107,8 +108,8 @@ def cache_size(conn: sa.Connection) -> int:
     return int(conn.execute(CACHE_SIZE).scalar_one())
 
 
-def test_a_lanes_setting_stays_on_its_own_connection(engine: sa.Engine) -> None:
-    lane = Lane(engine, SETTING)
+def test_a_lanes_setup_stays_on_its_own_connection(engine: sa.Engine) -> None:
+    lane = Lane(engine, SETUP)
     with lane.connection() as conn:
         assert cache_size(conn) == 1234
         held = raw(conn)
@@ -116,44 +117,43 @@ def test_a_lanes_setting_stays_on_its_own_connection(engine: sa.Engine) -> None:
         assert raw(conn) is held
         assert cache_size(conn) == 1234
         with lane.connection() as busy:  # a pooled one, without it
-            assert cache_size(busy) == -2000
+            assert cache_size(busy) == DEFAULT_CACHE_SIZE
     with pytest.raises(sa.exc.OperationalError), lane.connection() as conn:
         conn.execute(sa.text("SELECT * FROM no_such_table"))
-    # Dropped after the error, its setting undone: back in the pool, and lent again.
+    # Dropped after the error: closed, never lent by the pool with the setting.
     with engine.connect() as first, engine.connect() as second:
-        assert held in (raw(first), raw(second))
-        assert cache_size(first) == cache_size(second) == -2000
+        assert held not in (raw(first), raw(second))
+        assert cache_size(first) == cache_size(second) == DEFAULT_CACHE_SIZE
     with lane.connection() as conn:  # the next held connection gets the setting
         assert cache_size(conn) == 1234
     lane.close()
     with engine.connect() as conn:
-        assert cache_size(conn) == -2000
+        assert cache_size(conn) == DEFAULT_CACHE_SIZE
 
 
 def test_a_connection_still_set_is_never_lent_by_the_pool(engine: sa.Engine) -> None:
-    lane = Lane(engine, SETTING)
+    lane = Lane(engine, SETUP)
     with lane.connection() as conn:
         held = raw(conn)
         conn.close()  # a caller handing the lane's connection back itself
     with engine.connect() as conn:
         assert raw(conn) is not held
-        assert cache_size(conn) == -2000
+        assert cache_size(conn) == DEFAULT_CACHE_SIZE
     with lane.connection() as conn:  # the lane finds it closed and takes another
         assert raw(conn) is not held
         assert cache_size(conn) == 1234
     del lane  # never closed: its connection goes back to the pool as collected
     gc.collect()
     with engine.connect() as conn:
-        assert cache_size(conn) == -2000
+        assert cache_size(conn) == DEFAULT_CACHE_SIZE
 
 
-def test_a_setting_that_fails_leaves_no_connection_behind(engine: sa.Engine) -> None:
-    setting = SessionSetting("PRAGMA no_such_pragma = (", SETTING.undo)
-    lane = Lane(engine, setting)
+def test_a_setup_that_fails_leaves_no_connection_behind(engine: sa.Engine) -> None:
+    lane = Lane(engine, "PRAGMA no_such_pragma = (")
     with pytest.raises(sa.exc.OperationalError), lane.connection():
         pass
     assert lane._held is None
-    lane._setting = SETTING  # the setting works again: the next connection gets it
+    lane._setup = SETUP  # the setup works again: the next connection gets it
     with lane.connection() as conn:
         assert cache_size(conn) == 1234
     lane.close()
