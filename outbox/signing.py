@@ -95,6 +95,11 @@ def parse_secret(secret: str | bytes | SigningKey) -> SigningKey:
     return SigningKey(key)
 
 
+def is_webhook_id(msg_id: str) -> bool:
+    """Whether `msg_id` may be signed: 1..200 printable ASCII characters without '.'."""
+    return _MSG_ID.fullmatch(msg_id) is not None
+
+
 def signature(secret: str | bytes | SigningKey, msg_id: str, timestamp: int, body: bytes) -> str:
     """One ``v1,<base64>`` signature of ``msg_id.timestamp.body``."""
     digest = parse_secret(secret).mac(f"{msg_id}.{timestamp}.".encode(), body)
@@ -108,7 +113,7 @@ def sign(
     body: bytes,
 ) -> dict[str, str]:
     """The three Standard Webhooks headers; several secrets give several signatures."""
-    if not _MSG_ID.fullmatch(msg_id):
+    if not is_webhook_id(msg_id):
         raise ValueError(f"webhook id must be 1..200 printable ASCII without '.', got {msg_id!r}")
     seconds = int(time.time() if timestamp is None else timestamp)
     if isinstance(secret, str | bytes | SigningKey):
@@ -137,7 +142,7 @@ def verify(
     signatures = lowered.get(SIGNATURE_HEADER)
     if not msg_id or not stamp or not signatures:
         raise SignatureError("missing webhook-id, webhook-timestamp or webhook-signature")
-    if not _MSG_ID.fullmatch(msg_id):
+    if not is_webhook_id(msg_id):
         raise SignatureError("malformed webhook-id")
     if not _TIMESTAMP.fullmatch(stamp):
         raise SignatureError("webhook-timestamp is not whole epoch seconds")

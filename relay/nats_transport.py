@@ -25,9 +25,9 @@ from typing import TYPE_CHECKING, Any
 from outbox.clients import optional_client
 from outbox.errors import ConfigError, TransportError
 from outbox.redaction import redact, redact_urls
-from relay.broker_headers import broker_headers
 from relay.config import Destination
-from relay.nats_wire import BadHeaderName, HeaderBlock, relay_client
+from relay.nats_headers import NatsHeaders
+from relay.nats_wire import BadHeaderName, relay_client, subscribe_answers
 from relay.policy import Dead, Outcome, Retry, Sent, truncate
 from relay.records import Message
 from relay.transport import Parcel, Transport
@@ -38,8 +38,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("outbox.relay")
 
-MSG_ID_HEADER = "Nats-Msg-Id"
-EXPECTED_STREAM_HEADER = "Nats-Expected-Stream"
 NO_KEY_TOKEN = "_"  # noqa: S105 - a subject token, not a password
 """The subject token of a message without an ordering key."""
 _KEEP = frozenset(chr(c) for c in range(0x21, 0x7F)) - set(".*>%")
@@ -140,6 +138,7 @@ class NatsTransport(Transport):
         self.subject = destination.subject
         self._one_subject = None if "{" in self.subject else render_subject(self.subject, None)
         """The subject of every message, when the template names no ordering key."""
+        self._headers = NatsHeaders(destination, self.stream)
         self._pub_ack_prefix = b'{"stream":%s,' % json.dumps(self.stream).encode()
         """How nats-server starts a PubAck of this stream when JSON and Go quote its name
         alike (printable ASCII); an error answer never starts so. Other acks parse in full."""
@@ -183,7 +182,7 @@ class NatsTransport(Transport):
         answers = _Answers(loop, len({m.id for m in parcel.messages}))
         tokens: list[str] = []
         expired = False
-        signed_at = time.time()  # one reading of the clock for the parcel's signatures
+        signed_at = int(time.time())  # one reading of the clock for the parcel's signatures
         try:
             async with asyncio.timeout_at(deadline):
                 for message in parcel.messages:
@@ -211,22 +210,15 @@ class NatsTransport(Transport):
         return outcomes
 
     async def _publish(
-        self, link: _Link, message: Message, token: str, signed_at: float
+        self, link: _Link, message: Message, token: str, signed_at: int
     ) -> Outcome | None:
         """Publish one message asking for its PubAck; an outcome when it could not go out."""
         reserved = [name for name in message.headers if name.lower().startswith("nats-")]
         if reserved:
             # Stored before publish() refused such names: JetStream would act on them.
             return Dead(None, f"header {reserved[0]!r} is reserved for NATS JetStream")
-        # The id first: nats-server takes the first "Nats-Msg-Id" in the header block
-        # for the dedupe id, and a message's own header could hold that text.
-        headers = {
-            MSG_ID_HEADER: message.reply_id,
-            EXPECTED_STREAM_HEADER: self.stream,
-            **broker_headers(self.destination, message, signed_at),
-        }
         try:
-            block = HeaderBlock(headers)
+            block = self._headers.build(message, signed_at)
         except BadHeaderName as exc:
             return Dead(None, truncate(f"NATS refused the message: {exc}"))
         size = len(message.body) + len(block.block)
@@ -346,15 +338,14 @@ class NatsTransport(Transport):
             raise
         link = _Link(client, client.new_inbox(), self.destination.timeout)
         link.lost = lost
-        prefix = len(link.inbox) + 1
 
-        async def on_answer(msg: Any) -> None:
-            waiting = link.waiting.pop(msg.subject[prefix:], None)
+        def on_answer(token: str, data: bytes, headers: Mapping[str, str] | None) -> None:
+            waiting = link.waiting.pop(token, None)
             if waiting is not None:
                 answers, message_id = waiting
-                answers.record(message_id, self._answer(msg.data, msg.headers))
+                answers.record(message_id, self._answer(data, headers))
 
-        await client.subscribe(f"{link.inbox}.*", cb=on_answer)
+        await subscribe_answers(client, link.inbox, on_answer)
         return link
 
     async def holds(self, message: Message) -> bool | None:

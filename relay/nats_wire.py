@@ -21,7 +21,7 @@ import functools
 import inspect
 import logging
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 log = logging.getLogger("outbox.relay")
@@ -29,7 +29,12 @@ log = logging.getLogger("outbox.relay")
 _NAME = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
 """A header name NATS accepts: HTTP token characters (nats-py's rule)."""
 _SEND_PUBLISH = ["self", "subject", "reply", "payload", "payload_size", "headers"]
-"""The internal method's parameters as this module overrides it (nats-py 2.16)."""
+_PROCESS_MSG = ["self", "sid", "subject", "reply", "data", "headers"]
+"""The internal methods' parameters as this module overrides them (nats-py 2.16)."""
+
+AnswerHandler = Callable[[str, bytes, Mapping[str, str] | None], None]
+"""Called with each answer to the relay's inbox: the subject's last token (the reply
+token of the publish it answers), the data, and the headers (a status among them)."""
 
 
 class BadHeaderName(ValueError):
@@ -44,20 +49,28 @@ class HeaderBlock(dict[str, str]):
 
     __slots__ = ("block",)
 
-    def __init__(self, headers: Mapping[str, str]) -> None:
-        """The headers, and `block` = header_block(headers)."""
+    def __init__(self, headers: Mapping[str, str], block: bytes | None = None) -> None:
+        """The headers, and `block` = header_block(headers) unless the caller built it."""
         super().__init__(headers)
-        self.block = header_block(headers)
+        self.block = header_block(headers) if block is None else block
 
 
 _known_names: set[str] = set()
 """Names already checked: a relay sends the same few names on every message."""
 
 
+STATUS_LINE = "NATS/1.0\r\n"
+
+
 def header_block(headers: Mapping[str, str]) -> bytes:
-    """The NATS/1.0 header block nats-py sends for `headers`: names and values stripped,
+    """The NATS/1.0 header block nats-py sends for `headers` (see header_lines)."""
+    return f"{STATUS_LINE}{header_lines(headers)}\r\n".encode()
+
+
+def header_lines(headers: Mapping[str, str]) -> str:
+    """The block's line for each header as nats-py writes it: names and values stripped,
     empty names left out, CR and LF in a value sent as spaces; BadHeaderName otherwise."""
-    lines = ["NATS/1.0\r\n"]
+    lines = []
     for raw_name, raw_value in headers.items():
         name = raw_name.strip()
         if not name:
@@ -71,8 +84,12 @@ def header_block(headers: Mapping[str, str]) -> bytes:
         if "\r" in value or "\n" in value:
             value = value.replace("\r", " ").replace("\n", " ")
         lines.append(f"{name}: {value}\r\n")
-    lines.append("\r\n")
-    return "".join(lines).encode()
+    return "".join(lines)
+
+
+def sent_as_is(value: str) -> bool:
+    """Whether header_lines writes `value` unchanged: nothing to strip, no CR or LF."""
+    return value.isprintable() and value[:1] != " " and value[-1:] != " "
 
 
 def hpub_command(subject: str, reply: str, block: bytes, payload: bytes) -> bytes:
@@ -93,10 +110,26 @@ _SAMPLE_HEADERS = {
 
 def _overridable(base: type) -> bool:
     """Whether nats-py's Client still has the internals relay_client relies on."""
-    method = getattr(base, "_send_publish", None)
-    if method is None or not hasattr(base, "_send_command") or not hasattr(base, "_flush_pending"):
-        return False
-    return list(inspect.signature(method).parameters) == _SEND_PUBLISH
+    for name, parameters in (("_send_publish", _SEND_PUBLISH), ("_process_msg", _PROCESS_MSG)):
+        method = getattr(base, name, None)
+        if method is None or list(inspect.signature(method).parameters) != parameters:
+            return False
+    needed = ("_send_command", "_flush_pending", "_process_headers", "_ps", "stats")
+    return all(hasattr(base(), name) for name in needed)
+
+
+async def subscribe_answers(client: Any, inbox: str, handler: AnswerHandler) -> None:
+    """Subscribe `handler` to `<inbox>.*`: called from the protocol parser on the relay's
+    client (relay_client), through nats-py's subscription queue on its own."""
+    prefix = len(inbox) + 1
+
+    async def queued(msg: Any) -> None:
+        handler(msg.subject[prefix:], msg.data, msg.headers)
+
+    await client.subscribe(f"{inbox}.*", cb=queued)
+    take = getattr(client, "take_answers", None)
+    if take is not None:
+        take(inbox, handler)
 
 
 def queued_command(client: Any, subject: str, headers: Mapping[str, str]) -> bytes | None:
@@ -118,6 +151,41 @@ def queued_command(client: Any, subject: str, headers: Mapping[str, str]) -> byt
         return queued[0] if len(queued) == 1 else None
     step.close()
     return None
+
+
+_SAMPLE_ANSWERS = (
+    b'MSG _INBOX.sample.7 1 14\r\n{"stream":"S"}\r\nMSG _INBOX.other.1 2 2\r\n{}\r\n'
+    b"HMSG _INBOX.sample.8 1 16 16\r\nNATS/1.0 503\r\n\r\n\r\n"
+)
+"""Two answers to the inbox `_INBOX.sample` (a PubAck, a no-responders status) and a
+message to another inbox, as nats-server sends them."""
+
+
+def _answers_directly(ours: type) -> bool:
+    """Whether `ours` hands the sample answers to the handler as they were sent, and
+    leaves the other message to nats-py."""
+    taken: list[tuple[str, bytes, Mapping[str, str] | None]] = []
+    left: list[bytes] = []
+    try:
+        client = ours()
+        client.take_answers("_INBOX.sample", lambda *answer: taken.append(answer))
+
+        async def other(sid: int, subject: bytes, *rest: Any) -> None:
+            left.append(subject)
+
+        client._process_msg_of_nats = other
+        step = client._ps.parse(_SAMPLE_ANSWERS)
+        try:
+            step.send(None)
+        except StopIteration:
+            pass
+        else:
+            step.close()
+            return False
+    except Exception:  # noqa: BLE001 - any surprise means: not the shape this module knows
+        return False
+    expected = [("7", b'{"stream":"S"}', None), ("8", b"", {"Status": "503"})]
+    return taken == expected and left == [b"_INBOX.other.1"]
 
 
 def _same_bytes(base: type, ours: type) -> bool:
@@ -159,7 +227,33 @@ def relay_client(nats: Any) -> type:
             if self._flush_queue is not None and self._flush_queue.empty():
                 await self._flush_pending()
 
-    if _overridable(base) and _same_bytes(base, RelayClient):
+        _answers: tuple[bytes, AnswerHandler] | None = None
+        """The relay's inbox (as a subject prefix) and the handler of its answers."""
+
+        def take_answers(self, inbox: str, handler: AnswerHandler) -> None:
+            """Hand answers to `inbox` straight to `handler` (subscribe_answers)."""
+            self._answers = (f"{inbox}.".encode(), handler)
+
+        async def _process_msg(
+            self, sid: int, subject: bytes, reply: bytes, data: bytes, headers: bytes | None
+        ) -> None:
+            answers = self._answers
+            if answers is None or not subject.startswith(answers[0]):
+                await self._process_msg_of_nats(sid, subject, reply, data, headers)
+                return
+            # A message object, the subscription's queue and task, and a callback coroutine
+            # per answer cost more than reading the answer does.
+            self.stats["in_msgs"] += 1
+            self.stats["in_bytes"] += len(data)
+            status = await self._process_headers(headers) if headers else None
+            answers[1](subject[len(answers[0]) :].decode(errors="replace"), data, status)
+
+        async def _process_msg_of_nats(
+            self, sid: int, subject: bytes, reply: bytes, data: bytes, headers: bytes | None
+        ) -> None:
+            await super()._process_msg(sid, subject, reply, data, headers)
+
+    if _overridable(base) and _same_bytes(base, RelayClient) and _answers_directly(RelayClient):
         return RelayClient
     log.warning(
         "nats-py %s: its publish internals are not the ones the relay checked; publishing "

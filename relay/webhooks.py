@@ -15,6 +15,8 @@ from relay.http_client import HttpClient, Response
 from relay.policy import Retry, truncate
 
 USER_AGENT = "outbox-relay/0.1"
+FIXED_HEADERS = {"content-type": "application/json", "user-agent": USER_AGENT}
+"""What every delivery says besides its signature (read only)."""
 
 
 def request_headers(
@@ -22,7 +24,7 @@ def request_headers(
 ) -> dict[str, str]:
     """Content type, user agent, and the Standard Webhooks signature of `body` as `msg_id`
     (signed at `timestamp`, by default now)."""
-    headers = {"content-type": "application/json", "user-agent": USER_AGENT}
+    headers = dict(FIXED_HEADERS)
     key = destination.signing_key
     if key is not None:
         headers.update(sign(key, msg_id, timestamp, body))

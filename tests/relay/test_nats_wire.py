@@ -14,6 +14,7 @@ from typing import Any
 import nats
 import pytest
 from nats.aio.client import Client
+from nats.protocol.parser import Parser
 
 from relay import Destination
 from relay.nats_transport import NatsTransport
@@ -122,6 +123,32 @@ def test_a_nats_py_that_encodes_otherwise_keeps_its_own_publish(
 
     with caplog.at_level(logging.WARNING, logger="outbox.relay"):
         assert relay_client(nats_with(Lowering)) is Lowering
+    assert "9.9.9" in caplog.text
+
+
+def test_a_nats_py_that_hands_messages_on_otherwise_keeps_its_own_subscriptions(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    class Decoding(Client):  # type: ignore[misc]
+        """A release whose parser hands subjects on as text."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            client = self
+
+            class Decoded:
+                def __getattr__(self, name: str) -> Any:
+                    return getattr(client, name)
+
+                async def _process_msg(
+                    self, sid: int, subject: bytes, reply: bytes, data: bytes, headers: Any
+                ) -> None:
+                    await client._process_msg(sid, subject.decode(), reply, data, headers)
+
+            self._ps = Parser(Decoded())
+
+    with caplog.at_level(logging.WARNING, logger="outbox.relay"):
+        assert relay_client(nats_with(Decoding)) is Decoding
     assert "9.9.9" in caplog.text
 
 

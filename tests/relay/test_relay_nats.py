@@ -202,6 +202,38 @@ def test_a_message_given_twice_in_a_parcel_is_answered_without_waiting_out_the_d
     assert [m.headers["Nats-Msg-Id"] for m in stream.stored()] == ["r-7"]
 
 
+@pytest.mark.parametrize("client", ["relay", "nats-py"])
+def test_pub_acks_settle_a_parcel_through_either_client(
+    stream: Stream, client: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # nats-py's own client, as a nats-py release the relay does not know would give:
+    # PubAcks then come through its subscription queue instead of straight from its parser.
+    import nats
+
+    if client == "nats-py":
+        monkeypatch.setattr("relay.nats_transport.relay_client", lambda _: nats.aio.client.Client)
+    messages = [
+        Message(n, f"r-{n}", "default", b"{}", hashlib.sha256(b"{}").hexdigest(), {}, 1, 1)
+        for n in range(1, 4)
+    ]
+    transport = NatsTransport(nats_destination(stream))
+
+    async def publish() -> tuple[dict[int, Any], int]:
+        try:
+            outcomes = await transport.send(Parcel(messages))
+            assert transport._link is not None
+            # What went through nats-py's subscription (its count of messages it queued).
+            queued = sum(sub._received for sub in transport._link.client._subs.values())
+            return outcomes, queued
+        finally:
+            await transport.close()
+
+    outcomes, queued = asyncio.run(publish())
+    assert outcomes == dict.fromkeys((1, 2, 3), Sent(None))
+    assert queued == (0 if client == "relay" else 3)
+    assert sorted(m.headers["Nats-Msg-Id"] for m in stream.stored()) == ["r-1", "r-2", "r-3"]
+
+
 def test_messages_of_each_key_are_stored_in_publish_order(
     db_url: str, engine: sa.Engine, clock: ManualClock, stream: Stream
 ) -> None:

@@ -1,0 +1,84 @@
+"""The headers of one message published to JetStream, with their block, built from a template.
+
+A message carries `Nats-Msg-Id` (its reply_id, first: nats-server takes the
+first one), `Nats-Expected-Stream`, then the broker headers (relay.broker_headers).
+Most of the block is the same for every message of a destination: the template
+holds it encoded, and each message adds only its id, signature and hash, the
+values the relay produced or checked itself. A message whose own headers share
+a name with the relay's, or a value header_lines would change, is built through
+the general path (`general`); both give the same headers and the same bytes
+(tests/relay/test_nats_headers.py).
+"""
+
+from __future__ import annotations
+
+from outbox.signing import (
+    CONTENT_HASH_HEADER,
+    ID_HEADER,
+    SIGNATURE_HEADER,
+    TIMESTAMP_HEADER,
+    is_webhook_id,
+    signature,
+)
+from relay.broker_headers import broker_headers
+from relay.config import Destination
+from relay.nats_wire import STATUS_LINE, HeaderBlock, header_lines, sent_as_is
+from relay.records import Message
+from relay.webhooks import FIXED_HEADERS
+
+MSG_ID_HEADER = "Nats-Msg-Id"
+EXPECTED_STREAM_HEADER = "Nats-Expected-Stream"
+
+
+class NatsHeaders:
+    """Builds each message's HeaderBlock for one destination publishing to `stream`."""
+
+    def __init__(self, destination: Destination, stream: str) -> None:
+        """Encode what every message of the destination says alike, once."""
+        self.destination = destination
+        self.stream = stream
+        self._key = destination.signing_key
+        self._after_id = "\r\n" + header_lines({EXPECTED_STREAM_HEADER: stream})
+        self._fixed = header_lines(FIXED_HEADERS)
+        self._relay_names = frozenset(
+            {MSG_ID_HEADER, EXPECTED_STREAM_HEADER, *FIXED_HEADERS}
+            | {ID_HEADER, TIMESTAMP_HEADER, SIGNATURE_HEADER, CONTENT_HASH_HEADER}
+        )
+
+    def build(self, message: Message, seconds: int) -> HeaderBlock:
+        """The message's headers and block, signed at `seconds`; BadHeaderName when one of
+        its own header names is not a NATS one."""
+        reply_id, content_hash, own = message.reply_id, message.content_hash, message.headers
+        key = self._key
+        if (
+            not sent_as_is(content_hash)
+            or not (is_webhook_id(reply_id) if key is not None else sent_as_is(reply_id))
+            or (own and not self._relay_names.isdisjoint(own))
+        ):
+            return self.general(message, seconds)
+        headers = {MSG_ID_HEADER: reply_id, EXPECTED_STREAM_HEADER: self.stream, **own}
+        headers.update(FIXED_HEADERS)
+        headers[ID_HEADER] = reply_id
+        if key is None:
+            signed = ""
+        else:
+            headers[TIMESTAMP_HEADER] = stamp = str(seconds)
+            headers[SIGNATURE_HEADER] = mac = signature(key, reply_id, seconds, message.body)
+            signed = f"{TIMESTAMP_HEADER}: {stamp}\r\n{SIGNATURE_HEADER}: {mac}\r\n"
+        headers[CONTENT_HASH_HEADER] = content_hash
+        block = (
+            f"{STATUS_LINE}{MSG_ID_HEADER}: {reply_id}{self._after_id}"
+            f"{header_lines(own) if own else ''}{self._fixed}{ID_HEADER}: {reply_id}\r\n"
+            f"{signed}{CONTENT_HASH_HEADER}: {content_hash}\r\n\r\n"
+        )
+        return HeaderBlock(headers, block.encode())
+
+    def general(self, message: Message, seconds: int) -> HeaderBlock:
+        """The message's headers and block built and encoded header by header."""
+        return HeaderBlock(
+            {
+                MSG_ID_HEADER: message.reply_id,
+                EXPECTED_STREAM_HEADER: self.stream,
+                **broker_headers(self.destination, message, seconds),
+            }
+        )
