@@ -27,8 +27,8 @@ from outbox.errors import ConfigError, TransportError
 from outbox.redaction import redact, redact_urls
 from relay.config import Destination
 from relay.nats_headers import NatsHeaders
-from relay.nats_wire import BadHeaderName, relay_client, subscribe_answers
-from relay.policy import Dead, Outcome, Retry, Sent, truncate
+from relay.nats_wire import BadHeaderName, Publish, publish_all, relay_client, subscribe_answers
+from relay.policy import ACKED, Dead, Outcome, Retry, truncate
 from relay.records import Message
 from relay.transport import Parcel, Transport
 
@@ -136,8 +136,10 @@ class NatsTransport(Transport):
             raise ConfigError("a destination of kind nats needs stream and subject")
         self.stream = destination.stream
         self.subject = destination.subject
-        self._one_subject = None if "{" in self.subject else render_subject(self.subject, None)
-        """The subject of every message, when the template names no ordering key."""
+        self._keyless_subject = render_subject(self.subject, None)
+        """The subject of a message without an ordering key, and of every message when the
+        template names none."""
+        self._keyed = "{" in self.subject
         self._headers = NatsHeaders(destination, self.stream)
         self._pub_ack_prefix = b'{"stream":%s,' % json.dumps(self.stream).encode()
         """How nats-server starts a PubAck of this stream when JSON and Go quote its name
@@ -185,13 +187,17 @@ class NatsTransport(Transport):
         signed_at = int(time.time())  # one reading of the clock for the parcel's signatures
         try:
             async with asyncio.timeout_at(deadline):
+                publishes: list[Publish] = []
                 for message in parcel.messages:
                     token = str(next(link.tokens))
                     link.waiting[token] = (answers, message.id)
                     tokens.append(token)
-                    refused = await self._publish(link, message, token, signed_at)
-                    if refused is not None:
-                        answers.record(message.id, refused)
+                    prepared = self._prepare(link, message, token, signed_at)
+                    if isinstance(prepared, Publish):
+                        publishes.append(prepared)
+                    else:
+                        answers.record(message.id, prepared)
+                await self._publish(link, publishes, answers)
                 await self._wait(link, answers)
         except TimeoutError:
             expired = True
@@ -209,10 +215,10 @@ class NatsTransport(Transport):
             link.lost.set()
         return outcomes
 
-    async def _publish(
+    def _prepare(
         self, link: _Link, message: Message, token: str, signed_at: int
-    ) -> Outcome | None:
-        """Publish one message asking for its PubAck; an outcome when it could not go out."""
+    ) -> Publish | Outcome:
+        """The publish of one message asking for its PubAck, or why it cannot go out."""
         reserved = [name for name in message.headers if name.lower().startswith("nats-")]
         if reserved:
             # Stored before publish() refused such names: JetStream would act on them.
@@ -229,19 +235,25 @@ class NatsTransport(Transport):
                 f"message of {size} bytes (body and headers) exceeds the NATS server's "
                 f"max_payload of {link.client.max_payload} bytes",
             )
-        errors = self._nats.errors
+        key = message.ordering_key
+        if key is None or not self._keyed:
+            subject = self._keyless_subject
+        else:
+            subject = render_subject(self.subject, key)
+        if not subject:
+            # "HPUB  <reply> ..." would publish the message to the relay's own inbox.
+            return Dead(None, "NATS refused the message: empty subject")
+        return Publish(subject, f"{link.inbox}.{token}", message.body, block, message.id)
+
+    async def _publish(self, link: _Link, publishes: list[Publish], answers: _Answers) -> None:
+        """Publish them all; when that fails, each is a retry (a resend of one that got
+        through is dropped by the stream's duplicate window)."""
         try:
-            await link.client.publish(
-                self._one_subject or render_subject(self.subject, message.ordering_key),
-                message.body,
-                reply=f"{link.inbox}.{token}",
-                headers=block,
-            )
-        except (errors.BadHeaderError, errors.BadSubjectError, errors.MaxPayloadError) as exc:
-            return Dead(None, truncate(f"NATS refused the message: {_describe(exc)}"))
-        except (OSError, errors.Error) as exc:
-            return Retry(None, truncate(f"NATS publish failed: {_describe(exc)}"))
-        return None
+            await publish_all(link.client, publishes)
+        except (OSError, self._nats.errors.Error) as exc:
+            failed = Retry(None, truncate(f"NATS publish failed: {_describe(exc)}"))
+            for publish in publishes:
+                answers.record(publish.message_id, failed)
 
     async def _wait(self, link: _Link, answers: _Answers) -> None:
         """Until every PubAck of the parcel is in or the connection is lost; the caller's
@@ -270,7 +282,7 @@ class NatsTransport(Transport):
         if data.startswith(self._pub_ack_prefix):
             # A PubAck of this stream, duplicate or not: an error answer starts with
             # {"error", so one that starts so carries none. Anything else is read in full.
-            return Sent(None)
+            return ACKED
         try:
             answer = json.loads(data)
             error = answer.get("error")
@@ -279,7 +291,7 @@ class NatsTransport(Transport):
         if error is None:
             if answer.get("stream") != self.stream:
                 return Retry(None, truncate(f"unreadable JetStream answer: {data[:200]!r}"))
-            return Sent(None)  # a PubAck, duplicate or not: the stream holds the reply_id
+            return ACKED  # a PubAck, duplicate or not: the stream holds the reply_id
         code = error.get("code") if isinstance(error, dict) else None
         said = truncate(f"JetStream refused the message: {error}")
         return Dead(None, said) if code in _PERMANENT_CODES else Retry(None, said)

@@ -21,8 +21,8 @@ import functools
 import inspect
 import logging
 import re
-from collections.abc import Callable, Mapping
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, NamedTuple
 
 log = logging.getLogger("outbox.relay")
 
@@ -31,6 +31,32 @@ _NAME = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
 _SEND_PUBLISH = ["self", "subject", "reply", "payload", "payload_size", "headers"]
 _PROCESS_MSG = ["self", "sid", "subject", "reply", "data", "headers"]
 """The internal methods' parameters as this module overrides them (nats-py 2.16)."""
+
+CHUNK_BYTES = 256 * 1024
+"""The relay's client queues a parcel's publishes in commands of about this size: one per
+message costs more, one per parcel of large bodies would copy them all at once."""
+
+
+class Publish(NamedTuple):
+    """One message to publish with its header block, and the id of the message it carries."""
+
+    subject: str
+    reply: str
+    payload: bytes
+    headers: HeaderBlock
+    message_id: int
+
+
+async def publish_all(client: Any, publishes: Sequence[Publish]) -> None:
+    """Publish each in order: queued together on the relay's client (relay_client), one by
+    one through nats-py's publish on its own."""
+    many = getattr(client, "publish_many", None)
+    if many is not None:
+        await many(publishes)
+        return
+    for subject, reply, payload, headers, _ in publishes:
+        await client.publish(subject, payload, reply=reply, headers=headers)
+
 
 AnswerHandler = Callable[[str, bytes, Mapping[str, str] | None], None]
 """Called with each answer to the relay's inbox: the subject's last token (the reply
@@ -114,7 +140,8 @@ def _overridable(base: type) -> bool:
         method = getattr(base, name, None)
         if method is None or list(inspect.signature(method).parameters) != parameters:
             return False
-    needed = ("_send_command", "_flush_pending", "_process_headers", "_ps", "stats")
+    needed = ["_send_command", "_flush_pending", "_flush_queue", "_process_headers", "_ps", "stats"]
+    needed += ["is_closed", "is_connected", "is_draining_pubs", "max_payload"]
     return all(hasattr(base(), name) for name in needed)
 
 
@@ -202,7 +229,7 @@ def _same_bytes(base: type, ours: type) -> bool:
 def relay_client(nats: Any) -> type:
     """nats-py's Client, sending a HeaderBlock's bytes as they are (see the module)."""
     base: type = nats.aio.client.Client
-    bad_subject: type[Exception] = nats.errors.BadSubjectError
+    errors = nats.errors
 
     class RelayClient(base):  # type: ignore[misc]
         async def _send_publish(
@@ -218,12 +245,43 @@ def relay_client(nats: Any) -> type:
                 return
             if not subject:
                 # As nats-py's own method: "HPUB  <reply> ..." would publish to the reply.
-                raise bad_subject
+                raise errors.BadSubjectError
             # The rest as nats-py's own method does it after encoding: count, queue, and
             # wake its flusher once per burst.
             self.stats["out_msgs"] += 1
             self.stats["out_bytes"] += payload_size
             await self._send_command(hpub_command(subject, reply, headers.block, payload))
+            if self._flush_queue is not None and self._flush_queue.empty():
+                await self._flush_pending()
+
+        async def publish_many(self, publishes: Sequence[Publish]) -> None:
+            """What publish() does for each, the commands queued a chunk at a time."""
+            if self.is_closed or not self.is_connected:
+                # The relay's connections do not reconnect: nothing to buffer for.
+                raise errors.ConnectionClosedError
+            if self.is_draining_pubs:
+                raise errors.ConnectionDrainingError
+            commands: list[bytes] = []
+            queued = payloads = 0
+            for subject, reply, payload, headers, _ in publishes:
+                if not subject:
+                    raise errors.BadSubjectError
+                if len(payload) > self.max_payload:
+                    raise errors.MaxPayloadError
+                command = hpub_command(subject, reply, headers.block, payload)
+                commands.append(command)
+                queued += len(command)
+                payloads += len(payload)
+                if queued >= CHUNK_BYTES:
+                    await self._queue(commands, payloads)
+                    commands, queued, payloads = [], 0, 0
+            if commands:
+                await self._queue(commands, payloads)
+
+        async def _queue(self, commands: list[bytes], payloads: int) -> None:
+            self.stats["out_msgs"] += len(commands)
+            self.stats["out_bytes"] += payloads
+            await self._send_command(b"".join(commands))
             if self._flush_queue is not None and self._flush_queue.empty():
                 await self._flush_pending()
 

@@ -28,6 +28,11 @@ class Sent:
     status: int | None
 
 
+ACKED = Sent(None)
+"""A broker's acknowledgement, which has no status: one shared value (it is immutable), as
+building one per message costs more than reading the acknowledgement does."""
+
+
 @dataclass(frozen=True)
 class Retry:
     """Try again later; `after` is the destination's Retry-After hint in seconds, if any."""

@@ -37,7 +37,7 @@ from outbox.errors import ConfigError, TransportError
 from outbox.redaction import redact, redact_urls
 from relay.broker_headers import broker_headers
 from relay.config import Destination
-from relay.policy import Dead, Outcome, Retry, Sent, truncate
+from relay.policy import ACKED, Dead, Outcome, Retry, truncate
 from relay.records import Message
 from relay.transport import Parcel, Transport
 
@@ -183,7 +183,7 @@ class RabbitMqTransport(Transport):
             return Retry(None, "connection closed before the publisher confirm")
         except Exception as exc:  # noqa: BLE001 - a lost connection or channel, in any form
             return Retry(None, _failure("connection lost", exc))
-        return Sent(None)
+        return ACKED
 
     async def _open(self) -> tuple[AbstractConnection, Channel]:
         """The open connection and its publishing channel, opened now if there is none (or

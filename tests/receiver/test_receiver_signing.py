@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import time
 from datetime import UTC, datetime
 
@@ -11,7 +13,7 @@ from support.receiver_helpers import OTHER_SECRET, SECRET
 
 import receiver
 from outbox.errors import SignatureError
-from outbox.signing import parse_secret, sign, signature, verify
+from outbox.signing import SigningKey, parse_secret, sign, signature, verify
 from relay.config import Destination
 from relay.webhooks import request_headers
 
@@ -33,6 +35,16 @@ def test_known_answer_vector() -> None:
     }
     keys = [parse_secret(VECTOR_SECRET)]
     assert verify(keys, headers, VECTOR_BODY, now=VECTOR_TS + 10) == VECTOR_ID
+
+
+@pytest.mark.parametrize("length", [16, 32, 63, 64, 65, 200])
+@pytest.mark.parametrize("body", [b"", b"{}", bytes(range(256)) * 5])
+def test_each_mac_is_the_standard_library_hmac(length: int, body: bytes) -> None:
+    key = bytes((7 * n + length) % 256 for n in range(length))
+    prefix = b"r-1.1700000000."
+    expected = hmac.digest(key, prefix + body, hashlib.sha256)
+    assert SigningKey(key).mac(prefix, body) == expected
+    assert SigningKey(key).mac(prefix, body) == expected  # the cached states are not used up
 
 
 def test_agrees_with_the_standardwebhooks_library() -> None:

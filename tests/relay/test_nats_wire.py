@@ -19,8 +19,10 @@ from nats.protocol.parser import Parser
 from relay import Destination
 from relay.nats_transport import NatsTransport
 from relay.nats_wire import (
+    CHUNK_BYTES,
     BadHeaderName,
     HeaderBlock,
+    Publish,
     header_block,
     queued_command,
     relay_client,
@@ -51,6 +53,54 @@ def test_the_installed_nats_py_takes_the_relays_encoding() -> None:
     # the relay would still publish the same bytes, only slower (see relay.nats_wire).
     assert relay_client(nats) is not Client
     assert issubclass(relay_client(nats), Client)
+
+
+def test_a_parcel_queued_at_once_sends_what_publishing_each_would() -> None:
+    headers = [HeaderBlock({"Nats-Msg-Id": f"r-{n}", "k": " v "}) for n in range(3)]
+    big = b"x" * CHUNK_BYTES  # the second command ends the first chunk
+    publishes = [
+        Publish("a.1", "_INBOX.x.1", b"{}", headers[0], 1),
+        Publish("a.2", "_INBOX.x.2", big, headers[1], 2),
+        Publish("a.3", "_INBOX.x.3", b"[]", headers[2], 3),
+    ]
+    each = b"".join(queued_command_to(p.subject, p.reply, p.payload, p.headers) for p in publishes)
+    client = relay_client(nats)()
+    queued: list[bytes] = []
+
+    async def capture(cmd: bytes, priority: bool = False) -> None:
+        queued.append(cmd)
+
+    client._send_command = capture
+    client._status = Client.CONNECTED
+    step = client.publish_many(publishes)
+    with pytest.raises(StopIteration):
+        step.send(None)
+    assert b"".join(queued) == each
+    assert len(queued) == 2
+    assert client.stats["out_msgs"] == 3
+    assert client.stats["out_bytes"] == 4 + len(big)
+
+
+def queued_command_to(subject: str, reply: str, payload: bytes, headers: HeaderBlock) -> bytes:
+    """What nats-py itself queues to publish `payload` with `headers` (their dict)."""
+    client = Client()
+    queued: list[bytes] = []
+
+    async def capture(cmd: bytes, priority: bool = False) -> None:
+        queued.append(cmd)
+
+    client._send_command = capture
+    step = client._send_publish(subject, reply, payload, len(payload), dict(headers))
+    with pytest.raises(StopIteration):
+        step.send(None)
+    return queued[0]
+
+
+def test_a_closed_connection_queues_nothing() -> None:
+    client = relay_client(nats)()
+    step = client.publish_many([Publish("a", "_INBOX.x.1", b"{}", HeaderBlock({}), 1)])
+    with pytest.raises(nats.errors.ConnectionClosedError):
+        step.send(None)
 
 
 def test_plain_headers_still_go_through_nats_py() -> None:
