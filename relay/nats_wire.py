@@ -1,18 +1,24 @@
-"""A message's NATS header block, encoded once, in the bytes nats-py itself would send.
+"""The relay's NATS client: header blocks encoded once, parcels queued at once, PubAcks read
+straight from the protocol parser.
 
 nats-py encodes headers on every publish with a per-character translation of
 each value that costs about 2 us per header here: with the nine headers a relay
 sends, a third of its CPU per published message. The relay encodes the block
-itself (`header_block`), checks the message's whole size against the server's
-limit with it, and its client (`relay_client`) sends the block as it is. The
-bytes are the ones nats-py's own encoding gives (tests/relay/test_nats_wire.py
-holds the two side by side), so a consumer sees no difference.
+itself (`header_block`, relay.nats_headers), checks the message's whole size
+against the server's limit with it, and its client (`relay_client`) sends the
+block as it is. The bytes are the ones nats-py's own encoding gives
+(tests/relay/test_nats_wire.py holds the two side by side), so a consumer sees
+no difference. The client also queues a parcel's publishes as a few commands
+(`publish_many`), and hands each answer to the relay's inbox to a plain function
+(`subscribe_answers`) rather than through a message object, a subscription queue
+and a callback task.
 
-The client overrides one internal method of nats-py's Client. At first use
-the override is checked against nats-py's own method: same parameters, and
-the same bytes for sample headers that exercise each of its encoding rules.
-When either differs (another nats-py release), the relay publishes through
-nats-py's own encoding, with a warning: slower, not different.
+The client overrides internal methods of nats-py's Client (`_send_publish`,
+`_process_msg`). At first use they are checked against nats-py's own: same
+parameters, the same bytes for sample headers that exercise each encoding rule,
+and sample answers fed through nats-py's parser arriving as they were sent. When
+any differs (another nats-py release), the relay uses nats-py's own client, with
+a warning: slower, not different.
 """
 
 from __future__ import annotations
@@ -314,8 +320,8 @@ def relay_client(nats: Any) -> type:
     if _overridable(base) and _same_bytes(base, RelayClient) and _answers_directly(RelayClient):
         return RelayClient
     log.warning(
-        "nats-py %s: its publish internals are not the ones the relay checked; publishing "
-        "through its own header encoding (slower, the same bytes)",
+        "nats-py %s: its internals are not the ones the relay checked; publishing and "
+        "reading PubAcks through nats-py's own client (slower, the same bytes)",
         getattr(nats.aio.client, "__version__", "?"),
     )
     return base
