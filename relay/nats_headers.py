@@ -3,8 +3,8 @@
 A message carries `Nats-Msg-Id` (its reply_id, first: nats-server takes the
 first one), `Nats-Expected-Stream`, then the broker headers (relay.broker_headers).
 Most of the block is the same for every message of a destination: the template
-holds it encoded, and each message adds only its id, signature and hash, the
-values the relay produced or checked itself. A message whose own headers share
+holds it encoded, and each message adds its id, timestamp, signature and hash
+(values the relay produced or checked itself) and its own headers. A message whose own headers share
 a name with the relay's, or a value header_lines would change, is built through
 the general path (`general`); both give the same headers and the same bytes
 (tests/relay/test_nats_headers.py).
@@ -47,7 +47,8 @@ class NatsHeaders:
 
     def build(self, message: Message, seconds: int) -> HeaderBlock:
         """The message's headers and block, signed at `seconds`; BadHeaderName when one of
-        its own header names is not a NATS one."""
+        its own header names is not a NATS one, and ValueError, TypeError or AttributeError
+        for a row no publish() stores (as the general path raises them)."""
         reply_id, content_hash, own = message.reply_id, message.content_hash, message.headers
         key = self._key
         if (

@@ -219,7 +219,8 @@ class NatsTransport(Transport):
         self, link: _Link, message: Message, token: str, signed_at: int
     ) -> Publish | Outcome:
         """The publish of one message asking for its PubAck, or why it cannot go out."""
-        reserved = [name for name in message.headers if name.lower().startswith("nats-")]
+        # Stripped as the block writes it: " Nats-Rollup" would go out as Nats-Rollup.
+        reserved = [n for n in message.headers if n.strip().lower().startswith("nats-")]
         if reserved:
             # Stored before publish() refused such names: JetStream would act on them.
             return Dead(None, f"header {reserved[0]!r} is reserved for NATS JetStream")
@@ -227,6 +228,10 @@ class NatsTransport(Transport):
             block = self._headers.build(message, signed_at)
         except BadHeaderName as exc:
             return Dead(None, truncate(f"NATS refused the message: {exc}"))
+        except (ValueError, TypeError, AttributeError) as exc:
+            # A row no publish() stores (a reply_id that cannot be signed, a header value
+            # that is not text or not encodable): no resend can change it.
+            return Dead(None, truncate(f"message cannot be published to NATS: {exc!r}"))
         size = len(message.body) + len(block.block)
         if size > link.client.max_payload:
             # The server would drop the connection over it, and every resend again.
@@ -294,7 +299,8 @@ class NatsTransport(Transport):
             return ACKED  # a PubAck, duplicate or not: the stream holds the reply_id
         code = error.get("code") if isinstance(error, dict) else None
         said = truncate(f"JetStream refused the message: {error}")
-        return Dead(None, said) if code in _PERMANENT_CODES else Retry(None, said)
+        permanent = isinstance(code, int) and code in _PERMANENT_CODES
+        return Dead(None, said) if permanent else Retry(None, said)
 
     async def _connection(self) -> _Link:
         """The open connection, or a new one when there is none or it was lost."""
@@ -355,7 +361,11 @@ class NatsTransport(Transport):
             waiting = link.waiting.pop(token, None)
             if waiting is not None:
                 answers, message_id = waiting
-                answers.record(message_id, self._answer(data, headers))
+                try:
+                    outcome = self._answer(data, headers)
+                except Exception:  # noqa: BLE001 - any answer this cannot read is a retry
+                    outcome = Retry(None, truncate(f"unreadable JetStream answer: {data[:200]!r}"))
+                answers.record(message_id, outcome)
 
         await subscribe_answers(client, link.inbox, on_answer)
         return link

@@ -13,9 +13,9 @@ no difference. The client also queues a parcel's publishes as a few commands
 (`subscribe_answers`) rather than through a message object, a subscription queue
 and a callback task.
 
-The client overrides internal methods of nats-py's Client (`_send_publish`,
-`_process_msg`). At first use they are checked against nats-py's own: same
-parameters, the same bytes for sample headers that exercise each encoding rule,
+The client overrides two internal methods of nats-py's Client (`_send_publish`,
+`_process_msg`) and calls others. At first use they are checked against nats-py's
+own: same parameters, the same bytes for sample headers that exercise each encoding rule,
 and sample answers fed through nats-py's parser arriving as they were sent. When
 any differs (another nats-py release), the relay uses nats-py's own client, with
 a warning: slower, not different.
@@ -34,9 +34,13 @@ log = logging.getLogger("outbox.relay")
 
 _NAME = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
 """A header name NATS accepts: HTTP token characters (nats-py's rule)."""
-_SEND_PUBLISH = ["self", "subject", "reply", "payload", "payload_size", "headers"]
-_PROCESS_MSG = ["self", "sid", "subject", "reply", "data", "headers"]
-"""The internal methods' parameters as this module overrides them (nats-py 2.16)."""
+_SIGNATURES = (
+    ("_send_publish", ["self", "subject", "reply", "payload", "payload_size", "headers"]),
+    ("_process_msg", ["self", "sid", "subject", "reply", "data", "headers"]),
+    ("_send_command", ["self", "cmd", "priority"]),
+    ("_flush_pending", ["self", "force_flush"]),
+)
+"""The parameters of the internal methods this module overrides or calls (nats-py 2.16)."""
 
 CHUNK_BYTES = 256 * 1024
 """The relay's client queues a parcel's publishes in commands of about this size: one per
@@ -142,7 +146,7 @@ _SAMPLE_HEADERS = {
 
 def _overridable(base: type) -> bool:
     """Whether nats-py's Client still has the internals relay_client relies on."""
-    for name, parameters in (("_send_publish", _SEND_PUBLISH), ("_process_msg", _PROCESS_MSG)):
+    for name, parameters in _SIGNATURES:
         method = getattr(base, name, None)
         if method is None or list(inspect.signature(method).parameters) != parameters:
             return False
@@ -261,7 +265,9 @@ def relay_client(nats: Any) -> type:
                 await self._flush_pending()
 
         async def publish_many(self, publishes: Sequence[Publish]) -> None:
-            """What publish() does for each, the commands queued a chunk at a time."""
+            """Publish each as publish() would, the commands queued a chunk at a time;
+            subjects are not validated (the relay builds them), and a connection that is not
+            up refuses rather than buffers (the relay's do not reconnect)."""
             if self.is_closed or not self.is_connected:
                 # The relay's connections do not reconnect: nothing to buffer for.
                 raise errors.ConnectionClosedError
@@ -310,7 +316,11 @@ def relay_client(nats: Any) -> type:
             self.stats["in_msgs"] += 1
             self.stats["in_bytes"] += len(data)
             status = await self._process_headers(headers) if headers else None
-            answers[1](subject[len(answers[0]) :].decode(errors="replace"), data, status)
+            try:
+                answers[1](subject[len(answers[0]) :].decode(errors="replace"), data, status)
+            except Exception as exc:  # noqa: BLE001 - raised on, it would stop the reading
+                # As a subscription's callback error: reported, and the next answer read.
+                await self._error_cb(exc)
 
         async def _process_msg_of_nats(
             self, sid: int, subject: bytes, reply: bytes, data: bytes, headers: bytes | None

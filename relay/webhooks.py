@@ -7,6 +7,7 @@ Errors kept for operators never include headers or secrets.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from types import MappingProxyType
 
 from outbox.errors import TransportError
 from outbox.signing import sign
@@ -15,8 +16,10 @@ from relay.http_client import HttpClient, Response
 from relay.policy import Retry, truncate
 
 USER_AGENT = "outbox-relay/0.1"
-FIXED_HEADERS = {"content-type": "application/json", "user-agent": USER_AGENT}
-"""What every delivery says besides its signature (read only)."""
+FIXED_HEADERS: Mapping[str, str] = MappingProxyType(
+    {"content-type": "application/json", "user-agent": USER_AGENT}
+)
+"""What every delivery says besides its signature."""
 
 
 def request_headers(

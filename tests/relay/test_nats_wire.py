@@ -15,6 +15,7 @@ import nats
 import pytest
 from nats.aio.client import Client
 from nats.protocol.parser import Parser
+from support.relay_helpers import SECRET
 
 from relay import Destination
 from relay.nats_transport import NatsTransport
@@ -28,6 +29,7 @@ from relay.nats_wire import (
     relay_client,
 )
 from relay.policy import Dead, Retry, Sent
+from relay.records import Message
 
 HEADER_SETS: list[dict[str, str]] = [
     {"Nats-Msg-Id": "r-1", "webhook-signature": "v1,K5oZfzN95Z9UVu1EsfQmfVNQhnkZ2pj9o9ND/H+pI4="},
@@ -101,6 +103,28 @@ def test_a_closed_connection_queues_nothing() -> None:
     step = client.publish_many([Publish("a", "_INBOX.x.1", b"{}", HeaderBlock({}), 1)])
     with pytest.raises(nats.errors.ConnectionClosedError):
         step.send(None)
+
+
+def test_an_answer_its_handler_cannot_take_is_reported_and_the_next_one_read() -> None:
+    client = relay_client(nats)()
+    taken: list[str] = []
+    reported: list[Exception] = []
+
+    def handler(token: str, data: bytes, headers: Any) -> None:
+        if token == "1":
+            raise TypeError("unreadable")
+        taken.append(token)
+
+    async def report(exc: Exception) -> None:
+        reported.append(exc)
+
+    client._error_cb = report
+    client.take_answers("_INBOX.r", handler)
+    step = client._ps.parse(b"MSG _INBOX.r.1 1 2\r\n{}\r\nMSG _INBOX.r.2 1 2\r\n{}\r\n")
+    with pytest.raises(StopIteration):
+        step.send(None)
+    assert taken == ["2"]
+    assert [str(exc) for exc in reported] == ["unreadable"]
 
 
 def test_plain_headers_still_go_through_nats_py() -> None:
@@ -224,6 +248,8 @@ def transport(stream: str) -> NatsTransport:
         ("S", b'{"stream":"S", "domain":"hub", "seq":12}', Sent),
         ("S", b'{"error":{"code":400,"err_code":10060,"description":"x"},"stream":"S"}', Dead),
         ("S", b'{"error":{"code":503,"description":"x"}}', Retry),
+        ("S", b'{"error":{"code":[400],"description":"x"}}', Retry),
+        ("S", b'{"error":{"code":{"c":400}}}', Retry),
         ("S", b'{"stream":"S2", "seq":12}', Retry),  # another stream: not this destination's
         ("S2", b'{"stream":"S", "seq":12}', Retry),
         ("S", b'{"stream":"S"', Retry),  # cut short: read in full, and unreadable
@@ -248,3 +274,31 @@ def test_a_pub_ack_of_the_stream_is_read_without_parsing_it(
 
     monkeypatch.setattr("relay.nats_transport.json.loads", refuse)
     assert type(reader._answer(answer, None)) is Sent
+
+
+def prepared(message_id: int, reply_id: str, headers: dict[str, Any]) -> Any:
+    """What a signed transport makes of one message before publishing it (no server)."""
+    destination = Destination(
+        "nats://127.0.0.1:4222", kind="nats", stream="S", subject="s.x", secret=SECRET
+    )
+    link = types.SimpleNamespace(client=types.SimpleNamespace(max_payload=1 << 20), inbox="_I")
+    message = Message(message_id, reply_id, "default", b"{}", "0" * 64, headers, 1, 1)
+    return NatsTransport(destination)._prepare(link, message, "1", 1_796_000_000)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("reply_id", "headers", "why"),
+    [
+        ("r.1", {}, "cannot be published"),  # no signature can name it
+        ("r-1", {"x": 7}, "cannot be published"),  # a value that is not text
+        ("r-1", {"x": "\ud800"}, "cannot be published"),  # not encodable as UTF-8
+        ("r-1", {" Nats-Rollup": "all"}, "reserved for NATS JetStream"),  # written stripped
+    ],
+)
+def test_a_row_no_publish_stores_is_dead_alone(
+    reply_id: str, headers: dict[str, Any], why: str
+) -> None:
+    refused = prepared(1, reply_id, headers)
+    assert type(refused) is Dead
+    assert why in refused.error
+    assert type(prepared(2, "r-2", {})) is Publish  # its parcel-mates still go out

@@ -234,6 +234,35 @@ def test_pub_acks_settle_a_parcel_through_either_client(
     assert sorted(m.headers["Nats-Msg-Id"] for m in stream.stored()) == ["r-1", "r-2", "r-3"]
 
 
+def test_a_publish_that_fails_leaves_each_message_of_the_parcel_a_retry(
+    stream: Stream, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import nats
+
+    async def refuse(client: Any, publishes: Any) -> None:
+        raise nats.errors.ConnectionClosedError
+
+    monkeypatch.setattr("relay.nats_transport.publish_all", refuse)
+    messages = [
+        Message(n, f"r-{n}", "default", b"{}", hashlib.sha256(b"{}").hexdigest(), {}, 1, 1)
+        for n in (1, 2)
+    ]
+    transport = NatsTransport(nats_destination(stream))
+
+    async def publish() -> dict[int, Any]:
+        try:
+            return await transport.send(Parcel(messages))
+        finally:
+            await transport.close()
+
+    outcomes = asyncio.run(publish())
+    assert set(outcomes) == {1, 2}
+    for outcome in outcomes.values():
+        assert type(outcome) is Retry
+        assert outcome.error.startswith("NATS publish failed: ConnectionClosedError")
+    assert stream.stored() == []
+
+
 def test_messages_of_each_key_are_stored_in_publish_order(
     db_url: str, engine: sa.Engine, clock: ManualClock, stream: Stream
 ) -> None:
