@@ -4,10 +4,10 @@ A message carries `Nats-Msg-Id` (its reply_id, first: nats-server takes the
 first one), `Nats-Expected-Stream`, then the broker headers (relay.broker_headers).
 Most of the block is the same for every message of a destination: the template
 holds it encoded, and each message adds its id, timestamp, signature and hash
-(values the relay produced or checked itself) and its own headers. A message whose own headers share
-a name with the relay's, or a value header_lines would change, is built through
-the general path (`general`); both give the same headers and the same bytes
-(tests/relay/test_nats_headers.py).
+(values the relay produced or checked itself) and its own headers. A message
+whose own headers share a name with the relay's, or a value header_lines would
+change, is built through the general path (`general`); both give the same
+headers and the same bytes (tests/relay/test_nats_headers.py).
 """
 
 from __future__ import annotations

@@ -150,7 +150,7 @@ def _overridable(base: type) -> bool:
         method = getattr(base, name, None)
         if method is None or list(inspect.signature(method).parameters) != parameters:
             return False
-    needed = ["_send_command", "_flush_pending", "_flush_queue", "_process_headers", "_ps", "stats"]
+    needed = ["_flush_queue", "_process_headers", "_ps", "stats"]
     needed += ["is_closed", "is_connected", "is_draining_pubs", "max_payload"]
     return all(hasattr(base(), name) for name in needed)
 
@@ -256,13 +256,7 @@ def relay_client(nats: Any) -> type:
             if not subject:
                 # As nats-py's own method: "HPUB  <reply> ..." would publish to the reply.
                 raise errors.BadSubjectError
-            # The rest as nats-py's own method does it after encoding: count, queue, and
-            # wake its flusher once per burst.
-            self.stats["out_msgs"] += 1
-            self.stats["out_bytes"] += payload_size
-            await self._send_command(hpub_command(subject, reply, headers.block, payload))
-            if self._flush_queue is not None and self._flush_queue.empty():
-                await self._flush_pending()
+            await self._queue([hpub_command(subject, reply, headers.block, payload)], payload_size)
 
         async def publish_many(self, publishes: Sequence[Publish]) -> None:
             """Publish each as publish() would, the commands queued a chunk at a time;
@@ -291,6 +285,8 @@ def relay_client(nats: Any) -> type:
                 await self._queue(commands, payloads)
 
         async def _queue(self, commands: list[bytes], payloads: int) -> None:
+            # As nats-py's own publish does after encoding: count, queue, and wake its
+            # flusher once per burst.
             self.stats["out_msgs"] += len(commands)
             self.stats["out_bytes"] += payloads
             await self._send_command(b"".join(commands))
