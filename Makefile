@@ -27,7 +27,7 @@ lint: $(STAMP)
 # anchor or nav entry an error. The reference pages it shows are checked against the
 # code by tests/test_docs_reference.py.
 docs: $(STAMP)
-	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
 
 # Three test processes on two cores: the fault tests spend most of their time
 # waiting for leases to expire and processes to start, so they overlap well.
