@@ -759,7 +759,7 @@ def render(rows: list[Row]) -> str:
 
 
 def markdown(rows: list[Row], document: dict[str, Any]) -> str:
-    """docs/performance.md: the table of one run, with its command, date and machine."""
+    """docs/explanation/performance.md: the table of one run, with its command, date and machine."""
     lines = [
         "# Performance",
         "",

@@ -4,7 +4,7 @@ A message goes to the subject its destination's template names, with
 `Nats-Msg-Id` = reply_id, the body bytes unchanged and the broker headers
 (relay.broker_headers). The PubAck is the trusted ACK, a duplicate one too:
 the stream already holds that reply_id. A parcel's messages are published
-together and each is settled by its own PubAck (docs/contract.md#nats-jetstream).
+together and each is settled by its own PubAck (docs/explanation/contract.md#nats-jetstream).
 
 A lost connection ends every publish still waiting as a retry, never as sent:
 the stream may or may not have stored it, and the resend is dropped by the
@@ -48,7 +48,7 @@ _PERMANENT_CODES = frozenset({400})
 
 
 def subject_token(ordering_key: str | None) -> str:
-    """The ordering key as one NATS subject token (docs/contract.md#nats-jetstream).
+    """The ordering key as one NATS subject token (docs/explanation/contract.md#nats-jetstream).
 
     Space, '.', '*', '>', '%', control and non-ASCII characters become %XX (each
     UTF-8 byte, upper-case hex); no key is `_`, and the key `_` itself is %5F,

@@ -7,7 +7,7 @@
 
 Each message is checked (signature without a freshness limit, content hash, JSON),
 stored with the reference effect in one transaction, and only then acknowledged; see
-docs/receiver-contract.md, *Consuming from a broker*. SIGTERM or SIGINT stops after the
+docs/reference/receiver-contract.md, *Consuming from a broker*. SIGTERM or SIGINT stops after the
 messages in hand are committed and settled.
 """
 
