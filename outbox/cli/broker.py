@@ -54,6 +54,12 @@ def add_parser(commands: Any) -> None:
         "setup",
         help="create or update each destination's JetStream stream or RabbitMQ exchange "
         "(never shrinks or deletes anything)",
+        description="A NATS destination's stream is created or updated to capture its subject "
+        "with a duplicate window at least the relay's longest retry window, which follows "
+        "the relay's --max-attempts, --backoff, --backoff-cap and --lease (set them here as "
+        "the relay runs, or in [relay] or OUTBOX_RELAY_*). A RabbitMQ destination's exchange "
+        "is declared durable, and with --queue a durable queue bound to it. Exit status: "
+        "0 done, 1 a broker unreachable or refusing, 2 bad configuration.",
     )
     setup.add_argument(
         "--config",
