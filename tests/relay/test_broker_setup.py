@@ -28,7 +28,14 @@ from support.relay_helpers import publish_many
 
 from outbox.cli import main
 from relay import ConfigError, Relay
-from relay.broker_setup import Change, binding_key, covers, stream_subject
+from relay.broker_setup import (
+    Change,
+    SetupRefused,
+    binding_key,
+    covers,
+    stream_changes,
+    stream_subject,
+)
 from relay.config import load_destinations
 from relay.dispatch import retry_window
 
@@ -82,6 +89,19 @@ def test_a_stream_filter_covers_a_wanted_filter_as_nats_would(
     have: str, wanted: str, captured: bool
 ) -> None:
     assert covers(have, wanted) is captured
+
+
+def test_allow_short_retention_keeps_a_window_that_max_age_holds_down() -> None:
+    from nats.js.api import StreamConfig
+
+    config = StreamConfig(name="S", subjects=["a.*"], duplicate_window=60, max_age=100)
+    with pytest.raises(SetupRefused, match="raise its max_age"):
+        stream_changes(config, "a.*", 720, allow_short=False)
+    changes, said = stream_changes(config, "a.*", 720, allow_short=True)
+    assert changes == {}
+    assert said == ["duplicate window 60s kept: allow_short_retention is set"]
+    changes, _ = stream_changes(config, "b.*", 90, allow_short=False)
+    assert changes == {"subjects": ["a.*", "b.*"], "duplicate_window": 90}
 
 
 def test_a_dry_run_says_what_would_change_and_no_more() -> None:
