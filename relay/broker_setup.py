@@ -10,6 +10,7 @@ reason. Run twice, the second run changes nothing and says so.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import string
 from collections.abc import Awaitable, Callable
@@ -244,8 +245,9 @@ def exchange_binding(destination: Destination, exchange_type: str, given: str | 
     template = destination.routing_key
     if given is not None:
         return given
-    if exchange_type != "topic" and _with_wildcards(template, "#") != template:
-        # Only a topic exchange matches wildcards: elsewhere `#` would be a literal key.
+    if exchange_type == "direct" and _with_wildcards(template, "#") != template:
+        # A direct exchange matches keys exactly: `#` would be a literal key there (fanout
+        # and headers exchanges ignore the key).
         raise ConfigError(
             f"routing_key {template!r} names {{ordering_key}} and a {exchange_type} exchange "
             "matches no wildcard: give --binding"
@@ -275,7 +277,8 @@ async def set_up_exchange(
         ) from None
     broker = _Broker(aio_pika, connection)
     try:
-        async with connection:
+        # A broker that stops answering mid-way must not hang a deploy step.
+        async with connection, asyncio.timeout(destination.timeout):
             changes = [await broker.exchange(name, exchange_type, dry_run)]
             if queue is not None and key is not None:
                 changes.append(await broker.queue(queue.queue, dry_run))
@@ -284,7 +287,11 @@ async def set_up_exchange(
             return changes
     except (SetupRefused, TransportError):
         raise
-    except (OSError, TimeoutError, aio_pika.exceptions.AMQPConnectionError) as exc:
+    except TimeoutError:
+        raise TransportError(
+            f"RabbitMQ exchange {name!r} not set up: no answer within {destination.timeout:g}s"
+        ) from None
+    except (OSError, aio_pika.exceptions.AMQPConnectionError) as exc:
         raise TransportError(f"RabbitMQ exchange {name!r} not set up: {_describe(exc)}") from None
     except aio_pika.exceptions.AMQPError as exc:
         raise SetupRefused(f"RabbitMQ refused to set up exchange {name!r}: {exc}") from None

@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import inspect
+import logging
 import os
 from collections.abc import Callable
 from typing import Any
@@ -40,6 +41,8 @@ WINDOW_OPTIONS = tuple(
     if option.dest in ("max_attempts", "backoff", "backoff_cap", "lease")
 )
 """The relay settings its retry window depends on: flag, OUTBOX_RELAY_* or [relay] in the file."""
+CLIENT_LOGGERS = ("nats", "aio_pika", "aiormq")
+"""The broker clients' loggers."""
 _RELAY_DEFAULTS = inspect.signature(Relay).parameters
 """The Relay's own defaults for settings left unset, so the window is the one it checks."""
 
@@ -111,6 +114,10 @@ def run(args: argparse.Namespace) -> int:
         *(_setting(args, name) for name in ("max_attempts", "backoff", "backoff_cap", "lease"))
     )
     queue = None if args.queue is None else QueueBinding(args.queue, args.binding)
+    for client in CLIENT_LOGGERS:
+        # Their records repeat the one-line error this command prints; with no handler
+        # anywhere, Python's last resort would print them to stderr as well.
+        logging.getLogger(client).addHandler(logging.NullHandler())
     try:
         asyncio.run(_set_up(destinations, window, args.exchange_type, queue, args.dry_run))
     except (SetupRefused, TransportError) as exc:

@@ -7,6 +7,7 @@ Every stream, exchange and queue is the test's own (unique names), deleted after
 
 from __future__ import annotations
 
+import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -464,6 +465,7 @@ def test_a_rabbitmq_dry_run_declares_nothing(
         ),
         (["--binding", "x"], "--binding needs --queue"),
         (["--destination", "hooks", "--queue", "q"], "no chosen destination has one"),
+        (["--queue", "q", "--exchange-type", "direct"], "matches no wildcard: give --binding"),
     ],
 )
 def test_bad_arguments_are_one_line_and_status_2(
@@ -492,14 +494,57 @@ def test_a_missing_client_names_its_extra(
     )
 
 
-def test_an_unreachable_broker_is_one_line_and_status_1(tmp_path: Path, capsys: Any) -> None:
+@pytest.mark.parametrize(
+    ("table", "said"),
+    [
+        (
+            "kind = 'nats'\nurl = 'nats://127.0.0.1:1'\nstream = 'S'\n"
+            "subject = 'orders.{ordering_key}'",
+            "cannot connect to NATS at nats://127.0.0.1:1: ",
+        ),
+        (
+            "kind = 'rabbitmq'\nurl = 'amqp://guest:guest@127.0.0.1:1/'\nexchange = 'x'\n"
+            "routing_key = 'orders.{ordering_key}'",
+            "cannot connect to RabbitMQ at amqp://",
+        ),
+    ],
+    ids=["nats", "rabbitmq"],
+)
+def test_an_unreachable_broker_is_one_line_and_status_1(
+    tmp_path: Path, table: str, said: str
+) -> None:
     path = tmp_path / "relay.toml"
     path.write_text(
-        "[destinations.orders]\nkind = 'nats'\nurl = 'nats://127.0.0.1:1'\nstream = 'S'\n"
-        "subject = 'orders.{ordering_key}'\nunsigned = true\ntimeout = 2\n",
+        f"[destinations.orders]\n{table}\nunsigned = true\ntimeout = 2\n", encoding="utf-8"
+    )
+    # A process of its own: the clients' log records would reach stderr only without the
+    # test runner's log capture.
+    done = subprocess.run(
+        [sys.executable, "-m", "outbox.cli", "broker", "setup", "--config", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    status, lines, err = done.returncode, done.stdout.splitlines(), done.stderr
+    assert (status, lines) == (1, [])
+    assert err.startswith(f"outbox: error: {said}")
+    assert err.count("\n") == 1
+    assert "guest:guest" not in err
+
+
+def test_the_default_exchange_has_nothing_to_declare(tmp_path: Path, capsys: Any) -> None:
+    path = tmp_path / "relay.toml"
+    path.write_text(
+        f"[destinations.jobs]\nkind = 'rabbitmq'\nurl = '{AMQP_URL}'\nexchange = ''\n"
+        "routing_key = 'jobs'\nunsigned = true\n",
         encoding="utf-8",
     )
-    status, lines, err = setup(capsys, "--config", str(path))
-    assert (status, lines) == (1, [])
-    assert err.startswith("outbox: error: cannot connect to NATS at nats://127.0.0.1:1: ")
-    assert err.count("\n") == 1
+    status, lines, _ = setup(capsys, "--config", str(path))
+    assert status == 0
+    assert lines == [
+        "jobs: RabbitMQ default exchange: nothing to set up (it delivers to the queue named 'jobs')"
+    ]
+    status, _, err = setup(capsys, "--config", str(path), "--queue", "jobs")
+    assert status == 2
+    assert "the default exchange takes no bindings" in err
