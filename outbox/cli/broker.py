@@ -104,6 +104,8 @@ def run(args: argparse.Namespace) -> int:
     """Set up the chosen destinations, one line per thing; returns the exit status."""
     path = args.config or os.environ.get(CONFIG_ENV)
     document = load(path) if path else {}
+    # The file is the relay's: a [relay] typo here would size the window on a default.
+    relay.check_relay_table(document, path)
     destinations = _chosen(destinations_from(document, path, os.environ), args.chosen)
     resolve(args, WINDOW_OPTIONS)
     if args.binding is not None and args.queue is None:

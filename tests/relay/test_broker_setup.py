@@ -477,6 +477,15 @@ def test_bad_arguments_are_one_line_and_status_2(
     assert said in err
 
 
+def test_a_relay_setting_misspelt_in_the_file_is_refused_as_the_relay_refuses_it(
+    tmp_path: Path, capsys: Any
+) -> None:
+    path = nats_config(tmp_path, new_stream(), relay="[relay]\nbackof_cap = 10")
+    status, lines, err = setup(capsys, "--config", str(path))
+    assert (status, lines) == (2, [])
+    assert "[relay]: unknown keys ['backof_cap']" in err
+
+
 @pytest.mark.parametrize(
     ("module", "extra"), [("nats", "nats"), ("aio_pika", "rabbitmq")], ids=["nats", "rabbitmq"]
 )
