@@ -34,6 +34,7 @@ from relay.broker_setup import (
 )
 from relay.config import Destination, destinations_from
 from relay.dispatch import retry_window
+from relay.transport import check_kinds
 
 WINDOW_OPTIONS = tuple(
     option
@@ -107,6 +108,7 @@ def run(args: argparse.Namespace) -> int:
     # The file is the relay's: a [relay] typo here would size the window on a default.
     relay.check_relay_table(document, path)
     destinations = _chosen(destinations_from(document, path, os.environ), args.chosen)
+    check_kinds(destinations)
     resolve(args, WINDOW_OPTIONS)
     if args.binding is not None and args.queue is None:
         raise ConfigError("--binding needs --queue: it is the key that queue is bound with")

@@ -477,6 +477,19 @@ def test_bad_arguments_are_one_line_and_status_2(
     assert said in err
 
 
+def test_a_kind_the_relay_does_not_know_is_refused_as_the_relay_refuses_it(
+    tmp_path: Path, capsys: Any
+) -> None:
+    path = tmp_path / "relay.toml"
+    path.write_text(
+        "[destinations.logs]\nkind = 'kafka'\nurl = 'kafka://k:9092'\nunsigned = true\n",
+        encoding="utf-8",
+    )
+    status, lines, err = setup(capsys, "--config", str(path))
+    assert (status, lines) == (2, [])
+    assert "destination 'logs': kind 'kafka' is not one of" in err
+
+
 def test_a_relay_setting_misspelt_in_the_file_is_refused_as_the_relay_refuses_it(
     tmp_path: Path, capsys: Any
 ) -> None:
