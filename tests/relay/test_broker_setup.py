@@ -183,7 +183,7 @@ def test_setup_creates_a_stream_the_relay_starts_on_and_delivers_through(
     db_url: str, engine: sa.Engine, tmp_path: Path, absent_stream: Stream, capsys: Any
 ) -> None:
     path = nats_config(tmp_path, absent_stream)
-    with pytest.raises(ConfigError, match="does not exist"):
+    with pytest.raises(ConfigError, match=r"does not exist.*`outbox broker setup`"):
         start_check(db_url, path)
 
     status, lines, err = setup(capsys, "--config", str(path))
@@ -237,7 +237,7 @@ def test_a_short_duplicate_window_is_raised_and_a_dry_run_leaves_it(
     stream.duplicate_window = 60
     stream.create()
     path = nats_config(tmp_path, stream)
-    with pytest.raises(ConfigError, match="keeps receipts for 60s"):
+    with pytest.raises(ConfigError, match=r"keeps receipts for 60s.*`outbox broker setup`"):
         start_check(db_url, path)
 
     needed = window_of(db_url, path)
@@ -387,7 +387,7 @@ def test_setup_declares_an_exchange_and_queue_the_relay_delivers_into(
 ) -> None:
     exchange, queue = names
     path = rabbit_config(tmp_path, exchange)
-    with pytest.raises(ConfigError, match="does not exist"):
+    with pytest.raises(ConfigError, match=r"does not exist.*`outbox broker setup --queue Q`"):
         start_check(db_url, path)
 
     status, lines, err = setup(capsys, "--config", str(path), "--queue", queue)
