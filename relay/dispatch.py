@@ -103,7 +103,13 @@ class Dispatcher:
                     f"longest retry window ({longest:g}s): a late resend could apply twice"
                 )
                 if not destination.allow_short_retention:
-                    raise ConfigError(f"{why} (set allow_short_retention to run regardless)")
+                    fix = "set allow_short_retention to run regardless"
+                    if destination.kind == "nats":
+                        # A stream's window can be raised; a receiver's retention is its own.
+                        fix = (
+                            f"raise the stream's duplicate_window (`outbox broker setup`), or {fix}"
+                        )
+                    raise ConfigError(f"{why} ({fix})")
                 log.warning("%s (allow_short_retention is set)", why)
 
     async def deliver_batch(

@@ -45,6 +45,8 @@ _KEEP = frozenset(chr(c) for c in range(0x21, 0x7F)) - set(".*>%")
 # JetStream answers 400 to what no resend can change: the subject bound to another
 # stream than the configured one, a message or its headers over the stream's limit.
 _PERMANENT_CODES = frozenset({400})
+SETUP_HINT = "`outbox broker setup` creates or updates the stream to fit"
+"""How to fix a stream the relay refuses (outbox.cli.broker)."""
 
 
 def subject_token(ordering_key: str | None) -> str:
@@ -404,7 +406,7 @@ class NatsTransport(Transport):
                 return None
             refusal = (
                 f"{why}; nothing is published until its duplicate_window is at least "
-                f"{required:g}s (or allow_short_retention is set)"
+                f"{required:g}s (or allow_short_retention is set); {SETUP_HINT}"
             )
         log.error("%s", refusal, extra={"fields": {"stream": self.stream}})
         return truncate(refusal)
@@ -429,7 +431,7 @@ class NatsTransport(Transport):
         except nats.js.errors.NotFoundError:
             raise ConfigError(
                 f"NATS destination: stream {self.stream!r} does not exist on "
-                f"{redact_urls(self.destination.url)}"
+                f"{redact_urls(self.destination.url)}; {SETUP_HINT}"
             ) from None
         except (OSError, TimeoutError, nats.errors.Error) as exc:
             raise TransportError(f"NATS stream {self.stream!r} not read: {_describe(exc)}") from exc
@@ -438,7 +440,7 @@ class NatsTransport(Transport):
         if not any(subject_matches(f, sample) for f in _subjects(config.subjects)):
             raise ConfigError(
                 f"NATS destination: stream {self.stream!r} (subjects {config.subjects}) does "
-                f"not capture the subject {self.subject!r} (as {sample!r})"
+                f"not capture the subject {self.subject!r} (as {sample!r}); {SETUP_HINT}"
             )
         if config.no_ack:
             raise ConfigError(

@@ -9,7 +9,18 @@ from collections.abc import Sequence
 from typing import Any, NoReturn
 
 from outbox import failpoints, migrations
-from outbox.cli import console, dead, demo, operations, receiver, relay, secret, settings, worker
+from outbox.cli import (
+    broker,
+    console,
+    dead,
+    demo,
+    operations,
+    receiver,
+    relay,
+    secret,
+    settings,
+    worker,
+)
 from outbox.cli.environment import check_environment
 from outbox.cli.logs import report_error
 from outbox.db.dialect import missing_sqlite_file
@@ -90,6 +101,7 @@ def build_parser() -> argparse.ArgumentParser:
     relay.add_parser(commands)
     receiver.add_parser(commands)
     secret.add_parser(commands)
+    broker.add_parser(commands)
     return parser
 
 
@@ -100,6 +112,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         check_environment(os.environ, known_variables(), _config_path(args))
         if args.command == "secret":  # opens no database and reads no settings
             return secret.run(args)
+        if args.command == "broker":  # opens no database; reads the relay's settings itself
+            return broker.run(args)
         if args.command != "demo":  # the demo makes its own databases unless given --db
             settings.resolve(args, command_options(args.command))
             missing = None if _creates_schema(args) else missing_sqlite_file(args.db)

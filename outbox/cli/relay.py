@@ -84,10 +84,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     return parser
 
 
-def run(args: argparse.Namespace) -> int:
-    """Run the relay until SIGTERM; exit 0 after draining."""
-    path = args.config or os.environ.get("OUTBOX_CONFIG")
-    document = load(path) if path else {}
+def check_relay_table(document: dict[str, Any], path: str | None) -> None:
+    """ConfigError naming any key of the file's [relay] table that is not a relay setting."""
     unknown = set(document.get("relay", {})) - RELAY_KEYS
     if "attempts" in unknown:
         raise ConfigError(f"{path}: [relay]: `attempts` is now called `max_attempts`")
@@ -95,6 +93,13 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(
             f"{path}: [relay]: unknown keys {sorted(unknown)}; known: {sorted(RELAY_KEYS)}"
         )
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the relay until SIGTERM; exit 0 after draining."""
+    path = args.config or os.environ.get("OUTBOX_CONFIG")
+    document = load(path) if path else {}
+    check_relay_table(document, path)
     destinations = destinations_from(document, path, os.environ)
     configure_logging(args.log_format, args.log_level)
     options = {
