@@ -11,6 +11,8 @@ from pathlib import Path
 
 import sqlalchemy as sa
 
+from benchmarks import sweep
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -51,8 +53,8 @@ def test_quick_suite_runs_and_writes_its_table(pg_server: sa.Engine, tmp_path: P
         ("drain into RabbitMQ vs HTTP batch", "postgresql"),
         ("machine CPU per message, JetStream vs HTTP batch drain", "postgresql"),
         ("machine CPU per message, RabbitMQ vs HTTP batch drain", "postgresql"),
-        ("drain into JetStream vs bare client publishers", "postgresql"),
-        ("drain into RabbitMQ vs bare client publishers", "postgresql"),
+        ("drain into JetStream vs bare publishers into JetStream", "postgresql"),
+        ("drain into RabbitMQ vs bare publishers into RabbitMQ", "postgresql"),
         ("JetStream server's own CPU per message", "postgresql"),
         ("RabbitMQ server's own CPU per message", "postgresql"),
         ("consume from JetStream", "postgresql"),
@@ -117,6 +119,29 @@ def test_quick_suite_runs_and_writes_its_table(pg_server: sa.Engine, tmp_path: P
         elif row["baseline"] is not None:
             assert row["baseline"] > 0, row
             assert row["ratio"] > 0, row
+    # The comparisons ran in both orders, and the ceilings are the best of their sweeps.
+    ordered = {key for key, row in rows.items() if row["orders"] is not None}
+    assert {
+        ("drain vs naive relay", "postgresql"),
+        ("drain vs bare relay", "postgresql"),
+        ("drain into JetStream vs HTTP batch", "postgresql"),
+        ("drain into RabbitMQ vs bare publishers into RabbitMQ", "postgresql"),
+        ("live p99 vs bare relay", "postgresql"),
+    } <= ordered
+    for key in ordered:
+        assert set(rows[key]["orders"]) == {"ours first", "baseline first"}, rows[key]
+        assert all(ratio > 0 for ratio in rows[key]["orders"].values()), rows[key]
+    for scenario, swept in (
+        ("drain vs bare relay", "bare"),
+        ("drain into JetStream vs bare publishers into JetStream", "nats_bare"),
+        ("drain into RabbitMQ vs bare publishers into RabbitMQ", "rabbitmq_bare"),
+    ):
+        row = rows[(scenario, "postgresql")]
+        assert row["swept"] == swept
+        run = row["runs"][0]
+        points = [run[f"{swept}_{point.label}"] for point in sweep.QUICK]
+        assert run[swept] == max(points) == row["baseline"], row
+        assert "won: " in row["scenario"]
     pages = rows[("console slowest page", "postgresql")]["runs"][0]
     assert pages["slowest_ms"] > 0
     assert pages["slowest_ms"] == max(v for k, v in pages.items() if k.endswith("_median_ms"))
