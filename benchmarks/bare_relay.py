@@ -49,6 +49,7 @@ import outbox
 from benchmarks import bare_receiver, sweep
 from benchmarks.bare_receiver import bare_receipts, conninfo
 from benchmarks.relay_bench import (
+    READY_SECONDS,
     ROOT,
     drain,
     free_port,
@@ -92,7 +93,6 @@ MARK_SENT = (
     "sent_at = extract(epoch from statement_timestamp()) WHERE id = ANY(%s)"
 )
 JSON_HEADERS = {"content-type": "application/json"}
-READY_SECONDS = 60.0
 
 
 class Wakeups:
@@ -119,18 +119,26 @@ class Wakeups:
             self._changed.wait_for(lambda: self._count != seen, seconds)
 
 
-def listen(db: str, wakeups: Wakeups, listening: threading.Event) -> None:
+def listen(db: str, wakeups: Wakeups, up: threading.Semaphore) -> None:
     """Announce each NOTIFY of the outbox's insert trigger, forever."""
     with psycopg.connect(db, autocommit=True) as listener:
         listener.execute(f"LISTEN {NOTIFY_CHANNEL}")
-        listening.set()
+        up.release()
         for _ in listener.notifies():
             wakeups.announce()
 
 
-def deliver(db: str, target: str, batch: int, wakeups: Wakeups, client: httpx.Client) -> None:
+def deliver(
+    db: str,
+    target: str,
+    batch: int,
+    wakeups: Wakeups,
+    client: httpx.Client,
+    up: threading.Semaphore,
+) -> None:
     """One batch in flight: claim, POST, mark sent and commit, forever."""
     with psycopg.connect(db) as conn:
+        up.release()
         while True:
             seen = wakeups.seen()
             rows = conn.execute(CLAIM, (batch,)).fetchall()
@@ -151,19 +159,23 @@ def deliver(db: str, target: str, batch: int, wakeups: Wakeups, client: httpx.Cl
 def relay(db: str, target: str, batch: int, in_flight: int) -> None:
     """Deliver from the database at `db` (a psycopg conninfo) to `target` with `in_flight`
     batches of up to `batch` in flight, until the process is ended."""
-    wakeups, listening = Wakeups(), threading.Event()
+    wakeups, up = Wakeups(), threading.Semaphore(0)
     # One keep-alive pool for the process, a connection per batch in flight.
     limits = httpx.Limits(max_connections=in_flight, max_keepalive_connections=in_flight)
     with httpx.Client(timeout=10, limits=limits) as client:
-        threads = [threading.Thread(target=listen, args=(db, wakeups, listening), daemon=True)]
+        threads = [threading.Thread(target=listen, args=(db, wakeups, up), daemon=True)]
         threads += [
-            threading.Thread(target=deliver, args=(db, target, batch, wakeups, client), daemon=True)
+            threading.Thread(
+                target=deliver, args=(db, target, batch, wakeups, client, up), daemon=True
+            )
             for _ in range(in_flight)
         ]
         for thread in threads:
             thread.start()
-        if not listening.wait(READY_SECONDS):
-            raise RuntimeError("the bare relay could not LISTEN")
+        # Ready once every loop and the listener hold their database connections.
+        for _ in threads:
+            if not up.acquire(timeout=READY_SECONDS):
+                raise RuntimeError("a bare relay loop did not connect")
         print("ready", flush=True)
         # A loop that fails ends the process: a ceiling must not run short-handed unseen.
         while all(thread.is_alive() for thread in threads):
