@@ -10,7 +10,10 @@ know with it: no claims, no settles, no signatures, no other headers. Each
 process sends parcels of messages, a parcel's acknowledgements awaited together,
 with several parcels in flight; like the bare HTTP relay, the publishers are the
 ceiling only at their best settings, so a run sweeps parcel size by parcels in
-flight (benchmarks.sweep) and keeps the fastest point. What the relay reaches
+flight (benchmarks.sweep) and keeps the fastest point. Each point is timed from
+the moment every process is connected and subscribed to the last acknowledgement
+each one awaited, so neither start-up nor shutdown lowers the ceiling (as a
+relay's drain is timed from every relay up). What the relay reaches
 against this is the share of the library's reach that delivery with its
 guarantees keeps; the rest of the gap to the HTTP batch drain is the broker and
 its client, on a machine they share.
@@ -24,20 +27,35 @@ import multiprocessing
 import sys
 import time
 from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass
 from typing import Any
 
 from benchmarks import sweep
 from benchmarks.broker_drain import KINDS, PLACES, RELAYS, Place, sizes
 from benchmarks.cpu import machine_busy_seconds
-from benchmarks.relay_bench import log, run_alone
+from benchmarks.relay_bench import DRAIN_DEADLINE_SECONDS, READY_SECONDS, log, run_alone
 from outbox.canonical import canonical_bytes
-
-READY_SECONDS = 60.0
 
 
 def body(n: int) -> bytes:
     """The body of message `n`, as benchmarks.relay_bench.prefill stores it."""
     return canonical_bytes({"kind": "result", "n": n, "payload": "x" * 64})
+
+
+@dataclass(frozen=True)
+class Gate:
+    """A publisher process's signals: it is connected (`ready`), it may start (`go`), and every
+    message it was given is acknowledged (`done`), so the clock holds neither its start-up nor
+    its shutdown."""
+
+    ready: Any
+    go: Any
+    done: Any
+
+    async def open(self) -> None:
+        """Say ready, then wait for go."""
+        self.ready.release()
+        await asyncio.get_running_loop().run_in_executor(None, self.go.wait)
 
 
 Send = Callable[[int, int], Awaitable[None]]
@@ -56,7 +74,7 @@ async def in_parcels(first: int, count: int, point: sweep.Point, send: Send) -> 
     await asyncio.gather(*(loop() for _ in range(point.in_flight)))
 
 
-async def nats_lane(place: Place, first: int, count: int, point: sweep.Point, go: Any) -> None:
+async def nats_lane(place: Place, first: int, count: int, point: sweep.Point, gate: Gate) -> None:
     """Publish `count` messages to the stream in parcels, each message waiting for its PubAck."""
     import nats
 
@@ -87,14 +105,17 @@ async def nats_lane(place: Place, first: int, count: int, point: sweep.Point, go
             if "error" in json.loads(answer):
                 raise RuntimeError(f"JetStream refused a publish: {answer!r}")
 
-    await loop.run_in_executor(None, go.wait)
     try:
+        await gate.open()
         await in_parcels(first, count, point, send)
+        gate.done.release()
     finally:
         await client.close()
 
 
-async def rabbitmq_lane(place: Place, first: int, count: int, point: sweep.Point, go: Any) -> None:
+async def rabbitmq_lane(
+    place: Place, first: int, count: int, point: sweep.Point, gate: Gate
+) -> None:
     """Publish `count` persistent, mandatory messages in parcels, each message confirmed."""
     import aio_pika
     import aiormq
@@ -122,8 +143,9 @@ async def rabbitmq_lane(place: Place, first: int, count: int, point: sweep.Point
                 )
             )
 
-        await asyncio.get_running_loop().run_in_executor(None, go.wait)
+        await gate.open()
         await in_parcels(first, count, point, send)
+        gate.done.release()
     finally:
         await connection.close()
 
@@ -132,44 +154,44 @@ LANES = {"nats": nats_lane, "rabbitmq": rabbitmq_lane}
 
 
 def publisher(
-    kind: str, place: Place, first: int, count: int, point: sweep.Point, ready: Any, go: Any
+    kind: str, place: Place, first: int, count: int, point: sweep.Point, gate: Gate
 ) -> None:
     """A publisher process: connect, say ready, publish its share from `go` on."""
-
-    async def lane() -> None:
-        ready.release()
-        await LANES[kind](place, first, count, point, go)
-
-    asyncio.run(lane())
+    asyncio.run(LANES[kind](place, first, count, point, gate))
 
 
 def bare_publish(kind: str, total: int, point: sweep.Point) -> float:
     """`total` messages published by RELAYS bare publishers at `point` into a fresh place;
-    their rate."""
+    their rate, timed from `go` to the last acknowledgement."""
     spawn = multiprocessing.get_context("spawn")
-    ready, go = spawn.Semaphore(0), spawn.Event()
+    gate = Gate(spawn.Semaphore(0), spawn.Event(), spawn.Semaphore(0))
     share = total // RELAYS
     with PLACES[kind]() as place:
         procs = [
-            spawn.Process(
-                target=publisher,
-                args=(kind, place, n * share, share, point, ready, go),
-            )
+            spawn.Process(target=publisher, args=(kind, place, n * share, share, point, gate))
             for n in range(RELAYS)
         ]
         for proc in procs:
             proc.start()
         try:
             for _ in procs:
-                if not ready.acquire(timeout=READY_SECONDS):
+                if not gate.ready.acquire(timeout=READY_SECONDS):
                     raise RuntimeError(f"a bare {kind} publisher did not start")
             busy = machine_busy_seconds()
             started = time.monotonic()
-            go.set()
-            for proc in procs:
-                proc.join()
+            gate.go.set()
+            finished = 0
+            while finished < len(procs):
+                if gate.done.acquire(timeout=0.05):
+                    finished += 1
+                elif any(proc.exitcode not in (None, 0) for proc in procs):
+                    raise RuntimeError(f"a bare {kind} publisher failed")
+                elif time.monotonic() > started + DRAIN_DEADLINE_SECONDS:
+                    raise RuntimeError(f"the bare {kind} publishers did not finish in time")
             elapsed = time.monotonic() - started
             busy = machine_busy_seconds() - busy
+            for proc in procs:
+                proc.join(timeout=READY_SECONDS)
         finally:
             for proc in procs:
                 if proc.is_alive():
@@ -177,8 +199,6 @@ def bare_publish(kind: str, total: int, point: sweep.Point) -> float:
                     proc.join()
         if any(proc.exitcode != 0 for proc in procs):
             raise RuntimeError(f"a bare {kind} publisher failed")
-    # Each process connects before the clock starts, but a little of its start (connecting
-    # a subscription, the first publish's warm-up) falls inside the window.
     moved = share * RELAYS
     rate = moved / elapsed
     log(f"  bare {kind} at {point.label}: {rate:.0f}/s, {busy * 1e6 / moved:.1f} CPU us/message")

@@ -925,7 +925,7 @@ BASELINES = (
     "publish: a bare INSERT of the same row through the same SQLAlchemy session.",
     "async publish: a bare INSERT of the same row through the same AsyncSession (asyncpg), "
     "one transaction each.",
-    "drain: ours is 2 relays in batch mode (claims of 1,000, 8 requests in flight each) "
+    "drain: ours is 2 relays in batch mode (claims of 1,000, destination concurrency 8) "
     "into the reference receiver, on a prefilled backlog of the full size, timed from every "
     "relay answering its health check to the last message sent. The naive relay "
     "(benchmarks/naive_relay.py: one row per transaction, one POST per message on a new "
@@ -951,7 +951,8 @@ BASELINES = (
     "through the same client library with the same acknowledgement (PubAck with "
     "Nats-Msg-Id; confirmed persistent mandatory messages), and nothing else: no database, "
     "no signature or other headers. Each process sends parcels whose acknowledgements it "
-    "awaits together, several parcels in flight; the run sweeps parcel size (500, 1,000) by "
+    "awaits together, several parcels in flight, timed from every process connected to the "
+    "last acknowledgement; the run sweeps parcel size (500, 1,000) by "
     "parcels in flight (1, 4, 8) and the fastest point is the ceiling (its row names the "
     "winning point; every point is listed under Sweeps). No target: the ratio is the share of "
     "the client library's reach that delivery from the database with its guarantees keeps.",
