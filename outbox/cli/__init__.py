@@ -8,7 +8,7 @@ import os
 from collections.abc import Sequence
 from typing import Any, NoReturn
 
-from outbox import failpoints, migrations
+from outbox import __version__, failpoints, migrations
 from outbox.cli import console, dead, demo, operations, receiver, relay, settings, worker
 from outbox.cli.environment import check_environment
 from outbox.cli.logs import report_error
@@ -66,6 +66,7 @@ class OneLineErrors(argparse.ArgumentParser):
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser for every subcommand."""
     parser = OneLineErrors(prog="outbox", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"outbox-relay {__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
 
     db = commands.add_parser("db", help="schema migrations")
