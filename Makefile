@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint faults-report screenshots clean
+.PHONY: demo test lint package-check faults-report screenshots clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -22,11 +22,18 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 	$(BIN)/lint-imports
+	$(BIN)/mypy .ci/package_check.py
 
 # Three test processes on two cores: the fault tests spend most of their time
 # waiting for leases to expire and processes to start, so they overlap well.
 test: lint
 	$(BIN)/python -m pytest -n 3 --dist worksteal $(PYTEST_ARGS)
+
+# What users install: builds the sdist and the wheel, checks the wheel's contents, and
+# runs the command and tests/package against the wheel in clean venvs (no extras, each
+# extra, the lowest versions pyproject's bounds allow). .ci/run runs it after `make test`.
+package-check: $(STAMP)
+	$(BIN)/python .ci/package_check.py
 
 # Runs tests/faults and writes docs/faults.md from the figures of that run.
 faults-report: $(STAMP)
