@@ -15,6 +15,7 @@ step that failed, and the exit status is 1 if any did.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
 import shutil
@@ -44,6 +45,7 @@ SMOKE_TOOLS = ("pytest", "httpx")
 SMOKE_TESTS = ROOT / "tests" / "package"
 UNDER_TEST_ENV = "OUTBOX_PACKAGE_UNDER_TEST"
 """tests/package/conftest.py: the site-packages folder the packages must be imported from."""
+LOWEST_LISTING = "versions at the lower bounds"
 OUTPUT_TAIL = 60
 """Lines of a failed step's output the summary repeats."""
 
@@ -223,7 +225,8 @@ def check_venv(venv: Venv, wheel: Path, work: Path, smoke: Path) -> None:
         done = run(command, scratch, env, timeout)
         done.venv, done.name = venv.name, name
         venv.steps.append(done)
-        print(f"  [{venv.name}] {name}: {'ok' if done.ok else 'FAILED'} in {done.seconds:.1f}s")
+        result = "ok" if done.ok else "FAILED"
+        print(f"  [{venv.name}] {name}: {result} in {done.seconds:.1f}s", flush=True)
         return done.ok
 
     target = f"{wheel}[{','.join(venv.extras)}]" if venv.extras else str(wheel)
@@ -240,7 +243,8 @@ def check_venv(venv: Venv, wheel: Path, work: Path, smoke: Path) -> None:
     ):
         return
     if venv.lowest:
-        step("versions at the lower bounds", uv("pip", "list", "--python", python))
+        listed = uv("pip", "list", "--format", "json", "--python", python)
+        step(LOWEST_LISTING, listed)
     # Before pytest and httpx are there, which could bring a dependency the package forgot.
     step("outbox --help", ["outbox", "--help"], timeout=120)
     step("outbox --version", ["outbox", "--version"], timeout=120)
@@ -272,6 +276,16 @@ def copy_smoke_tests(work: Path) -> Path:
     return smoke
 
 
+def bounds_table(listing: str) -> str:
+    """Each bounded requirement beside the version installed for it (from `uv pip list`)."""
+    installed = {requirement_name(entry["name"]): entry["version"] for entry in json.loads(listing)}
+    rows = []
+    for spec in lower_bounds():
+        name = requirement_name(spec)
+        rows.append(f"  {spec.split(';')[0]:<36} {installed.get(name, 'not installed')}")
+    return "\n".join(rows)
+
+
 def summary(venvs: Sequence[Venv], problems: Sequence[str], seconds: float) -> bool:
     """Print every step's result and each failure's output; True when all passed."""
     print("\npackage check summary")
@@ -284,8 +298,9 @@ def summary(venvs: Sequence[Venv], problems: Sequence[str], seconds: float) -> b
             print(f"  {venv.name:<10} {step.name:<32} {result:<7} {step.seconds:7.1f}s")
     for venv in venvs:
         for step in venv.steps:
-            if venv.lowest and step.name == "versions at the lower bounds":
-                print(f"\nresolved at the lower bounds:\n{step.output.rstrip()}")
+            if step.name == LOWEST_LISTING and step.ok:
+                print(f"\nvenv '{venv.name}' resolved pyproject's bounds to:")
+                print(bounds_table(step.output))
     for step in failed:
         tail = "\n".join(step.output.rstrip().splitlines()[-OUTPUT_TAIL:])
         print(f"\n=== FAILED in venv '{step.venv}': {step.name} ===\n{tail}")

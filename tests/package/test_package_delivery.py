@@ -45,7 +45,9 @@ def test_published_replies_arrive_once_with_their_exact_bytes(
     port = free_port()
     base = f"http://127.0.0.1:{port}"
     child = process(["receiver", "--db", url, "--port", str(port), "--secret-file", str(secrets)])
-    wait_until(lambda: answers(base, child), 60, "`outbox receiver` to answer /healthz")
+    # Generous: answers() fails at once if the receiver exits, so only a machine too busy to
+    # start it sooner ever waits long.
+    wait_until(lambda: answers(base, child), 180, "`outbox receiver` to answer /healthz")
 
     ids = [f"order-{n}:confirmed" for n in range(5)]
     engine = outbox.create_engine(url)
