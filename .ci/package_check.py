@@ -243,7 +243,8 @@ def check_venv(venv: Venv, wheel: Path, work: Path, smoke: Path) -> None:
     ):
         return
     if venv.lowest:
-        listed = uv("pip", "list", "--format", "json", "--python", python)
+        # Quiet: uv's "Using Python ..." line would come before the JSON in the output.
+        listed = uv("pip", "list", "--quiet", "--format", "json", "--python", python)
         step(LOWEST_LISTING, listed)
     # Before pytest and httpx are there, which could bring a dependency the package forgot.
     step("outbox --help", ["outbox", "--help"], timeout=120)
