@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint docs faults-report screenshots clean
+.PHONY: demo test lint docs package-check faults-report screenshots clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -22,10 +22,11 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 	$(BIN)/lint-imports
+	$(BIN)/mypy .ci/package_check.py
 
 # The documentation site, into site/ (ignored by git): --strict makes a broken link,
 # anchor or nav entry an error. The reference pages it shows are checked against the
-# code by tests/test_docs_reference.py.
+# code by tests/test_docs.py.
 docs: $(STAMP)
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
 
@@ -33,6 +34,12 @@ docs: $(STAMP)
 # waiting for leases to expire and processes to start, so they overlap well.
 test: lint docs
 	$(BIN)/python -m pytest -n 3 --dist worksteal $(PYTEST_ARGS)
+
+# What users install: builds the sdist and the wheel, checks the wheel's contents, and
+# runs the command and tests/package against the wheel in clean venvs (no extras, each
+# extra, the lowest versions pyproject's bounds allow). .ci/run runs it after `make test`.
+package-check: $(STAMP)
+	$(BIN)/python .ci/package_check.py
 
 # Runs tests/faults and writes docs/explanation/faults.md from the figures of that run.
 faults-report: $(STAMP)

@@ -27,6 +27,9 @@ from outbox.states import ErrorCode, MessageState, TaskState
 from outbox.tasks import Claim, TaskQueue
 from outbox.worker import Worker
 
+__version__ = "0.1.0"
+"""The release, read by the build (pyproject's [tool.hatch.version]) and `outbox --version`."""
+
 __all__ = [
     "Ack",
     "AuthContext",

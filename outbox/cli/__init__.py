@@ -8,7 +8,7 @@ import os
 from collections.abc import Sequence
 from typing import Any, NoReturn
 
-from outbox import failpoints, migrations
+from outbox import __version__, failpoints, migrations
 from outbox.cli import (
     broker,
     console,
@@ -77,6 +77,7 @@ class OneLineErrors(argparse.ArgumentParser):
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser for every subcommand."""
     parser = OneLineErrors(prog="outbox", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"outbox-relay {__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
 
     db = commands.add_parser("db", help="schema migrations")
