@@ -27,7 +27,8 @@ def finished_task(queue: TaskQueue, clock: ManualClock, name: str) -> str:
     """A task received, claimed and finished (its reply pending); its id."""
     ack = queue.receive(A, Envelope(name, "agent-a", {"n": 1}, clock() + 3600))
     claim = queue.claim("w")
-    assert claim is not None and claim.task_id == ack.task_id
+    assert claim is not None
+    assert claim.task_id == ack.task_id
     queue.finish(claim, "ok")
     return ack.task_id
 
