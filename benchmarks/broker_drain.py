@@ -51,8 +51,8 @@ from benchmarks.relay_bench import (
 )
 from receiver.schema import receipts
 
-NATS_URL = os.environ.get("OUTBOX_BENCH_NATS_URL", "nats://127.0.0.1:4222")
-AMQP_URL = os.environ.get("OUTBOX_BENCH_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/")
+NATS_URL = os.environ.get("OUTBOXDEV_BENCH_NATS_URL", "nats://127.0.0.1:4222")
+AMQP_URL = os.environ.get("OUTBOXDEV_BENCH_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/")
 RELAYS = 2
 BATCH = 1000
 """Relays and claim batch: the suite's HTTP batch drain's."""

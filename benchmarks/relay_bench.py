@@ -41,16 +41,16 @@ from outbox.schema import messages
 from receiver.schema import receipts
 from relay.config import Destination
 
-ADMIN_URL = os.environ.get("OUTBOX_BENCH_PG_URL", "postgresql+psycopg://postgres@127.0.0.1/test")
+ADMIN_URL = os.environ.get("OUTBOXDEV_BENCH_PG_URL", "postgresql+psycopg://postgres@127.0.0.1/test")
 ROOT = Path(__file__).resolve().parent.parent
 # Requests in flight per destination: the relay's default unless overridden.
-CONCURRENCY = int(os.environ.get("OUTBOX_BENCH_CONCURRENCY", Destination.concurrency))
+CONCURRENCY = int(os.environ.get("OUTBOXDEV_BENCH_CONCURRENCY", Destination.concurrency))
 WARMUP_SECONDS = 1.0
 READY_SECONDS = 60.0
 """How long a process started for a run has to say it is up (a busy machine starts slowly)."""
 DRAIN_DEADLINE_SECONDS = 1200.0
 # The reference receiver takes up to 1000 replies per POST: one POST per turn.
-BATCH_ITEMS = int(os.environ.get("OUTBOX_BENCH_BATCH_ITEMS", "1000"))
+BATCH_ITEMS = int(os.environ.get("OUTBOXDEV_BENCH_BATCH_ITEMS", "1000"))
 SECRET = "whsec_" + base64.b64encode(b"benchmark-secret-0123456789abcdef").decode()
 
 

@@ -1,16 +1,29 @@
 """Named failpoints: crash at an exact step, in a child process or in-process.
 
-A process started with ``OUTBOX_FAILPOINT=name`` exits at once with
-``EXIT_CODE`` (``os._exit``: no cleanup, no rollback by us, just like a kill)
-when it reaches that point. With ``OUTBOX_FAILPOINT_ACTION=stop`` it instead
-stops itself with SIGSTOP the first time it gets there (POSIX only), so a test
-can hold a process at an exact step and resume it with SIGCONT. In-process,
-``arm(name, skip=n)`` makes the (n+1)-th arrival raise ``Crash``, a
-BaseException so ``except Exception`` cannot swallow it. Unarmed, ``hit`` is one dict lookup.
+A process started with ``OUTBOX_FAILPOINT=name`` and the testing switch
+``OUTBOX_FAILPOINTS_ENABLED=1`` exits at once with ``EXIT_CODE`` (``os._exit``:
+no cleanup, no rollback by us, just like a kill) when it reaches that point.
+With ``OUTBOX_FAILPOINT_ACTION=stop`` it instead stops itself with SIGSTOP the
+first time it gets there (POSIX only), so a test can hold a process at an exact
+step, look at the database, and then resume it (SIGCONT) or kill it.
+
+The switch is a second, deliberate act: a failpoint name alone, left in a
+shared environment file, is inert, and the process says so in a WARNING at
+start; an armed one is named in a WARNING at start too.
+
+Every ``*.before_commit`` point sits after its transaction's statements ran and
+before its COMMIT, so a process dying there leaves the database holding
+uncommitted writes. Where the product commits one statement in autocommit, it
+asks `armed()` first and, only then, runs that statement in a transaction.
+
+In-process, ``arm(name, skip=n)`` makes the (n+1)-th arrival raise ``Crash``, a
+BaseException so ``except Exception`` cannot swallow it; being a call in test
+code, it needs no switch. Unarmed, ``hit`` is one comparison and one dict test.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import threading
@@ -19,6 +32,8 @@ from contextlib import contextmanager
 
 ENV_VAR = "OUTBOX_FAILPOINT"
 ACTION_VAR = "OUTBOX_FAILPOINT_ACTION"
+SWITCH_VAR = "OUTBOX_FAILPOINTS_ENABLED"
+"""The testing switch: ENV_VAR acts only when this is "1"."""
 ACTIONS = ("exit", "stop")
 EXIT_CODE = 86
 
@@ -40,6 +55,8 @@ POINTS = frozenset(
     }
 )
 
+log = logging.getLogger(__name__)
+
 
 class Crash(BaseException):
     """An armed failpoint was reached: the simulated process dies here."""
@@ -56,17 +73,52 @@ def read_environment() -> None:
     global _exit_at, _action
     point = os.environ.get(ENV_VAR) or None
     action = os.environ.get(ACTION_VAR) or "exit"
-    if point is not None and point not in POINTS:
+    switch = os.environ.get(SWITCH_VAR) or "0"
+    if switch not in ("0", "1"):
+        raise ValueError(f"{SWITCH_VAR} must be 1 or 0, got {switch!r}")
+    _exit_at, _action = None, "exit"
+    if point is None:
+        return
+    if switch != "1":
+        log.warning(
+            "%s=%s is ignored: failpoints act only with the testing switch %s=1",
+            ENV_VAR,
+            point,
+            SWITCH_VAR,
+        )
+        return
+    if point not in POINTS:
         raise ValueError(f"{ENV_VAR}: unknown failpoint {point!r}")
     if action not in ACTIONS:
         raise ValueError(f"{ACTION_VAR} must be one of {ACTIONS}, got {action!r}")
     _exit_at, _action = point, action
+    log.warning(
+        "failpoint %s is armed (%s): this process will %s when it reaches it; "
+        "a testing switch, never for production",
+        point,
+        SWITCH_VAR,
+        f"exit with status {EXIT_CODE}" if action == "exit" else "stop itself (SIGSTOP)",
+    )
+
+
+def environment(point: str, action: str = "exit") -> dict[str, str]:
+    """The variables that arm failpoint `point` in a child process, the switch included."""
+    if point not in POINTS:
+        raise ValueError(f"unknown failpoint {point!r}; known: {', '.join(sorted(POINTS))}")
+    if action not in ACTIONS:
+        raise ValueError(f"action must be one of {ACTIONS}, got {action!r}")
+    return {ENV_VAR: point, ACTION_VAR: action, SWITCH_VAR: "1"}
+
+
+def armed(name: str) -> bool:
+    """Whether failpoint `name` may act at its next arrival (by environment or arm())."""
+    return _exit_at == name or name in _armed
 
 
 def hit(name: str) -> None:
     """Mark arrival at failpoint `name`: exit, stop or raise when it is armed."""
     if _exit_at == name:
-        _reached()
+        _reached(name)
     if not _armed:
         return
     with _lock:
@@ -80,11 +132,16 @@ def hit(name: str) -> None:
     raise Crash(name)
 
 
-def _reached() -> None:
+def _reached(name: str) -> None:
     global _exit_at
+    # The log says where the process died: a test counts a kill by it, not by a guess.
+    log.warning("failpoint %s reached: %s", name, _action)
     if _action == "stop":
         _exit_at = None  # one stop per process: after SIGCONT it runs on normally
-        os.kill(os.getpid(), signal.SIGSTOP)
+        # Directed at this thread, which then stops before it returns: sent to the
+        # process, the kernel may let another thread start the stop while this one runs
+        # on for a moment, long enough to COMMIT.
+        signal.pthread_kill(threading.get_ident(), signal.SIGSTOP)
         return
     os._exit(EXIT_CODE)
 

@@ -161,7 +161,8 @@ class TaskQueue(DatabaseHandle):
         accepted = accept(auth, envelope)
         with self._engine.begin() as conn:
             ack = self._store(conn, accepted)
-            failpoints.hit("intake.before_commit")
+            if not ack.duplicate:  # a duplicate wrote nothing
+                failpoints.hit("intake.before_commit")
         failpoints.hit("intake.after_commit")
         return ack
 
@@ -280,6 +281,8 @@ class TaskQueue(DatabaseHandle):
             if reconcile:
                 self._reconcile_in(conn, now)
             rows = self._claim_rows(conn, owner, limit, now)
+            if rows:
+                failpoints.hit("claim.before_commit")
         failpoints.hit("claim.after_commit")
         return claims_from_rows(rows)
 
@@ -384,6 +387,8 @@ class TaskQueue(DatabaseHandle):
             refused = task_results.complete(
                 conn, finished, self.reply_destination, clock_value(self.clock)
             )
+            if None in refused:
+                failpoints.hit("finish.before_commit")
         failpoints.hit("finish.after_commit")
         return refused
 

@@ -17,7 +17,8 @@ worker's liveness), and a batch of results on a writer thread (ThreadedLanes).
 from __future__ import annotations
 
 import concurrent.futures
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
 from functools import partial
 from typing import Any
 
@@ -86,12 +87,15 @@ class PsycopgLanes(ThreadedLanes):
         params = {**fixed, "claim_owner": self.owner, "lease": self.queue.lease, "limit": limit}
         if now is not None:
             params["now"] = now
-        # Autocommit: nothing is written before the statement, and all of it once it ends.
-        failpoints.hit("claim.before_commit")
-        async with self._claims.connection() as conn:
+        async with (
+            self._claims.connection() as conn,
+            _commit_window(conn, "claim.before_commit"),
+        ):
             cursor = conn.cursor(row_factory=dict_row)
             await cursor.execute(sql, params)
             rows = await cursor.fetchall()
+            if rows:
+                failpoints.hit("claim.before_commit")
         failpoints.hit("claim.after_commit")
         return claims_from_rows(rows)
 
@@ -104,15 +108,19 @@ class PsycopgLanes(ThreadedLanes):
         """
         refused, completions = task_results.prepare(finished)
         done: set[str] = set()
-        failpoints.hit("finish.before_commit")
         if completions:
             replies = task_results.done_reply_rows(completions, self.queue.reply_destination)
             now = clock_value(self.queue.clock)
             params = task_sql.complete_parameters(completions, replies, now)
-            async with self._finishes.connection() as conn:
+            async with (
+                self._finishes.connection() as conn,
+                _commit_window(conn, "finish.before_commit"),
+            ):
                 # Planned per run, as finish_many's (see outbox.db.dialect.UNPREPARED).
                 cursor = await conn.execute(task_sql.COMPLETE_POSTGRESQL, params, prepare=False)
                 done = {task_id for (task_id,) in await cursor.fetchall()}
+                if done:
+                    failpoints.hit("finish.before_commit")
         failpoints.hit("finish.after_commit")
         return [
             error is None and claim.task_id in done
@@ -124,6 +132,17 @@ class PsycopgLanes(ThreadedLanes):
         await super().close()
         await self._claims.close()
         await self._finishes.close()
+
+
+@asynccontextmanager
+async def _commit_window(conn: psycopg.AsyncConnection[Any], point: str) -> AsyncIterator[None]:
+    """Autocommit as always; while failpoint `point` is armed (a crash test), a transaction,
+    so the failpoint the block hits fires before its COMMIT (see one_statement)."""
+    if not failpoints.armed(point):
+        yield
+        return
+    async with conn.transaction():
+        yield
 
 
 def worker_lanes(queue: TaskQueue, loop: HandlerLoop, owner: str) -> ThreadedLanes:

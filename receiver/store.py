@@ -183,13 +183,16 @@ class ReceiptStore(DatabaseHandle):
         bodies = [bytes(body) for _, body in items]
         run = effect
         # On PostgreSQL the reference effect is written by the receipt insert itself. That
-        # one statement is then the whole transaction: it runs in autocommit, and "before
-        # commit" is before that statement.
+        # one statement is then the whole transaction: it runs in autocommit (see
+        # one_statement for where "before commit" is then).
         fused = run is record_effect and is_postgresql(self._dialect)
 
         def store() -> _Decided:
             with one_statement(self._engine, "receiver.before_commit", single=fused) as conn:
-                return self._accept_in(conn, reply_ids, bodies, run, fused)
+                decided = self._accept_in(conn, reply_ids, bodies, run, fused)
+                if decided.inserted:
+                    failpoints.hit("receiver.before_commit")
+                return decided
 
         with _unavailable_when_it_fails():
             # A second try after a COMMIT that failed is safe: the receipt makes it a duplicate.

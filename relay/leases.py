@@ -204,10 +204,11 @@ class RelayLeases:
                     1 if message.id in unattempted else 0,
                 )
             )
-        # One statement, atomic alone: in autocommit on PostgreSQL, the failpoint before
-        # it standing for a crash before the COMMIT (nothing is written either way).
+        # One statement, atomic alone: autocommit on PostgreSQL (see one_statement).
         with one_statement(self._engine, "relay.before_sent_commit", lane=self._settles) as conn:
             settled = sql.settle(conn, self.owner, rows, clock_value(self.clock))
+            if settled:
+                failpoints.hit("relay.before_sent_commit")
         failpoints.hit("relay.after_sent_commit")
         missing = [m for m in messages if m.id not in settled]
         if missing:

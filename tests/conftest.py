@@ -23,7 +23,7 @@ from outbox import TaskQueue
 from outbox.testing import ManualClock
 
 PG_ADMIN_URL = os.environ.get(
-    "OUTBOX_TEST_PG_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test"
+    "OUTBOXDEV_TEST_PG_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test"
 )
 START = 1_000_000.0
 

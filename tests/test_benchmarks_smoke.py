@@ -25,7 +25,10 @@ def test_quick_suite_runs_and_writes_its_table(pg_server: sa.Engine, tmp_path: P
     suite = subprocess.Popen(
         [sys.executable, "-m", "benchmarks.suite", "--quick", "--runs", "1", "--json", str(out)],
         cwd=ROOT,
-        env={**os.environ, "OUTBOX_BENCH_PG_URL": admin_url.render_as_string(hide_password=False)},
+        env={
+            **os.environ,
+            "OUTBOXDEV_BENCH_PG_URL": admin_url.render_as_string(hide_password=False),
+        },
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,

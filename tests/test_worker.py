@@ -211,7 +211,7 @@ def signal_once_started(command: list[str], tmp_path: Path, first: str, signum: 
     the kernel may leave unscheduled for a while on a busy machine, and a handler
     released before then could free its slot for another claim meanwhile.
     """
-    env = {**os.environ, "OUTBOX_TEST_GATE": str(tmp_path), "PYTHONPATH": str(ROOT / "tests")}
+    env = {**os.environ, "OUTBOXDEV_TEST_GATE": str(tmp_path), "PYTHONPATH": str(ROOT / "tests")}
     log = tmp_path / "worker.log"
     with log.open("wb") as stderr:
         proc = subprocess.Popen(
@@ -276,7 +276,7 @@ import logging, os, pathlib, signal, sys, threading, time
 logging.basicConfig(level=logging.INFO)
 from outbox import TaskQueue, Worker
 from support.worker_handlers import gated
-gate = pathlib.Path(os.environ["OUTBOX_TEST_GATE"])
+gate = pathlib.Path(os.environ["OUTBOXDEV_TEST_GATE"])
 
 def signal_this_thread() -> None:
     deadline = time.monotonic() + 30

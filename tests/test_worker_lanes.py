@@ -12,6 +12,7 @@ from typing import Any, TypeVar
 import psycopg
 import pytest
 import sqlalchemy as sa
+from support.commit_windows import looking
 
 from outbox import AuthContext, Envelope, TaskQueue
 from outbox.failpoints import Crash, arm
@@ -162,6 +163,31 @@ def test_a_finish_passes_its_failpoints_around_the_statement(
         on(loop, lanes.finish([(claim, "ok")]))
     assert queue.task(claim.task_id)["state"] == state  # type: ignore[index]
     assert len(queue.messages()) == (1 if state == "done" else 0)
+
+
+@only_postgresql
+@pytest.mark.parametrize(
+    ("point", "written"),
+    [
+        ("claim.before_commit", {"outbox_tasks"}),
+        ("finish.before_commit", {"outbox_tasks", "outbox_messages"}),
+    ],
+)
+def test_a_lane_reaches_its_before_commit_failpoint_with_the_writes_held(
+    queue: TaskQueue, loop: HandlerLoop, lanes: ThreadedLanes, point: str, written: set[str]
+) -> None:
+    # The lane commits one autocommit statement; armed, it runs it in a transaction.
+    task_id = receive(queue, "t")
+    claims: list[Claim] = []
+    if point == "finish.before_commit":
+        claims = on(loop, lanes.claim(1, reconcile=False))
+    step = lanes.finish([(claims[0], "ok")]) if claims else lanes.claim(1, reconcile=False)
+    with looking(queue.engine, point) as seen, pytest.raises(Crash):
+        on(loop, step)
+    [found] = seen
+    assert written <= found.written, found
+    assert queue.task(task_id)["state"] == ("running" if claims else "pending")  # type: ignore[index]
+    assert queue.messages() == []
 
 
 @only_postgresql

@@ -152,7 +152,7 @@ def known_variables() -> set[str]:
     """Every OUTBOX_* variable a command reads (destinations' aside)."""
     known = {settings.DB.env, settings.CONFIG_ENV, relay.CONFIG_ENV, receiver.SECRETS_ENV}
     known.add(console.TOKEN_ENV)
-    known |= {failpoints.ENV_VAR, failpoints.ACTION_VAR}
+    known |= {failpoints.ENV_VAR, failpoints.ACTION_VAR, failpoints.SWITCH_VAR}
     return known | {option.env for options in OPTIONS.values() for option in options}
 
 

@@ -84,9 +84,10 @@ def free_port() -> int:
 
 def child(*argv: str, failpoint: str | None = None) -> subprocess.Popen[bytes]:
     """`outbox ARGV` as a child process, optionally set to die at `failpoint`."""
-    env = {k: v for k, v in os.environ.items() if k != failpoints.ENV_VAR}
+    unset = (failpoints.ENV_VAR, failpoints.ACTION_VAR, failpoints.SWITCH_VAR)
+    env = {k: v for k, v in os.environ.items() if k not in unset}
     if failpoint is not None:
-        env[failpoints.ENV_VAR] = failpoint
+        env.update(failpoints.environment(failpoint))
     # Our own interpreter and entry point, with arguments the demo built.
     return subprocess.Popen(  # noqa: S603
         [sys.executable, "-m", "outbox.cli", *argv],

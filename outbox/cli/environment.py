@@ -2,8 +2,8 @@
 
 A setting's variable names the command it belongs to (OUTBOX_RELAY_BATCH), and a shared
 environment file for several sidecars is normal, so any command's settings are known
-to every command. A few variables are read by the project's own tests and benchmarks;
-they are named here so that the commands those tests start accept them.
+to every command. The project's own tests and benchmarks read variables of another
+prefix (OUTBOXDEV_), outside the product's namespace.
 """
 
 from __future__ import annotations
@@ -16,27 +16,14 @@ from outbox.errors import ConfigError
 from relay.config import DESTINATION_ENV_PREFIX, destination_variable, referenced_variables
 
 PREFIX = "OUTBOX_"
-DEVELOPMENT_VARIABLES = frozenset(
-    {
-        "OUTBOX_TEST_PG_URL",
-        "OUTBOX_TEST_PG_BIN",
-        "OUTBOX_TEST_GATE",
-        "OUTBOX_SOAK_SEED",
-        "OUTBOX_FAULTS_REPORT",
-        "OUTBOX_BENCH_PG_URL",
-        "OUTBOX_BENCH_CONCURRENCY",
-        "OUTBOX_BENCH_BATCH_ITEMS",
-    }
-)
-"""Read by tests/ and benchmarks/, never by a command."""
 
 
 def check_environment(
     environ: Mapping[str, str], known: Iterable[str], config: str | None = None
 ) -> None:
     """Refuse any OUTBOX_* variable that is not `known`, a destination's, one the `config`
-    file names as a secret source, or a development one."""
-    names = set(known) | DEVELOPMENT_VARIABLES
+    file names as a secret source."""
+    names = set(known)
     if config:
         names |= referenced_variables(load(config))
     # A destination defined in the environment may name its secret's variable too.

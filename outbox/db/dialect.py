@@ -254,7 +254,7 @@ def autocommit_lane(engine: Engine, setup: str | None = None) -> Lane:
 @contextmanager
 def one_statement(
     engine: Engine,
-    before_commit: str | None = None,
+    window: str | None = None,
     *,
     single: bool = True,
     lane: Lane | None = None,
@@ -262,20 +262,19 @@ def one_statement(
     """A connection for work whose statements are each atomic alone, else one transaction.
 
     On PostgreSQL, when `single`, the work runs in autocommit: a statement is
-    atomic alone, and BEGIN and COMMIT would only add round trips. Failpoint
-    `before_commit` is then hit before the statement, where nothing is written
-    yet. Otherwise (SQLite, or several statements) it is a transaction (BEGIN
-    IMMEDIATE on SQLite), with `before_commit` hit just before its COMMIT. A
-    single statement runs on `lane`'s held connection when one is given (see
-    outbox.db.lane), else on one from the pool.
+    atomic alone, and BEGIN and COMMIT would only add round trips. Otherwise
+    (SQLite, or several statements) it is a transaction (BEGIN IMMEDIATE on
+    SQLite), committed when the block ends. `window` names the before-commit
+    failpoint the caller hits at the end of the block, once it has written
+    something: while that failpoint is armed (a crash test), single statements
+    run in the transaction too, so it fires while the database holds their
+    uncommitted writes; they commit together as always. A single statement runs
+    on `lane`'s held connection when one is given (see outbox.db.lane), else on
+    one from the pool.
     """
-    if single and is_postgresql(engine.dialect.name):
-        if before_commit is not None:
-            failpoints.hit(before_commit)
+    if single and is_postgresql(engine.dialect.name) and not (window and failpoints.armed(window)):
         with lane.connection() if lane is not None else _autocommit(engine).connect() as conn:
             yield conn
         return
     with engine.begin() as conn:
         yield conn
-        if before_commit is not None:
-            failpoints.hit(before_commit)

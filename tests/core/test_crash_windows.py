@@ -11,6 +11,7 @@ though the caller never heard back. A fresh queue then recovers.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -88,6 +89,7 @@ def test_arm_validates_and_counts_arrivals() -> None:
 
 def test_the_environment_names_a_known_point_and_action(monkeypatch: pytest.MonkeyPatch) -> None:
     try:
+        monkeypatch.setenv(failpoints.SWITCH_VAR, "1")
         monkeypatch.setenv(failpoints.ENV_VAR, "no.such.point")
         with pytest.raises(ValueError, match="unknown failpoint"):
             failpoints.read_environment()
@@ -95,10 +97,68 @@ def test_the_environment_names_a_known_point_and_action(monkeypatch: pytest.Monk
         monkeypatch.setenv(failpoints.ACTION_VAR, "pause")
         with pytest.raises(ValueError, match="OUTBOX_FAILPOINT_ACTION"):
             failpoints.read_environment()
+        monkeypatch.setenv(failpoints.SWITCH_VAR, "yes")
+        with pytest.raises(ValueError, match="OUTBOX_FAILPOINTS_ENABLED must be 1 or 0"):
+            failpoints.read_environment()
     finally:
         monkeypatch.undo()
         failpoints.read_environment()
     failpoints.hit("claim.after_commit")  # back to unarmed
+
+
+@pytest.mark.parametrize("switch", [None, "0"])
+def test_a_failpoint_without_the_testing_switch_is_inert_and_says_so(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, switch: str | None
+) -> None:
+    try:
+        monkeypatch.setenv(failpoints.ENV_VAR, "claim.after_commit")
+        if switch is not None:
+            monkeypatch.setenv(failpoints.SWITCH_VAR, switch)
+        with caplog.at_level(logging.WARNING, logger="outbox.failpoints"):
+            failpoints.read_environment()
+        assert not failpoints.armed("claim.after_commit")
+        failpoints.hit("claim.after_commit")  # inert: the test process goes on
+    finally:
+        monkeypatch.undo()
+        failpoints.read_environment()
+    [warning] = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert warning.getMessage() == (
+        "OUTBOX_FAILPOINT=claim.after_commit is ignored: failpoints act only with the "
+        "testing switch OUTBOX_FAILPOINTS_ENABLED=1"
+    )
+
+
+def test_an_armed_failpoint_is_named_in_a_warning_at_start(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    try:
+        for variable, value in failpoints.environment("claim.after_commit", "stop").items():
+            monkeypatch.setenv(variable, value)
+        with caplog.at_level(logging.WARNING, logger="outbox.failpoints"):
+            failpoints.read_environment()
+        assert failpoints.armed("claim.after_commit")
+        assert not failpoints.armed("claim.before_commit")
+    finally:
+        monkeypatch.undo()
+        failpoints.read_environment()
+    assert not failpoints.armed("claim.after_commit")
+    [warning] = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert warning.getMessage().startswith(
+        "failpoint claim.after_commit is armed (OUTBOX_FAILPOINTS_ENABLED): this process "
+        "will stop itself (SIGSTOP) when it reaches it"
+    )
+
+
+def test_the_environment_of_a_failpoint_is_checked() -> None:
+    assert failpoints.environment("intake.before_commit") == {
+        "OUTBOX_FAILPOINT": "intake.before_commit",
+        "OUTBOX_FAILPOINT_ACTION": "exit",
+        "OUTBOX_FAILPOINTS_ENABLED": "1",
+    }
+    with pytest.raises(ValueError, match="unknown failpoint"):
+        failpoints.environment("no.such.point")
+    with pytest.raises(ValueError, match="action must be one of"):
+        failpoints.environment("intake.before_commit", "pause")
 
 
 # --- in-process ----------------------------------------------------------------------
@@ -272,7 +332,7 @@ CHILD = textwrap.dedent(
 def run_child(db_url: str, clock: ManualClock, point: str, tmp_path: Path) -> None:
     script = tmp_path / "child.py"
     script.write_text(CHILD, encoding="utf-8")
-    env = {**os.environ, failpoints.ENV_VAR: point}
+    env = {**os.environ, **failpoints.environment(point)}
     done = subprocess.run(
         [sys.executable, str(script), db_url, repr(clock())],
         cwd=ROOT,
@@ -284,6 +344,30 @@ def run_child(db_url: str, clock: ManualClock, point: str, tmp_path: Path) -> No
     )
     assert done.returncode == failpoints.EXIT_CODE, (done.returncode, done.stdout, done.stderr)
     assert "finished without crashing" not in done.stdout
+    # Said at start, and where it died.
+    assert f"failpoint {point} is armed" in done.stderr
+    assert f"failpoint {point} reached: exit" in done.stderr
+
+
+def test_a_child_given_a_failpoint_without_the_switch_runs_through_and_says_so(
+    db_url: str, clock: ManualClock, tmp_path: Path
+) -> None:
+    script = tmp_path / "child.py"
+    script.write_text(CHILD, encoding="utf-8")
+    env = {k: v for k, v in os.environ.items() if k != failpoints.SWITCH_VAR}
+    env[failpoints.ENV_VAR] = "finish.before_commit"
+    done = subprocess.run(
+        [sys.executable, str(script), db_url, repr(clock())],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "finished without crashing" in done.stdout
+    assert "OUTBOX_FAILPOINT=finish.before_commit is ignored" in done.stderr
 
 
 def wait_for_dead_transactions(queue: TaskQueue) -> None:

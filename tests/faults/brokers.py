@@ -154,11 +154,11 @@ class Deployment:
         for node in self.nodes:
             node.stop()
 
-    def relay(self, failpoint: str | None = None) -> Node:
+    def relay(self, failpoint: str | None = None, action: str = "exit") -> Node:
         """Start a relay process (`python -m outbox.cli relay --config ...` in a fork)."""
         name = f"relay-{len(self.nodes) + 1}"
         argv = ["relay", "--config", str(self.config), "--owner", name]
-        return self._launch(name, argv, failpoint)
+        return self._launch(name, argv, failpoint, action)
 
     def consumer(self) -> Node:
         """Start `outbox receiver consume` with metrics; returns once they answer."""
@@ -199,7 +199,9 @@ class Deployment:
         """The tail of every process's output, for failure messages."""
         return "\n".join(f"--- {n.name} (exit {n.exitcode})\n{n.tail()}" for n in self.nodes)
 
-    def _launch(self, name: str, argv: list[str], failpoint: str | None) -> Node:
-        node = Node(name, "faults.work:cli", [argv], self.folder / f"{name}.log", failpoint)
+    def _launch(
+        self, name: str, argv: list[str], failpoint: str | None, action: str = "exit"
+    ) -> Node:
+        node = Node(name, "faults.work:cli", [argv], self.folder / f"{name}.log", failpoint, action)
         self.nodes.append(node)
         return node

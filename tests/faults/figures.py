@@ -1,7 +1,9 @@
 """Figures of a fault run, appended as JSON lines for docs/explanation/faults.md.
 
-Tests call `record()` after each scenario; nothing is written unless
-OUTBOX_FAULTS_REPORT names a file (`python tests/faults/report.py` sets it),
+Tests call `record_then_assert()` at the end of each scenario: the figures the
+invariant checker measured are written first, then the invariants asserted, so
+a broken run leaves its real figures in the file. Nothing is written unless
+OUTBOXDEV_FAULTS_REPORT names a file (`python tests/faults/report.py` sets it),
 so the table in the docs always comes from a real run.
 """
 
@@ -13,7 +15,7 @@ from pathlib import Path
 
 from faults.invariants import Tally
 
-REPORT_VAR = "OUTBOX_FAULTS_REPORT"
+REPORT_VAR = "OUTBOXDEV_FAULTS_REPORT"
 
 
 def record(
@@ -41,7 +43,24 @@ def record(
         "duplicated": found.duplicated,
         "stuck": found.stuck,
         "unexpected": found.unexpected,
+        "orphaned": found.orphaned,
         "dead": found.dead,
     }
     with Path(target).open("a", encoding="utf-8") as out:
         out.write(json.dumps(line) + "\n")
+
+
+def record_then_assert(
+    scenario: str,
+    backend: str,
+    case: str,
+    *,
+    runs: int,
+    kills: int,
+    messages: int,
+    found: Tally,
+    dead_allowed: bool = False,
+) -> None:
+    """Record the measured figures (see record), then fail unless the invariants held."""
+    record(scenario, backend, case, runs=runs, kills=kills, messages=messages, found=found)
+    found.assert_clean(dead_allowed=dead_allowed)

@@ -4,10 +4,17 @@ Per reply_id it counts what the product promises never happens:
 - lost: an acknowledged task or committed reply with no terminal outcome and
   no receipt, a terminal task without its reply, a `sent` reply the receiver
   does not hold, or a receipt without its effect;
-- duplicated: more than one effect row for one reply_id;
+- duplicated: more than one effect row for one reply_id (a task has one reply
+  at most: a unique index holds that);
 - stuck: a task or reply that is neither finished nor dead after draining;
-- unexpected: a receipt with no outbox row, or with another body's hash.
+- unexpected: a receipt with no outbox row, or with another body's hash, or an
+  effect without its receipt;
+- orphaned: a row whose partner, which the schema does not enforce (it has no
+  foreign keys), is missing: a task without its inbox row, a task reply whose
+  task is gone, a requeue record whose reply is gone.
 `dead` replies are counted apart: a scenario says whether it allows them.
+Every figure is measured by `tally()`; a test records them (faults.figures)
+before it asserts, so the report shows what was found, not what was hoped.
 """
 
 from __future__ import annotations
@@ -36,6 +43,7 @@ class Tally:
     duplicated: int = 0
     stuck: int = 0
     unexpected: int = 0
+    orphaned: int = 0
     dead: int = 0
     problems: list[str] = field(default_factory=list)
 
@@ -50,17 +58,24 @@ class Tally:
         """Nothing is left to do: nothing stuck, every sent reply received."""
         return self.stuck == 0 and self.lost == 0
 
-    def assert_clean(self, dead_allowed: bool = False) -> None:
-        """Fail unless lost, duplicated, stuck, unexpected (and dead, unless allowed) are 0."""
+    def broken(self, dead_allowed: bool = False) -> dict[str, int]:
+        """The non-zero counts among lost, duplicated, stuck, unexpected, orphaned (and
+        dead, unless allowed)."""
         counts = {
             "lost": self.lost,
             "duplicated": self.duplicated,
             "stuck": self.stuck,
             "unexpected": self.unexpected,
+            "orphaned": self.orphaned,
         }
         if not dead_allowed:
             counts["dead"] = self.dead
-        broken = {k: v for k, v in counts.items() if v}
+        return {k: v for k, v in counts.items() if v}
+
+    def assert_clean(self, dead_allowed: bool = False) -> None:
+        """Fail unless lost, duplicated, stuck, unexpected, orphaned (and dead, unless
+        allowed) are 0."""
+        broken = self.broken(dead_allowed)
         assert not broken, f"invariants broken: {broken}; {self.problems}"
 
 
@@ -94,6 +109,9 @@ def tally(
                     sa.text("SELECT reply_id, task_id, state, content_hash FROM outbox_messages")
                 )
             }
+            requeued = set(
+                conn.execute(sa.text("SELECT DISTINCT reply_id FROM outbox_requeues")).scalars()
+            )
         with rec_engine.connect() as conn:
             receipts = dict(
                 conn.execute(sa.text("SELECT reply_id, content_hash FROM receiver_receipts")).all()
@@ -117,6 +135,13 @@ def tally(
             found.note("lost", f"acknowledged message {key} has no inbox row")
     for task_id in set(inbox.values()) - set(tasks):
         found.note("lost", f"inbox row for task {task_id} has no task")
+    for task_id in set(tasks) - set(inbox.values()):
+        found.note("orphaned", f"task {task_id} has no inbox row")
+    for task_id, reply_id in replies_by_task.items():
+        if task_id not in tasks:
+            found.note("orphaned", f"reply {reply_id} names task {task_id}, which is gone")
+    for reply_id in requeued - set(messages):
+        found.note("orphaned", f"requeue record for {reply_id} has no outbox row")
     for task_id, state in tasks.items():
         if state not in TERMINAL_TASK_STATES:
             found.note("stuck", f"task {task_id} is {state}")

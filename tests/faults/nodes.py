@@ -60,10 +60,10 @@ def _enter(target: str, args: Sequence[Any], failpoint: str | None, action: str,
     # libpq names every session of this process after the node (application_name), so
     # a test can find the node's sessions in pg_stat_activity.
     os.environ["PGAPPNAME"] = multiprocessing.current_process().name
-    os.environ.pop(failpoints.ENV_VAR, None)
-    os.environ[failpoints.ACTION_VAR] = action
+    for variable in (failpoints.ENV_VAR, failpoints.ACTION_VAR, failpoints.SWITCH_VAR):
+        os.environ.pop(variable, None)
     if failpoint is not None:
-        os.environ[failpoints.ENV_VAR] = failpoint
+        os.environ.update(failpoints.environment(failpoint, action))
     # The fork server imported the module, and read the variables, before they were set.
     failpoints.read_environment()
     module, _, name = target.partition(":")

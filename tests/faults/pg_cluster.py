@@ -2,7 +2,7 @@
 
 Restarting the shared server would break everyone else's tests, so a test that
 needs a real server crash makes its own cluster from the local binaries
-(/usr/lib/postgresql/*/bin, or OUTBOX_TEST_PG_BIN). initdb refuses to run as
+(/usr/lib/postgresql/*/bin, or OUTBOXDEV_TEST_PG_BIN). initdb refuses to run as
 root, so when we are root every command runs as the `postgres` user and the
 cluster's folder belongs to it; it lives under the system temp dir because
 pytest's tmp_path is private to root.
@@ -29,7 +29,7 @@ from pathlib import Path
 import psycopg
 from support.receiver_helpers import free_port, wait_until
 
-BIN_VAR = "OUTBOX_TEST_PG_BIN"
+BIN_VAR = "OUTBOXDEV_TEST_PG_BIN"
 SUPERUSER = "postgres"
 START_TIMEOUT = 60.0
 # fsync=off is safe across a killed server process (see the module docstring); the rest

@@ -23,18 +23,34 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
 TARGET = ROOT / "docs" / "explanation" / "faults.md"
-REPORT_VAR = "OUTBOX_FAULTS_REPORT"
-COUNTS = ("runs", "kills", "messages", "lost", "duplicated", "stuck", "unexpected", "dead")
+REPORT_VAR = "OUTBOXDEV_FAULTS_REPORT"
+COUNTS = (
+    "runs",
+    "kills",
+    "messages",
+    "lost",
+    "duplicated",
+    "stuck",
+    "unexpected",
+    "orphaned",
+    "dead",
+)
 SCENARIOS = {
     "crash matrix": "processes of the role exit at the failpoint (os._exit), 5 at a time (the "
-    "receiver: 1), then a replacement starts without it and the system drains",
+    "receiver: 1), then a replacement starts without it and the system drains. At a "
+    "`*.before_commit` point each process instead stops there (SIGSTOP) and is SIGKILLed "
+    "only once the database is seen holding its uncommitted writes (PostgreSQL: a session of "
+    "it `idle in transaction` with a transaction id and RowExclusiveLock on the tables the "
+    "step writes; SQLite: the write lock held); on PostgreSQL its transaction is then seen "
+    "`aborted`. A kill is counted only when it was seen inside that window",
     "stale lease": "paused by SIGSTOP right after claiming, taken over, resumed by SIGCONT",
     "database": "PostgreSQL sessions terminated, or the test-owned cluster restarted in "
     "immediate mode",
     "network": "a TCP proxy between relay and receiver breaks the connection",
     "broker crash": "relay processes exit at the failpoint (os._exit) 10 times in one drain "
     "into NATS JetStream or RabbitMQ, then a clean relay finishes; an `outbox receiver "
-    "consume` process applies the effects throughout",
+    "consume` process applies the effects throughout. At `relay.before_sent_commit` each is "
+    "killed inside its commit window, seen as in the crash matrix",
     "broker outage": "a byte-stream proxy cuts every relay-broker connection 3 times, or a "
     "private nats-server is SIGKILLed and restarted, while a relay and a consumer run",
     "model": "Hypothesis state machine against an in-memory model",
@@ -76,10 +92,14 @@ def render(lines: list[dict[str, Any]], command: str) -> str:
         "Do not edit by hand: run the command again.",
         "",
         "Every row ends with the invariant checker (`tests/faults/invariants.py`) reading",
-        "the outbox and the receiver after the drain. *lost*: an acknowledged task or",
-        "committed reply with no outcome, or sent but not received; *duplicated*: more than",
-        "one receiver effect for a reply_id; *stuck*: neither finished nor dead after the",
-        "drain; *unexpected*: a receipt the outbox never sent. *dead* replies are counted",
+        "the outbox and the receiver after the drain; each test records the figures it",
+        "measured before it asserts them. *lost*: an acknowledged task or committed reply",
+        "with no outcome, or sent but not received; *duplicated*: more than one receiver",
+        "effect for a reply_id; *stuck*: neither finished nor dead after the drain;",
+        "*unexpected*: a receipt the outbox never sent, or an",
+        "effect without its receipt; *orphaned*: a row whose partner the schema does not",
+        "enforce is gone (a task without its inbox row, a reply whose task is gone, a",
+        "requeue record without its reply). *dead* replies are counted",
         "apart and allowed in two scenarios only: the model, whose lost ACKs and crashes may",
         "spend a reply's whole retry budget, and the database faults, where a reply may end",
         "dead with its reason recorded.",
@@ -114,6 +134,9 @@ def main(argv: list[str] | None = None) -> int:
         status = run_tests(args.soak, extra, figures)
         lines = read_figures(figures)
     if status != 0:
+        if lines:
+            # What the failing run measured, recorded before its assertions: shown, not kept.
+            print(render(lines, "a failing run"))
         print(f"fault tests failed (pytest exit {status}); {TARGET} left as it was")
         return 1
     if not lines:

@@ -115,13 +115,16 @@ class System:
             wait_until(lambda: self._healthy(node), 30, f"{name} to answer /healthz")
         return node
 
-    def submit(self, message_ids: list[str], failpoint: str | None = None) -> Node:
+    def submit(
+        self, message_ids: list[str], failpoint: str | None = None, action: str = "exit"
+    ) -> Node:
         """An intake child that sends each envelope until it is acknowledged."""
         return self._launch(
             f"intake-{len(self.nodes) + 1}",
             "faults.work:submit",
             [self.db_url, message_ids, self.deadline],
             failpoint,
+            action,
         )
 
     def acknowledge(self, message_ids: list[str]) -> None:
@@ -207,7 +210,9 @@ class System:
         return node
 
     def _healthy(self, node: Node) -> bool:
-        if node.failpoint is not None and node.wait(0) is not None and node.died_at_failpoint():
+        if node.failpoint is not None and (
+            node.paused or (node.wait(0) is not None and node.died_at_failpoint())
+        ):
             return True  # work was waiting, so it reached its failpoint before our first look
         if not node.alive:
             raise AssertionError(f"{node.name} exited with {node.exitcode}:\n{node.tail()}")

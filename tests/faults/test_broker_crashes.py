@@ -1,8 +1,11 @@
 """Relays SIGKILLed at each relay failpoint, 10 times per broker: each reply applied once.
 
 For NATS JetStream and RabbitMQ and each relay failpoint, relay processes start
-one after another with OUTBOX_FAILPOINT set, and each dies there (os._exit: no
+one after another with the failpoint armed, and each dies there (os._exit: no
 cleanup, like a kill) in the middle of one drain; a clean relay then finishes it.
+At `relay.before_sent_commit` each stops there instead and is SIGKILLed once the
+database is seen holding its uncommitted outcomes, which are then seen rolled
+back (faults.commit_window).
 At `relay.after_remote_commit` and `relay.before_sent_commit` the dead relay had
 its broker's ACKs and never recorded them, so the messages are published again
 once their lease expires. A real `outbox receiver consume` process applies the
@@ -23,7 +26,9 @@ from support.relay_helpers import publish_many
 
 import outbox
 from faults.brokers import Deployment, broker
-from faults.figures import record
+from faults.commit_window import POINTS as COMMIT_WINDOWS
+from faults.commit_window import kill_in_commit_window
+from faults.figures import record_then_assert
 from outbox import failpoints
 from outbox.schema import messages
 
@@ -69,6 +74,10 @@ def test_relays_killed_at_a_failpoint_deliver_each_reply_once(
     with broker(kind) as place, Deployment(tmp_path, db_url, place, batch=BATCH) as deployment:
         consumer = deployment.consumer()
         for _ in range(kills):
+            if point in COMMIT_WINDOWS:
+                stopped = deployment.relay(failpoint=point, action="stop")
+                kill_in_commit_window([stopped], point, db_url, deployment.logs)
+                continue
             killed = deployment.relay(failpoint=point)
             killed.wait(DIE_WITHIN)
             assert killed.died_at_failpoint(), (
@@ -77,7 +86,15 @@ def test_relays_killed_at_a_failpoint_deliver_each_reply_once(
             )
         deployment.relay()
         found = deployment.drain(ids)
-        found.assert_clean()
+        record_then_assert(
+            "broker crash",
+            "postgresql",
+            f"{kind} {point}",
+            runs=kills,
+            kills=kills,
+            messages=total,
+            found=found,
+        )
         duplicates = deployment.consumed("duplicate")
         assert deployment.consumed("stored") == total
         assert consumer.stop() == 0, deployment.logs()
@@ -89,12 +106,3 @@ def test_relays_killed_at_a_failpoint_deliver_each_reply_once(
             if kind == "rabbitmq":
                 assert duplicates >= 1, "no resend reached the queue"
     print(f"{kind} {point}: {kills} kills, {total} replies, {duplicates} duplicates consumed")
-    record(
-        "broker crash",
-        "postgresql",
-        f"{kind} {point}",
-        runs=kills,
-        kills=kills,
-        messages=total,
-        found=found,
-    )

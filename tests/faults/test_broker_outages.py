@@ -27,7 +27,7 @@ from support.relay_helpers import publish_many
 
 import outbox
 from faults.brokers import Broker, Deployment, broker, jetstream
-from faults.figures import record
+from faults.figures import record_then_assert
 from faults.stream_proxy import StreamProxy
 from outbox.schema import messages
 
@@ -94,7 +94,15 @@ def test_connections_cut_between_relay_and_broker_lose_nothing_and_apply_once(
             consumer = deployment.consumer()
             deployment.relay()
             found = deployment.drain(ids, timeout=90)
-            found.assert_clean()
+            record_then_assert(
+                "broker outage",
+                "postgresql",
+                f"{kind}: connections cut",
+                runs=CUTS,
+                kills=proxy.cuts,
+                messages=CUT_TOTAL,
+                found=found,
+            )
             duplicates = deployment.consumed("duplicate")
             assert deployment.consumed("stored") == CUT_TOTAL
             assert consumer.stop() == 0, deployment.logs()
@@ -103,15 +111,6 @@ def test_connections_cut_between_relay_and_broker_lose_nothing_and_apply_once(
     assert proxy.accepted >= CUTS + 1  # the first connection and one after each cut
     assert sent_and_resent(db_url)[1] > 1, "no reply was published again"
     print(f"{kind}: {CUTS} cuts, {CUT_TOTAL} replies, {duplicates} duplicates consumed")
-    record(
-        "broker outage",
-        "postgresql",
-        f"{kind}: connections cut",
-        runs=CUTS,
-        kills=CUTS,
-        messages=CUT_TOTAL,
-        found=found,
-    )
 
 
 def stored_count(place: Broker) -> int:
@@ -147,16 +146,15 @@ def test_a_nats_server_killed_mid_drain_with_a_consumer_applies_each_reply_once(
             deployment.check_running()
             server.start()
             found = deployment.drain(ids, timeout=90)
-            found.assert_clean()
+            record_then_assert(
+                "broker outage",
+                "postgresql",
+                "nats: server killed and restarted",
+                runs=1,
+                kills=1,
+                messages=RESTART_TOTAL,
+                found=found,
+            )
             assert deployment.consumed("stored") == RESTART_TOTAL
             assert consumer.stop() == 0, deployment.logs()
         assert_held_once(place, ids)
-    record(
-        "broker outage",
-        "postgresql",
-        "nats: server killed and restarted",
-        runs=1,
-        kills=1,
-        messages=RESTART_TOTAL,
-        found=found,
-    )

@@ -3,11 +3,14 @@
 The failpoints: docs/explanation/contract.md#failure-windows-and-guarantees.
 
 For each point, rounds of `WIDTH` processes of the role under test start with
-OUTBOX_FAILPOINT set and each dies there (exit 86, os._exit: no cleanup), while
-the other roles run normally. A replacement starts without the failpoint and
-the system drains; the invariant checker then finds nothing lost, duplicated,
-stuck or unexpected, and no reply dead. The receiver listens on one port, so
-its points run one process per round.
+the failpoint armed and each dies there (exit 86, os._exit: no cleanup), while
+the other roles run normally. At a `*.before_commit` point each process instead
+stops there and is SIGKILLed once the database is seen holding its uncommitted
+writes, and its transaction is then seen rolled back (faults.commit_window): a
+kill is counted only where it happened. A replacement starts without the
+failpoint and the system drains; the invariant checker then finds nothing lost,
+duplicated, stuck or unexpected, and no reply dead. The receiver listens on one
+port, so its points run one process per round.
 """
 
 from __future__ import annotations
@@ -16,7 +19,10 @@ from pathlib import Path
 
 import pytest
 
-from faults.figures import record
+from faults.commit_window import POINTS as COMMIT_WINDOWS
+from faults.commit_window import kill_in_commit_window
+from faults.figures import record_then_assert
+from faults.invariants import Tally
 from faults.nodes import Node
 from faults.system import System
 from outbox import failpoints
@@ -63,27 +69,39 @@ def died_there(nodes: list[Node], point: str, system: System) -> int:
     return len(nodes)
 
 
-def crash_round(system: System, point: str, width: int) -> int:
-    """One round: `width` processes die at `point`, a replacement takes over; returns kills."""
+def killed_there(nodes: list[Node], point: str, system: System) -> int:
+    """Each node dies at `point`, inside its commit window at a before-commit point; returns
+    how many did."""
+    if point in COMMIT_WINDOWS:
+        return len(kill_in_commit_window(nodes, point, system.db_url, system.logs))
+    return died_there(nodes, point, system)
+
+
+def crash_round(system: System, point: str, width: int) -> tuple[int, Tally]:
+    """One round: `width` processes die at `point`, a replacement takes over; returns the
+    kills and what the invariant checker found after the drain."""
     role = ROLE_OF[point]
+    action = "stop" if point in COMMIT_WINDOWS else "exit"
     if role == "intake":
         batches = [system.new_ids("m", 2) for _ in range(width)]
-        kills = died_there([system.submit(ids, failpoint=point) for ids in batches], point, system)
+        nodes = [system.submit(ids, failpoint=point, action=action) for ids in batches]
+        kills = killed_there(nodes, point, system)
         # The client never saw an ACK, so it sends the same envelopes again.
         every_id = [m for ids in batches for m in ids]
         assert system.submit(every_id).wait(DIE_WITHIN) == 0, system.logs()
         system.acknowledge(every_id)
-        return kills
+        return kills, system.drain()
     # The work is there before the failing processes start, so each finds some
-    # (claim failpoints are reached by empty claims too). Twice as much as
-    # there are processes: a relay may hold two batches when it dies.
+    # (a claim failpoint is reached only by a claim that leased something). Twice as
+    # much as there are processes: a relay may hold two batches when it dies.
     system.intake(2 * width)
     system.publish(1)
-    kills = died_there([system.start(role, failpoint=point) for _ in range(width)], point, system)
+    nodes = [system.start(role, failpoint=point, action=action) for _ in range(width)]
+    kills = killed_there(nodes, point, system)
     replacement = system.start(role)
-    system.drain().assert_clean()
+    found = system.drain()
     replacement.stop()
-    return kills
+    return kills, found
 
 
 @pytest.mark.parametrize("point", sorted(ROLE_OF))
@@ -99,13 +117,20 @@ def test_a_process_killed_at_each_failpoint_loses_nothing(
         others = [r for r in ("receiver", "worker", "relay") if r != role]
         running = {r: system.start(r) for r in others}
         for _ in range(runs // width):
-            kills += crash_round(system, point, width)
-            if role == "intake":
-                system.drain().assert_clean()
-        found = system.drain()
-        found.assert_clean()
+            killed, found = crash_round(system, point, width)
+            kills += killed
+            if found.broken():
+                break  # recorded as found, then failed
+        else:
+            found = system.drain()
+        record_then_assert(
+            "crash matrix",
+            backend,
+            point,
+            runs=runs,
+            kills=kills,
+            messages=found.messages,
+            found=found,
+        )
         assert all(node.alive for node in running.values()), system.logs()
     assert kills == runs
-    record(
-        "crash matrix", backend, point, runs=runs, kills=kills, messages=found.messages, found=found
-    )

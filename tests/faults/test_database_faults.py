@@ -53,7 +53,7 @@ from support.scripted_server import Answer, ScriptedServer
 
 import outbox
 import receiver
-from faults.figures import record
+from faults.figures import record_then_assert
 from faults.invariants import Tally
 from faults.nodes import Node
 from faults.pg_cluster import PgCluster, find_bin
@@ -206,8 +206,8 @@ def settle(system: System, last_fault: float) -> Tally:
 
 
 def check_outcome(system: System, found: Tally, nodes: list[Node], messages: int) -> None:
-    """Invariants clean, every task done, every dead reply with its reason, nobody exited."""
-    found.assert_clean(dead_allowed=True)
+    """Every reply there, every task done, every dead reply with its reason, nobody exited
+    (the invariants are asserted by record_then_assert, before this)."""
     assert found.messages == messages, f"expected {messages} replies, found {found.messages}"
     engine = outbox.create_engine(system.db_url)
     try:
@@ -261,6 +261,16 @@ def test_terminated_sessions_are_replaced_and_nothing_is_lost(
             last_fault = time.monotonic()
             feeder.finish()
             found = settle(system, last_fault)
+            record_then_assert(
+                "database",
+                backend,
+                "sessions terminated",
+                runs=SESSION_ROUNDS,
+                kills=kills,
+                messages=found.messages,
+                found=found,
+                dead_allowed=True,
+            )
             check_outcome(system, found, nodes, SESSION_TASKS + SESSION_PUBLISHED)
             # Still working, on new sessions: they reconnected rather than wound down.
             wait_until(
@@ -268,15 +278,6 @@ def test_terminated_sessions_are_replaced_and_nothing_is_lost(
             )
     finally:
         engine.dispose()
-    record(
-        "database",
-        backend,
-        "sessions terminated",
-        runs=SESSION_ROUNDS,
-        kills=kills,
-        messages=found.messages,
-        found=found,
-    )
 
 
 @pytest.fixture
@@ -284,7 +285,7 @@ def cluster() -> Iterator[PgCluster]:
     """A running PostgreSQL cluster of this test's own; fails under CI when none can be made."""
     bin_dir = find_bin()
     if bin_dir is None:
-        reason = "no initdb/pg_ctl in /usr/lib/postgresql/*/bin (set OUTBOX_TEST_PG_BIN)"
+        reason = "no initdb/pg_ctl in /usr/lib/postgresql/*/bin (set OUTBOXDEV_TEST_PG_BIN)"
         if IN_CI:
             pytest.fail(f"PostgreSQL binaries are required under CI=true: {reason}")
         pytest.skip(reason)
@@ -313,16 +314,17 @@ def test_crash_restarts_of_the_server_lose_nothing(cluster: PgCluster, tmp_path:
             last_fault = cluster.restart()
         feeder.finish()
         found = settle(system, last_fault)
+        record_then_assert(
+            "database",
+            "postgresql",
+            "server crash-restarted",
+            runs=RESTARTS,
+            kills=RESTARTS,
+            messages=found.messages,
+            found=found,
+            dead_allowed=True,
+        )
         check_outcome(system, found, nodes, RESTART_TASKS + RESTART_PUBLISHED)
-    record(
-        "database",
-        "postgresql",
-        "server crash-restarted",
-        runs=RESTARTS,
-        kills=RESTARTS,
-        messages=found.messages,
-        found=found,
-    )
 
 
 HELD_FOR = 3.0  # seconds the destination holds the first POST of the in-flight reply

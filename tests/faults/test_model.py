@@ -76,7 +76,7 @@ from support.environment import ALL_TABLES
 from support.receiver_helpers import SECRET
 
 import outbox
-from faults.figures import record
+from faults.figures import record_then_assert
 from faults.invariants import Tally, tally
 from outbox import AuthContext, Claim, Envelope, Fenced, PayloadCollision, TaskQueue
 from outbox.failpoints import Crash, arm
@@ -1317,7 +1317,7 @@ def test_queue_outbox_and_delivery_follow_the_model(
             ],
         ),
     )
-    record(
+    record_then_assert(
         "model",
         backend,
         "state machine",
@@ -1325,9 +1325,9 @@ def test_queue_outbox_and_delivery_follow_the_model(
         kills=harness.kills,
         messages=harness.delivered,
         found=harness.found,
+        dead_allowed=True,
     )
     assert harness.runs >= examples, harness.runs
     # The run must have reached the paths it is about, or it proves little.
     assert harness.kills > 0, "no crash was ever injected"
     assert harness.duplicates > 0, "no resend after a lost ACK was ever answered duplicate"
-    harness.found.assert_clean(dead_allowed=True)

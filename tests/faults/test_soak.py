@@ -5,7 +5,7 @@ starts a replacement. Work keeps arriving meanwhile. When the feed is done the
 chaos stops, and after the drain every invariant is 0. The short form runs in
 CI (2,000 tasks on PostgreSQL; 200 on SQLite, where six processes share one
 file's write lock); `pytest tests/faults/test_soak.py --soak` runs the long one
-(10,000 on PostgreSQL). Set OUTBOX_SOAK_SEED to replay a run's choices.
+(10,000 on PostgreSQL). Set OUTBOXDEV_SOAK_SEED to replay a run's choices.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import threading
 import time
 from pathlib import Path
 
-from faults.figures import record
+from faults.figures import record_then_assert
 from faults.nodes import Node
 from faults.system import System
 
@@ -67,9 +67,9 @@ def test_chaos_kills_lose_and_double_nothing(
 ) -> None:
     """MESSAGES tasks under random SIGKILLs; all invariants 0 after the drain."""
     total = (SOAK_MESSAGES if soak else MESSAGES)[backend]
-    seed = int(os.environ.get("OUTBOX_SOAK_SEED") or time.time_ns() % 2**32)
+    seed = int(os.environ.get("OUTBOXDEV_SOAK_SEED") or time.time_ns() % 2**32)
     rng = random.Random(seed)
-    print(f"OUTBOX_SOAK_SEED={seed}")
+    print(f"OUTBOXDEV_SOAK_SEED={seed}")
     with System(
         tmp_path, db_url, lease=2.0, relay_batch=100, relay_mode="batch", worker_concurrency=4
     ) as system:
@@ -84,10 +84,7 @@ def test_chaos_kills_lose_and_double_nothing(
         assert not errors, errors
         found = system.drain(timeout=120)
         assert all(node.alive for node in running), f"seed {seed}\n{system.logs()}"
-    assert found.tasks == total, (found, seed)
-    assert kills > 0, f"seed {seed}: the feed ended before the first kill"
-    found.assert_clean()
-    record(
+    record_then_assert(
         "soak",
         backend,
         f"{REPLICAS} workers, {REPLICAS} relays, receiver",
@@ -96,3 +93,5 @@ def test_chaos_kills_lose_and_double_nothing(
         messages=found.messages,
         found=found,
     )
+    assert found.tasks == total, (found, seed)
+    assert kills > 0, f"seed {seed}: the feed ended before the first kill"

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from support.receiver_helpers import wait_until
 
-from faults.figures import record
+from faults.figures import record_then_assert
 from faults.nodes import Node
 from faults.system import System
 
@@ -92,14 +92,13 @@ def test_a_resumed_stale_process_cannot_write(
         for _ in range(REPEATS // WIDTH):
             stale_round(system, role)
         found = system.drain()
-        found.assert_clean()
+        record_then_assert(
+            "stale lease",
+            backend,
+            role,
+            runs=REPEATS,
+            kills=REPEATS,
+            messages=found.messages,
+            found=found,
+        )
         assert all(node.alive for node in others), system.logs()
-    record(
-        "stale lease",
-        backend,
-        role,
-        runs=REPEATS,
-        kills=REPEATS,
-        messages=found.messages,
-        found=found,
-    )

@@ -26,6 +26,7 @@ from test_consume_nats import publish as publish_nats
 from test_consume_rabbitmq import publish as publish_rabbitmq
 from test_consume_rabbitmq import waiting
 
+from outbox import failpoints
 from outbox.failpoints import EXIT_CODE
 
 ROUNDS = 10
@@ -61,7 +62,7 @@ def run_until_killed(command: list[str]) -> None:
     proc = subprocess.run(
         command,
         cwd=ROOT,
-        env=child_env(OUTBOX_FAILPOINT="receiver.consume.before_ack"),
+        env=child_env(**failpoints.environment("receiver.consume.before_ack")),
         capture_output=True,
         timeout=PROCESS_WAIT,
         check=False,

@@ -47,7 +47,7 @@ def secret_file(tmp_path: Path) -> Path:
 
 
 def test_lost_ack_then_resend_is_a_duplicate(db_url: str, secret_file: Path) -> None:
-    crashing = ReceiverProcess(db_url, secret_file, {failpoints.ENV_VAR: "receiver.after_commit"})
+    crashing = ReceiverProcess(db_url, secret_file, failpoints.environment("receiver.after_commit"))
     try:
         crashing.wait_ready()
         with pytest.raises(httpx.TransportError):

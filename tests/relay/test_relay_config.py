@@ -187,12 +187,10 @@ def test_known_and_referenced_variables_are_accepted(
         '[destinations.billing]\nurl = "http://b.example"\nsecret_env = "OUTBOX_BILLING_KEY"\n',
         encoding="utf-8",
     )
-    # Another command's setting (a shared env file), a destination, a secret the file
-    # names, and a variable the project's own tests read.
+    # Another command's setting (a shared env file), a destination, a secret the file names.
     monkeypatch.setenv("OUTBOX_WORKER_CONCURRENCY", "4")
     monkeypatch.setenv("OUTBOX_DESTINATION_ORDERS_URL", "http://o.example")
     monkeypatch.setenv("OUTBOX_BILLING_KEY", SECRET)
-    monkeypatch.setenv("OUTBOX_SOAK_SEED", "7")
     capsys.readouterr()
     assert main(["status", "--db", db, "--config", str(config)]) == 0, capsys.readouterr().err
 
@@ -200,11 +198,7 @@ def test_known_and_referenced_variables_are_accepted(
 def test_a_sidecar_runs_from_the_environment_alone(
     db_url: str, engine: sa.Engine, server: ScriptedServer
 ) -> None:
-    env = {
-        key: value
-        for key, value in os.environ.items()
-        if not key.startswith("OUTBOX_") or key == "OUTBOX_TEST_PG_URL"
-    }
+    env = {key: value for key, value in os.environ.items() if not key.startswith("OUTBOX_")}
     env.update(
         {
             "OUTBOX_DB": db_url,

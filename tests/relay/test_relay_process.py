@@ -149,7 +149,7 @@ def test_a_relay_killed_at_a_failpoint_loses_nothing(
     point: str, db_url: str, engine: sa.Engine, server: ScriptedServer, tmp_path: Path
 ) -> None:
     publish_many(engine, ["f-1"])
-    proc = start_relay(db_url, write_config(tmp_path, server), env={failpoints.ENV_VAR: point})
+    proc = start_relay(db_url, write_config(tmp_path, server), env=failpoints.environment(point))
     status, err = finish(proc)
     assert status == failpoints.EXIT_CODE, err
     state = rows(engine)["f-1"]["state"]

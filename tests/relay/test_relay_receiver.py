@@ -123,7 +123,7 @@ def test_lost_ack_is_resent_and_answered_as_duplicate(
 ) -> None:
     publish_many(engine, ["l-1"], clock=clock)
     crashing = ReceiverProcess(
-        db_url, secret_file, {failpoints.ENV_VAR: "receiver.after_commit"}
+        db_url, secret_file, failpoints.environment("receiver.after_commit")
     ).wait_ready()
     try:
         with Relay(

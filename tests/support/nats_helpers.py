@@ -25,7 +25,7 @@ import pytest
 from support.environment import IN_CI
 from support.receiver_helpers import free_port, wait_until
 
-NATS_URL = os.environ.get("OUTBOX_TEST_NATS_URL", "nats://127.0.0.1:4222")
+NATS_URL = os.environ.get("OUTBOXDEV_TEST_NATS_URL", "nats://127.0.0.1:4222")
 T = TypeVar("T")
 
 

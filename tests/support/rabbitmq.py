@@ -19,7 +19,7 @@ import pytest
 
 from support.environment import IN_CI
 
-AMQP_URL = os.environ.get("OUTBOX_TEST_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/")
+AMQP_URL = os.environ.get("OUTBOXDEV_TEST_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/")
 
 
 @dataclass(frozen=True)

@@ -28,13 +28,13 @@ def gated(claim: Claim, stop: threading.Event) -> dict[str, Any]:
 
 def _mark_started(claim: Claim) -> float:
     """Touch the task's started-file in the gate folder; the deadline for its release."""
-    (Path(os.environ["OUTBOX_TEST_GATE"]) / f"started-{claim.task_id}").touch()
+    (Path(os.environ["OUTBOXDEV_TEST_GATE"]) / f"started-{claim.task_id}").touch()
     return time.monotonic() + 30
 
 
 def _released(deadline: float) -> bool:
     """Whether the release file exists; TimeoutError once `deadline` has passed."""
-    if (Path(os.environ["OUTBOX_TEST_GATE"]) / "release").exists():
+    if (Path(os.environ["OUTBOXDEV_TEST_GATE"]) / "release").exists():
         return True
     if time.monotonic() > deadline:
         raise TimeoutError("never released")

@@ -1,0 +1,170 @@
+"""Kills inside a commit window, each one seen where it happened.
+
+A node set to stop (SIGSTOP) at a `*.before_commit` failpoint is looked at
+while it is stopped, then SIGKILLed without being resumed:
+
+- PostgreSQL: one of the node's sessions (found by its application_name) is
+  `idle in transaction` with a transaction id, and holds RowExclusiveLock on
+  the tables the point's statements write: the server holds the transaction's
+  uncommitted writes. After the kill, that transaction id is `aborted`
+  (pg_xact_status): the writes rolled back.
+- SQLite: the node holds the database's write lock (a test connection's
+  BEGIN IMMEDIATE is refused at once): its transaction is open. SQLite has no
+  server to ask what the transaction wrote; that it never committed is what
+  the caller's invariant checker then finds.
+
+A kill is counted only when the look found the transaction open with its writes.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sqlite3
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+import sqlalchemy as sa
+
+import outbox
+from faults.nodes import Node
+
+WRITES = {
+    "intake.before_commit": {"outbox_inbox", "outbox_tasks"},
+    "claim.before_commit": {"outbox_tasks"},
+    "finish.before_commit": {"outbox_tasks", "outbox_messages"},
+    "relay.before_sent_commit": {"outbox_messages"},
+    "receiver.before_commit": {"receiver_receipts", "receiver_effects"},
+}
+"""Per failpoint, the tables its transaction has written when it gets there."""
+POINTS = frozenset(WRITES)
+STOP_WITHIN = 60.0
+"""Seconds for a node to reach its failpoint (a busy machine starts processes slowly)."""
+ABORT_WITHIN = 60.0
+"""Seconds for the server to notice the dead client and roll its transaction back."""
+
+# The node's open write transactions: its sessions with a transaction id, the 64-bit id
+# (the server's epoch joined to the 32-bit backend_xid) and the tables it has written.
+_OPEN_WRITES = sa.text(
+    """
+    WITH top AS (SELECT pg_snapshot_xmax(pg_current_snapshot())::text::bigint AS xid)
+    SELECT a.pid, a.state,
+           (((top.xid >> 32) - CASE WHEN a.backend_xid::text::bigint > (top.xid & 4294967295)
+                                    THEN 1 ELSE 0 END) << 32)
+             | a.backend_xid::text::bigint AS xid,
+           array(SELECT c.relname::text FROM pg_locks l JOIN pg_class c ON c.oid = l.relation
+                 WHERE l.pid = a.pid AND l.mode = 'RowExclusiveLock' AND c.relkind = 'r')
+             AS written
+    FROM pg_stat_activity a, top
+    WHERE a.datname = current_database() AND a.application_name = :name
+      AND a.backend_xid IS NOT NULL
+    """
+)
+_SESSIONS = sa.text(
+    "SELECT pid, application_name, state, backend_xid, left(query, 60) FROM pg_stat_activity "
+    "WHERE datname = current_database()"
+)
+_STATUS = sa.text("SELECT pg_xact_status(CAST(CAST(:xid AS text) AS xid8))")
+
+
+@dataclass(frozen=True)
+class Held:
+    """What the look at a stopped node found: its open transactions' ids and tables."""
+
+    node: str
+    xids: tuple[int, ...]
+    written: frozenset[str]
+
+
+def kill_in_commit_window(
+    nodes: Iterable[Node], point: str, db_url: str, logs: Callable[[], str]
+) -> list[Held]:
+    """Look at each node stopped at `point`, SIGKILL it, see its writes roll back.
+
+    Nodes may stop in any order (on SQLite, one at a time: the others wait for
+    the write lock the stopped one holds). Fails when a node exits instead, or
+    when the look finds no open transaction holding the point's writes.
+    """
+    if point not in POINTS:
+        raise ValueError(f"{point!r} is not a before-commit failpoint")
+    waiting = list(nodes)
+    seen: list[Held] = []
+    engine = outbox.create_engine(db_url, poolclass=sa.pool.NullPool)
+    try:
+        deadline = time.monotonic() + STOP_WITHIN * max(1, len(waiting))
+        while waiting:
+            stopped = [node for node in waiting if node.paused]
+            for node in stopped:
+                seen.append(_look_and_kill(engine, node, point))
+                waiting.remove(node)
+            for node in waiting:
+                assert node.alive, f"{node.name} exited ({node.exitcode}) before {point}\n{logs()}"
+            assert time.monotonic() < deadline, f"no stop at {point} in time\n{logs()}"
+            if waiting and not stopped:
+                time.sleep(0.05)
+    finally:
+        engine.dispose()
+    return seen
+
+
+def _look_and_kill(engine: sa.Engine, node: Node, point: str) -> Held:
+    if engine.dialect.name == "sqlite":
+        database = engine.url.database
+        assert database is not None
+        assert _write_locked(database), f"{node.name} stopped at {point} without the write lock"
+        # The lock dies with the process; a node waiting for it may take it at once.
+        _kill(node)
+        return Held(node.name, (), frozenset())
+    with engine.connect() as conn:
+        rows = conn.execute(_OPEN_WRITES, {"name": node.name}).all()
+    holding = [
+        r for r in rows if r.state == "idle in transaction" and WRITES[point] <= set(r.written)
+    ]
+    if not holding:
+        with engine.connect() as conn:
+            sessions = conn.execute(_SESSIONS).all()
+        raise AssertionError(
+            f"{node.name} stopped at {point}, but the server holds no transaction of it with "
+            f"writes to {sorted(WRITES[point])}: {rows}; the sessions: {sessions}\n{node.tail()}"
+        )
+    _kill(node)
+    xids = tuple(int(r.xid) for r in rows)
+
+    def aborted() -> bool:
+        with engine.connect() as conn:
+            return all(conn.execute(_STATUS, {"xid": x}).scalar() == "aborted" for x in xids)
+
+    _wait(aborted, f"{node.name}'s transactions {xids} to roll back")
+    return Held(node.name, xids, frozenset().union(*(set(r.written) for r in holding)))
+
+
+def _kill(node: Node) -> None:
+    """SIGKILL a stopped node as it is: no SIGCONT first, which would let it commit."""
+    node.retired = True
+    os.kill(node.pid, signal.SIGKILL)
+    node.wait(30)
+    assert node.exitcode == -signal.SIGKILL, f"{node.name} exited with {node.exitcode}"
+
+
+def _write_locked(database: str) -> bool:
+    """Whether another connection holds the SQLite database's write lock now."""
+    probe = sqlite3.connect(database, timeout=0, isolation_level=None)
+    try:
+        probe.execute("BEGIN IMMEDIATE")
+    except sqlite3.OperationalError as exc:
+        if "locked" in str(exc) or "busy" in str(exc):
+            return True
+        raise
+    else:
+        probe.execute("ROLLBACK")
+        return False
+    finally:
+        probe.close()
+
+
+def _wait(condition: Callable[[], bool], what: str) -> None:
+    deadline = time.monotonic() + ABORT_WITHIN
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
