@@ -18,10 +18,10 @@ from outbox.cli.arguments import (
     positive_float,
     positive_int,
 )
-from outbox.cli.logs import LOG_HELP, configure_logging, log_options
+from outbox.cli.logs import LOG_HELP, announce, configure_logging, log_options
+from outbox.cli.ports import metrics_server
 from outbox.cli.settings import Option, add_flags, load
-from outbox.errors import ConfigError
-from outbox.observability.server import DEFAULT_HOST, MetricsServer
+from outbox.observability.server import DEFAULT_HOST
 from relay import Relay
 from relay.config import destinations_from
 
@@ -62,7 +62,6 @@ HELP = {
     "metrics_host": f"address the metrics port binds (default {DEFAULT_HOST}; 0.0.0.0 for all)",
     **LOG_HELP,
 }
-RELAY_KEYS = frozenset(option.dest for option in OPTIONS)
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -88,15 +87,9 @@ def run(args: argparse.Namespace) -> int:
     """Run the relay until SIGTERM; exit 0 after draining."""
     path = args.config or os.environ.get("OUTBOX_CONFIG")
     document = load(path) if path else {}
-    unknown = set(document.get("relay", {})) - RELAY_KEYS
-    if "attempts" in unknown:
-        raise ConfigError(f"{path}: [relay]: `attempts` is now called `max_attempts`")
-    if unknown:
-        raise ConfigError(
-            f"{path}: [relay]: unknown keys {sorted(unknown)}; known: {sorted(RELAY_KEYS)}"
-        )
     destinations = destinations_from(document, path, os.environ)
     configure_logging(args.log_format, args.log_level)
+    announce("relay", args.db, path)
     options = {
         option.dest: getattr(args, option.dest)
         for option in RELAY_OPTIONS
@@ -105,9 +98,8 @@ def run(args: argparse.Namespace) -> int:
     with Relay(args.db, destinations, **options) as relay:
         server = None
         if args.metrics_port:
-            server = MetricsServer(
-                args.metrics_port,
-                host=args.metrics_host,
+            server = metrics_server(
+                args,
                 render=relay.metrics.render,
                 health=relay.health,
                 ready=relay.readiness,
