@@ -13,6 +13,7 @@ import sqlalchemy as sa
 from outbox import failpoints, migrations
 from outbox.cli import (
     console,
+    consume,
     dead,
     demo,
     failures,
@@ -133,6 +134,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _run(args: argparse.Namespace) -> int:
     """Check the settings, then run the command."""
+    if args.command == "receiver":
+        consume.refuse_early(args)  # a usage error, named before any file or database
     path = _config_path(args)
     if path:
         check_document(settings.load(path), path, all_options())

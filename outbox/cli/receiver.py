@@ -148,7 +148,6 @@ def run(args: argparse.Namespace) -> int:
     """Run `outbox receiver ...` from parsed arguments; returns the exit status."""
     from receiver.store import DEFAULT_RETENTION, ReceiptStore
 
-    consume.refuse_early(args)
     retention = DEFAULT_RETENTION if args.retention is None else args.retention
     if args.receiver_command == "upgrade":
         _, changes = upgrades.upgrade(args.db, [RECEIVER_BRANCH])
