@@ -93,7 +93,8 @@ class Dispatcher:
             if answer is None:
                 why = (
                     f"destination {name!r} publishes no receipt retention: a resend up to "
-                    f"{longest:g}s after the first attempt could apply twice if it forgets sooner"
+                    f"{duration_text(longest)} after the first attempt could apply twice if it "
+                    "forgets sooner"
                 )
                 if destination.require_retention:
                     raise ConfigError(f"{why} (require_retention is set)")

@@ -393,7 +393,11 @@ class NatsTransport(Transport):
         else:
             if window >= required:
                 self._required_window = None
-                log.info("NATS stream %s: duplicate window %gs checked", self.stream, window)
+                log.info(
+                    "NATS stream %s: duplicate window %s checked",
+                    self.stream,
+                    duration_text(window),
+                )
                 return None
             why = (
                 f"NATS destination: stream {self.stream!r} keeps a duplicate window of "
