@@ -1,12 +1,12 @@
 # Two entry points, both self-installing into .venv on first use:
 #   make demo   the end-to-end story on the embedded SQLite default
-#   make test   lint, types and the whole suite (SQLite and PostgreSQL)
+#   make test   lint, types, the documentation site and the whole suite (SQLite and PostgreSQL)
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint faults-report screenshots clean
+.PHONY: demo test lint docs faults-report screenshots clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -23,19 +23,25 @@ lint: $(STAMP)
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 
+# The documentation site, into site/ (ignored by git): --strict makes a broken link,
+# anchor or nav entry an error. The reference pages it shows are checked against the
+# code by tests/test_docs_reference.py.
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
+
 # Three test processes on two cores: the fault tests spend most of their time
 # waiting for leases to expire and processes to start, so they overlap well.
-test: lint
+test: lint docs
 	$(BIN)/python -m pytest -n 3 --dist worksteal $(PYTEST_ARGS)
 
-# Runs tests/faults and writes docs/faults.md from the figures of that run.
+# Runs tests/faults and writes docs/explanation/faults.md from the figures of that run.
 faults-report: $(STAMP)
 	$(BIN)/python tests/faults/report.py
 
-# Seeds a database, runs `outbox console` and writes a PNG of each page to docs/console/
+# Seeds a database, runs `outbox console` and writes a PNG of each page to docs/assets/console/
 # (needs Debian's chromium and chromium-driver).
 screenshots: $(STAMP)
 	$(BIN)/python -m benchmarks.console_screenshots
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache site

@@ -3,47 +3,53 @@
 Run: .venv/bin/python -m benchmarks.bare_relay [--quick]
 
 The least a relay with at-least-once delivery does, in psycopg 3 directly: in
-one transaction, claim up to 500 pending, due messages with FOR UPDATE SKIP
-LOCKED, POST them as one plain JSON array of {reply_id, body} (each body its
-stored JSON text) on one keep-alive httpx client, and on a 2xx mark them sent
+one transaction, claim up to a batch of pending, due messages with FOR UPDATE
+SKIP LOCKED, POST them as one plain JSON array of {reply_id, body} (each body
+its stored JSON text) on a keep-alive httpx client, and on a 2xx mark them sent
 and commit. The claim's locks are held across the POST, so each batch costs one
 transaction and one commit (ours claims, commits, sends, then settles in a
-second transaction). A relay that dies mid-POST releases its locks and the
-batch goes again; the receiver's ON CONFLICT makes that harmless. Nothing else:
-no signature, no fence or lease, no attempts or backoff, no ordering keys or
-destinations, no strict JSON, no per-item answers, no metrics. When a claim
-finds nothing it waits, as ours does, for the NOTIFY the outbox's insert
-trigger sends (polling every 50 ms besides), so a live latency compares
+second transaction). With N batches in flight, a process runs N such loops on
+threads, each with its own connection, so N claims, POSTs and commits overlap as
+ours overlap its requests in flight. A relay that dies mid-POST releases its
+locks and the batch goes again; the receiver's ON CONFLICT makes that harmless.
+Nothing else: no signature, no fence or lease, no attempts or backoff, no
+ordering keys or destinations, no strict JSON, no per-item answers, no metrics.
+When a claim finds nothing it waits, as ours does, for the NOTIFY the outbox's
+insert trigger sends (polling every 50 ms besides), so a live latency compares
 delivery, not polling intervals. Its receiver is benchmarks.bare_receiver.
 
-One run measures, back to back on fresh databases with the same prefill: our
-HTTP batch drain (benchmarks.relay_bench.drain, 2 relays) and as many bare
-relays; then live commit-to-receipt with the same producer processes at the same
-fixed rate through one of our relays, and through one bare relay.
+It is the ceiling only at its best settings: a drain sweeps batch size by
+batches in flight (benchmarks.sweep) and the fastest point is the ceiling.
 
-A relay process alone: python -m benchmarks.bare_relay relay DB_URL TARGET_URL
+One run measures, on fresh databases with the same prefill: our HTTP batch
+drain (benchmarks.relay_bench.drain, 2 relays), the bare relays' sweep (as many
+relays), then ours again, so each order (ours first, the bare relay first) gives
+a ratio; then live commit-to-receipt with the same producer processes at the same
+fixed rate through one of our relays, one bare relay, and ours again.
+
+A relay process alone: python -m benchmarks.bare_relay relay DB_URL TARGET_URL BATCH IN_FLIGHT
 """
 
 from __future__ import annotations
 
 import json
-import select
 import signal
 import subprocess
 import sys
 import threading
 from collections.abc import Iterable, Iterator
 from contextlib import ExitStack, contextmanager
-from typing import IO, Any
+from typing import Any
 
 import httpx
 import psycopg
 import sqlalchemy as sa
 
 import outbox
-from benchmarks import bare_receiver
+from benchmarks import bare_receiver, sweep
 from benchmarks.bare_receiver import bare_receipts, conninfo
 from benchmarks.relay_bench import (
+    READY_SECONDS,
     ROOT,
     drain,
     free_port,
@@ -52,26 +58,29 @@ from benchmarks.relay_bench import (
     live_through,
     log,
     prefill,
+    ready_processes,
     run_alone,
     timed_drain,
     wait_healthy,
 )
 from outbox.db.dialect import NOTIFY_CHANNEL
 
-BATCH = 500
 POLL_SECONDS = 0.05
 """The fallback poll between NOTIFY wake-ups: our live relays' poll_interval."""
 RELAYS = 2
 """Relay processes in a drain: the suite's HTTP batch drain's."""
+OURS_BATCH = 1000
+"""Our relays' claim batch in the drain (and the reference receiver's most per POST)."""
 LIVE_PRODUCERS = 4
 LIVE_RELAYS = 1
 """The suite's live latency runs: 4 producer processes, one relay."""
+LIVE_POINT = sweep.Point(500, 1)
+"""The bare relay's settings in the live runs, where a few messages wait at a time."""
 LIVE_RATE = 50.0
 """Commits per second per producer in the paced live runs: 200/s in all, about half of what 4
 producers reached at their full rate beside one of our relays on 2 busy shared cores (300 to
 500/s; beside a bare relay, 700 to 1,000/s), so neither relay is saturated and the producers
 keep their pace in both runs."""
-READY_SECONDS = 60.0
 
 CLAIM = (
     "SELECT id, reply_id, body FROM outbox_messages "
@@ -86,24 +95,56 @@ MARK_SENT = (
 JSON_HEADERS = {"content-type": "application/json"}
 
 
-def relay(db: str, target: str) -> None:
-    """Deliver batches from the database at `db` (a psycopg conninfo) to `target`, forever."""
-    with (
-        psycopg.connect(db) as conn,
-        psycopg.connect(db, autocommit=True) as listener,
-        httpx.Client(timeout=10) as client,
-    ):
+class Wakeups:
+    """NOTIFYs counted, so a loop that found nothing sleeps until one after its claim."""
+
+    def __init__(self) -> None:
+        self._changed = threading.Condition()
+        self._count = 0
+
+    def seen(self) -> int:
+        """How many have come so far: read before a claim."""
+        with self._changed:
+            return self._count
+
+    def announce(self) -> None:
+        """One more came: wake every loop waiting."""
+        with self._changed:
+            self._count += 1
+            self._changed.notify_all()
+
+    def wait_after(self, seen: int, seconds: float) -> None:
+        """Until one comes after `seen` was read, or `seconds` pass."""
+        with self._changed:
+            self._changed.wait_for(lambda: self._count != seen, seconds)
+
+
+def listen(db: str, wakeups: Wakeups, up: threading.Semaphore) -> None:
+    """Announce each NOTIFY of the outbox's insert trigger, forever."""
+    with psycopg.connect(db, autocommit=True) as listener:
         listener.execute(f"LISTEN {NOTIFY_CHANNEL}")
-        print("ready", flush=True)
+        up.release()
+        for _ in listener.notifies():
+            wakeups.announce()
+
+
+def deliver(
+    db: str,
+    target: str,
+    batch: int,
+    wakeups: Wakeups,
+    client: httpx.Client,
+    up: threading.Semaphore,
+) -> None:
+    """One batch in flight: claim, POST, mark sent and commit, forever."""
+    with psycopg.connect(db) as conn:
+        up.release()
         while True:
-            # What was announced so far, this claim sees.
-            for _ in listener.notifies(timeout=0):
-                pass
-            rows = conn.execute(CLAIM, (BATCH,)).fetchall()
+            seen = wakeups.seen()
+            rows = conn.execute(CLAIM, (batch,)).fetchall()
             if not rows:
                 conn.rollback()
-                for _ in listener.notifies(timeout=POLL_SECONDS, stop_after=1):
-                    pass
+                wakeups.wait_after(seen, POLL_SECONDS)
                 continue
             body = json.dumps([{"reply_id": r, "body": bytes(b).decode()} for _, r, b in rows])
             response = client.post(target, content=body, headers=JSON_HEADERS)
@@ -115,46 +156,53 @@ def relay(db: str, target: str) -> None:
                 threading.Event().wait(POLL_SECONDS)
 
 
-def wait_ready(proc: subprocess.Popen[bytes]) -> None:
-    """Wait for a bare relay process's `ready` line, or raise with what it said."""
-    out: IO[bytes] | None = proc.stdout
-    assert out is not None, "started with stdout piped"
-    readable, _, _ = select.select([out], [], [], READY_SECONDS)
-    if not readable or out.readline() != b"ready\n":
-        proc.kill()
-        raise RuntimeError(f"a bare relay did not start: {proc.communicate()[1].decode()}")
+def relay(db: str, target: str, batch: int, in_flight: int) -> None:
+    """Deliver from the database at `db` (a psycopg conninfo) to `target` with `in_flight`
+    batches of up to `batch` in flight, until the process is ended."""
+    wakeups, up = Wakeups(), threading.Semaphore(0)
+    # One keep-alive pool for the process, a connection per batch in flight.
+    limits = httpx.Limits(max_connections=in_flight, max_keepalive_connections=in_flight)
+    with httpx.Client(timeout=10, limits=limits) as client:
+        threads = [threading.Thread(target=listen, args=(db, wakeups, up), daemon=True)]
+        threads += [
+            threading.Thread(
+                target=deliver, args=(db, target, batch, wakeups, client, up), daemon=True
+            )
+            for _ in range(in_flight)
+        ]
+        for thread in threads:
+            thread.start()
+        # Ready once every loop and the listener hold their database connections.
+        for _ in threads:
+            if not up.acquire(timeout=READY_SECONDS):
+                raise RuntimeError("a bare relay loop did not connect")
+        print("ready", flush=True)
+        # A loop that fails ends the process: a ceiling must not run short-handed unseen.
+        while all(thread.is_alive() for thread in threads):
+            threading.Event().wait(0.5)
+    raise RuntimeError("a bare relay loop died")
 
 
 @contextmanager
-def bare_processes(url: str, relays: int) -> Iterator[None]:
-    """The bare receiver and `relays` bare relay processes on the database at `url`."""
+def bare_processes(url: str, relays: int, point: sweep.Point = LIVE_POINT) -> Iterator[None]:
+    """The bare receiver and `relays` bare relay processes at `point` on the database at `url`."""
     bare_receiver.create_table(url)
     port = free_port()
     target = f"http://127.0.0.1:{port}/replies"
-    # Our interpreter running our modules, with arguments built here.
-    command = [sys.executable, "-m"]
     with ExitStack() as stack:
+        # Our interpreter running our module, with arguments built here.
         server = subprocess.Popen(
-            [*command, "benchmarks.bare_receiver", url, str(port)],
+            [sys.executable, "-m", "benchmarks.bare_receiver", url, str(port)],
             cwd=ROOT,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
         )
         stack.callback(stop, server)
         wait_healthy(f"http://127.0.0.1:{port}/healthz")
-        procs = []
-        for _ in range(relays):
-            proc = subprocess.Popen(
-                [*command, "benchmarks.bare_relay", "relay", conninfo(url), target],
-                cwd=ROOT,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-            )
-            stack.callback(stop, proc)
-            procs.append(proc)
+        settings = (str(point.batch), str(point.in_flight))
+        command = ("benchmarks.bare_relay", "relay", conninfo(url), target, *settings)
         # Measure from when every relay is up, as our relays are.
-        for proc in procs:
-            wait_ready(proc)
+        stack.enter_context(ready_processes(*[command] * relays))
         yield
 
 
@@ -175,16 +223,32 @@ def count_receipts(url: str) -> int:
         engine.dispose()
 
 
-def bare_drain(total: int, relays: int = RELAYS) -> dict[str, Any]:
-    """`relays` bare relays deliver a prefilled backlog of `total`, timed as our drain is."""
+def bare_drain(total: int, point: sweep.Point, relays: int = RELAYS) -> float:
+    """`relays` bare relays at `point` deliver a prefilled backlog of `total`, timed as our
+    drain is; their rate."""
     with fresh_database() as url:
-        log(f"  prefill {total} messages for the bare relay")
+        log(f"  prefill {total} messages for the bare relay at {point.label}")
         prefill(url, total)
-        result = timed_drain(url, total, lambda: bare_processes(url, relays))
+        result = timed_drain(url, total, lambda: bare_processes(url, relays, point))
         stored = count_receipts(url)
     if not result["complete"] or stored != total:
         raise RuntimeError(f"the bare relays did not drain (stored {stored}): {result}")
-    return {"scenario": f"drain-bare-{relays}-relays", **result}
+    log(f"  bare at {point.label}: {result}")
+    return float(result["rate"])
+
+
+def bare_sweep(total: int, points: Iterable[sweep.Point]) -> dict[str, float]:
+    """The bare relays' drain at each point; the best as `bare`, with the point that won."""
+    return sweep.swept("bare", points, lambda point: bare_drain(total, point))
+
+
+def ours_drain(total: int) -> float:
+    """Our HTTP batch drain's rate (RELAYS relays, batches of OURS_BATCH), which must finish."""
+    result = drain(total, "batch", RELAYS, OURS_BATCH)
+    if not result["complete"]:
+        raise RuntimeError(f"the relays did not drain: {result}")
+    log(f"  ours: {result}")
+    return float(result["rate"])
 
 
 def bare_live(duration: float, rate: float = LIVE_RATE) -> dict[str, Any]:
@@ -202,13 +266,15 @@ def bare_live(duration: float, rate: float = LIVE_RATE) -> dict[str, Any]:
 
 
 def live_pair(duration: float, rate: float = LIVE_RATE) -> dict[str, float]:
-    """Ours, then the bare relay, each under the same paced producers: quantiles and rates."""
-    ours = live(duration, LIVE_PRODUCERS, LIVE_RELAYS, rate)
-    log(f"  ours: {ours}")
-    bare = bare_live(duration, rate)
-    log(f"  bare: {bare}")
+    """Ours, the bare relay, then ours again (`ours_after_`), each under the same paced
+    producers: quantiles and rates, a pair for each order."""
     figures: dict[str, float] = {}
-    for name, result in (("ours", ours), ("bare", bare)):
+    for name in ("ours", "bare", "ours_after"):
+        if name == "bare":
+            result = bare_live(duration, rate)
+        else:
+            result = live(duration, LIVE_PRODUCERS, LIVE_RELAYS, rate)
+        log(f"  {name}: {result}")
         figures |= {
             f"{name}_p50_ms": float(result["p50_ms"]),
             f"{name}_p99_ms": float(result["p99_ms"]),
@@ -224,28 +290,25 @@ def sizes(quick: bool) -> tuple[int, float]:
 
 
 def run(quick: bool) -> dict[str, float]:
-    """Our drain and the bare relays', then the paced live pair, back to back."""
+    """Our drain, the bare relays' sweep, ours again; then the paced live runs."""
     total, seconds = sizes(quick)
-    ours = drain(total, "batch", RELAYS, 1000)
-    if not ours["complete"]:
-        raise RuntimeError(f"the relays did not drain: {ours}")
-    log(f"  ours: {ours}")
-    bare = bare_drain(total)
-    log(f"  bare: {bare}")
+    ours = ours_drain(total)
+    bare = bare_sweep(total, sweep.grid(quick))
     return {
-        "ours_drain": float(ours["rate"]),
-        "bare_drain": float(bare["rate"]),
-        "ours_cpu_us": float(ours["cpu_us_per_message"]),
-        "bare_cpu_us": float(bare["cpu_us_per_message"]),
+        "ours_drain": ours,
+        **bare,
+        "ours_after_drain": ours_drain(total),
         **live_pair(seconds),
     }
 
 
 def main(argv: Iterable[str] | None = None) -> int:
-    """Run once and print the figures as JSON; or, given `relay DB TARGET`, be one relay."""
+    """Run once and print the figures as JSON; or, given `relay DB TARGET BATCH IN_FLIGHT`,
+    be one relay."""
     args = list(sys.argv[1:] if argv is None else argv)
     if args[:1] == ["relay"]:
-        relay(*args[1:3])
+        db, target, batch, in_flight = args[1:5]
+        relay(db, target, int(batch), int(in_flight))
         return 0
     return run_alone("python -m benchmarks.bare_relay", run, args)
 

@@ -1,15 +1,22 @@
-"""The client libraries' own ceiling: bare publishers into each broker, with no database.
+"""Bare publishers into each broker, with no database: the broker ceilings.
 
 Run: .venv/bin/python -m benchmarks.broker_ceiling [--quick]
 
 As many publisher processes as the drain has relays each publish their share of
 the same bodies the drains send, with the same acknowledgement the relay trusts
-and the same window (a PubAck per message with Nats-Msg-Id, or a publisher
-confirm per persistent, mandatory message), through the same client library
-and in the cheapest way we know with it: no claims, no settles, no signatures,
-no other headers. What the relay reaches against this is the share of the
-library's reach that delivery with its guarantees keeps; the rest of the gap to
-the HTTP batch drain is the broker and its client, on a machine they share.
+(a PubAck per message with Nats-Msg-Id, or a publisher confirm per persistent,
+mandatory message), through the same client library and in the cheapest way we
+know with it: no claims, no settles, no signatures, no other headers. Each
+process sends parcels of messages, a parcel's acknowledgements awaited together,
+with several parcels in flight; like the bare HTTP relay, the publishers are the
+ceiling only at their best settings, so a run sweeps parcel size by parcels in
+flight (benchmarks.sweep) and keeps the fastest point. Each point is timed from
+the moment every process is connected and subscribed to the last acknowledgement
+each one awaited, so neither start-up nor shutdown lowers the ceiling (as a
+relay's drain is timed from every relay up). What the relay reaches
+against this is the share of the library's reach that delivery with its
+guarantees keeps; the rest of the gap to the HTTP batch drain is the broker and
+its client, on a machine they share.
 """
 
 from __future__ import annotations
@@ -19,15 +26,15 @@ import json
 import multiprocessing
 import sys
 import time
-from collections.abc import Iterable
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass
 from typing import Any
 
-from benchmarks.broker_drain import BATCH, KINDS, PLACES, RELAYS, Place, sizes
+from benchmarks import sweep
+from benchmarks.broker_drain import KINDS, PLACES, RELAYS, Place, sizes
 from benchmarks.cpu import machine_busy_seconds
-from benchmarks.relay_bench import run_alone
+from benchmarks.relay_bench import DRAIN_DEADLINE_SECONDS, READY_SECONDS, log, run_alone
 from outbox.canonical import canonical_bytes
-
-READY_SECONDS = 60.0
 
 
 def body(n: int) -> bytes:
@@ -35,8 +42,40 @@ def body(n: int) -> bytes:
     return canonical_bytes({"kind": "result", "n": n, "payload": "x" * 64})
 
 
-async def nats_lane(place: Place, first: int, count: int, go: Any) -> None:
-    """Publish `count` messages to the stream, a window at a time, each waiting for its PubAck."""
+@dataclass(frozen=True)
+class Gate:
+    """A publisher process's signals: it is connected (`ready`), it may start (`go`), and every
+    message it was given is acknowledged (`done`), so the clock holds neither its start-up nor
+    its shutdown."""
+
+    ready: Any
+    go: Any
+    done: Any
+
+    async def open(self) -> None:
+        """Say ready, then wait for go."""
+        self.ready.release()
+        await asyncio.get_running_loop().run_in_executor(None, self.go.wait)
+
+
+Send = Callable[[int, int], Awaitable[None]]
+"""Publishes messages [first, end) as one parcel and returns once all are acknowledged."""
+
+
+async def in_parcels(first: int, count: int, point: sweep.Point, send: Send) -> None:
+    """Messages [first, first + count) in parcels of `point.batch`, `point.in_flight` at a time."""
+    # One iterator shared by the loops: each takes the next parcel when its last is done.
+    starts = iter(range(first, first + count, point.batch))
+
+    async def loop() -> None:
+        for start in starts:
+            await send(start, min(start + point.batch, first + count))
+
+    await asyncio.gather(*(loop() for _ in range(point.in_flight)))
+
+
+async def nats_lane(place: Place, first: int, count: int, point: sweep.Point, gate: Gate) -> None:
+    """Publish `count` messages to the stream in parcels, each message waiting for its PubAck."""
     import nats
 
     client = await nats.connect(place.url, allow_reconnect=False, connect_timeout=10)
@@ -52,26 +91,32 @@ async def nats_lane(place: Place, first: int, count: int, go: Any) -> None:
     await client.subscribe(f"{inbox}.*", cb=on_ack)
     subject = place.destination["subject"].format(ordering_key="_")
     loop = asyncio.get_running_loop()
-    await loop.run_in_executor(None, go.wait)
+
+    async def send(start: int, end: int) -> None:
+        acks = []
+        for n in range(start, end):
+            token = str(n)
+            ack: asyncio.Future[bytes] = loop.create_future()
+            waiting[token] = ack
+            acks.append(ack)
+            headers = {"Nats-Msg-Id": f"ceiling-{n}"}
+            await client.publish(subject, body(n), reply=f"{inbox}.{token}", headers=headers)
+        for answer in await asyncio.gather(*acks):
+            if "error" in json.loads(answer):
+                raise RuntimeError(f"JetStream refused a publish: {answer!r}")
+
     try:
-        for start in range(first, first + count, BATCH):
-            acks = []
-            for n in range(start, min(start + BATCH, first + count)):
-                token = str(n)
-                ack: asyncio.Future[bytes] = loop.create_future()
-                waiting[token] = ack
-                acks.append(ack)
-                headers = {"Nats-Msg-Id": f"ceiling-{n}"}
-                await client.publish(subject, body(n), reply=f"{inbox}.{token}", headers=headers)
-            for answer in await asyncio.gather(*acks):
-                if "error" in json.loads(answer):
-                    raise RuntimeError(f"JetStream refused a publish: {answer!r}")
+        await gate.open()
+        await in_parcels(first, count, point, send)
+        gate.done.release()
     finally:
         await client.close()
 
 
-async def rabbitmq_lane(place: Place, first: int, count: int, go: Any) -> None:
-    """Publish `count` persistent, mandatory messages, a window at a time, each confirmed."""
+async def rabbitmq_lane(
+    place: Place, first: int, count: int, point: sweep.Point, gate: Gate
+) -> None:
+    """Publish `count` persistent, mandatory messages in parcels, each message confirmed."""
     import aio_pika
     import aiormq
 
@@ -80,8 +125,8 @@ async def rabbitmq_lane(place: Place, first: int, count: int, go: Any) -> None:
         channel = await connection.channel(publisher_confirms=True, on_return_raises=True)
         raw: Any = await channel.get_underlay_channel()
         exchange, key = place.destination["exchange"], place.destination["routing_key"]
-        await asyncio.get_running_loop().run_in_executor(None, go.wait)
-        for start in range(first, first + count, BATCH):
+
+        async def send(start: int, end: int) -> None:
             await asyncio.gather(
                 *(
                     raw.basic_publish(
@@ -94,9 +139,13 @@ async def rabbitmq_lane(place: Place, first: int, count: int, go: Any) -> None:
                         mandatory=True,
                         wait=False,
                     )
-                    for n in range(start, min(start + BATCH, first + count))
+                    for n in range(start, end)
                 )
             )
+
+        await gate.open()
+        await in_parcels(first, count, point, send)
+        gate.done.release()
     finally:
         await connection.close()
 
@@ -104,39 +153,45 @@ async def rabbitmq_lane(place: Place, first: int, count: int, go: Any) -> None:
 LANES = {"nats": nats_lane, "rabbitmq": rabbitmq_lane}
 
 
-def publisher(kind: str, place: Place, first: int, count: int, ready: Any, go: Any) -> None:
+def publisher(
+    kind: str, place: Place, first: int, count: int, point: sweep.Point, gate: Gate
+) -> None:
     """A publisher process: connect, say ready, publish its share from `go` on."""
-
-    async def lane() -> None:
-        ready.release()
-        await LANES[kind](place, first, count, go)
-
-    asyncio.run(lane())
+    asyncio.run(LANES[kind](place, first, count, point, gate))
 
 
-def bare_publish(kind: str, total: int) -> dict[str, float]:
-    """`total` messages published by RELAYS bare publishers into a fresh place; rate and CPU."""
+def bare_publish(kind: str, total: int, point: sweep.Point) -> float:
+    """`total` messages published by RELAYS bare publishers at `point` into a fresh place;
+    their rate, timed from `go` to the last acknowledgement."""
     spawn = multiprocessing.get_context("spawn")
-    ready, go = spawn.Semaphore(0), spawn.Event()
+    gate = Gate(spawn.Semaphore(0), spawn.Event(), spawn.Semaphore(0))
     share = total // RELAYS
     with PLACES[kind]() as place:
         procs = [
-            spawn.Process(target=publisher, args=(kind, place, n * share, share, ready, go))
+            spawn.Process(target=publisher, args=(kind, place, n * share, share, point, gate))
             for n in range(RELAYS)
         ]
         for proc in procs:
             proc.start()
         try:
             for _ in procs:
-                if not ready.acquire(timeout=READY_SECONDS):
+                if not gate.ready.acquire(timeout=READY_SECONDS):
                     raise RuntimeError(f"a bare {kind} publisher did not start")
             busy = machine_busy_seconds()
             started = time.monotonic()
-            go.set()
-            for proc in procs:
-                proc.join()
+            gate.go.set()
+            finished = 0
+            while finished < len(procs):
+                if gate.done.acquire(timeout=0.05):
+                    finished += 1
+                elif any(proc.exitcode not in (None, 0) for proc in procs):
+                    raise RuntimeError(f"a bare {kind} publisher failed")
+                elif time.monotonic() > started + DRAIN_DEADLINE_SECONDS:
+                    raise RuntimeError(f"the bare {kind} publishers did not finish in time")
             elapsed = time.monotonic() - started
             busy = machine_busy_seconds() - busy
+            for proc in procs:
+                proc.join(timeout=READY_SECONDS)
         finally:
             for proc in procs:
                 if proc.is_alive():
@@ -144,21 +199,22 @@ def bare_publish(kind: str, total: int) -> dict[str, float]:
                     proc.join()
         if any(proc.exitcode != 0 for proc in procs):
             raise RuntimeError(f"a bare {kind} publisher failed")
-    # Each process connects before the clock starts, but a little of its start (connecting
-    # a subscription, the first publish's warm-up) falls inside the window: a ceiling
-    # measured slightly low is the cautious side.
     moved = share * RELAYS
-    return {
-        f"{kind}_bare": round(moved / elapsed),
-        f"{kind}_bare_cpu_us": round(busy * 1e6 / moved, 1),
-    }
+    rate = moved / elapsed
+    log(f"  bare {kind} at {point.label}: {rate:.0f}/s, {busy * 1e6 / moved:.1f} CPU us/message")
+    return float(round(rate))
+
+
+def bare_sweep(kind: str, total: int, points: Iterable[sweep.Point]) -> dict[str, float]:
+    """The bare publishers into `kind` at each point; the best as `<kind>_bare`, and its point."""
+    return sweep.swept(f"{kind}_bare", points, lambda point: bare_publish(kind, total, point))
 
 
 def run(quick: bool, kinds: Iterable[str] = KINDS) -> dict[str, float]:
-    """Each broker's bare publishers, one after the other."""
+    """Each broker's bare publishers swept, one broker after the other."""
     figures: dict[str, float] = {}
     for kind in kinds:
-        figures.update(bare_publish(kind, sizes(quick)))
+        figures.update(bare_sweep(kind, sizes(quick), sweep.grid(quick)))
     return figures
 
 

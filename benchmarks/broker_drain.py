@@ -222,8 +222,9 @@ def consume(url: str, place: Place, total: int, workdir: Path) -> dict[str, Any]
     }
 
 
-def broker_drain(kind: str, total: int) -> dict[str, float]:
-    """Relays drain `total` messages into the broker `kind`, then a consumer takes them."""
+def broker_drain(kind: str, total: int, then_consume: bool = True) -> dict[str, float]:
+    """Relays drain `total` messages into the broker `kind`, then (unless `then_consume` is
+    false) a consumer takes them."""
     with (
         fresh_database() as url,
         tempfile.TemporaryDirectory() as tmp,
@@ -242,15 +243,17 @@ def broker_drain(kind: str, total: int) -> dict[str, float]:
         )
         if not drained["complete"]:
             raise RuntimeError(f"the relays did not drain into {kind}: {drained}")
-        log(f"  {kind}: drained {drained}; consuming")
-        consumer = consume(url, place, total, workdir)
-        log(f"  {kind}: consumed {consumer}")
-    return {
-        kind: float(drained["rate"]),
-        f"{kind}_consume": float(consumer["rate"]),
-        f"{kind}_cpu_us": float(drained["cpu_us_per_message"]),
-        f"{kind}_server_cpu_us": float(drained["server_cpu_us_per_message"]),
-    }
+        log(f"  {kind}: drained {drained}")
+        figures = {
+            kind: float(drained["rate"]),
+            f"{kind}_cpu_us": float(drained["cpu_us_per_message"]),
+            f"{kind}_server_cpu_us": float(drained["server_cpu_us_per_message"]),
+        }
+        if then_consume:
+            consumer = consume(url, place, total, workdir)
+            log(f"  {kind}: consumed {consumer}")
+            figures[f"{kind}_consume"] = float(consumer["rate"])
+    return figures
 
 
 def http_drain(total: int) -> dict[str, float]:

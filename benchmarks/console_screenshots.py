@@ -1,6 +1,6 @@
 """Screenshots of `outbox console` for the docs, from a real run.
 
-Run: .venv/bin/python -m benchmarks.console_screenshots [--db URL] [--out docs/console]
+Run: .venv/bin/python -m benchmarks.console_screenshots [--db URL] [--out docs/assets/console]
 (or `make screenshots`).
 
 Seeds a database through the public API (outbox.publish, TaskQueue, Operations'
@@ -303,7 +303,7 @@ def main(argv: list[str] | None = None) -> int:
     """Seed, start the console, write the screenshots."""
     parser = argparse.ArgumentParser(prog="python -m benchmarks.console_screenshots")
     parser.add_argument("--db", help="an empty database URL (default: a new SQLite file)")
-    parser.add_argument("--out", default=str(ROOT / "docs" / "console"))
+    parser.add_argument("--out", default=str(ROOT / "docs" / "assets" / "console"))
     args = parser.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

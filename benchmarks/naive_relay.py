@@ -5,6 +5,9 @@ one-second sleep when nothing is pending. Signed like the real relay, so the
 reference receiver accepts it; run as a process:
 
     python -m benchmarks.naive_relay DB_URL TARGET_URL SECRET
+
+It prints `ready` once connected, so it is timed from there, as our relays are
+from their health check, not from its interpreter's start.
 """
 
 from __future__ import annotations
@@ -24,11 +27,15 @@ POLL_SECONDS = 1.0
 
 
 def run(db_url: str, target: str, secret: str, stop: threading.Event) -> int:
-    """Deliver until `stop` is set; returns how many messages were sent."""
+    """Say `ready` once connected, then deliver until `stop` is set; returns how many
+    messages were sent."""
     engine = outbox.create_engine(db_url)
     address = urllib.parse.urlsplit(target)
     sent = 0
     try:
+        with engine.connect():
+            pass  # the pool's connection made before the clock starts
+        print("ready", flush=True)
         while not stop.is_set():
             with engine.begin() as conn:
                 row = conn.execute(

@@ -14,6 +14,7 @@ import base64
 import json
 import multiprocessing
 import os
+import select
 import signal
 import socket
 import statistics
@@ -45,6 +46,8 @@ ROOT = Path(__file__).resolve().parent.parent
 # Requests in flight per destination: the relay's default unless overridden.
 CONCURRENCY = int(os.environ.get("OUTBOX_BENCH_CONCURRENCY", Destination.concurrency))
 WARMUP_SECONDS = 1.0
+READY_SECONDS = 60.0
+"""How long a process started for a run has to say it is up (a busy machine starts slowly)."""
 DRAIN_DEADLINE_SECONDS = 1200.0
 # The reference receiver takes up to 1000 replies per POST: one POST per turn.
 BATCH_ITEMS = int(os.environ.get("OUTBOX_BENCH_BATCH_ITEMS", "1000"))
@@ -210,6 +213,47 @@ def relay_processes(
             proc.wait(timeout=60)
 
 
+@contextmanager
+def ready_processes(*commands: tuple[str, ...]) -> Iterator[None]:
+    """`python -m <command>` for each command, from every one's `ready` line on; each
+    SIGTERMed and reaped after.
+
+    Like our relays' health checks, the `ready` lines put the interpreters' start-up
+    outside the timed window. All start before any is waited for, as our relays do. A
+    process that ended before it was stopped is an error.
+    """
+    procs: list[subprocess.Popen[bytes]] = []
+    try:
+        for command in commands:
+            # Our interpreter running our modules, with arguments built here.
+            procs.append(
+                subprocess.Popen(
+                    [sys.executable, "-m", *command],
+                    cwd=ROOT,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                )
+            )
+        deadline = time.monotonic() + READY_SECONDS
+        for proc in procs:
+            out = proc.stdout
+            assert out is not None, "started with stdout piped"
+            readable, _, _ = select.select([out], [], [], max(0.0, deadline - time.monotonic()))
+            if not readable or out.readline() != b"ready\n":
+                raise RuntimeError(f"{proc.args!r} did not start")
+        yield
+        for proc in procs:
+            if proc.poll() is not None:
+                _, err = proc.communicate()
+                raise RuntimeError(f"{proc.args!r} ended early: {err.decode()[-2000:]}")
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        for proc in procs:
+            proc.communicate(timeout=30)
+
+
 def children_running(word: str) -> list[int]:
     """Pids of this process's children running `outbox.cli <word>` (relay, receiver)."""
     pids = []
@@ -237,7 +281,7 @@ def run_alone(prog: str, run: Callable[[bool], dict[str, float]], argv: Any = No
     return 0
 
 
-def wait_healthy(url: str, seconds: float = 30) -> None:
+def wait_healthy(url: str, seconds: float = READY_SECONDS) -> None:
     """Poll a health endpoint until it answers 200."""
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
@@ -323,16 +367,18 @@ def drain_backlog(
 def timed_drain(
     url: str,
     total: int,
-    start_relays: Callable[[], AbstractContextManager[None]],
+    start_relays: Callable[[], AbstractContextManager[object]],
     first_id: int = 1,
     server: str | None = None,
+    window: float | None = None,
 ) -> dict[str, Any]:
     """Time the relays `start_relays` starts until nothing from id `first_id` on is undelivered.
 
     Timed from when every relay is up (what they sent while the others started is
-    subtracted) to when no message is pending or sending. Over the same window, the
-    machine's CPU per message sent and, with `server` (a process name: the broker),
-    that process's CPU per message.
+    subtracted) to when no message is pending or sending, or, with `window`, at most
+    that many seconds (for a relay too slow to drain the backlog in a run's time).
+    Over the same window, the machine's CPU per message sent and, with `server` (a
+    process name: the broker), that process's CPU per message.
     """
     engine = outbox.create_engine(url)
     try:
@@ -346,17 +392,24 @@ def timed_drain(
             at_start = machine_busy_seconds(), server_seconds(server)
             deadline = started + DRAIN_DEADLINE_SECONDS
             pause = threading.Event()
+            closes = None if window is None else started + window
+            windowed = False
             while undelivered(engine):
-                if time.monotonic() > deadline:
+                now = time.monotonic()
+                if closes is not None and now >= closes:
+                    windowed = True
+                    break
+                if now > deadline:
                     raise RuntimeError(f"relays did not drain {total} in time")
                 pause.wait(0.05)
             finished = time.monotonic()
+            # Counted before the relays stop, so the window holds all it is credited with.
+            sent = sent_since(engine, first_id)
             at_end = machine_busy_seconds(), server_seconds(server)
-        sent = sent_since(engine, first_id)
     finally:
         engine.dispose()
     timed_from = "every relay up"
-    if before > total // 2:
+    if before > total // 2 and not windowed:
         # A small backlog on a busy machine: most of it went while the last relay was
         # still starting, so that window would time almost nothing. Time the whole run.
         started, before, timed_from = launched, 0, "first relay started"
@@ -374,6 +427,7 @@ def timed_drain(
         "rate": round((sent - before) / elapsed),
         "timed_from": timed_from,
         "complete": sent == total,
+        "windowed": windowed,
         **cpu,
     }
 

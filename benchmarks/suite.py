@@ -3,15 +3,18 @@
 Run: .venv/bin/python -m benchmarks.suite [--quick] [--runs 3] [--json PATH] [--doc PATH]
 
 Every scenario is run `--runs` times; each run measures ours and its baseline
-back to back on fresh databases, so machine noise hits both. The table gives
-medians and the median of the per-run ratios, against the targets. Scenarios:
+back to back on fresh databases, so machine noise hits both. The drain, broker
+and paced live comparisons run ours, then the baseline, then ours again, and
+give the ratio of each order; the one judged is the less favourable to us. The
+table gives medians and the median of the per-run ratios, against the targets. Scenarios:
 publish overhead (sync, and async on asyncpg), relay drain against a naive
-relay and against a bare relay (benchmarks.bare_relay, the ceiling), drains
-into NATS JetStream and RabbitMQ against the HTTP batch drain with the
-consumers' rate (benchmarks.broker_drain), live latency, and against the bare
-relay at the same paced producer rate, task throughput against PGQueuer, a
-worker's waiting handlers and its NOTIFY wake-up
-(benchmarks.worker_waits), cost growth with a large history, the database's
+relay and against the best of a sweep of bare relays (benchmarks.bare_relay,
+the ceiling), drains into NATS JetStream and RabbitMQ against the HTTP batch
+drain and against the best of a sweep of bare publishers into the same broker,
+with the consumers' rate (benchmarks.broker_drain, benchmarks.broker_ceiling),
+live latency, and against the bare relay at the same paced producer rate,
+task throughput against PGQueuer, a worker's waiting handlers and its NOTIFY
+wake-up (benchmarks.worker_waits), cost growth with a large history, the database's
 cost per delivered message and per finished task (benchmarks.db_cost), and the same
 drain, task throughput and publish on SQLite files beside PostgreSQL (the
 SQLite rows' baseline is our PostgreSQL figure from the same run).
@@ -25,10 +28,8 @@ import json
 import os
 import platform
 import statistics
-import subprocess
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -52,22 +53,22 @@ from benchmarks import (
     db_cost,
     profiles,
     receiver_cpu,
+    sweep,
     task_throughput,
     worker_waits,
 )
 from benchmarks.relay_bench import (
     ROOT,
     SECRET,
-    count_sent,
-    drain,
     drain_backlog,
     fresh_database,
     live,
     log,
     pending_row,
     prefill,
+    ready_processes,
     receiver_process,
-    undelivered,
+    timed_drain,
 )
 from outbox.canonical import canonical_bytes
 from outbox.schema import messages
@@ -88,6 +89,10 @@ class Row:
     target: str
     met: bool | None  # None: reported without a target
     runs: list[Run]
+    orders: dict[str, float] | None = None
+    """The median ratio with ours run first and with the baseline run first, when both ran."""
+    swept: str | None = None
+    """The baseline's figure name when it is the best of a sweep (benchmarks.sweep)."""
 
 
 def median_row(
@@ -125,6 +130,50 @@ def median_row(
         target,
         None if met is None else not undefined and met(judged),
         runs,
+    )
+
+
+OURS_FIRST = "ours first"
+BASELINE_FIRST = "baseline first"
+
+
+def ordered_row(
+    scenario: str,
+    backend: str,
+    unit: str,
+    runs: list[Run],
+    ours_first: tuple[str, str],
+    baseline_first: tuple[str, str],
+    target: str = "",
+    met: Callable[[float], bool] | None = None,
+    worse: Callable[[float, float], float] = min,
+    swept: str | None = None,
+) -> Row:
+    """A comparison measured in both orders in each run: (ours, baseline) figure names of the
+    pair where ours ran first and of the pair where the baseline ran first.
+
+    Each order's ratio is the median of the runs' own; the row's ratio, which `met`
+    judges, is the `worse` of the two (the lower for a rate, `max` for a latency), so
+    neither order's luck flatters us. Ours and the baseline are medians over both orders.
+    """
+    ratios = {
+        order: round(statistics.median(run[ours] / run[baseline] for run in runs), 2)
+        for order, (ours, baseline) in ((OURS_FIRST, ours_first), (BASELINE_FIRST, baseline_first))
+    }
+    judged = worse(ratios[OURS_FIRST], ratios[BASELINE_FIRST])
+    pairs = (ours_first, baseline_first)
+    return Row(
+        scenario,
+        backend,
+        unit,
+        round(statistics.median(run[ours] for run in runs for ours, _ in pairs), 1),
+        round(statistics.median(run[baseline] for run in runs for _, baseline in pairs), 1),
+        judged,
+        target,
+        None if met is None else met(judged),
+        runs,
+        ratios,
+        swept,
     )
 
 
@@ -243,36 +292,22 @@ def async_publish(transactions: int) -> Run:
 # --- drain against a naive relay --------------------------------------------------------
 
 
-def naive_drain(total: int) -> float:
-    """Messages per second the hand-written loop (benchmarks.naive_relay) delivers."""
+def naive_drain(total: int, window: float) -> float:
+    """Messages per second the hand-written loop (benchmarks.naive_relay) delivers from a
+    prefilled backlog of `total`, timed from its `ready` line over at most `window` seconds."""
     with fresh_database() as url, tempfile.TemporaryDirectory() as tmp:
         prefill(url, total)
-        engine = outbox.create_engine(url)
         with receiver_process(url, Path(tmp)) as target:
-            # Our interpreter running our module, with arguments built here.
-            proc = subprocess.Popen(
-                [sys.executable, "-m", "benchmarks.naive_relay", url, target, SECRET],
-                cwd=ROOT,
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.PIPE,
+            result = timed_drain(
+                url,
+                total,
+                lambda: ready_processes(("benchmarks.naive_relay", url, target, SECRET)),
+                window=window,
             )
-            try:
-                started = time.monotonic()
-                deadline = started + 600
-                pause = threading.Event()
-                while undelivered(engine) and time.monotonic() < deadline:
-                    if proc.poll() is not None:
-                        raise RuntimeError(f"naive relay died: {proc.communicate()[1].decode()}")
-                    pause.wait(0.05)
-                elapsed = time.monotonic() - started
-            finally:
-                proc.terminate()
-                proc.communicate(timeout=30)
-            sent = count_sent(engine)
-        engine.dispose()
-    if sent != total:
-        raise RuntimeError(f"naive relay sent {sent} of {total}")
-    return total / elapsed
+    log(f"  naive: {result}")
+    if result["rate"] <= 0:
+        raise RuntimeError(f"the naive relay delivered nothing: {result}")
+    return float(result["rate"])
 
 
 def complete_rate(result: dict[str, Any]) -> float:
@@ -289,15 +324,35 @@ def sqlite_drain(total: int) -> float:
         return complete_rate(drain_backlog(url, total, "batch", 2, 1000, 1, receiver_url))
 
 
-def drains(ours_total: int, naive_total: int, sqlite_total: int) -> Run:
-    """Messages per second: our relays (batch mode, 2 relays), as many bare relays on the same
-    backlog, the naive loop, ours on SQLite."""
-    return {
-        "ours": complete_rate(drain(ours_total, "batch", bare_relay.RELAYS, 1000)),
-        "bare": float(bare_relay.bare_drain(ours_total)["rate"]),
-        "baseline": naive_drain(naive_total),
-        "sqlite_ours": sqlite_drain(sqlite_total),
-    }
+def drains(size: Sizes, points: tuple[sweep.Point, ...]) -> Run:
+    """Messages per second, each on a fresh prefill of the same size: our relays (batch mode,
+    2 relays), the naive loop, the bare relays swept over `points` (the best is `bare`), our
+    relays again (`ours_after`: each baseline ran between ours, so each order gives a ratio),
+    then ours on SQLite."""
+    figures = {"ours": bare_relay.ours_drain(size.drain)}
+    figures["baseline"] = naive_drain(size.drain, size.naive_seconds)
+    figures |= bare_relay.bare_sweep(size.drain, points)
+    figures["ours_after"] = bare_relay.ours_drain(size.drain)
+    figures["sqlite_ours"] = sqlite_drain(size.sqlite_drain)
+    return figures
+
+
+BROKERS = (("nats", "JetStream"), ("rabbitmq", "RabbitMQ"))
+
+
+def broker_comparisons(quick: bool, points: tuple[sweep.Point, ...]) -> Run:
+    """The HTTP batch drain; for each broker our drain into it (and the consumer's), the bare
+    publishers swept over `points`, our drain again (`<kind>_after`); the HTTP drain again
+    (`http_after`). Each comparison so runs in both orders."""
+    total = broker_drain.sizes(quick)
+    figures = broker_drain.http_drain(total)
+    for kind, _ in BROKERS:
+        figures |= broker_drain.broker_drain(kind, total)
+        figures |= broker_ceiling.bare_sweep(kind, total, points)
+        again = broker_drain.broker_drain(kind, total, then_consume=False)
+        figures[f"{kind}_after"] = again[kind]
+    figures["http_after"] = broker_drain.http_drain(total)["http"]
+    return figures
 
 
 # --- live latency -----------------------------------------------------------------------
@@ -324,7 +379,8 @@ class Sizes:
 
     publish_transactions: int
     drain: int
-    naive: int
+    naive_seconds: float
+    """The naive loop's window: it drains the same backlog as ours, too slowly to finish it."""
     sqlite_drain: int
     live_seconds: float
 
@@ -332,8 +388,8 @@ class Sizes:
     def of(cls, quick: bool) -> Sizes:
         """The sizes for a full or a quick run."""
         if quick:
-            return cls(300, 5_000, 200, 2_000, 3.0)
-        return cls(3_000, 200_000, 2_000, 50_000, 10.0)
+            return cls(300, 5_000, 2.0, 2_000, 3.0)
+        return cls(3_000, 200_000, 60.0, 50_000, 10.0)
 
 
 def measure(runs: int, quick: bool) -> list[Row]:
@@ -364,53 +420,61 @@ def measure(runs: int, quick: bool) -> list[Row]:
             lambda r: r <= 1.3,
         )
     )
-    flows = repeat(
-        "drain vs naive relay", runs, lambda: drains(size.drain, size.naive, size.sqlite_drain)
-    )
+    points = sweep.grid(quick)
+    flows = repeat("drain vs naive and bare relays", runs, lambda: drains(size, points))
     rows.append(
-        median_row(
-            "drain vs naive relay", "postgresql", "messages/s", flows, ">= 20x", lambda r: r >= 20
+        ordered_row(
+            "drain vs naive relay",
+            "postgresql",
+            "messages/s",
+            flows,
+            ("ours", "baseline"),
+            ("ours_after", "baseline"),
+            ">= 20x",
+            lambda r: r >= 20,
         )
     )
+    # Every drain of ours counts, whichever side of a baseline it ran on.
+    ours_drains = [{"ours": run[name]} for run in flows for name in ("ours", "ours_after")]
     rows.append(
         median_row(
             "drain rate",
             "postgresql",
             "messages/s",
-            flows,
+            ours_drains,
             ">= 30,000",
             lambda r: r >= 30_000,
             baseline=None,
         )
     )
     rows.append(
-        median_row(
-            "drain vs bare relay",
+        ordered_row(
+            f"drain vs bare relay (best of the sweep; won: {sweep.winners('bare', flows)})",
             "postgresql",
             "messages/s",
             flows,
+            ("ours", "bare"),
+            ("ours_after", "bare"),
             ">= 0.8",
             lambda r: r >= 0.8,
-            baseline="bare",
+            swept="bare",
         )
     )
-    brokers = repeat(
-        "broker drains", runs, lambda: {**broker_drain.run(quick), **broker_ceiling.run(quick)}
-    )
-    for kind, name in (("nats", "JetStream"), ("rabbitmq", "RabbitMQ")):
+    brokers = repeat("broker drains", runs, lambda: broker_comparisons(quick, points))
+    for kind, name in BROKERS:
         rows.append(
-            median_row(
+            ordered_row(
                 f"drain into {name} vs HTTP batch",
                 "postgresql",
                 "messages/s",
                 brokers,
+                (f"{kind}_after", "http_after"),
+                (kind, "http"),
                 ">= 1.0",
                 lambda r: r >= 1.0,
-                ours=kind,
-                baseline="http",
             )
         )
-    for kind, name in (("nats", "JetStream"), ("rabbitmq", "RabbitMQ")):
+    for kind, name in BROKERS:
         rows.append(
             median_row(
                 f"machine CPU per message, {name} vs HTTP batch drain",
@@ -421,14 +485,17 @@ def measure(runs: int, quick: bool) -> list[Row]:
                 baseline="http_cpu_us",
             )
         )
+        won = sweep.winners(f"{kind}_bare", brokers)
         rows.append(
-            median_row(
-                f"drain into {name} vs bare client publishers (no database)",
+            ordered_row(
+                f"drain into {name} vs bare publishers into {name} "
+                f"(no database; best of the sweep; won: {won})",
                 "postgresql",
                 "messages/s",
                 brokers,
-                ours=kind,
-                baseline=f"{kind}_bare",
+                (kind, f"{kind}_bare"),
+                (f"{kind}_after", f"{kind}_bare"),
+                swept=f"{kind}_bare",
             )
         )
         rows.append(
@@ -441,7 +508,7 @@ def measure(runs: int, quick: bool) -> list[Row]:
                 baseline=None,
             )
         )
-    for kind, name in (("nats", "JetStream"), ("rabbitmq", "RabbitMQ")):
+    for kind, name in BROKERS:
         rows.append(
             median_row(
                 f"consume from {name}",
@@ -474,15 +541,16 @@ def measure(runs: int, quick: bool) -> list[Row]:
     load = f"{bare_relay.LIVE_PRODUCERS} x {bare_relay.LIVE_RATE:g}/s"
     for figure, ceiling in (("p50", 1.5), ("p99", 2.0)):
         rows.append(
-            median_row(
+            ordered_row(
                 f"live {figure} vs bare relay ({load})",
                 "postgresql",
                 "ms",
                 paced,
+                (f"ours_{figure}_ms", f"bare_{figure}_ms"),
+                (f"ours_after_{figure}_ms", f"bare_{figure}_ms"),
                 f"<= {ceiling:g}",
                 at_most(ceiling),
-                ours=f"ours_{figure}_ms",
-                baseline=f"bare_{figure}_ms",
+                worse=max,
             )
         )
     rows.append(
@@ -743,23 +811,42 @@ def verdict(row: Row) -> str:
     return "-" if row.met is None else ("yes" if row.met else "NO")
 
 
+def by_order(row: Row) -> str:
+    """Each order's ratio, or a dash when the row was measured in one order."""
+    if row.orders is None:
+        return "-"
+    return "; ".join(f"{order} {ratio:,.2f}" for order, ratio in row.orders.items())
+
+
 def render(rows: list[Row]) -> str:
     """The results as a plain-text table."""
     lines = [
         f"{'scenario':<46} {'backend':<10} {'unit':<14} {'ours':>10} {'baseline':>10} "
-        f"{'ratio':>7}  {'target':<20} met"
+        f"{'ratio':>7}  {'ratio by order':<36} {'target':<20} met"
     ]
     for row in rows:
         lines.append(
             f"{row.scenario:<46} {row.backend:<10} {row.unit:<14} {cell(row.ours):>10} "
-            f"{cell(row.baseline):>10} {cell(row.ratio, 2):>7}  {row.target or '-':<20} "
-            f"{verdict(row)}"
+            f"{cell(row.baseline):>10} {cell(row.ratio, 2):>7}  {by_order(row):<36} "
+            f"{row.target or '-':<20} {verdict(row)}"
         )
     return "\n".join(lines)
 
 
+def sweep_lines(rows: list[Row]) -> list[str]:
+    """For each row whose baseline is the best of a sweep, every point's median rate."""
+    lines = []
+    for row in rows:
+        if row.swept is None:
+            continue
+        medians = sweep.medians(row.swept, row.runs)
+        points = ", ".join(f"{label} {rate:,.0f}" for label, rate in medians.items())
+        lines.append(f"- {row.scenario.split(' (')[0]}: {points} ({row.unit}).")
+    return lines
+
+
 def markdown(rows: list[Row], document: dict[str, Any]) -> str:
-    """docs/performance.md: the table of one run, with its command, date and machine."""
+    """docs/explanation/performance.md: the table of one run, with its command, date and machine."""
     lines = [
         "# Performance",
         "",
@@ -770,16 +857,23 @@ def markdown(rows: list[Row], document: dict[str, Any]) -> str:
         f"- machine: {document['machine']}",
         f"- runs per scenario: {document['runs']} (medians; each ratio is the median of the "
         "runs' own ratios, ours and baseline measured back to back)",
+        "- order: where a row gives a ratio by order, each run measured ours, then the "
+        "baseline, then ours again; `ours first` pairs the first of ours with the baseline, "
+        "`baseline first` the baseline with the second of ours, and the row's ratio, the one "
+        "judged, is the less favourable of the two",
         "",
-        "| scenario | backend | unit | ours | baseline | ratio | target | met |",
-        "| --- | --- | --- | ---: | ---: | ---: | --- | --- |",
+        "| scenario | backend | unit | ours | baseline | ratio | ratio by order | target | met |",
+        "| --- | --- | --- | ---: | ---: | ---: | --- | --- | --- |",
     ]
     for row in rows:
         lines.append(
             f"| {row.scenario} | {row.backend} | {row.unit} | {cell(row.ours)} | "
-            f"{cell(row.baseline)} | {cell(row.ratio, 2)} | {row.target or '-'} | "
-            f"{verdict(row)} |"
+            f"{cell(row.baseline)} | {cell(row.ratio, 2)} | {by_order(row)} | "
+            f"{row.target or '-'} | {verdict(row)} |"
         )
+    lines += ["", "Sweeps (batch or parcel size x in flight: median rate; the best is the "]
+    lines[-1] += "baseline of its row):"
+    lines += ["", *sweep_lines(rows)]
     lines += ["", "Baselines:", ""]
     lines += [f"- {text}" for text in BASELINES]
     for key, title, command, what in PROFILES:
@@ -831,36 +925,57 @@ BASELINES = (
     "publish: a bare INSERT of the same row through the same SQLAlchemy session.",
     "async publish: a bare INSERT of the same row through the same AsyncSession (asyncpg), "
     "one transaction each.",
-    "drain: benchmarks/naive_relay.py, one row per transaction, one POST per message on a "
-    "new connection, 1 s polling; ours is 2 relays in batch mode into the reference receiver.",
+    "drain: ours is 2 relays in batch mode (claims of 1,000, destination concurrency 8) "
+    "into the reference receiver, on a prefilled backlog of the full size, timed from every "
+    "relay answering its health check to the last message sent. The naive relay "
+    "(benchmarks/naive_relay.py: one row per transaction, one POST per message on a new "
+    "connection, 1 s polling) drains a fresh prefill of the same size, timed the same way from "
+    "its `ready` line (so its interpreter's start is not counted) over a window of 60 s (2 s "
+    "in a quick run): at under 300 per second it would take over 11 minutes to finish, "
+    "and its rate does not fall as "
+    "the backlog shrinks. In each run ours drains once before the naive relay and the bare "
+    "relays' sweep and once after them, each on a fresh prefill, so both orders give a ratio.",
     "broker drains: the same 2 relays (same batch settings) into a JetStream stream of the "
     "run's own (PubAck per message) and into a RabbitMQ topic exchange with publisher "
-    "confirms and one durable queue bound to it, each against the HTTP batch drain of the "
-    "same backlog measured just before them (benchmarks/broker_drain.py). The consume rows: "
-    "one `outbox receiver consume` process (default batch) taking what the broker holds into "
-    "the receiver's tables with the reference effect, timed from its metrics answering to "
-    "the last message stored; reported without a target. CPU per message: busy CPU time of "
-    "the whole machine (all processes: relays, PostgreSQL, receiver or broker) over the timed "
-    "window, divided by the messages sent in it; the server rows are the broker process's "
-    "own share of it (nats-server, RabbitMQ's beam.smp). Bare client publishers "
+    "confirms and one durable queue bound to it (benchmarks/broker_drain.py). Each run: the "
+    "HTTP batch drain; then for each broker our drain into it, its bare publishers' sweep, our "
+    "drain into it again; then the HTTP batch drain again, each on a fresh prefill of the same "
+    "backlog, so each comparison has a ratio with ours first and one with the baseline first. "
+    "The consume rows: one `outbox receiver consume` process (default batch) taking what the "
+    "first drain left in the broker into the receiver's tables with the reference effect, "
+    "timed from its metrics answering to the last message stored; reported without a target. "
+    "CPU per message (the first drains): busy CPU time of the whole machine (all processes: "
+    "relays, PostgreSQL, receiver or broker) over the timed window, divided by the messages "
+    "sent in it; the server rows are the broker process's own share of it (nats-server, "
+    "RabbitMQ's beam.smp). Bare publishers into the same broker "
     "(benchmarks/broker_ceiling.py): as many processes as relays publishing the same bodies "
-    "through the same client library with the same acknowledgement and window (PubAck with "
+    "through the same client library with the same acknowledgement (PubAck with "
     "Nats-Msg-Id; confirmed persistent mandatory messages), and nothing else: no database, "
-    "no signature or other headers; the ceiling of the client library on this machine.",
+    "no signature or other headers. Each process sends parcels whose acknowledgements it "
+    "awaits together, several parcels in flight, timed from every process connected to the "
+    "last acknowledgement; the run sweeps parcel size (500, 1,000) by "
+    "parcels in flight (1, 4, 8) and the fastest point is the ceiling (its row names the "
+    "winning point; every point is listed under Sweeps). No target: the ratio is the share of "
+    "the client library's reach that delivery from the database with its guarantees keeps.",
     "live: 4 producer processes committing one row per transaction at their full rate, one "
     "relay; timestamps from the databases (commit to receipt).",
     "bare relay (benchmarks/bare_relay.py, the ceiling): psycopg directly, in one transaction "
-    "a claim of 500 pending, due rows FOR UPDATE SKIP LOCKED, one plain JSON POST of "
+    "a claim of a batch of pending, due rows FOR UPDATE SKIP LOCKED, one plain JSON POST of "
     "{reply_id, body} items on a keep-alive httpx client, then one UPDATE marking them sent "
-    "and a commit; woken by the same NOTIFY as ours (50 ms polling besides). Its receiver "
-    "(benchmarks/bare_receiver.py) is a raw ASGI callable under uvicorn inserting each batch "
-    "into its own bare_receipts table with one ON CONFLICT DO NOTHING statement, receipt "
-    "time from the database as ours. No signature, fence, lease, strict JSON or per-item "
-    "answers. Drain: as many bare relays as ours on the same prefill, timed the same way, "
-    "just after ours. Live: the same 4 producer processes paced at the same fixed rate "
-    "(about half what they reach unpaced here), one of our relays then one bare relay, "
-    "commit-to-receipt from the databases' timestamps; the producers' row gives the commit "
-    "rate each run reached (same load: ratio near 1).",
+    "and a commit; with N batches in flight, N such loops on threads of the process, each with "
+    "its own connection; woken by the same NOTIFY as ours (50 ms polling besides). Its "
+    "receiver (benchmarks/bare_receiver.py) is a raw ASGI callable under uvicorn inserting "
+    "each batch into its own bare_receipts table with one ON CONFLICT DO NOTHING statement, "
+    "receipt time from the database as ours. No signature, fence, lease, strict JSON or "
+    "per-item answers. Drain: as many bare relays as ours, each setting on a fresh prefill of "
+    "the same size, timed the same way; the run sweeps batch size (500, 1,000) by batches in "
+    "flight (1, 4, 8) and the fastest point is the ceiling (its row names the winning point; "
+    "every point is listed under Sweeps). Live: the same 4 producer processes paced at the "
+    "same fixed rate (about half what they reach unpaced here), one of our relays, then one "
+    "bare relay (batches of 500, one in flight: a few messages wait at a time), then ours "
+    "again, commit-to-receipt from the databases' timestamps; the latency ratio judged is the "
+    "higher of the two orders'. The producers' row gives the commit rate each run reached "
+    "(same load: ratio near 1).",
     "tasks: PGQueuer (the `bench` extra) draining as many no-op jobs (its entrypoint an "
     "`async def`) with its own dequeue and completion, in as many processes, each taking "
     "batches of 10; ours, 2 Worker processes at concurrency 10 (and 5 claimed ahead), with a "

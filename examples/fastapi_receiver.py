@@ -1,6 +1,6 @@
 """Receive outbox-relay deliveries in your own FastAPI service (single mode).
 
-The wire contract is docs/receiver-contract.md; this app keeps it with the
+The wire contract is docs/reference/receiver-contract.md; this app keeps it with the
 library's two receiver helpers, `receiver.verify` and `receiver.ReceiptStore`:
 
 - POST /replies verifies the signature, refuses a body that is not JSON, and

@@ -1,7 +1,7 @@
 """Intake: validate an envelope, derive its identity, and describe what to store.
 
 No I/O here: TaskQueue.receive runs the transaction. The rules are in
-docs/contract.md#intake-limits; every violation raises InvalidEnvelope before
+docs/explanation/contract.md#intake-limits; every violation raises InvalidEnvelope before
 anything is written.
 """
 

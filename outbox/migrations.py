@@ -116,7 +116,7 @@ def not_a_target(target: object) -> TypeError:
 
 def upgrade(target: str | sa.URL | Engine | Connection) -> None:
     """Create or upgrade the outbox tables, as `outbox db upgrade` does; on a Connection, inside
-    its transaction (docs/alembic.md)."""
+    its transaction (docs/how-to/alembic.md)."""
     upgrade_branch(target, OUTBOX_BRANCH)
 
 

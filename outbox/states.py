@@ -1,6 +1,6 @@
 """The states of a task and of a message, and the operators' decisions about dead messages.
 
-docs/state_machine.md draws the transitions.
+docs/explanation/state_machine.md draws the transitions.
 """
 
 from __future__ import annotations

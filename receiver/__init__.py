@@ -35,5 +35,5 @@ __all__ = [
 
 def upgrade(target: str | sa.URL | Engine | Connection) -> None:
     """Create or upgrade the receiver tables only (their own Alembic branch); on a Connection,
-    inside its transaction (docs/alembic.md)."""
+    inside its transaction (docs/how-to/alembic.md)."""
     upgrade_branch(target, RECEIVER_BRANCH)

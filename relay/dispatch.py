@@ -253,9 +253,8 @@ def short_retention(name: str, destination: Destination, kept: float, longest: f
             f"destination {name!r}: stream {destination.stream!r} keeps a duplicate window of "
             f"{duration_text(kept)}, shorter than the longest retry window "
             f"({duration_text(longest)}): a late resend could be stored twice. Raise the "
-            f"stream's duplicate_window to at least {needed} (nats stream edit "
-            f"{destination.stream} --dupe-window {needed}), or set allow_short_retention = "
-            "true to run regardless"
+            f"stream's duplicate_window to at least {needed} (`outbox broker setup` does), or "
+            "set allow_short_retention = true to run regardless"
         )
     return (
         f"destination {name!r} keeps receipts for {duration_text(kept)}, shorter than the "

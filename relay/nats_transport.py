@@ -4,7 +4,7 @@ A message goes to the subject its destination's template names, with
 `Nats-Msg-Id` = reply_id, the body bytes unchanged and the broker headers
 (relay.broker_headers). The PubAck is the trusted ACK, a duplicate one too:
 the stream already holds that reply_id. A parcel's messages are published
-together and each is settled by its own PubAck (docs/contract.md#nats-jetstream).
+together and each is settled by its own PubAck (docs/explanation/contract.md#nats-jetstream).
 
 A lost connection ends every publish still waiting as a retry, never as sent:
 the stream may or may not have stored it, and the resend is dropped by the
@@ -47,10 +47,12 @@ _KEEP = frozenset(chr(c) for c in range(0x21, 0x7F)) - set(".*>%")
 # JetStream answers 400 to what no resend can change: the subject bound to another
 # stream than the configured one, a message or its headers over the stream's limit.
 _PERMANENT_CODES = frozenset({400})
+SETUP_HINT = "`outbox broker setup` creates or updates the stream to fit"
+"""How to fix a stream the relay refuses (outbox.cli.broker)."""
 
 
 def subject_token(ordering_key: str | None) -> str:
-    """The ordering key as one NATS subject token (docs/contract.md#nats-jetstream).
+    """The ordering key as one NATS subject token (docs/explanation/contract.md#nats-jetstream).
 
     Space, '.', '*', '>', '%', control and non-ASCII characters become %XX (each
     UTF-8 byte, upper-case hex); no key is `_`, and the key `_` itself is %5F,
@@ -411,8 +413,7 @@ class NatsTransport(Transport):
             needed = duration_text(math.ceil(required))
             refusal = (
                 f"{why}; nothing is published until its duplicate_window is at least "
-                f"{needed} (nats stream edit {self.stream} --dupe-window {needed}), or "
-                "allow_short_retention is set"
+                f"{needed} ({SETUP_HINT}), or allow_short_retention is set"
             )
         log.error("%s", refusal, extra={"fields": {"stream": self.stream}})
         return truncate(refusal)
@@ -437,7 +438,7 @@ class NatsTransport(Transport):
         except nats.js.errors.NotFoundError:
             raise ConfigError(
                 f"NATS destination: stream {self.stream!r} does not exist on "
-                f"{redact_urls(self.destination.url)}"
+                f"{redact_urls(self.destination.url)}; {SETUP_HINT}"
             ) from None
         except (OSError, TimeoutError, nats.errors.Error) as exc:
             raise TransportError(f"NATS stream {self.stream!r} not read: {_describe(exc)}") from exc
@@ -446,7 +447,7 @@ class NatsTransport(Transport):
         if not any(subject_matches(f, sample) for f in _subjects(config.subjects)):
             raise ConfigError(
                 f"NATS destination: stream {self.stream!r} (subjects {config.subjects}) does "
-                f"not capture the subject {self.subject!r} (as {sample!r})"
+                f"not capture the subject {self.subject!r} (as {sample!r}); {SETUP_HINT}"
             )
         if config.no_ack:
             raise ConfigError(

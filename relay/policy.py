@@ -1,6 +1,6 @@
 """Delivery policy without I/O: what an HTTP outcome means and when to try again.
 
-Classification (docs/contract.md#delivery): 2xx is sent; 408, 425, 429 and 5xx, timeouts
+Classification (docs/explanation/contract.md#delivery): 2xx is sent; 408, 425, 429 and 5xx, timeouts
 and connection errors are worth retrying; 409 (same id, other body) and every
 other status are permanent and the message goes dead at once.
 """

@@ -215,7 +215,8 @@ class RabbitMqTransport(Transport):
     def _missing(self) -> str:
         return (
             f"exchange {self.exchange_name!r} does not exist on "
-            f"{redact_urls(self.destination.url)}: declare it and bind its queues"
+            f"{redact_urls(self.destination.url)}: declare it and bind its queues "
+            "(`outbox broker setup --queue Q` does both)"
         )
 
     async def _forget(self, connection: AbstractConnection) -> None:

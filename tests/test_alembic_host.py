@@ -1,7 +1,7 @@
-"""A service with its own Alembic environment hosts our branches: docs/alembic.md, run.
+"""A service with its own Alembic environment hosts our branches: docs/how-to/alembic.md, run.
 
 Each test builds the service's Alembic project in tmp_path, with the env.py printed in
-docs/alembic.md, and runs the real `alembic` command on a PostgreSQL database of its own.
+docs/how-to/alembic.md, and runs the real `alembic` command on a PostgreSQL database of its own.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from receiver.schema import metadata as receiver_metadata
 pytestmark = pytest.mark.postgresql_only
 
 ROOT = Path(__file__).resolve().parent.parent
-RECIPE = ROOT / "docs" / "alembic.md"
+RECIPE = ROOT / "docs" / "how-to" / "alembic.md"
 OUR_TABLES = {*outbox_metadata.tables, *receiver_metadata.tables}
 BOTH_HEADS = {required_head("outbox"), required_head("receiver")}
 MODELS = """
@@ -60,10 +60,10 @@ def downgrade() -> None:
 
 
 def recipe(marker: str) -> str:
-    """The Python block of docs/alembic.md that contains `marker`."""
+    """The Python block of docs/how-to/alembic.md that contains `marker`."""
     blocks = re.findall(r"```python\n(.*?)```", RECIPE.read_text(), flags=re.DOTALL)
     found = [block for block in blocks if marker in block]
-    assert len(found) == 1, f"docs/alembic.md: expected one python block with {marker!r}"
+    assert len(found) == 1, f"docs/how-to/alembic.md: expected one python block with {marker!r}"
     return str(found[0])
 
 

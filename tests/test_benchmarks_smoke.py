@@ -8,8 +8,11 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import sqlalchemy as sa
+
+from benchmarks import sweep
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -39,7 +42,11 @@ def test_quick_suite_runs_and_writes_its_table(pg_server: sa.Engine, tmp_path: P
         suite.communicate()
         raise
     assert suite.returncode == 0, stderr
-    document = json.loads(out.read_text(encoding="utf-8"))
+    check_results(json.loads(out.read_text(encoding="utf-8")), stdout)
+
+
+def check_results(document: dict[str, Any], table: str) -> None:
+    """What a quick run's JSON and printed table must hold: every row, with sane figures."""
     rows = {(row["scenario"].split(" (")[0], row["backend"]): row for row in document["rows"]}
     assert set(rows) == {
         ("publish vs bare insert", "postgresql"),
@@ -51,8 +58,8 @@ def test_quick_suite_runs_and_writes_its_table(pg_server: sa.Engine, tmp_path: P
         ("drain into RabbitMQ vs HTTP batch", "postgresql"),
         ("machine CPU per message, JetStream vs HTTP batch drain", "postgresql"),
         ("machine CPU per message, RabbitMQ vs HTTP batch drain", "postgresql"),
-        ("drain into JetStream vs bare client publishers", "postgresql"),
-        ("drain into RabbitMQ vs bare client publishers", "postgresql"),
+        ("drain into JetStream vs bare publishers into JetStream", "postgresql"),
+        ("drain into RabbitMQ vs bare publishers into RabbitMQ", "postgresql"),
         ("JetStream server's own CPU per message", "postgresql"),
         ("RabbitMQ server's own CPU per message", "postgresql"),
         ("consume from JetStream", "postgresql"),
@@ -93,7 +100,7 @@ def test_quick_suite_runs_and_writes_its_table(pg_server: sa.Engine, tmp_path: P
         ("publish vs bare insert", "sqlite"),
     }
     for row in document["rows"]:
-        assert row["scenario"] in stdout
+        assert row["scenario"] in table
         if row["unit"] in (
             "messages/s",
             "tasks/s",
@@ -117,6 +124,29 @@ def test_quick_suite_runs_and_writes_its_table(pg_server: sa.Engine, tmp_path: P
         elif row["baseline"] is not None:
             assert row["baseline"] > 0, row
             assert row["ratio"] > 0, row
+    # The comparisons ran in both orders, and the ceilings are the best of their sweeps.
+    ordered = {key for key, row in rows.items() if row["orders"] is not None}
+    assert {
+        ("drain vs naive relay", "postgresql"),
+        ("drain vs bare relay", "postgresql"),
+        ("drain into JetStream vs HTTP batch", "postgresql"),
+        ("drain into RabbitMQ vs bare publishers into RabbitMQ", "postgresql"),
+        ("live p99 vs bare relay", "postgresql"),
+    } <= ordered
+    for key in ordered:
+        assert set(rows[key]["orders"]) == {"ours first", "baseline first"}, rows[key]
+        assert all(ratio > 0 for ratio in rows[key]["orders"].values()), rows[key]
+    for scenario, swept in (
+        ("drain vs bare relay", "bare"),
+        ("drain into JetStream vs bare publishers into JetStream", "nats_bare"),
+        ("drain into RabbitMQ vs bare publishers into RabbitMQ", "rabbitmq_bare"),
+    ):
+        row = rows[(scenario, "postgresql")]
+        assert row["swept"] == swept
+        run = row["runs"][0]
+        points = [run[f"{swept}_{point.label}"] for point in sweep.QUICK]
+        assert run[swept] == max(points) == row["baseline"], row
+        assert "won: " in row["scenario"]
     pages = rows[("console slowest page", "postgresql")]["runs"][0]
     assert pages["slowest_ms"] > 0
     assert pages["slowest_ms"] == max(v for k, v in pages.items() if k.endswith("_median_ms"))

@@ -1,6 +1,6 @@
 """The integrator's example (examples/fastapi_receiver.py) against the real relay.
 
-docs/receiver-contract.md tells someone writing their own receiver what to answer;
+docs/reference/receiver-contract.md tells someone writing their own receiver what to answer;
 the example follows it with receiver.verify and ReceiptStore. Here the relay
 delivers to the example served by uvicorn, and every promise of the document that
 the example keeps is checked where it shows: in the relay's rows, in the receipts

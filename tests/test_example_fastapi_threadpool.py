@@ -1,7 +1,7 @@
 """ReceiptStore from async endpoints: the thread pool path of examples/fastapi_receiver.py.
 
 The store is synchronous. The example calls it through `run_in_threadpool`, as
-docs/receiver-contract.md (*ReceiptStore from async endpoints*) tells integrators to.
+docs/reference/receiver-contract.md (*ReceiptStore from async endpoints*) tells integrators to.
 These tests hold an accept inside its effect, with its transaction open, and show that
 the event loop keeps answering meanwhile, and that the same delivery arriving many times
 at once through the async endpoint applies the effect once.

@@ -1,4 +1,4 @@
-"""The profile summary docs/performance.md carries: py-spy's raw samples, added up per function."""
+"""The profile summary in docs/explanation/performance.md: py-spy's samples summed per function."""
 
 from __future__ import annotations
 

@@ -12,6 +12,7 @@ import sqlalchemy as sa
 
 from outbox import failpoints, migrations
 from outbox.cli import (
+    broker,
     console,
     consume,
     dead,
@@ -20,6 +21,7 @@ from outbox.cli import (
     operations,
     receiver,
     relay,
+    secret,
     settings,
     upgrades,
     worker,
@@ -110,6 +112,8 @@ def build_parser() -> argparse.ArgumentParser:
     worker.add_parser(commands, _db_argument)
     relay.add_parser(commands)
     receiver.add_parser(commands)
+    secret.add_parser(commands)
+    broker.add_parser(commands)
     return parser
 
 
@@ -140,6 +144,10 @@ def _run(args: argparse.Namespace) -> int:
     if path:
         check_document(settings.load(path), path, all_options())
     check_environment(os.environ, known_variables(), path)
+    if args.command == "secret":  # opens no database and reads no settings
+        return secret.run(args)
+    if args.command == "broker":  # opens no database; reads the relay's settings itself
+        return broker.run(args)
     if args.command != "demo":  # the demo makes its own databases unless given --db
         settings.resolve(args, command_options(args.command))
     if getattr(args, "db", None):

@@ -7,7 +7,7 @@
 
 Each message is checked (signature without a freshness limit, content hash, JSON),
 stored with the reference effect in one transaction, and only then acknowledged; see
-docs/receiver-contract.md, *Consuming from a broker*. SIGTERM or SIGINT stops after the
+docs/reference/receiver-contract.md, *Consuming from a broker*. SIGTERM or SIGINT stops after the
 messages in hand are committed and settled.
 """
 
@@ -100,7 +100,7 @@ class _Early(argparse.Action):
 
 
 def add_early_flags(parser: argparse.ArgumentParser) -> None:
-    """Take the EARLY options on `outbox receiver` itself, help shown under `consume`."""
+    """Take the EARLY options on `outbox receiver` itself, for `consume` to read."""
     for option in OPTIONS:
         if option.dest in EARLY:
             parser.add_argument(
@@ -108,7 +108,7 @@ def add_early_flags(parser: argparse.ArgumentParser) -> None:
                 type=option.parse,
                 action=_Early,
                 default=argparse.SUPPRESS,
-                help=argparse.SUPPRESS,
+                help=f"`consume` only: {HELP[option.dest]}",
             )
 
 

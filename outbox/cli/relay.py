@@ -18,10 +18,12 @@ from outbox.cli.arguments import (
     positive_float,
     positive_int,
 )
+from outbox.cli.config_file import RENAMED
 from outbox.cli.logs import LOG_HELP, announce, configure_logging, log_options
 from outbox.cli.ports import metrics_server
 from outbox.cli.settings import Option, add_flags, load
 from outbox.observability.server import DEFAULT_HOST
+from outbox.unknown_keys import refuse_unknown
 from relay import Relay
 from relay.config import destinations_from
 
@@ -64,6 +66,9 @@ HELP = {
 }
 
 
+RELAY_KEYS = frozenset(option.dest for option in OPTIONS)
+
+
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Register `outbox relay`; its settings are filled in later (see outbox.cli.settings)."""
     parser: argparse.ArgumentParser = subparsers.add_parser(
@@ -81,6 +86,12 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     )
     add_flags(parser, OPTIONS, HELP)
     return parser
+
+
+def check_relay_table(document: dict[str, Any], path: str | None) -> None:
+    """ConfigError naming any key of the file's [relay] table that is not a relay setting
+    (outbox.cli.config_file checks the whole file so for every command)."""
+    refuse_unknown(f"{path}: [relay]", document.get("relay", {}), RELAY_KEYS, RENAMED["relay"])
 
 
 def run(args: argparse.Namespace) -> int:

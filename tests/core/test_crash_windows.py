@@ -1,4 +1,6 @@
-"""Crash windows of intake, claim and finish (docs/contract.md#failure-windows-and-guarantees).
+"""Crash windows of intake, claim and finish.
+
+The rules: docs/explanation/contract.md#failure-windows-and-guarantees.
 
 In-process, an armed failpoint raises Crash (a BaseException) at the exact step;
 in a child process, OUTBOX_FAILPOINT makes the process die there with os._exit.

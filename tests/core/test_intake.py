@@ -1,6 +1,6 @@
 """Intake conformance: validation, authorization, identity, batches.
 
-The rules: docs/contract.md, "Identity and canonical form" and "Intake limits".
+The rules: docs/explanation/contract.md, "Identity and canonical form" and "Intake limits".
 
 Every rejected envelope must raise the documented error and leave the database
 untouched: no inbox row, no task, no reply.

@@ -1,4 +1,4 @@
-"""publish() conformance (docs/contract.md): the caller's transaction, identity, validation."""
+"""publish() conformance (docs/explanation/contract.md): caller's transaction, identity, checks."""
 
 from __future__ import annotations
 

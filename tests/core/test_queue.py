@@ -1,4 +1,6 @@
-"""Task queue conformance (docs/contract.md#tasks): claims, leases, fencing, retries, replies.
+"""Task queue conformance (docs/explanation/contract.md#tasks).
+
+Claims, leases, fencing, retries, replies.
 
 Time only moves through the ManualClock; every terminal path must leave exactly
 one reply whose body is the canonical result document.

@@ -1,4 +1,6 @@
-"""Concurrency (docs/contract.md#tasks): independent queues (own engines) racing on one database.
+"""Concurrency (docs/explanation/contract.md#tasks).
+
+Independent queues (own engines) racing on one database.
 
 Threads are released together by a Barrier; nothing sleeps. On PostgreSQL the
 claims race through FOR UPDATE SKIP LOCKED, on SQLite through BEGIN IMMEDIATE.

@@ -1,4 +1,4 @@
-"""Figures of a fault run, appended as JSON lines for docs/faults.md.
+"""Figures of a fault run, appended as JSON lines for docs/explanation/faults.md.
 
 Tests call `record()` after each scenario; nothing is written unless
 OUTBOX_FAULTS_REPORT names a file (`python tests/faults/report.py` sets it),

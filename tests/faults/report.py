@@ -1,4 +1,4 @@
-"""Run the fault scenarios and write docs/faults.md from what they recorded.
+"""Run the fault scenarios and write docs/explanation/faults.md from what they recorded.
 
     .venv/bin/python tests/faults/report.py            # the CI form
     .venv/bin/python tests/faults/report.py --soak     # the long form
@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
-TARGET = ROOT / "docs" / "faults.md"
+TARGET = ROOT / "docs" / "explanation" / "faults.md"
 REPORT_VAR = "OUTBOX_FAULTS_REPORT"
 COUNTS = ("runs", "kills", "messages", "lost", "duplicated", "stuck", "unexpected", "dead")
 SCENARIOS = {
@@ -105,7 +105,7 @@ def render(lines: list[dict[str, Any]], command: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run the scenarios; on success rewrite docs/faults.md; returns the exit status."""
+    """Run the scenarios; on success rewrite docs/explanation/faults.md; returns the exit status."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--soak", action="store_true", help="the long form of every scenario")
     args, extra = parser.parse_known_args(argv)

@@ -1,6 +1,6 @@
 """Crash matrix: a real process dies at every failpoint, then recovers.
 
-The failpoints: docs/contract.md#failure-windows-and-guarantees.
+The failpoints: docs/explanation/contract.md#failure-windows-and-guarantees.
 
 For each point, rounds of `WIDTH` processes of the role under test start with
 OUTBOX_FAILPOINT set and each dies there (exit 86, os._exit: no cleanup), while

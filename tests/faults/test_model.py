@@ -1,7 +1,7 @@
 """Model-based test: a Hypothesis state machine over the task queue, the outbox and delivery.
 
 Every step runs against the real product (TaskQueue, publish(), a Relay posting to the
-reference receiver over HTTP) and against a small in-memory model of docs/contract.md
+reference receiver over HTTP) and against a small in-memory model of docs/explanation/contract.md
 (tasks, delivery, receiving, failure windows).
 After every step the database must equal the model (tasks, inbox, outbox rows, receipts
 and effects), so nothing of a rolled-back transaction can stay visible, and the
@@ -122,7 +122,7 @@ SOAK_FACTOR = 10
 F = TypeVar("F", bound=Callable[..., Any])
 
 
-# --- the model's own idea of identities and bodies (docs/contract.md, identity) ---
+# --- the model's own idea of identities and bodies (docs/explanation/contract.md, identity) ---
 
 
 def canonical(value: object) -> bytes:
@@ -719,7 +719,7 @@ class ModelMachine(RuleBasedStateMachine):
         )
 
     def _deliverable(self, now: float) -> list[MessageModel]:
-        """Pending, due, and first undelivered of its ordering key (docs/contract.md#delivery)."""
+        """Pending, due, and first of its key (docs/explanation/contract.md#delivery)."""
         out: list[MessageModel] = []
         busy_keys: set[str] = set()
         for message in sorted(self.messages.values(), key=lambda m: m.seq):

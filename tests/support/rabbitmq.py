@@ -143,3 +143,27 @@ def take_all(queue: str) -> list[Queued]:
             return taken
 
     return asyncio.run(take())
+
+
+def delete_topology(exchange: str | None, queue: str | None) -> None:
+    """Delete what a test declared (or a command under test declared for it); gone is fine."""
+    reachable()
+    asyncio.run(_delete(exchange, queue))
+
+
+def exchange_exists(exchange: str) -> bool:
+    """Whether the broker has an exchange of this name (a passive declare)."""
+
+    async def look() -> bool:
+        import aio_pika
+
+        connection = await aio_pika.connect(AMQP_URL, timeout=10)
+        async with connection:
+            channel = await connection.channel()
+            try:
+                await channel.get_exchange(exchange, ensure=True)
+            except aio_pika.exceptions.ChannelNotFoundEntity:
+                return False
+            return True
+
+    return asyncio.run(look())

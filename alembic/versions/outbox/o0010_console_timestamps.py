@@ -43,7 +43,7 @@ def upgrade() -> None:
             options: dict[str, Any] = {"postgresql_using": "brin"}
         else:
             options = {"postgresql_where": sa.text(where), "sqlite_where": sa.text(where)}
-        # An operator may have built them beforehand, CONCURRENTLY (README, Schema).
+        # An operator may have built them beforehand, CONCURRENTLY (docs/reference/schema.md).
         op.create_index(name, table, [column], if_not_exists=True, **options)
 
 

@@ -38,7 +38,7 @@ RUNNING = sa.text("state = 'running'")
 
 
 def upgrade() -> None:
-    # An operator may have dropped it beforehand, CONCURRENTLY (README, Schema).
+    # An operator may have dropped it beforehand, CONCURRENTLY (docs/reference/schema.md).
     op.drop_index(LEASE_INDEX, table_name="outbox_tasks", if_exists=True)
     if op.get_bind().dialect.name == "postgresql":
         op.execute(f"ALTER TABLE outbox_tasks SET (fillfactor = {FILLFACTOR})")
