@@ -498,7 +498,7 @@ def test_a_relay_setting_misspelt_in_the_file_is_refused_as_the_relay_refuses_it
     path = nats_config(tmp_path, new_stream(), relay="[relay]\nbackof_cap = 10")
     status, lines, err = setup(capsys, "--config", str(path))
     assert (status, lines) == (2, [])
-    assert "[relay]: unknown keys ['backof_cap']" in err
+    assert "[relay]: unknown key `backof_cap` (did you mean `backoff_cap`?)" in err
 
 
 @pytest.mark.parametrize(
