@@ -11,7 +11,7 @@ OutboxError
 ├── PermanentFailure      raised by a worker's handler: fail the task now, no retry
 ├── RequeueRefused        a requeue found the message missing or not dead
 ├── ResolveRefused        a resolve found the message missing or not dead
-├── ConfigError           (also ValueError) the relay's configuration is unusable
+├── ConfigError           (also ValueError) a configuration (file, variables) is unusable
 ├── TransportError        the relay's request failed below HTTP
 ├── SignatureError        a request is not signed by a current secret in time
 └── StoreUnavailable      the receipt database cannot be reached or stays busy
@@ -79,7 +79,7 @@ class ResolveRefused(OutboxError):
 
 
 class ConfigError(OutboxError, ValueError):
-    """The relay configuration is unusable; the message says which setting and why."""
+    """A configuration is unusable; the message says which setting and why."""
 
 
 class TransportError(OutboxError):

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -171,3 +171,16 @@ def ensure_current(engine: Engine, branch: str = OUTBOX_BRANCH) -> None:
         f"database {url} has {where}; this code needs {branch} revision {needed}. "
         f"Run: {command_name} --db {url}"
     )
+
+
+def branch_head(heads: Iterable[str], branch: str) -> str | None:
+    """The revision of `branch` among a database's `heads`, or None when it has none."""
+    script = ScriptDirectory.from_config(alembic_config())
+    for head in heads:
+        try:
+            revision = script.get_revision(head)
+        except RevisionError:
+            continue  # written by a newer version of this code: not ours to name
+        if revision is not None and branch in revision.branch_labels:
+            return head
+    return None

@@ -99,11 +99,17 @@ def parse_secret(secret: str | bytes | SigningKey) -> SigningKey:
             # Unlike the library's b64decode, refuse stray characters: a typo is not a key.
             key = base64.b64decode(text + "=" * (-len(text) % 4), validate=True)
         except (binascii.Error, ValueError) as exc:
-            raise ValueError("webhook secret is not valid base64 (expected whsec_...)") from exc
+            raise ValueError(
+                "webhook secret is not valid base64 (expected whsec_<base64>; make one with "
+                "`outbox secret new`)"
+            ) from exc
     else:
         raise TypeError(f"a webhook secret is str or bytes, not {type(secret).__name__}")
     if len(key) < 16:
-        raise ValueError("webhook secret is shorter than 16 bytes")
+        raise ValueError(
+            f"webhook secret is shorter than 16 bytes (it decodes to {len(key)}): make one "
+            "with `outbox secret new`"
+        )
     return SigningKey(key)
 
 

@@ -31,6 +31,7 @@ from outbox.clock import Clock
 from outbox.db import retry
 from outbox.db.dialect import READ_ONLY, is_postgresql, now_expression, one_statement
 from outbox.db.handle import DatabaseHandle
+from outbox.durations import duration_text
 from outbox.errors import PayloadCollision, StoreUnavailable
 from outbox.messages import are_reply_ids, check_reply_id
 from outbox.migrations import RECEIVER_BRANCH
@@ -278,7 +279,8 @@ class ReceiptStore(DatabaseHandle):
         if older_than < self.retention:
             raise ValueError(
                 f"refusing to purge receipts younger than the published retention "
-                f"({self.retention:g}s): a relay may still resend them; lower the retention "
+                f"({duration_text(self.retention)}): a relay may still resend them; lower the "
+                "retention "
                 f"explicitly first"
             )
         if batch < 1:

@@ -23,6 +23,7 @@ from outbox.errors import ConfigError
 from outbox.messages import check_destination
 from outbox.redaction import redact_urls
 from outbox.signing import SigningKey, parse_secret
+from outbox.unknown_keys import refuse_unknown
 
 Mode = Literal["single", "batch"]
 
@@ -378,9 +379,7 @@ def destinations_from(
 
 def _destination(where: str, table: Mapping[str, Any], environ: Mapping[str, str]) -> Destination:
     """One destination from its merged table; ConfigError names `where` it came from."""
-    unknown = set(table) - set(DESTINATION_KEYS)
-    if unknown:
-        raise ConfigError(f"{where}: unknown keys {sorted(unknown)}")
+    refuse_unknown(where, table, DESTINATION_KEYS)
     if "url" not in table:
         raise ConfigError(f"{where}: url is required")
     given = [key for key in SECRET_KEYS if key in table]

@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from collections import defaultdict
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from functools import partial
 
 from outbox import failpoints
+from outbox.durations import duration_text
 from outbox.errors import ConfigError, TransportError
 from outbox.redaction import redact
 from relay.config import Destination
@@ -91,25 +93,17 @@ class Dispatcher:
             if answer is None:
                 why = (
                     f"destination {name!r} publishes no receipt retention: a resend up to "
-                    f"{longest:g}s after the first attempt could apply twice if it forgets sooner"
+                    f"{duration_text(longest)} after the first attempt could apply twice if it "
+                    "forgets sooner"
                 )
                 if destination.require_retention:
                     raise ConfigError(f"{why} (require_retention is set)")
                 log.warning("%s", why)
                 continue
             if answer < longest:
-                why = (
-                    f"destination {name!r} keeps receipts for {answer:g}s, shorter than the "
-                    f"longest retry window ({longest:g}s): a late resend could apply twice"
-                )
+                why = short_retention(name, destination, answer, longest)
                 if not destination.allow_short_retention:
-                    fix = "set allow_short_retention to run regardless"
-                    if destination.kind == "nats":
-                        # A stream's window can be raised; a receiver's retention is its own.
-                        fix = (
-                            f"raise the stream's duplicate_window (`outbox broker setup`), or {fix}"
-                        )
-                    raise ConfigError(f"{why} ({fix})")
+                    raise ConfigError(why)
                 log.warning("%s (allow_short_retention is set)", why)
 
     async def deliver_batch(
@@ -247,4 +241,24 @@ def retry_window(
     """The longest retry window of a destination under these settings (see policy)."""
     return lambda destination: longest_retry_window(
         max_attempts, backoff, backoff_cap, destination.timeout, lease
+    )
+
+
+def short_retention(name: str, destination: Destination, kept: float, longest: float) -> str:
+    """Why a destination that forgets before the last resend is refused, and the two fixes:
+    keep longer (the value needed), or run regardless."""
+    needed = duration_text(math.ceil(longest))
+    if destination.kind == "nats":
+        return (
+            f"destination {name!r}: stream {destination.stream!r} keeps a duplicate window of "
+            f"{duration_text(kept)}, shorter than the longest retry window "
+            f"({duration_text(longest)}): a late resend could be stored twice. Raise the "
+            f"stream's duplicate_window to at least {needed} (`outbox broker setup` does), or "
+            "set allow_short_retention = true to run regardless"
+        )
+    return (
+        f"destination {name!r} keeps receipts for {duration_text(kept)}, shorter than the "
+        f"longest retry window ({duration_text(longest)}): a late resend could apply twice. "
+        f"Raise the receiver's retention to at least {needed} (outbox receiver --retention "
+        f"{needed}), or set allow_short_retention = true to run regardless"
     )

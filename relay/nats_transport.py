@@ -18,11 +18,13 @@ import contextlib
 import itertools
 import json
 import logging
+import math
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from outbox.clients import optional_client
+from outbox.durations import duration_text
 from outbox.errors import ConfigError, TransportError
 from outbox.redaction import redact, redact_urls
 from relay.config import Destination
@@ -393,20 +395,25 @@ class NatsTransport(Transport):
         else:
             if window >= required:
                 self._required_window = None
-                log.info("NATS stream %s: duplicate window %gs checked", self.stream, window)
+                log.info(
+                    "NATS stream %s: duplicate window %s checked",
+                    self.stream,
+                    duration_text(window),
+                )
                 return None
             why = (
                 f"NATS destination: stream {self.stream!r} keeps a duplicate window of "
-                f"{window:g}s, shorter than the longest retry window ({required:g}s): a "
-                "resend could be stored twice"
+                f"{duration_text(window)}, shorter than the longest retry window "
+                f"({duration_text(required)}): a resend could be stored twice"
             )
             if self.destination.allow_short_retention:
                 self._required_window = None
                 log.warning("%s (allow_short_retention is set)", why)
                 return None
+            needed = duration_text(math.ceil(required))
             refusal = (
                 f"{why}; nothing is published until its duplicate_window is at least "
-                f"{required:g}s (or allow_short_retention is set); {SETUP_HINT}"
+                f"{needed} ({SETUP_HINT}), or allow_short_retention is set"
             )
         log.error("%s", refusal, extra={"fields": {"stream": self.stream}})
         return truncate(refusal)

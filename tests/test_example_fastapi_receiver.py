@@ -262,7 +262,7 @@ def test_a_relay_refuses_to_start_when_receipts_are_kept_too_briefly(db_url: str
     finally:
         store.close()
     assert isinstance(running.error, ConfigError)
-    assert "keeps receipts for 60s" in str(running.error)
+    assert "keeps receipts for 1m" in str(running.error)
 
 
 def signed(reply_id: str, body: bytes, secret: str = SECRET, **changes: str) -> dict[str, str]:

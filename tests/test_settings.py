@@ -190,7 +190,8 @@ def test_a_bad_relay_value_names_where_it_came_from(
     ("line", "said"),
     [
         ("attempts = 4", "`attempts` is now called `max_attempts`"),
-        ("retries = 4", "unknown keys ['retries']"),
+        ("retries = 4", "[relay]: unknown key `retries`; known: backoff, "),
+        ("concurency = 4", "[relay]: unknown key `concurency` (did you mean `concurrency`?)"),
     ],
 )
 def test_the_relay_refuses_unknown_keys_in_its_table(

@@ -194,8 +194,13 @@ def config_page() -> str:
         "# Configuration\n\n",
         "Each setting comes from, highest first: its flag, its `OUTBOX_*` environment "
         "variable, the TOML config file (`--config FILE` or `OUTBOX_CONFIG`), then its "
-        "default. A bad value names where it came from, and an `OUTBOX_*` variable that "
-        "no command reads is an error. The defaults below are the ones the code uses.\n\n",
+        "default. A bad value names where it came from. A key or table of the config file "
+        "that no command reads is an error naming the nearest known one (``[worker]: unknown "
+        "key `concurency` (did you mean `concurrency`?)``; `[destination.billing]` is named as "
+        "a typo of `[destinations.billing]`), and so is an `OUTBOX_*` variable that no "
+        "command reads: a typo never leaves a default silently in force. Every command "
+        "checks the whole file, whichever part it reads. The defaults below are the ones "
+        "the code uses.\n\n",
         "## Every command\n\n",
         f"{columns}\n{rule}\n",
         f"| `--db` (or `--url`) | `{DB.env}` | `{DB.key}` | database URL | `{DB.default}` "
@@ -247,7 +252,8 @@ def commands_page() -> str:
         out = [
             HEADER.format(command=REGENERATE),
             "# Commands\n\n",
-            "Every `outbox` command and its `--help`. Bad arguments print one line and exit 2.\n",
+            "Every `outbox` command and its `--help`. Bad arguments print one line and exit 2; "
+            "the exit statuses are listed under `outbox` below.\n",
         ]
         for path, parser in _command_parsers(build_parser()):
             title = " ".join(("outbox", *path))

@@ -8,23 +8,30 @@ import os
 from collections.abc import Sequence
 from typing import Any, NoReturn
 
+import sqlalchemy as sa
+
 from outbox import __version__, failpoints, migrations
 from outbox.cli import (
     broker,
     console,
+    consume,
     dead,
     demo,
+    failures,
     operations,
     receiver,
     relay,
     secret,
     settings,
+    upgrades,
     worker,
 )
+from outbox.cli.config_file import check_document
 from outbox.cli.environment import check_environment
+from outbox.cli.failures import PortUnavailable
 from outbox.cli.logs import report_error
 from outbox.db.dialect import missing_sqlite_file
-from outbox.errors import OutboxError
+from outbox.errors import OutboxError, StoreUnavailable
 from outbox.redaction import redact
 
 DEFAULT_DB = settings.DEFAULT_DB
@@ -76,7 +83,12 @@ class OneLineErrors(argparse.ArgumentParser):
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser for every subcommand."""
-    parser = OneLineErrors(prog="outbox", description=__doc__)
+    parser = OneLineErrors(
+        prog="outbox",
+        description=__doc__,
+        epilog=failures.EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--version", action="version", version=f"outbox-relay {__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
 
@@ -110,42 +122,68 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the exit status."""
     args = build_parser().parse_args(argv)
     try:
-        check_environment(os.environ, known_variables(), _config_path(args))
-        if args.command == "secret":  # opens no database and reads no settings
-            return secret.run(args)
-        if args.command == "broker":  # opens no database; reads the relay's settings itself
-            return broker.run(args)
-        if args.command != "demo":  # the demo makes its own databases unless given --db
-            settings.resolve(args, command_options(args.command))
-            missing = None if _creates_schema(args) else missing_sqlite_file(args.db)
-            if missing is not None:
-                if args.command == "db":  # `db current`: nothing there, so no schema
-                    return _print_revisions(args, [])
-                upgrade = "receiver upgrade" if args.command == "receiver" else "db upgrade"
-                raise ValueError(
-                    f"no SQLite database at {missing}; create it with: "
-                    f"outbox {upgrade} --db {args.db}"
-                )
-        if args.command == "db":
-            return _db(args)
-        if args.command == "demo":
-            return demo.run(args)
-        if args.command == "worker":
-            return worker.run(args)
-        if args.command in ("status", "purge"):
-            return operations.run(args)
-        if args.command == "dead":
-            return dead.run(args)
-        if args.command == "relay":
-            return relay.run(args)
-        if args.command == "receiver":
-            return receiver.run(args)
-        if args.command == "console":
-            return console.run(args)
+        return _run(args)
+    except PortUnavailable as exc:
+        report_error(f"outbox: error: {exc}")
+        return failures.PORT
+    except sa.exc.DBAPIError as exc:
+        report_error(f"outbox: error: {failures.database_error(getattr(args, 'db', None), exc)}")
+        return failures.DATABASE
+    except StoreUnavailable as exc:
+        report_error(f"outbox: error: {failures.store_error(getattr(args, 'db', None), exc)}")
+        return failures.DATABASE
     except (ValueError, OSError, OutboxError) as exc:
         report_error(f"outbox: error: {exc}")
-        return 2
+        return failures.USAGE
+
+
+def _run(args: argparse.Namespace) -> int:
+    """Check the settings, then run the command."""
+    if args.command == "receiver":
+        consume.refuse_early(args)  # a usage error, named before any file or database
+    path = _config_path(args)
+    if path:
+        check_document(settings.load(path), path, all_options())
+    check_environment(os.environ, known_variables(), path)
+    if args.command == "secret":  # opens no database and reads no settings
+        return secret.run(args)
+    if args.command == "broker":  # opens no database; reads the relay's settings itself
+        return broker.run(args)
+    if args.command != "demo":  # the demo makes its own databases unless given --db
+        settings.resolve(args, command_options(args.command))
+    if getattr(args, "db", None):
+        failures.check_database_url(args.db)
+    if args.command != "demo":
+        missing = None if _creates_schema(args) else missing_sqlite_file(args.db)
+        if missing is not None:
+            if args.command == "db":  # `db current`: nothing there, so no schema
+                return _print_revisions(args, [])
+            upgrade = "receiver upgrade" if args.command == "receiver" else "db upgrade"
+            raise ValueError(
+                f"no SQLite database at {missing}; create it with: outbox {upgrade} --db {args.db}"
+            )
+    if args.command == "db":
+        return _db(args)
+    if args.command == "demo":
+        return demo.run(args)
+    if args.command == "worker":
+        return worker.run(args)
+    if args.command in ("status", "purge"):
+        return operations.run(args)
+    if args.command == "dead":
+        return dead.run(args)
+    if args.command == "relay":
+        return relay.run(args)
+    if args.command == "receiver":
+        return receiver.run(args)
+    if args.command == "console":
+        return console.run(args)
     raise AssertionError(f"unhandled command {args.command!r}")
+
+
+def all_options() -> tuple[settings.Option, ...]:
+    """Every setting of every command: what a config file may hold besides destinations."""
+    return (settings.DB, *(option for options in OPTIONS.values() for option in options))
 
 
 def known_variables() -> set[str]:
@@ -178,17 +216,20 @@ def _creates_schema(args: argparse.Namespace) -> bool:
 
 def _db(args: argparse.Namespace) -> int:
     if args.db_command == "upgrade":
-        migrations.upgrade(args.db)
+        branches = [migrations.OUTBOX_BRANCH]
         if args.receiver:
-            migrations.upgrade_branch(args.db, migrations.RECEIVER_BRANCH)
+            branches.append(migrations.RECEIVER_BRANCH)
+        revisions, changes = upgrades.upgrade(args.db, branches)
+        if args.json:
+            return _print_revisions(args, revisions)
+        print("\n".join(changes))
+        return 0
     return _print_revisions(args, migrations.heads_of(args.db))
 
 
 def _print_revisions(args: argparse.Namespace, revisions: Sequence[str]) -> int:
     if args.json:
         print(json.dumps({"revisions": revisions}))
-    elif args.db_command == "upgrade":
-        print(f"schema is up to date: {', '.join(revisions) or 'nothing'}")
     else:
         print(", ".join(revisions) or "no schema")
     return 0

@@ -21,8 +21,9 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from outbox.cli.arguments import boolean, non_negative_int, positive_float, positive_int
-from outbox.cli.logs import configure_logging
-from outbox.cli.settings import Option, add_flags
+from outbox.cli.logs import announce, configure_logging
+from outbox.cli.ports import metrics_server
+from outbox.cli.settings import Option, add_flags, config_path
 from outbox.errors import ConfigError
 from outbox.observability.server import DEFAULT_HOST
 
@@ -83,6 +84,45 @@ def add_parser(
     return parser
 
 
+EARLY = ("from", "stream", "durable", "queue", "ack_wait", "metrics_port", "metrics_host")
+"""`consume` options also taken before the word `consume` (`receiver --from X consume`)."""
+
+
+class _Early(argparse.Action):
+    """A `consume` option given before `consume`: kept, and noted so that another action
+    than `consume` can refuse it rather than let it be read as that action's name."""
+
+    def __call__(
+        self, parser: Any, namespace: argparse.Namespace, values: Any, option: Any = None
+    ) -> None:
+        setattr(namespace, self.dest, values)
+        namespace.consume_options = [*getattr(namespace, "consume_options", []), option]
+
+
+def add_early_flags(parser: argparse.ArgumentParser) -> None:
+    """Take the EARLY options on `outbox receiver` itself, for `consume` to read."""
+    for option in OPTIONS:
+        if option.dest in EARLY:
+            parser.add_argument(
+                option.flag,
+                type=option.parse,
+                action=_Early,
+                default=argparse.SUPPRESS,
+                help=f"`consume` only: {HELP[option.dest]}",
+            )
+
+
+def refuse_early(args: argparse.Namespace) -> None:
+    """ConfigError when an action other than `consume` was given `consume` options."""
+    given = getattr(args, "consume_options", None)
+    if given and args.receiver_command != "consume":
+        what = "is an option" if len(given) == 1 else "are options"
+        raise ConfigError(
+            f"{', '.join(given)} {what} of `outbox receiver consume`; the HTTP receiver "
+            "serves /metrics, /healthz and /readyz on its own --port"
+        )
+
+
 def run(args: argparse.Namespace, secrets_from: Callable[[str | None], list[str]]) -> int:
     """Consume until SIGTERM/SIGINT; 0 after the messages in hand are settled."""
     from receiver.effects import record_effect
@@ -107,6 +147,7 @@ def run(args: argparse.Namespace, secrets_from: Callable[[str | None], list[str]
         consumer = _consumer(args, source, store, common)
         # Only now: a refusal above is one plain line, like every bad command line.
         configure_logging(args.log_format, args.log_level)
+        announce("receiver consume", args.db, config_path(args))
         server = _metrics_server(args, store, metrics)
         try:
             asyncio.run(_until_signal(consumer))
@@ -161,7 +202,6 @@ def _metrics_server(args: argparse.Namespace, store: Any, metrics: Any) -> Any:
     if not args.metrics_port:
         return None
     from outbox.observability.probe import Probe
-    from outbox.observability.server import MetricsServer
 
     database = Probe(store.ping, deadline=1.0)
     metrics.watch(database)
@@ -170,9 +210,8 @@ def _metrics_server(args: argparse.Namespace, store: Any, metrics: Any) -> Any:
         answered = database() is not None
         return {"ok": answered, "database": answered}
 
-    return MetricsServer(
-        args.metrics_port,
-        host=args.metrics_host,
+    return metrics_server(
+        args,
         render=metrics.render,
         health=lambda: {"ok": True},
         ready=ready,

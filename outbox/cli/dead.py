@@ -19,6 +19,7 @@ from outbox.cli.arguments import age_text, json_flag, positive_int, print_json
 from outbox.cli.decisions import add_decision_arguments, add_filters, chosen_filter, dead_message
 from outbox.db.operations_sql import DeadFilter
 from outbox.operations import Operations
+from outbox.redaction import redact
 
 ERROR_WIDTH = 60
 
@@ -57,7 +58,7 @@ def run(args: argparse.Namespace) -> int:
     """Run `outbox dead ...`; returns the exit status."""
     with Operations(args.db) as ops:
         if args.dead_command == "list":
-            return _dead_list(ops, args.limit, chosen_filter(args), args.json)
+            return _dead_list(ops, args.db, args.limit, chosen_filter(args), args.json)
         if args.dead_command == "requeue":
             return requeue.run(ops, args)
         if args.dead_command == "resolve":
@@ -72,7 +73,7 @@ def _iso(epoch: float | None) -> str | None:
     return datetime.fromtimestamp(epoch, UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
 
 
-def _dead_list(ops: Operations, limit: int, chosen: DeadFilter, as_json: bool) -> int:
+def _dead_list(ops: Operations, db: str, limit: int, chosen: DeadFilter, as_json: bool) -> int:
     rows = ops.dead(limit, chosen)
     for row in rows:
         del row["id"]  # the row's key for paging, not part of what the list shows
@@ -81,6 +82,7 @@ def _dead_list(ops: Operations, limit: int, chosen: DeadFilter, as_json: bool) -
     if as_json:
         print_json(rows)
         return 0
+    print(f"database {redact(db)}")
     if not rows:
         print("no dead messages")
         return 0

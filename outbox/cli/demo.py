@@ -32,6 +32,7 @@ from sqlalchemy.orm import Session
 import outbox
 from outbox import AuthContext, Claim, Envelope, Fenced, TaskQueue, failpoints, publish
 from outbox.cli import demo_reads as reads
+from outbox.redaction import redact
 from outbox.worker import Worker
 
 SOURCE = "agent-a"
@@ -348,8 +349,8 @@ def run(args: argparse.Namespace) -> int:
         )
     else:
         setting = Setting(args.db, args.db, folder, token)
-    print(f"outbox database:   {setting.outbox_url}")
-    print(f"receiver database: {setting.receiver_url}")
+    print(f"outbox database:   {redact(setting.outbox_url)}")
+    print(f"receiver database: {redact(setting.receiver_url)}")
     try:
         story(setting)
     except DatabaseInUse as exc:

@@ -79,11 +79,29 @@ def configure_logging(log_format: str, level: str = "INFO") -> None:
     root.setLevel(level.upper())
     # aiohttp logs each dropped keep-alive connection; those are retried, not news.
     logging.getLogger("aiohttp").setLevel(logging.WARNING)
+    # Alembic says which dialect it drives each time the schema is checked (at start, and
+    # in the relay's readiness mid-run): noise below DEBUG.
+    debug = root.getEffectiveLevel() <= logging.DEBUG
+    logging.getLogger("alembic").setLevel(logging.NOTSET if debug else logging.WARNING)
     _json = log_format == "json"
     if _json:
         sys.excepthook = _log_uncaught
         threading.excepthook = _log_uncaught_in_thread
         logging.captureWarnings(True)  # warnings.warn writes to stderr itself otherwise
+
+
+def announce(command: str, db: str, config: str | None) -> None:
+    """A long-running command's first line: the database it uses (password hidden) and the
+    config file it read, so a typo that fell back to a default shows at once."""
+    database = redact(db)
+    read = f", config {config}" if config else ", no config file"
+    log.info(
+        "outbox %s: database %s%s",
+        command,
+        database,
+        read,
+        extra={"fields": {"command": command, "database": database, "config": config}},
+    )
 
 
 def report_error(message: str) -> None:

@@ -9,6 +9,7 @@ from typing import Any
 
 from outbox.cli.arguments import age_text, json_flag, parse_duration, positive_int, print_json
 from outbox.operations import PURGE_BATCH, Operations
+from outbox.redaction import redact
 
 ERROR_WIDTH = 60
 
@@ -41,15 +42,16 @@ def run(args: argparse.Namespace) -> int:
     """Run status or purge; returns the exit status."""
     with Operations(args.db) as ops:
         if args.command == "status":
-            return _status(ops, args.json)
+            return _status(ops, args.db, args.json)
         return _purge(ops, args.older_than, args.batch, args.json)
 
 
-def _status(ops: Operations, as_json: bool) -> int:
+def _status(ops: Operations, db: str, as_json: bool) -> int:
     status = ops.status()
     if as_json:
         print_json(status)
         return 0
+    print(f"database {redact(db)}")
     for kind in ("tasks", "messages"):
         counts = "  ".join(f"{state} {count}" for state, count in status[kind].items())
         print(f"{kind:<8} {counts}")

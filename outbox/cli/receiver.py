@@ -21,10 +21,13 @@ import socket
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from outbox.cli import consume, processes
+from outbox.cli import consume, processes, upgrades
 from outbox.cli.arguments import parse_duration, positive_float, positive_int
-from outbox.cli.logs import LOG_HELP, configure_logging, log_options
-from outbox.cli.settings import Option, add_flags
+from outbox.cli.logs import LOG_HELP, announce, configure_logging, log_options
+from outbox.cli.ports import listening_socket
+from outbox.cli.settings import Option, add_flags, config_path
+from outbox.durations import duration_text
+from outbox.migrations import RECEIVER_BRANCH
 from outbox.signing import DEFAULT_TOLERANCE
 from receiver.app import DEFAULT_MAX_BODY
 from receiver.protocol import DEFAULT_HEADER_LIMIT, DEFAULT_REQUEST_TIMEOUT
@@ -119,6 +122,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="TOML config file with a [receiver] table (env OUTBOX_CONFIG)",
     )
     add_flags(parser, SERVING_OPTIONS, HELP)
+    consume.add_early_flags(parser)
     actions = parser.add_subparsers(dest="receiver_command", metavar="{upgrade,purge,consume}")
     # SUPPRESS: an option given before the action ("receiver --db X purge") must survive.
     upgrade = actions.add_parser("upgrade", help="create or upgrade the receiver tables")
@@ -146,15 +150,13 @@ def run(args: argparse.Namespace) -> int:
 
     retention = DEFAULT_RETENTION if args.retention is None else args.retention
     if args.receiver_command == "upgrade":
-        import receiver
-
-        receiver.upgrade(args.db)
-        print("receiver schema is up to date")
+        _, changes = upgrades.upgrade(args.db, [RECEIVER_BRANCH])
+        print("\n".join(changes))
         return 0
     if args.receiver_command == "purge":
         with ReceiptStore(args.db, retention=retention) as store:
             removed = store.purge(args.older_than, batch=args.batch)
-        print(f"purged {removed} receipt(s) older than {args.older_than:g}s")
+        print(f"purged {removed} receipt(s) older than {duration_text(args.older_than)}")
         return 0
     if args.receiver_command == "consume":
         return consume.run(args, load_secrets)
@@ -166,36 +168,36 @@ def _serve(args: argparse.Namespace, retention: float) -> int:
 
     secrets = load_secrets(args.secret_file)
     configure_logging(args.log_format, args.log_level)
+    announce("receiver", args.db, config_path(args))
     listening = logging.getLogger("outbox.receiver")
     fields = {"host": args.host, "port": args.port, "retention": retention}
-    if args.workers == 1:
-        server, store = _server(args, retention, secrets)
-        try:
-            listening.info(
-                "receiver listening on http://%s:%d (retention %gs, %d secret(s))",
-                args.host,
-                args.port,
-                retention,
-                len(secrets),
-                extra={"fields": fields},
-            )
-            server.run()
-        finally:
-            store.close()
-        return 0
-    # Each worker opens its own store; this one only says now, once, if the database is
-    # not ready, rather than in every worker.
-    ReceiptStore(args.db, retention=retention).close()
-    sock = processes.bind(args.host, args.port)
+    kept = f"retention {duration_text(retention)}, {len(secrets)} secret(s)"
+    # Bound before anything says "listening": a port in use is named, not found by a client.
+    sock = listening_socket(args.host, args.port)
     try:
+        if args.workers == 1:
+            server, store = _server(args, retention, secrets)
+            try:
+                listening.info(
+                    "receiver listening on http://%s:%d (%s)",
+                    args.host,
+                    args.port,
+                    kept,
+                    extra={"fields": fields},
+                )
+                server.run(sockets=[sock])
+            finally:
+                store.close()
+            return 0
+        # Each worker opens its own store; this one only says now, once, if the database
+        # is not ready, rather than in every worker.
+        ReceiptStore(args.db, retention=retention).close()
         listening.info(
-            "receiver listening on http://%s:%d with %d worker processes "
-            "(retention %gs, %d secret(s))",
+            "receiver listening on http://%s:%d with %d worker processes (%s)",
             args.host,
             args.port,
             args.workers,
-            retention,
-            len(secrets),
+            kept,
             extra={"fields": {**fields, "workers": args.workers}},
         )
         return processes.serve_in_processes(args.workers, _worker, sock, (args, retention))

@@ -18,10 +18,12 @@ from outbox.cli.arguments import (
     positive_float,
     positive_int,
 )
-from outbox.cli.logs import LOG_HELP, configure_logging, log_options
+from outbox.cli.config_file import RENAMED
+from outbox.cli.logs import LOG_HELP, announce, configure_logging, log_options
+from outbox.cli.ports import metrics_server
 from outbox.cli.settings import Option, add_flags, load
-from outbox.errors import ConfigError
-from outbox.observability.server import DEFAULT_HOST, MetricsServer
+from outbox.observability.server import DEFAULT_HOST
+from outbox.unknown_keys import refuse_unknown
 from relay import Relay
 from relay.config import destinations_from
 
@@ -62,6 +64,8 @@ HELP = {
     "metrics_host": f"address the metrics port binds (default {DEFAULT_HOST}; 0.0.0.0 for all)",
     **LOG_HELP,
 }
+
+
 RELAY_KEYS = frozenset(option.dest for option in OPTIONS)
 
 
@@ -85,23 +89,18 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def check_relay_table(document: dict[str, Any], path: str | None) -> None:
-    """ConfigError naming any key of the file's [relay] table that is not a relay setting."""
-    unknown = set(document.get("relay", {})) - RELAY_KEYS
-    if "attempts" in unknown:
-        raise ConfigError(f"{path}: [relay]: `attempts` is now called `max_attempts`")
-    if unknown:
-        raise ConfigError(
-            f"{path}: [relay]: unknown keys {sorted(unknown)}; known: {sorted(RELAY_KEYS)}"
-        )
+    """ConfigError naming any key of the file's [relay] table that is not a relay setting
+    (outbox.cli.config_file checks the whole file so for every command)."""
+    refuse_unknown(f"{path}: [relay]", document.get("relay", {}), RELAY_KEYS, RENAMED["relay"])
 
 
 def run(args: argparse.Namespace) -> int:
     """Run the relay until SIGTERM; exit 0 after draining."""
     path = args.config or os.environ.get("OUTBOX_CONFIG")
     document = load(path) if path else {}
-    check_relay_table(document, path)
     destinations = destinations_from(document, path, os.environ)
     configure_logging(args.log_format, args.log_level)
+    announce("relay", args.db, path)
     options = {
         option.dest: getattr(args, option.dest)
         for option in RELAY_OPTIONS
@@ -110,9 +109,8 @@ def run(args: argparse.Namespace) -> int:
     with Relay(args.db, destinations, **options) as relay:
         server = None
         if args.metrics_port:
-            server = MetricsServer(
-                args.metrics_port,
-                host=args.metrics_host,
+            server = metrics_server(
+                args,
                 render=relay.metrics.render,
                 health=relay.health,
                 ready=relay.readiness,

@@ -70,9 +70,14 @@ def add_flags(
 DB = Option("db", "OUTBOX_DB", "db", default=DEFAULT_DB)
 
 
+def config_path(args: argparse.Namespace) -> str | None:
+    """The config file a command reads: --config, else OUTBOX_CONFIG, else none."""
+    return getattr(args, "config", None) or os.environ.get(CONFIG_ENV) or None
+
+
 def resolve(args: argparse.Namespace, options: Sequence[Option]) -> None:
     """Fill each option missing from the command line; ValueError names a bad source."""
-    path = getattr(args, "config", None) or os.environ.get(CONFIG_ENV)
+    path = config_path(args)
     document = load(path) if path else {}
     for option in options:
         if getattr(args, option.dest, None) is not None:

@@ -11,10 +11,11 @@ from contextlib import nullcontext
 from typing import Any
 
 from outbox.cli.arguments import non_negative_int, positive_float, positive_int
-from outbox.cli.logs import LOG_HELP, configure_logging, log_options, report_error
-from outbox.cli.settings import Option, add_flags
+from outbox.cli.logs import LOG_HELP, announce, configure_logging, log_options, report_error
+from outbox.cli.ports import metrics_server
+from outbox.cli.settings import Option, add_flags, config_path
 from outbox.handlers import WrongHandlerKind, is_async_handler
-from outbox.observability.server import DEFAULT_HOST, MetricsServer
+from outbox.observability.server import DEFAULT_HOST
 from outbox.observability.worker_metrics import WorkerMetrics
 from outbox.tasks import TaskQueue
 from outbox.worker import Handler, Worker
@@ -83,6 +84,7 @@ def add_parser(commands: Any, db_argument: Callable[[argparse.ArgumentParser], N
 def run(args: argparse.Namespace) -> int:
     """Run the worker until SIGTERM/SIGINT; 0 after a clean drain."""
     configure_logging(args.log_format, args.log_level)
+    announce("worker", args.db, config_path(args))
     with TaskQueue(args.db, lease=args.lease, reply_destination=args.reply_destination) as queue:
         metrics = WorkerMetrics() if args.metrics_port else None
         worker = Worker(
@@ -97,9 +99,8 @@ def run(args: argparse.Namespace) -> int:
         server = (
             nullcontext()
             if metrics is None
-            else MetricsServer(
-                args.metrics_port,
-                host=args.metrics_host,
+            else metrics_server(
+                args,
                 render=metrics.render,
                 health=worker.health,
                 ready=worker.readiness,

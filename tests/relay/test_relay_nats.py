@@ -290,7 +290,10 @@ def test_a_duplicate_window_shorter_than_the_retry_window_is_refused_unless_allo
     with stream_of_this_test(duplicate_window=60) as short:
         relay = Relay(db_url, {"default": nats_destination(short)}, clock=clock)
         try:
-            with pytest.raises(ConfigError, match="keeps receipts for 60s, shorter than"):
+            refused = (
+                r"duplicate window of 1m, shorter than .* at least \S+ \(`outbox broker setup`"
+            )
+            with pytest.raises(ConfigError, match=refused):
                 relay.run(install_signal_handlers=False)
         finally:
             relay.close()
@@ -552,10 +555,11 @@ def test_a_short_window_found_after_the_start_check_failed_stops_publishing_unle
             assert verdicts == dict.fromkeys(ids, "retry")
             for row in rows(engine).values():
                 error = row["last_error"]
-                assert "duplicate window of 60s, shorter than the longest retry" in error
+                assert "duplicate window of 1m, shorter than the longest retry" in error
+                assert "`outbox broker setup` creates or updates the stream" in error
                 assert "allow_short_retention" in error
             assert any(
-                r.levelno == logging.ERROR and "duplicate window of 60s" in r.getMessage()
+                r.levelno == logging.ERROR and "duplicate window of 1m" in r.getMessage()
                 for r in caplog.records
             )
             assert short.stored() == []

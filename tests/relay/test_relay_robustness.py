@@ -194,5 +194,5 @@ def test_a_token_in_the_destination_url_never_reaches_stored_errors_or_logs(
 def test_urls_lose_their_credentials_and_query_strings() -> None:
     text = "failed: url='https://user:pw@h.example:8443/a/b?token=x&y=2#frag' and http://ok/x"
     assert redact_urls(text) == (
-        "failed: url='https://<redacted>@h.example:8443/a/b?<redacted>' and http://ok/x"
+        "failed: url='https://user:<redacted>@h.example:8443/a/b?<redacted>' and http://ok/x"
     )

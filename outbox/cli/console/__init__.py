@@ -16,7 +16,11 @@ from collections.abc import Callable
 from typing import Any
 
 from outbox.cli.arguments import boolean, positive_int
+from outbox.cli.logs import announce, configure_logging
+from outbox.cli.ports import listening_socket
 from outbox.cli.settings import Option, add_flags
+
+log = logging.getLogger("outbox.console")
 
 LOOPBACK = "127.0.0.1"
 TOKEN_ENV = "OUTBOX_CONSOLE_TOKEN"  # noqa: S105 (the variable that holds it)
@@ -75,6 +79,8 @@ def run(args: argparse.Namespace) -> int:
     from outbox.operations import Operations
 
     token = console_token(args.host)
+    configure_logging("text")
+    announce("console", args.db, args.config)
     with Operations(args.db) as ops:
         check_config(ops, args.config)
         app = create_app(
@@ -89,20 +95,22 @@ def run(args: argparse.Namespace) -> int:
         )
         config = uvicorn.Config(
             app,
-            host=args.host,
-            port=args.port,
             log_config=None,
             access_log=False,
             lifespan="off",
             ws="none",
         )
-        logging.basicConfig(level=logging.INFO, format="%(message)s")
-        logging.getLogger("outbox.console").info(
-            "console on http://%s:%d%s%s",
-            args.host,
-            args.port,
-            " (read-only)" if args.read_only else "",
-            " (token required)" if token else "",
-        )
-        uvicorn.Server(config).run()
+        # Bound before the "console on" line: a port in use is named, never announced.
+        sock = listening_socket(args.host, args.port)
+        try:
+            log.info(
+                "console on http://%s:%d%s%s",
+                args.host,
+                args.port,
+                " (read-only)" if args.read_only else "",
+                " (token required)" if token else "",
+            )
+            uvicorn.Server(config).run(sockets=[sock])
+        finally:
+            sock.close()
     return 0
