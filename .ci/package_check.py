@@ -43,7 +43,7 @@ MIGRATIONS = ("alembic", "outbox/_alembic")
 SMOKE_TOOLS = ("pytest", "httpx")
 """What tests/package needs beside the package: taken at the dev extra's versions."""
 SMOKE_TESTS = ROOT / "tests" / "package"
-UNDER_TEST_ENV = "OUTBOX_PACKAGE_UNDER_TEST"
+UNDER_TEST_ENV = "OUTBOXDEV_PACKAGE_UNDER_TEST"
 """tests/package/conftest.py: the site-packages folder the packages must be imported from."""
 LOWEST_LISTING = "versions at the lower bounds"
 OUTPUT_TAIL = 60

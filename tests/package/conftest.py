@@ -17,7 +17,7 @@ import pytest
 
 import outbox
 
-INSTALLED_ENV = "OUTBOX_PACKAGE_UNDER_TEST"
+INSTALLED_ENV = "OUTBOXDEV_PACKAGE_UNDER_TEST"
 """Set by .ci/package_check.py to the site-packages folder the packages must come from."""
 
 
