@@ -13,7 +13,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from support.processes import PROCESS_EXIT
+from support.processes import PROCESS_EXIT, PROCESS_START
 from support.receiver_helpers import (
     OTHER_SECRET,
     ROOT,
@@ -214,7 +214,7 @@ def _wait_for_two_workers(served: ReceiverProcess, workers: list[int]) -> None:
         workers[:] = _workers_of(served)
         return len(workers) == 2
 
-    wait_until(both_started, 20, "two worker processes")
+    wait_until(both_started, PROCESS_START, "two worker processes")
 
 
 def _gone(pid: int) -> bool:
@@ -243,7 +243,8 @@ def test_workers_share_one_port_each_answers_and_sigterm_stops_them_all(
                     served.base + "/replies",
                     content=body,
                     headers=signed(f"w-{index}", body),
-                    timeout=20,
+                    # Spawned is not yet serving: this worker may still be starting.
+                    timeout=PROCESS_START,
                 )
             finally:
                 for pid in others:
