@@ -290,8 +290,10 @@ def test_workers_end_when_their_parent_is_killed(db_url: str, secret_file: Path)
         # No cleanup runs in the parent: only the workers themselves can let go of the port.
         served.proc.kill()
         served.proc.wait(timeout=PROCESS_EXIT)
-        wait_until(lambda: all(_gone(pid) for pid in workers), 20, "the orphaned workers to end")
-        wait_until(lambda: _port_free(served.port), 10, "the port to be free")
+        wait_until(
+            lambda: all(_gone(pid) for pid in workers), PROCESS_EXIT, "the orphaned workers to end"
+        )
+        wait_until(lambda: _port_free(served.port), PROCESS_EXIT, "the port to be free")
     finally:
         # Workers left behind would hold the output pipes open and stop() would never return.
         for pid in workers:

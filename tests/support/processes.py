@@ -14,8 +14,9 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
-PROCESS_START = 60.0
-"""Seconds a test waits for a child to start and log, answer or reach a point."""
+PROCESS_START = 120.0
+"""Seconds a test waits for a child to start and log, answer or reach a point: a receiver
+with --workers 2, three interpreters starting at once, took over 60 s on a loaded machine."""
 PROCESS_EXIT = 60.0
 """Seconds a test waits for a child it asked to stop (SIGTERM, SIGINT) to exit."""
 
