@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 from support import supervised_workers
+from support.processes import PROCESS_EXIT
 from support.receiver_helpers import ROOT, wait_until
 
 from outbox.cli import processes
@@ -107,11 +108,11 @@ def test_the_fallback_watch_ends_a_process_whose_parent_was_killed() -> None:
         assert "watching" in lines
         (child,) = (int(line) for line in lines if line != "watching")
         parent.kill()
-        parent.wait(timeout=10)
-        wait_until(lambda: _gone(child), 10, "the orphaned watcher to end")
+        parent.wait(timeout=PROCESS_EXIT)
+        wait_until(lambda: _gone(child), PROCESS_EXIT, "the orphaned watcher to end")
     finally:
         parent.kill()
-        parent.communicate(timeout=10)
+        parent.communicate(timeout=PROCESS_EXIT)
 
 
 def _gone(pid: int) -> bool:

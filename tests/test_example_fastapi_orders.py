@@ -9,6 +9,7 @@ receiver exactly once, with the exact bytes the outbox stored; every order fulfi
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import re
@@ -24,6 +25,7 @@ from typing import Any
 import httpx
 import pytest
 import sqlalchemy as sa
+from support.processes import reap
 from support.receiver_helpers import ROOT, free_port, wait_until
 
 import outbox
@@ -252,9 +254,13 @@ def test_one_command_runs_the_stack_and_stops_it_on_sigterm(plan: Plan, tmp_path
         launcher.send_signal(signal.SIGTERM)
         assert launcher.wait(timeout=SETTLE_WITHIN) == 0
     finally:
+        # On a failure, SIGTERM first: the launcher then stops the processes it started,
+        # each in a session of its own, which a SIGKILL of the launcher would orphan.
         if launcher.poll() is None:
-            launcher.kill()
-            launcher.wait()
+            launcher.send_signal(signal.SIGTERM)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                launcher.wait(timeout=SETTLE_WITHIN)
+        reap(launcher)
     said = output.read_text(errors="replace")
     assert order_id == 1
     assert re.search(r"stopped: app -?\d+, worker 0, relay 0, receiver -?\d+", said), said

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 from support.cli_helpers import one_line_error, running_in_thread
+from support.processes import PROCESS_EXIT, PROCESS_START, spawned
 from support.worker_tasks import before_result_writes, real_time_queue, submit
 
 from outbox import AuthContext, Claim, Envelope, Fenced, TaskQueue
@@ -25,7 +26,7 @@ from outbox.worker import PermanentFailure, Worker
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def wait_until(condition: Callable[[], bool], seconds: float = 15) -> bool:
+def wait_until(condition: Callable[[], bool], seconds: float = 60) -> bool:
     """Poll `condition()` until true or the deadline passes."""
     deadline = time.monotonic() + seconds
     pause = threading.Event()
@@ -205,7 +206,7 @@ def test_heartbeats_keep_a_long_task_leased(queue: TaskQueue) -> None:
 def signal_once_started(command: list[str], tmp_path: Path, first: str, signum: int) -> None:
     """Run a worker process with gated handlers; once task `first` has started, send it
     `signum` (none when 0), and once it says it is draining, release the handlers; it
-    must exit 0 within 30 s.
+    must exit 0 within PROCESS_EXIT.
 
     The release waits for the drain: a signal is acted on in the main thread, which
     the kernel may leave unscheduled for a while on a busy machine, and a handler
@@ -213,19 +214,22 @@ def signal_once_started(command: list[str], tmp_path: Path, first: str, signum: 
     """
     env = {**os.environ, "OUTBOXDEV_TEST_GATE": str(tmp_path), "PYTHONPATH": str(ROOT / "tests")}
     log = tmp_path / "worker.log"
-    with log.open("wb") as stderr:
-        proc = subprocess.Popen(
-            command, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=stderr
-        )
-    try:
-        assert wait_until(lambda: (tmp_path / f"started-{first}").exists())
+    with (
+        log.open("wb") as stderr,
+        spawned(command, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=stderr) as proc,
+    ):
+        # A fresh interpreter starts, claims and logs: slow on a busy machine, never hung.
+        started = tmp_path / f"started-{first}"
+        assert wait_until(started.exists, PROCESS_START), log.read_text()
         if signum:
             proc.send_signal(signum)
-        assert wait_until(lambda: "draining running tasks" in log.read_text()), log.read_text()
+
+        def draining() -> bool:
+            return "draining running tasks" in log.read_text()
+
+        assert wait_until(draining, PROCESS_START), log.read_text()
         (tmp_path / "release").touch()
-        proc.wait(timeout=30)
-    finally:
-        proc.kill()
+        proc.wait(timeout=PROCESS_EXIT)
     assert proc.returncode == 0, log.read_text()
 
 
@@ -243,9 +247,12 @@ def test_sigterm_lets_the_running_task_finish_and_claims_nothing_more(
 
 
 # A Worker run by an application that keeps Python's own SIGINT handling: the interrupt is
-# a KeyboardInterrupt in the thread that called run().
+# a KeyboardInterrupt in the thread that called run(). The child installs that handling
+# itself: started from a shell in the background (`make test &`, many CI wrappers), it
+# inherits SIGINT ignored, and Python then leaves it ignored.
 INTERRUPTED_WORKER = """
-import logging, sys
+import logging, signal, sys
+signal.signal(signal.SIGINT, signal.default_int_handler)
 logging.basicConfig(level=logging.INFO)
 from outbox import TaskQueue, Worker
 from support.worker_handlers import gated
@@ -279,7 +286,7 @@ from support.worker_handlers import gated
 gate = pathlib.Path(os.environ["OUTBOXDEV_TEST_GATE"])
 
 def signal_this_thread() -> None:
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + 60
     while not any(gate.glob("started-*")) and time.monotonic() < deadline:
         time.sleep(0.01)
     signal.pthread_kill(threading.get_ident(), signal.SIGTERM)

@@ -101,20 +101,32 @@ def test_results_finishing_together_commit_together_beyond_the_writer_threads(
 
 
 def test_a_result_that_cannot_be_stored_fails_the_task_beside_results_that_can(
-    queue: TaskQueue,
+    queue: TaskQueue, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     ids = submit(queue, 4)
     calls: list[int] = []
+    writes: list[list[str]] = []
+    before_result_writes(
+        monkeypatch, queue, lambda finished: writes.append([c.task_id for c, _ in finished])
+    )
+    all_in: asyncio.Event | None = None
 
     async def handler(claim: Claim, stop: asyncio.Event) -> dict[str, Any]:
+        nonlocal all_in
+        if all_in is None:
+            all_in = asyncio.Event()
         calls.append(claim.payload["n"])
-        await asyncio.sleep(0.05)  # they finish together, in one batch
+        if len(calls) == len(ids):
+            all_in.set()
+        # Each returns once every one has started: their results finish together.
+        await asyncio.wait_for(all_in.wait(), 60)
         if claim.payload["n"] == 2:
             return {"value": float("nan")}  # not JSON: finish refuses it
         return {"n": claim.payload["n"]}
 
     with running_in_thread(Worker(queue, handler, concurrency=4, poll_interval=0.05)):
         assert wait_until(lambda: states(queue, ids) == ["done", "done", "failed", "done"])
+    assert sorted(writes[0]) == sorted(ids)  # the refused result was in the others' batch
     refused = queue.task(ids[2])
     assert refused is not None
     assert refused["last_error"].startswith("result refused:")

@@ -16,6 +16,8 @@ import threading
 import time
 from pathlib import Path
 
+import pytest
+
 from faults.figures import record_then_assert
 from faults.nodes import Node
 from faults.system import System
@@ -28,6 +30,9 @@ KILL_EVERY = (0.5, 2.0)
 ROLES = ("worker", "relay")
 REPLICAS = 3
 CHAOS_UNTIL_SENT = 0.9
+CHAOS_DEADLINE = {False: 300.0, True: 3000.0}
+"""Seconds the chaos may last in the short form and in the --soak form: several times what
+a busy machine takes. A flow that stops making progress fails the test with its seed."""
 
 
 def feed(system: System, total: int, done: threading.Event, errors: list[BaseException]) -> None:
@@ -45,14 +50,21 @@ def feed(system: System, total: int, done: threading.Event, errors: list[BaseExc
         done.set()
 
 
-def chaos(system: System, running: list[Node], rng: random.Random, fed: threading.Event) -> int:
+def chaos(
+    system: System, running: list[Node], rng: random.Random, fed: threading.Event, seconds: float
+) -> int:
     """Kill a random process every 0.5-2 s, start its replacement; returns the kills.
 
     The chaos lasts until the feed is done and most of the replies are sent, so
-    the kills hit every stage of the flow, the last replies included.
+    the kills hit every stage of the flow, the last replies included; it fails once
+    `seconds` have passed without that.
     """
     kills = 0
+    deadline = time.monotonic() + seconds
     while not (fed.is_set() and system.sent_fraction() >= CHAOS_UNTIL_SENT):
+        assert time.monotonic() < deadline, (
+            f"the chaos ran {seconds:g}s: fed {fed.is_set()}, sent {system.sent_fraction():.0%}"
+        )
         time.sleep(rng.uniform(*KILL_EVERY))  # pacing the chaos, not waiting for a result
         victim = rng.choice(running)
         victim.kill()
@@ -62,6 +74,7 @@ def chaos(system: System, running: list[Node], rng: random.Random, fed: threadin
     return kills
 
 
+@pytest.mark.timeout(2 * CHAOS_DEADLINE[True])  # the --soak form outlasts the default
 def test_chaos_kills_lose_and_double_nothing(
     backend: str, db_url: str, tmp_path: Path, soak: bool
 ) -> None:
@@ -79,8 +92,9 @@ def test_chaos_kills_lose_and_double_nothing(
         errors: list[BaseException] = []
         feeder = threading.Thread(target=feed, args=(system, total, fed, errors), daemon=True)
         feeder.start()
-        kills = chaos(system, running, rng, fed)
-        feeder.join()
+        kills = chaos(system, running, rng, fed, CHAOS_DEADLINE[soak])
+        feeder.join(timeout=CHAOS_DEADLINE[soak])
+        assert not feeder.is_alive(), f"seed {seed}: the feed never ended"
         assert not errors, errors
         found = system.drain(timeout=120)
         assert all(node.alive for node in running), f"seed {seed}\n{system.logs()}"

@@ -12,6 +12,7 @@ import pytest
 import sqlalchemy as sa
 from prometheus_client.parser import text_string_to_metric_families
 from support.db_faults import database_down
+from support.processes import PROCESS_EXIT
 from support.receiver_helpers import SECRET, AppClient, ReceiverProcess, signed, wait_until
 
 import outbox
@@ -199,7 +200,7 @@ def test_the_receiver_process_counts_answers_readiness_and_logs_json(
     finally:
         served.proc.terminate()
         try:
-            _, err = served.proc.communicate(timeout=15)
+            _, err = served.proc.communicate(timeout=PROCESS_EXIT)
         finally:
             served.stop()  # kills it if it did not stop in time
             with pg_server.connect() as conn:

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from support.processes import PROCESS_EXIT, PROCESS_START
 from support.receiver_helpers import (
     OTHER_SECRET,
     ROOT,
@@ -57,7 +58,7 @@ def test_lost_ack_then_resend_is_a_duplicate(db_url: str, secret_file: Path) -> 
                 headers=signed("reply:t-9", BODY),
                 timeout=10,
             )
-        assert crashing.proc.wait(timeout=10) == failpoints.EXIT_CODE
+        assert crashing.proc.wait(timeout=PROCESS_EXIT) == failpoints.EXIT_CODE
     finally:
         crashing.stop()
     # Committed before the crash: the receipt and exactly one effect exist, no ACK was sent.
@@ -213,7 +214,7 @@ def _wait_for_two_workers(served: ReceiverProcess, workers: list[int]) -> None:
         workers[:] = _workers_of(served)
         return len(workers) == 2
 
-    wait_until(both_started, 20, "two worker processes")
+    wait_until(both_started, PROCESS_START, "two worker processes")
 
 
 def _gone(pid: int) -> bool:
@@ -242,7 +243,8 @@ def test_workers_share_one_port_each_answers_and_sigterm_stops_them_all(
                     served.base + "/replies",
                     content=body,
                     headers=signed(f"w-{index}", body),
-                    timeout=20,
+                    # Spawned is not yet serving: this worker may still be starting.
+                    timeout=PROCESS_START,
                 )
             finally:
                 for pid in others:
@@ -250,7 +252,7 @@ def test_workers_share_one_port_each_answers_and_sigterm_stops_them_all(
             assert answer.status_code == 200, answer.text
         assert stored_receipts(db_url) == {"w-0": b'{"worker":0}', "w-1": b'{"worker":1}'}
         served.proc.send_signal(signal.SIGTERM)
-        assert served.proc.wait(timeout=30) == 0
+        assert served.proc.wait(timeout=PROCESS_EXIT) == 0
         assert all(_gone(pid) for pid in workers)
     finally:
         served.stop()
@@ -263,9 +265,9 @@ def test_a_worker_that_dies_ends_the_service(db_url: str, secret_file: Path) -> 
         _wait_for_two_workers(served, workers)
         os.kill(workers[0], signal.SIGKILL)
         # Not left running one short: the other is stopped too, and the exit says so.
-        assert served.proc.wait(timeout=30) == 1
+        assert served.proc.wait(timeout=PROCESS_EXIT) == 1
         assert all(_gone(pid) for pid in workers)
-        _, err = served.proc.communicate(timeout=10)
+        _, err = served.proc.communicate(timeout=PROCESS_EXIT)
         assert f"worker {workers[0]} ended".encode() in err
     finally:
         served.stop()
@@ -287,9 +289,11 @@ def test_workers_end_when_their_parent_is_killed(db_url: str, secret_file: Path)
         _wait_for_two_workers(served, workers)
         # No cleanup runs in the parent: only the workers themselves can let go of the port.
         served.proc.kill()
-        served.proc.wait(timeout=10)
-        wait_until(lambda: all(_gone(pid) for pid in workers), 20, "the orphaned workers to end")
-        wait_until(lambda: _port_free(served.port), 10, "the port to be free")
+        served.proc.wait(timeout=PROCESS_EXIT)
+        wait_until(
+            lambda: all(_gone(pid) for pid in workers), PROCESS_EXIT, "the orphaned workers to end"
+        )
+        wait_until(lambda: _port_free(served.port), PROCESS_EXIT, "the port to be free")
     finally:
         # Workers left behind would hold the output pipes open and stop() would never return.
         for pid in workers:

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from support.optional import require
 
 from receiver import strict_json
 from receiver.rules import MAX_DEPTH, InvalidJSON, parse_strict_json
@@ -150,7 +151,7 @@ def _typed(value: Any) -> Any:
 
 
 def test_the_fast_path_proves_the_usual_bodies() -> None:
-    pytest.importorskip("orjson")
+    require("orjson")
     usual = b'{"replies":[{"reply_id":"r-1","body":"{\\"kind\\":\\"result\\",\\"n\\":1}"}]}'
     assert strict_json._fast_path(usual, MAX_DEPTH, exact_numbers=True) == json.loads(usual)
     item = b'{"kind":"result","n":1,"payload":"xxxx"}'
@@ -200,7 +201,7 @@ def _bodies(draw: st.DrawFn) -> bytes:
 @settings(max_examples=3000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(body=_bodies(), depth=st.sampled_from([1, 2, MAX_DEPTH]))
 def test_the_fast_path_never_accepts_what_the_exact_parse_refuses(body: bytes, depth: int) -> None:
-    pytest.importorskip("orjson")
+    require("orjson")
     try:
         exact = strict_json._exact(body, depth)
     except InvalidJSON:

@@ -41,12 +41,12 @@ def message(
     return Message(7, reply_id, "default", BODY, content_hash, headers or {}, 1, 1)
 
 
-def outcome(build: Any, of: Message) -> tuple[dict[str, str], bytes] | str:
-    """The headers and block `build` gives, or the class of what it raised."""
+def outcome(build: Any, of: Message) -> tuple[dict[str, str], bytes] | tuple[str, str]:
+    """The headers and block `build` gives, or the class and message of what it raised."""
     try:
         block: HeaderBlock = build(of, SECONDS)
-    except Exception as exc:  # compared by class between the two paths
-        return type(exc).__name__
+    except Exception as exc:  # compared by class and message between the two paths
+        return type(exc).__name__, str(exc)
     assert block.block == header_block(block)  # each path: its bytes say its headers
     return dict(block), block.block
 

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
+from support.processes import PROCESS_EXIT, PROCESS_START, reap
 from support.receiver_helpers import ROOT, wait_until
 from support.relay_helpers import SECRET, publish_many, rows
 from support.scripted_server import ScriptedServer
@@ -219,11 +220,16 @@ def test_a_sidecar_runs_from_the_environment_alone(
     )
     try:
         wait_until(
-            lambda: {row["state"] for row in rows(engine).values()} == {"sent"}, 20, "delivery"
+            lambda: {row["state"] for row in rows(engine).values()} == {"sent"},
+            PROCESS_START,
+            "the relay to start and deliver",
         )
     finally:
         proc.send_signal(signal.SIGTERM)
-        _, err = proc.communicate(timeout=30)
+        try:
+            _, err = proc.communicate(timeout=PROCESS_EXIT)
+        finally:
+            reap(proc)
     assert proc.returncode == 0, err.decode(errors="replace")
     assert sorted(server.ids()) == ["env-1", "env-2"]
 

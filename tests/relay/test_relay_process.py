@@ -13,6 +13,7 @@ from pathlib import Path
 import httpx
 import pytest
 import sqlalchemy as sa
+from support.processes import PROCESS_EXIT, PROCESS_START, reap
 from support.receiver_helpers import ROOT, free_port, wait_until
 from support.relay_helpers import SECRET, publish_many, rows
 from support.scripted_server import Answer, ScriptedServer
@@ -69,7 +70,7 @@ def start_relay(
     )
 
 
-def finish(proc: subprocess.Popen[bytes], timeout: float = 20) -> tuple[int, str]:
+def finish(proc: subprocess.Popen[bytes], timeout: float = PROCESS_EXIT) -> tuple[int, str]:
     """Wait for the child; returns its exit status and stderr."""
     try:
         _, err = proc.communicate(timeout=timeout)
@@ -86,12 +87,11 @@ def test_sigterm_finishes_in_flight_work_and_exits_zero(
     server.script("t-1", Answer(stall=1.0))
     proc = start_relay(db_url, write_config(tmp_path, server))
     try:
-        wait_until(lambda: server.ids() == ["t-1"], 20, "the delivery to start")
+        wait_until(lambda: server.ids() == ["t-1"], PROCESS_START, "the delivery to start")
         proc.send_signal(signal.SIGTERM)
         status, err = finish(proc)
     finally:
-        if proc.poll() is None:
-            proc.kill()
+        reap(proc)
     assert status == 0, err
     assert rows(engine)["t-1"]["state"] == "sent"  # drained, not abandoned
 
@@ -112,7 +112,7 @@ def test_metrics_and_health_are_served(
             except httpx.TransportError:
                 return False
 
-        wait_until(healthy, 20, "the relay health check")
+        wait_until(healthy, PROCESS_START, "the relay health check")
         publish_many(engine, ["m-1", "m-2"])
         wait_until(lambda: sorted(server.ids()) == ["m-1", "m-2"], 20, "two deliveries")
         wait_until(
@@ -141,6 +141,7 @@ def test_metrics_and_health_are_served(
     finally:
         proc.send_signal(signal.SIGTERM)
         status, err = finish(proc)
+        reap(proc)
     assert status == 0, err
 
 
@@ -185,7 +186,11 @@ def test_json_logs_are_one_object_per_line_with_the_dead_reply_and_turn_summary(
     config = write_config(tmp_path, server, owner="r-json")
     proc = start_relay(db_url, config, "--log-format", "json")
     try:
-        wait_until(lambda: rows(engine)["j-gone"]["state"] == "dead", 20, "the dead reply")
+        wait_until(
+            lambda: rows(engine)["j-gone"]["state"] == "dead",
+            PROCESS_START,
+            "the relay to start and record the dead reply",
+        )
         wait_until(lambda: rows(engine)["j-ok"]["state"] == "sent", 20, "the sent reply")
     finally:
         proc.send_signal(signal.SIGTERM)

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
+from support.processes import PROCESS_EXIT
 from support.receiver_helpers import SECRET, ReceiverProcess, count_effects, stored_receipts
 from support.relay_helpers import publish_many, rows
 
@@ -130,7 +131,7 @@ def test_lost_ack_is_resent_and_answered_as_duplicate(
             db_url, {"default": destination(crashing, "single")}, clock=clock, backoff=1
         ) as relay:
             assert relay.dispatch_once() == [("l-1", "retry")]
-        assert crashing.proc.wait(timeout=10) == failpoints.EXIT_CODE
+        assert crashing.proc.wait(timeout=PROCESS_EXIT) == failpoints.EXIT_CODE
     finally:
         crashing.stop()
     assert count_effects(db_url, "l-1") == 1  # committed before the ACK was lost

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import statistics
 import threading
 import time
 from collections.abc import Iterator
@@ -19,6 +18,14 @@ from outbox.operations import Operations
 from outbox.schema import messages
 from outbox.testing import ManualClock
 from relay import ConfigError, Destination, Relay
+
+EVENT_DEADLINE = 30.0
+"""Seconds a test waits for what the relay does next: generous, as a busy machine needs."""
+POLL_INTERVAL = 3600.0
+"""A poll far beyond EVENT_DEADLINE: within a test only NOTIFY (or a backlog) wakes a relay."""
+HELD = 2 * EVENT_DEADLINE
+"""Attempt timeout for a destination whose POST a test holds: a held POST cannot end, and a
+relay that waited for it could not go on, within EVENT_DEADLINE."""
 
 
 def wait_until(condition: object, seconds: float) -> bool:
@@ -43,10 +50,30 @@ def running(relay: Relay) -> Iterator[threading.Thread]:
 
 
 def notify_only_relay(db_url: str, server: ScriptedServer) -> Relay:
-    """A relay whose poll is a minute away: within a test, only NOTIFY wakes it."""
+    """A relay whose poll is an hour away: within a test, only NOTIFY wakes it."""
     return Relay(
-        db_url, {"default": Destination(server.url, secret=SECRET, timeout=2)}, poll_interval=60
+        db_url,
+        {"default": Destination(server.url, secret=SECRET, timeout=2)},
+        poll_interval=POLL_INTERVAL,
     )
+
+
+@contextmanager
+def holding(server: ScriptedServer, *reply_ids: str) -> Iterator[threading.Event]:
+    """Hold the answers to these replies' POSTs until the yielded event is set (on the way
+    out at the latest)."""
+    release = threading.Event()
+    for reply_id in reply_ids:
+        server.script(reply_id, Answer(gate=release))
+    try:
+        yield release
+    finally:
+        release.set()
+
+
+def all_sent(engine: sa.Engine) -> bool:
+    """Whether every message is recorded as sent."""
+    return {row["state"] for row in rows(engine).values()} == {"sent"}
 
 
 def test_notify_wakes_the_relay_without_waiting_for_the_poll(
@@ -56,17 +83,13 @@ def test_notify_wakes_the_relay_without_waiting_for_the_poll(
         pytest.skip("LISTEN/NOTIFY is PostgreSQL's; SQLite relays poll")
     relay = notify_only_relay(db_url, server)
     with running(relay) as runner:
-        assert relay.listening.wait(10), "relay never started listening"
-        latencies = []
+        assert relay.listening.wait(EVENT_DEADLINE), "relay never started listening"
         for n in range(5):
-            before = len(server.received)
-            committed = time.monotonic()
             publish_many(engine, [f"n-{n}"])
-            # Far below the 60 s poll: only NOTIFY can deliver this soon.
-            assert wait_until(lambda b=before: len(server.received) > b, 5)  # type: ignore[misc]
-            latencies.append(time.monotonic() - committed)
-        # The median, so one scheduling hiccup on a loaded machine does not decide.
-        assert statistics.median(latencies) < 0.1, latencies
+            # The poll is an hour away: only NOTIFY can wake the relay for this one. (How
+            # soon it does is measured by the benchmarks' live commit-to-receipt rows.)
+            assert wait_until(lambda n=n: f"n-{n}" in server.ids(), EVENT_DEADLINE)  # type: ignore[misc]
+        assert server.ids() == [f"n-{n}" for n in range(5)]
     assert not runner.is_alive()
 
 
@@ -79,12 +102,12 @@ def test_a_requeued_dead_message_wakes_the_relay_without_waiting_for_the_poll(
         conn.execute(sa.update(messages).values(state="dead", last_error="gave up"))
     relay = notify_only_relay(db_url, server)
     with running(relay), Operations(db_url) as operations:
-        assert relay.listening.wait(10), "relay never started listening"
+        assert relay.listening.wait(EVENT_DEADLINE), "relay never started listening"
         operations.requeue(
             "was-dead", reason="receiver fixed", by="ops", receipt="not received", forced=False
         )
-        # The poll is a minute away: only the requeue's NOTIFY delivers this soon.
-        assert wait_until(lambda: server.ids() == ["was-dead"], 5)
+        # The poll is an hour away: only the requeue's NOTIFY wakes the relay.
+        assert wait_until(lambda: server.ids() == ["was-dead"], EVENT_DEADLINE)
 
 
 @pytest.mark.parametrize("backend", ["postgresql"], indirect=True)
@@ -102,14 +125,16 @@ def test_a_lost_listen_connection_is_replaced_and_notify_wakes_again(
             return list(conn.execute(sa.text(query)).scalars())
 
     with running(relay):
-        assert relay.listening.wait(10), "relay never started listening"
+        assert relay.listening.wait(EVENT_DEADLINE), "relay never started listening"
         [first] = listeners()
         with engine.connect() as conn:
             conn.execute(sa.text("SELECT pg_terminate_backend(:pid)"), {"pid": first})
-        assert wait_until(lambda: listeners() not in ([], [first]), 10), "never listened again"
+        assert wait_until(lambda: listeners() not in ([], [first]), EVENT_DEADLINE), (
+            "never listened again"
+        )
         publish_many(engine, ["after-loss"])
-        # The poll is a minute away: only a NOTIFY on the new connection delivers this soon.
-        assert wait_until(lambda: server.ids() == ["after-loss"], 5)
+        # The poll is an hour away: only a NOTIFY on the new connection wakes the relay.
+        assert wait_until(lambda: server.ids() == ["after-loss"], EVENT_DEADLINE)
 
 
 def test_stop_drains_then_abandons_stalled_work_to_lease_expiry(
@@ -242,23 +267,23 @@ def test_without_a_backlog_a_woken_relay_claims_while_a_post_is_out(
     db_url: str, engine: sa.Engine, server: ScriptedServer, clock: ManualClock
 ) -> None:
     publish_many(engine, ["slow-1"], clock=clock)
-    server.script("slow-1", Answer(stall=3))
     relay = Relay(
         db_url,
-        {"default": Destination(server.url, secret=SECRET, timeout=10)},
+        {"default": Destination(server.url, secret=SECRET, timeout=HELD)},
         clock=clock,
+        lease=2 * HELD,
+        grace=1,  # on a failure, a held POST is abandoned at once
         batch=10,  # claims are never full: no backlog
         poll_interval=0.05,
     )
-    with running(relay):
-        assert wait_until(lambda: "slow-1" in server.ids(), 5)
-        published = time.monotonic()
+    with holding(server, "slow-1") as release, running(relay):
+        assert wait_until(lambda: "slow-1" in server.ids(), EVENT_DEADLINE)
         publish_many(engine, ["quick-2"], clock=clock)
-        # slow-1's POST holds its turn for 3 s; quick-2 goes out meanwhile, in its own turn.
-        assert wait_until(lambda: "quick-2" in server.ids(), 2)
-        assert time.monotonic() - published < 2.5
+        # slow-1's POST is held, and holds its turn: quick-2 goes out in a turn of its own.
+        assert wait_until(lambda: "quick-2" in server.ids(), EVENT_DEADLINE)
         assert rows(engine)["slow-1"]["state"] == "sending"
-        assert wait_until(lambda: {row["state"] for row in rows(engine).values()} == {"sent"}, 10)
+        release.set()
+        assert wait_until(lambda: all_sent(engine), EVENT_DEADLINE)
     assert server.ids() == ["slow-1", "quick-2"]
 
 
@@ -266,53 +291,54 @@ def test_behind_a_backlog_the_next_claim_does_not_wait_for_a_slow_post(
     db_url: str, engine: sa.Engine, server: ScriptedServer, clock: ManualClock
 ) -> None:
     publish_many(engine, ["slow-1", "quick-2"], clock=clock)
-    server.script("slow-1", Answer(stall=3))
     relay = Relay(
         db_url,
-        {"default": Destination(server.url, secret=SECRET, timeout=10)},
+        {"default": Destination(server.url, secret=SECRET, timeout=HELD)},
         clock=clock,
+        lease=2 * HELD,
+        grace=1,  # on a failure, a held POST is abandoned at once
         batch=1,  # a full claim each turn: a backlog
-        poll_interval=60,
+        poll_interval=POLL_INTERVAL,
     )
-    started = time.monotonic()
-    with running(relay):
-        # slow-1's POST holds its turn for 3 s; the next turn claims and sends meanwhile.
-        assert wait_until(lambda: "quick-2" in server.ids(), 2)
-        assert time.monotonic() - started < 2.5
+    with holding(server, "slow-1") as release, running(relay):
+        # slow-1's POST is held, and holds its turn; the next turn claims and sends meanwhile.
+        assert wait_until(lambda: "quick-2" in server.ids(), EVENT_DEADLINE)
         assert server.ids()[0] == "slow-1"
-        assert wait_until(lambda: {row["state"] for row in rows(engine).values()} == {"sent"}, 10)
+        assert rows(engine)["slow-1"]["state"] == "sending"
+        release.set()
+        assert wait_until(lambda: all_sent(engine), EVENT_DEADLINE)
     assert sorted(server.ids()) == ["quick-2", "slow-1"]
 
 
 def test_a_destination_with_a_full_pipeline_does_not_stop_claims_for_the_others(
     db_url: str, engine: sa.Engine, server: ScriptedServer, clock: ManualClock
 ) -> None:
-    # Two turns' POSTs to "stuck" hang: its pipeline is full. "ok" must still be claimed,
-    # delivered and recorded while they hang, in turns of its own.
-    server.script("stuck-1", Answer(stall=4))
-    server.script("stuck-2", Answer(stall=4))
+    # Two turns' POSTs to "stuck" are held: its pipeline is full. "ok" must still be
+    # claimed, delivered and recorded while they are, in turns of its own.
     relay = Relay(
         db_url,
         {
-            "stuck": Destination(server.url, secret=SECRET, timeout=10),
-            "ok": Destination(server.url, secret=SECRET, timeout=10),
+            "stuck": Destination(server.url, secret=SECRET, timeout=HELD),
+            "ok": Destination(server.url, secret=SECRET, timeout=HELD),
         },
         clock=clock,
+        lease=2 * HELD,
+        grace=1,  # on a failure, a held POST is abandoned at once
         batch=10,
         poll_interval=0.05,
     )
-    with running(relay):
+    with holding(server, "stuck-1", "stuck-2") as release, running(relay):
         for n in (1, 2):
             publish_many(engine, [f"stuck-{n}"], destination="stuck", clock=clock)
-            assert wait_until(lambda: f"stuck-{n}" in server.ids(), 2)  # noqa: B023
+            assert wait_until(lambda: f"stuck-{n}" in server.ids(), EVENT_DEADLINE)  # noqa: B023
         publish_many(engine, ["ok-1", "ok-2"], destination="ok", clock=clock)
-        published = time.monotonic()
         assert wait_until(
-            lambda: {rows(engine)[i]["state"] for i in ("ok-1", "ok-2")} == {"sent"}, 3
+            lambda: {rows(engine)[i]["state"] for i in ("ok-1", "ok-2")} == {"sent"},
+            EVENT_DEADLINE,
         )
-        assert time.monotonic() - published < 3
         assert {rows(engine)[i]["state"] for i in ("stuck-1", "stuck-2")} == {"sending"}
-        assert wait_until(lambda: {row["state"] for row in rows(engine).values()} == {"sent"}, 10)
+        release.set()
+        assert wait_until(lambda: all_sent(engine), EVENT_DEADLINE)
 
 
 def test_a_destination_without_a_published_retention_is_a_warning_or_an_error(

@@ -21,6 +21,7 @@ from outbox.cli.console.security import CSRF_FIELD
 from outbox.operations import Operations
 from outbox.schema import messages
 from outbox.testing import ManualClock
+from support.processes import PROCESS_EXIT, PROCESS_START, reap
 from support.receiver_helpers import ROOT, free_port, wait_until
 
 SCRIPT_BODY = {"note": "<script>document.title='ran'</script>", "amp": "a & b"}
@@ -141,9 +142,13 @@ class ConsoleProcess:
         except httpx.TransportError:
             return False
 
-    def wait_ready(self, timeout: float = 20) -> ConsoleProcess:
-        """Block until the console answers."""
-        wait_until(self.ready, timeout, "the console to answer")
+    def wait_ready(self, timeout: float = PROCESS_START) -> ConsoleProcess:
+        """Block until the console answers; reaped if it never does."""
+        try:
+            wait_until(self.ready, timeout, "the console to answer")
+        except BaseException:
+            reap(self.proc)
+            raise
         return self
 
     def stop(self) -> int:
@@ -151,8 +156,7 @@ class ConsoleProcess:
         if self.proc.poll() is None:
             self.proc.terminate()
         try:
-            self.proc.wait(timeout=15)
+            self.proc.wait(timeout=PROCESS_EXIT)
         except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
+            reap(self.proc)
         return self.proc.returncode

@@ -23,6 +23,7 @@ from typing import Any, TypeVar
 import pytest
 
 from support.environment import IN_CI
+from support.processes import PROCESS_START, reap
 from support.receiver_helpers import free_port, wait_until
 
 NATS_URL = os.environ.get("OUTBOXDEV_TEST_NATS_URL", "nats://127.0.0.1:4222")
@@ -145,13 +146,18 @@ class NatsServer:
         command = [self.binary, "-js", "-a", "127.0.0.1", "-p", str(self.port)]
         command += ["-sd", str(self.store), "-l", str(self.log)]
         self.process = subprocess.Popen(command)
-        wait_until(self._answers, 10, f"nats-server on port {self.port}")
+        try:
+            wait_until(self._answers, PROCESS_START, f"nats-server on port {self.port}")
+        except BaseException:
+            self.kill()
+            raise
 
     def kill(self) -> None:
         """SIGKILL the server: no flush, no goodbye to its clients."""
         if self.process is not None and self.process.poll() is None:
             self.process.send_signal(signal.SIGKILL)
-            self.process.wait(timeout=10)
+        if self.process is not None:
+            reap(self.process)
         self.process = None
 
     def _answers(self) -> bool:

@@ -20,6 +20,7 @@ import outbox
 from outbox.signing import sign
 from receiver.effects import record_effect
 from receiver.schema import effects, receipts
+from support.processes import PROCESS_EXIT, PROCESS_START, reap
 
 SECRET = "whsec_" + base64.b64encode(b"receiver-test-secret-one-32bytes").decode()
 OTHER_SECRET = "whsec_" + base64.b64encode(b"receiver-test-secret-two-32bytes").decode()
@@ -169,9 +170,13 @@ class ReceiverProcess:
         except httpx.TransportError:
             return False
 
-    def wait_ready(self, timeout: float = 20) -> ReceiverProcess:
-        """Block until the receiver answers its health check."""
-        wait_until(self.ready, timeout, "the receiver to become healthy")
+    def wait_ready(self, timeout: float = PROCESS_START) -> ReceiverProcess:
+        """Block until the receiver answers its health check; reaped if it never does."""
+        try:
+            wait_until(self.ready, timeout, "the receiver to become healthy")
+        except BaseException:
+            reap(self.proc)
+            raise
         return self
 
     def stop(self) -> int:
@@ -179,10 +184,9 @@ class ReceiverProcess:
         if self.proc.poll() is None:
             self.proc.terminate()
         try:
-            self.proc.communicate(timeout=15)
+            self.proc.communicate(timeout=PROCESS_EXIT)
         except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.communicate()
+            reap(self.proc)
         return self.proc.returncode
 
 

@@ -19,12 +19,20 @@ from starlette.routing import Route
 
 @dataclass
 class Answer:
-    """One scripted response: status, headers, and an optional stall before answering."""
+    """One scripted response: status, headers, and an optional stall or gate before answering."""
 
     status: int = 200
     headers: dict[str, str] = field(default_factory=dict)
     stall: float = 0.0
     body: bytes = b"{}"
+    gate: threading.Event | None = None
+    """When given, the answer waits until the test sets this event (GATE_LIMIT at most):
+    a request held for as long as the test needs, however slow the machine. A test that
+    holds one sets the event in a `finally`, or the server's shutdown waits for the limit."""
+
+
+GATE_LIMIT = 300.0
+"""The longest a gated answer waits for its event."""
 
 
 @dataclass
@@ -90,6 +98,8 @@ class ScriptedServer:
             answer = script.popleft() if script else self.default
         if answer.stall:
             await asyncio.sleep(answer.stall)  # the peer is slow; the relay must not wait for it
+        if answer.gate is not None:
+            await asyncio.to_thread(answer.gate.wait, GATE_LIMIT)
         return Response(answer.body, answer.status, {**self.extra_headers, **answer.headers})
 
     async def _health(self, request: Request) -> Response:
