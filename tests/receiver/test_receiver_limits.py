@@ -16,7 +16,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from support.plain_install import plain_install_env
+from support.plain_install import plain_install_variables
 from support.receiver_helpers import SECRET, ReceiverProcess, signed, wait_until
 
 BODY = b'{"kind":"result","task_id":"t-1","status":"done","result":{"ok":true}}'
@@ -56,7 +56,7 @@ def receiver(
         pytest.importorskip("httptools")
         env = LIMITS
     else:
-        env = {**plain_install_env(), **LIMITS}
+        env = {**plain_install_variables(), **LIMITS}
     database = tmp_path / "receiver.db"
     shutil.copyfile(sqlite_template, database)
     secrets = tmp_path / "secrets"

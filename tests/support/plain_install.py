@@ -56,11 +56,7 @@ def blocked_modules() -> list[str]:
     )
 
 
-def plain_install_env() -> dict[str, str]:
-    """os.environ for a child that runs as if only the plain package were installed."""
+def plain_install_variables() -> dict[str, str]:
+    """The environment variables that make a child process run as a plain install."""
     path = os.pathsep.join(filter(None, [str(BLOCKER), os.environ.get("PYTHONPATH")]))
-    return {
-        **os.environ,
-        "PYTHONPATH": path,
-        "WITHOUT_EXTRAS_BLOCKED": ",".join(blocked_modules()),
-    }
+    return {"PYTHONPATH": path, "WITHOUT_EXTRAS_BLOCKED": ",".join(blocked_modules())}
