@@ -54,7 +54,8 @@ class RequestGuard(asyncio.Protocol):
     """
 
     header_limit = DEFAULT_HEADER_LIMIT
-    request_timeout = DEFAULT_REQUEST_TIMEOUT
+    request_timeout: float | None = DEFAULT_REQUEST_TIMEOUT
+    """None: no deadline, the header limit alone."""
     # Set by the uvicorn protocol this is mixed into; `cycle` is its current request's.
     loop: asyncio.AbstractEventLoop
     transport: asyncio.Transport
@@ -78,7 +79,7 @@ class RequestGuard(asyncio.Protocol):
 
     def _request_begins(self) -> None:
         """A request's deadline runs from here, unless the connection's still does."""
-        if self._deadline is None:
+        if self._deadline is None and self.request_timeout is not None:
             self._deadline = self.loop.call_later(self.request_timeout, self._expire)
 
     def _request_received(self) -> None:
@@ -114,7 +115,7 @@ class RequestGuard(asyncio.Protocol):
 
 
 def guarded(
-    protocol: type[RequestGuard], header_limit: int, request_timeout: float
+    protocol: type[RequestGuard], header_limit: int, request_timeout: float | None
 ) -> type[RequestGuard]:
     """A subclass of a guarded `protocol` with these limits, for uvicorn.Config(http=...)."""
     return type(
@@ -124,8 +125,11 @@ def guarded(
     )
 
 
-def http_settings(header_limit: int, request_timeout: float) -> dict[str, Any]:
-    """uvicorn.Config arguments enforcing these limits with the fastest parser installed."""
+def http_settings(header_limit: int, request_timeout: float | None) -> dict[str, Any]:
+    """uvicorn.Config arguments enforcing these limits with the fastest parser installed.
+
+    Whichever parser that is, the same requests are served and refused.
+    """
     protocol: type[RequestGuard]
     try:
         from receiver.protocol_httptools import GuardedHttpTools as protocol

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import signal
+import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -230,12 +231,31 @@ def _refuses_what_the_exact_parse_refuses(receiver: ReceiverProcess) -> None:
     assert str(exact.value) in answer.text
 
 
-def test_the_console_serves(outbox_db: str, tmp_path: Path) -> None:
-    console = ConsoleProcess(outbox_db, tmp_path / "console.log").wait_ready(timeout=WAIT)
+@pytest.fixture(params=["httptools", "h11"])
+def parser(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """The HTTP parser the processes this test starts run: httptools, or h11 as installed plain."""
+    if request.param == "httptools":
+        pytest.importorskip("httptools")
+    else:
+        for name, value in plain_install_variables().items():
+            monkeypatch.setenv(name, value)
+    return str(request.param)
+
+
+def test_the_console_serves_and_limits_headers_alike(parser: str, tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'outbox.db'}"
+    outbox.upgrade(url)
+    console = ConsoleProcess(url, tmp_path / "console.log").wait_ready(timeout=WAIT)
     try:
-        assert not loaded(console.proc.pid, "httptools")
+        assert loaded(console.proc.pid, "httptools") == (parser == "httptools")
         page = httpx.get(console.base + "/", timeout=30, follow_redirects=True)
         assert page.status_code == 200, page.text[:200]
+        # The receiver's header limit (64 KiB) on either parser; h11 alone would say 400.
+        within = httpx.get(console.base + "/", headers={"x-pad": "a" * 60_000}, timeout=30)
+        assert within.status_code == 200
+        with socket.create_connection(("127.0.0.1", console.port), timeout=30) as sock:
+            sock.sendall(b"GET / HTTP/1.1\r\nHost: c\r\nX-Pad: " + b"a" * 70_000)
+            assert sock.recv(65536).startswith(b"HTTP/1.1 431")
     finally:
         console.stop()
 
