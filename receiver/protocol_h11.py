@@ -33,8 +33,10 @@ class _ReportingConnection(h11.Connection):
             self.headers_too_large = exc.error_status_hint == 431
             raise
         if event is h11.NEED_DATA and not self.guard.awaiting_request_end:
-            # Waiting for more of a request: one has begun if any of it is buffered.
-            if self.their_state is not h11.IDLE or self.trailing_data[0]:
+            # Waiting for more of a request: one has begun if its body is due or any of
+            # its head is buffered. (After a request, h11 waits in DONE for our answer.)
+            state = self.their_state
+            if state is h11.SEND_BODY or (state is h11.IDLE and self.trailing_data[0]):
                 self.guard._request_begins()
         elif type(event) is h11.EndOfMessage:
             self.guard._request_received()
