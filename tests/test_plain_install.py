@@ -18,6 +18,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+import sqlalchemy as sa
 from support.console_helpers import ConsoleProcess
 from support.plain_install import blocked_modules, plain_install_variables
 from support.receiver_helpers import (
@@ -37,7 +38,7 @@ from receiver import strict_json
 EXTRA_MODULES = ("httptools", "uvloop", "orjson", "nats", "aio_pika", "aiormq")
 DEV_MODULES = ("httpx", "fastapi", "standardwebhooks", "pytest")
 BASE_MODULES = ("sqlalchemy", "alembic", "uvicorn", "h11", "starlette", "aiohttp", "jinja2")
-WAIT = 60.0  # seconds for a process to answer: generous, the machine may be loaded
+WAIT = 90.0  # seconds for a process to answer: generous, the machine may be loaded
 
 
 @pytest.fixture
@@ -180,8 +181,9 @@ def test_a_message_goes_from_the_relay_to_the_receiver(
     outbox_url, receiver_url = outbox_db, receiver_db
     secret_file = tmp_path / "secrets"
     secret_file.write_text(SECRET + "\n", encoding="utf-8")
-    receiver = ReceiverProcess(receiver_url, secret_file).wait_ready(timeout=WAIT)
+    receiver = ReceiverProcess(receiver_url, secret_file)
     try:
+        receiver.wait_ready(timeout=WAIT)
         assert not loaded(receiver.proc.pid, "httptools")  # h11 parses here
         assert not loaded(receiver.proc.pid, "orjson")
         config = tmp_path / "relay.toml"
@@ -200,15 +202,10 @@ def test_a_message_goes_from_the_relay_to_the_receiver(
                 cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
             )  # fmt: skip
             try:
-                wait_until(
-                    lambda: {row["state"] for row in rows(engine).values()} == {"sent"},
-                    WAIT,
-                    "the relay to deliver both messages",
-                )
+                wait_until(lambda: _delivered(engine, relay), WAIT, "both messages delivered")
             finally:
-                relay.send_signal(signal.SIGTERM)
-                _, err = relay.communicate(timeout=WAIT)
-            assert relay.returncode == 0, err.decode(errors="replace")
+                status, err = _stopped(relay)
+            assert status == 0, err
         finally:
             engine.dispose()
         assert set(stored_receipts(receiver_url)) == {"plain-1", "plain-2"}
@@ -217,6 +214,25 @@ def test_a_message_goes_from_the_relay_to_the_receiver(
         receiver.stop()
     assert "sent" in succeeds("status", "--db", outbox_url)
     succeeds("dead", "list", "--db", outbox_url)
+
+
+def _delivered(engine: sa.Engine, relay: subprocess.Popen[bytes]) -> bool:
+    """Whether every message is sent; fails at once if the relay has exited."""
+    if relay.poll() is not None:
+        raise AssertionError(f"the relay exited with {relay.returncode}: {_stopped(relay)[1]}")
+    return {row["state"] for row in rows(engine).values()} == {"sent"}
+
+
+def _stopped(process: subprocess.Popen[bytes]) -> tuple[int, str]:
+    """SIGTERM (killed if it does not end in time), reaped: its exit status and stderr."""
+    if process.poll() is None:
+        process.send_signal(signal.SIGTERM)
+    try:
+        _, err = process.communicate(timeout=WAIT)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        _, err = process.communicate()
+    return process.returncode, err.decode(errors="replace")
 
 
 def _refuses_what_the_exact_parse_refuses(receiver: ReceiverProcess) -> None:
@@ -245,8 +261,9 @@ def parser(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> s
 def test_the_console_serves_and_limits_headers_alike(parser: str, tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'outbox.db'}"
     outbox.upgrade(url)
-    console = ConsoleProcess(url, tmp_path / "console.log").wait_ready(timeout=WAIT)
+    console = ConsoleProcess(url, tmp_path / "console.log")
     try:
+        console.wait_ready(timeout=WAIT)
         assert loaded(console.proc.pid, "httptools") == (parser == "httptools")
         page = httpx.get(console.base + "/", timeout=30, follow_redirects=True)
         assert page.status_code == 200, page.text[:200]

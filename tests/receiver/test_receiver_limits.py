@@ -35,6 +35,7 @@ LIMITS = {
 # Generous: the machine may be loaded, but an unbounded process grows by far more.
 RSS_GROWTH_BOUND = 24 * MIB
 CUT_OFF = REQUEST_TIMEOUT + 8.0  # the deadline plus room for a loaded machine
+STARTUP = 90.0  # seconds for the receiver to answer: a loaded machine imports slowly
 
 
 def parses_with_httptools(process: ReceiverProcess) -> bool:
@@ -61,8 +62,9 @@ def receiver(
     shutil.copyfile(sqlite_template, database)
     secrets = tmp_path / "secrets"
     secrets.write_text(SECRET + "\n", encoding="utf-8")
-    process = ReceiverProcess(f"sqlite:///{database}", secrets, env).wait_ready()
+    process = ReceiverProcess(f"sqlite:///{database}", secrets, env)
     try:
+        process.wait_ready(timeout=STARTUP)
         assert parses_with_httptools(process) == (parser == "httptools")
         yield process
     finally:
