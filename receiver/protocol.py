@@ -1,10 +1,12 @@
-"""uvicorn's httptools protocol with a header size limit and a deadline per request.
+"""The receiver's HTTP protocol: uvicorn's, with a header size limit and a deadline per request.
 
-uvicorn parses with httptools when it is installed (the ``fast`` extra), and then
-has no header size limit at all (httptools accumulates a header value until it
-ends) and no deadline for reading a request: a client can send a huge header, or
-send a request slowly, or declare a Content-Length it never sends, and hold
-memory and a connection for as long as it likes. This subclass adds both:
+uvicorn parses with httptools when it is installed (the ``fast`` extra) and with
+h11 otherwise. Neither protocol has a deadline for reading a request, and
+httptools has no header size limit at all (it accumulates a header value until
+it ends): a client could send a huge header, or send a request slowly, or
+declare a Content-Length it never sends, and hold memory and a connection for as
+long as it likes. `RequestGuard` adds the same two limits to either protocol
+(receiver.protocol_httptools, receiver.protocol_h11):
 
 * once more than `header_limit` bytes of a request have arrived without its
   header block ending, it answers 431 and closes, so at most the limit plus one
@@ -16,17 +18,15 @@ memory and a connection for as long as it likes. This subclass adds both:
   closed; the app sees the client as gone. The timer is per connection, so a
   slow client never delays the others.
 
-Without httptools the receiver runs uvicorn's h11 protocol, whose
-``h11_max_incomplete_event_size`` is the header limit (`http_settings`); the
-deadline then covers only what uvicorn's keep-alive timeout does.
+The other limits (connections, keep-alive, the body budget) are uvicorn's
+settings and ASGI middleware, the same for both parsers; which parser runs
+changes only the CPU a request costs.
 """
 
 from __future__ import annotations
 
 import asyncio
 from typing import Any
-
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 DEFAULT_HEADER_LIMIT = 65_536
 DEFAULT_REQUEST_TIMEOUT = 10.0
@@ -45,57 +45,50 @@ def _plain(status: bytes, message: str) -> bytes:
     )
 
 
-class GuardedHttpTools(HttpToolsProtocol):
-    """HttpToolsProtocol that refuses oversized headers and cuts off slow requests."""
+class RequestGuard(asyncio.Protocol):
+    """The header limit and the request deadline, mixed in before one of uvicorn's protocols.
+
+    The protocol calls `_request_begins` when a request's first byte arrives and
+    `_request_received` when its last one has, and `_refuse_headers` once its
+    header block has grown past `header_limit`.
+    """
 
     header_limit = DEFAULT_HEADER_LIMIT
-    request_timeout = DEFAULT_REQUEST_TIMEOUT
+    request_timeout: float | None = DEFAULT_REQUEST_TIMEOUT
+    """None: no deadline, the header limit alone."""
+    # Set by the uvicorn protocol this is mixed into; `cycle` is its current request's.
+    loop: asyncio.AbstractEventLoop
+    transport: asyncio.Transport
+    cycle: Any
+    _deadline: asyncio.TimerHandle | None = None
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        """Set up the protocol as uvicorn does, plus the per-request guard state."""
-        super().__init__(*args, **kwargs)
-        self._in_headers = True  # the next bytes belong to a header block
-        self._header_bytes = 0
-        self._deadline: asyncio.TimerHandle | None = None
-
-    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
         """Start the first request's deadline with the connection: silence counts too."""
         super().connection_made(transport)
-        self._arm()
+        self._request_begins()
 
     def connection_lost(self, exc: Exception | None) -> None:
         """Forget the deadline with the connection."""
         self._disarm()
         super().connection_lost(exc)
 
-    def data_received(self, data: bytes) -> None:
-        """Feed the parser, refusing a header block that grows past the limit."""
-        if self._in_headers:
-            self._header_bytes += len(data)
-        super().data_received(data)
-        if self._in_headers and self._header_bytes > self.header_limit and self.parser:
-            self._refuse(b"431 Request Header Fields Too Large", "request headers too large")
+    @property
+    def awaiting_request_end(self) -> bool:
+        """Whether a request's deadline (or the connection's first) is running."""
+        return self._deadline is not None
 
-    def on_message_begin(self) -> None:
-        """A request starts: its deadline runs from here unless the connection's still does."""
-        super().on_message_begin()
-        self._arm()
-
-    def on_headers_complete(self) -> None:
-        """The header block ended within the limit."""
-        self._in_headers = False
-        super().on_headers_complete()
-
-    def on_message_complete(self) -> None:
-        """The whole request arrived in time: the next bytes start a new one."""
-        self._disarm()
-        self._in_headers = True
-        self._header_bytes = 0
-        super().on_message_complete()
-
-    def _arm(self) -> None:
-        if self._deadline is None:
+    def _request_begins(self) -> None:
+        """A request's deadline runs from here, unless the connection's still does."""
+        if self._deadline is None and self.request_timeout is not None:
             self._deadline = self.loop.call_later(self.request_timeout, self._expire)
+
+    def _request_received(self) -> None:
+        """The whole request arrived in time."""
+        self._disarm()
+
+    def _refuse_headers(self) -> None:
+        """The header block grew past the limit: 431, and the connection closes."""
+        self._refuse(b"431 Request Header Fields Too Large", "request headers too large")
 
     def _disarm(self) -> None:
         if self._deadline is not None:
@@ -121,19 +114,27 @@ class GuardedHttpTools(HttpToolsProtocol):
             self.transport.close()
 
 
-def guarded_httptools(header_limit: int, request_timeout: float) -> type[GuardedHttpTools]:
-    """A GuardedHttpTools class with these limits, for uvicorn.Config(http=...)."""
+def guarded(
+    protocol: type[RequestGuard], header_limit: int, request_timeout: float | None
+) -> type[RequestGuard]:
+    """A subclass of a guarded `protocol` with these limits, for uvicorn.Config(http=...)."""
     return type(
-        "GuardedHttpTools",
-        (GuardedHttpTools,),
+        protocol.__name__,
+        (protocol,),
         {"header_limit": header_limit, "request_timeout": request_timeout},
     )
 
 
-def http_settings(header_limit: int, request_timeout: float) -> dict[str, Any]:
-    """uvicorn.Config arguments enforcing these limits with the best parser installed."""
+def http_settings(header_limit: int, request_timeout: float | None) -> dict[str, Any]:
+    """uvicorn.Config arguments enforcing these limits with the fastest parser installed.
+
+    Whichever parser that is, the same requests are served and refused.
+    """
+    protocol: type[RequestGuard]
     try:
-        import httptools  # noqa: F401 - only whether it is there
-    except ImportError:
-        return {"http": "h11", "h11_max_incomplete_event_size": header_limit}
-    return {"http": guarded_httptools(header_limit, request_timeout)}
+        from receiver.protocol_httptools import GuardedHttpTools as protocol
+    except ModuleNotFoundError as exc:
+        if exc.name != "httptools":
+            raise
+        from receiver.protocol_h11 import GuardedH11 as protocol
+    return {"http": guarded(protocol, header_limit, request_timeout)}

@@ -23,7 +23,6 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from outbox.clients import optional_client
 from outbox.durations import duration_text
 from outbox.errors import ConfigError, TransportError
 from outbox.redaction import redact, redact_urls
@@ -32,7 +31,7 @@ from relay.nats_headers import NatsHeaders
 from relay.nats_wire import BadHeaderName, Publish, publish_all, relay_client, subscribe_answers
 from relay.policy import ACKED, Dead, Outcome, Retry, truncate
 from relay.records import Message
-from relay.transport import Parcel, Transport
+from relay.transport import Parcel, Transport, clients
 
 if TYPE_CHECKING:
     from nats.aio.client import Client
@@ -135,7 +134,7 @@ class NatsTransport(Transport):
     def __init__(self, destination: Destination) -> None:
         """Nothing connects until the first publish or retention check."""
         super().__init__(destination)
-        self._nats: Any = optional_client("nats", "a destination of kind nats", "nats")
+        [self._nats] = clients("nats")
         if destination.stream is None or destination.subject is None:
             raise ConfigError("a destination of kind nats needs stream and subject")
         self.stream = destination.stream

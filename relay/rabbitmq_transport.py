@@ -30,16 +30,15 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, cast
 
-from outbox.clients import optional_client
 from outbox.errors import ConfigError, TransportError
 from outbox.redaction import redact, redact_urls
 from relay.broker_headers import broker_headers
 from relay.config import Destination
 from relay.policy import ACKED, Dead, Outcome, Retry, truncate
 from relay.records import Message
-from relay.transport import Parcel, Transport
+from relay.transport import Parcel, Transport, clients
 
 if TYPE_CHECKING:
     from aio_pika.abc import AbstractChannel, AbstractConnection
@@ -71,10 +70,9 @@ class RabbitMqTransport(Transport):
     def __init__(self, destination: Destination) -> None:
         """Checks that the AMQP client is installed; nothing connects until the first send."""
         super().__init__(destination)
-        aio_pika: Any = optional_client("rabbitmq", "a destination of kind rabbitmq", "aio_pika")
-        # aio-pika's own dependency: its channel publishes without aio-pika's per-message
-        # wrapping, and without waiting for each frame to be flushed.
-        aiormq: Any = optional_client("rabbitmq", "a destination of kind rabbitmq", "aiormq")
+        # aiormq, aio-pika's own dependency: its channel publishes without aio-pika's
+        # per-message wrapping, and without waiting for each frame to be flushed.
+        aio_pika, aiormq = clients("rabbitmq")
         self._properties = aiormq.spec.Basic.Properties
         assert destination.exchange is not None, "config requires an exchange"
         assert destination.routing_key is not None, "config requires a routing key"

@@ -13,8 +13,10 @@ import math
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from types import ModuleType
 from urllib.parse import urlsplit, urlunsplit
 
+from outbox.clients import optional_client
 from outbox.errors import ConfigError, TransportError
 from outbox.redaction import redact_urls
 from relay.config import Destination
@@ -152,14 +154,35 @@ TRANSPORTS: dict[str, Callable[[Destination], Transport]] = {
 """Each destination kind (the `kind` key of its config table) and what builds its transport."""
 
 
+CLIENT_MODULES: dict[str, tuple[str, ...]] = {
+    "nats": ("nats",),
+    "rabbitmq": ("aio_pika", "aiormq"),
+}
+"""The broker client modules each kind's transport uses; the extra named as the kind
+installs them (pyproject.toml)."""
+
+
+def clients(kind: str) -> list[ModuleType]:
+    """The client modules of `kind`, in CLIENT_MODULES order; ConfigError naming the extra
+    to install when one is missing."""
+    needed_for = f"a destination of kind {kind}"
+    return [optional_client(kind, needed_for, module) for module in CLIENT_MODULES[kind]]
+
+
 def check_kinds(destinations: Mapping[str, Destination]) -> None:
-    """ConfigError unless every destination's kind has a transport."""
+    """ConfigError unless every destination's kind has a transport and its client installed.
+
+    Checked with the rest of the configuration, before the database is opened: a
+    missing client is a setup error, not one of delivery.
+    """
     for name, destination in destinations.items():
         if destination.kind not in TRANSPORTS:
             raise ConfigError(
                 f"destination {name!r}: kind {destination.kind!r} is not one of "
                 f"{sorted(TRANSPORTS)}"
             )
+        if destination.kind in CLIENT_MODULES:
+            clients(destination.kind)
 
 
 def transport_for(destination: Destination) -> Transport:

@@ -77,6 +77,7 @@ def run(args: argparse.Namespace) -> int:
     from outbox.cli.console.app import create_app
     from outbox.cli.console.decide import check_config
     from outbox.operations import Operations
+    from receiver.protocol import DEFAULT_HEADER_LIMIT, http_settings
 
     token = console_token(args.host)
     configure_logging("text")
@@ -99,6 +100,9 @@ def run(args: argparse.Namespace) -> int:
             access_log=False,
             lifespan="off",
             ws="none",
+            # The receiver's header limit, so that httptools (the `fast` extra) and h11
+            # refuse the same requests; no deadline: a browser keeps idle connections.
+            **http_settings(DEFAULT_HEADER_LIMIT, request_timeout=None),
         )
         # Bound before the "console on" line: a port in use is named, never announced.
         sock = listening_socket(args.host, args.port)
