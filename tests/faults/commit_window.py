@@ -46,9 +46,13 @@ ABORT_WITHIN = 60.0
 
 # The node's open write transactions: its sessions with a transaction id, the 64-bit id
 # (the server's epoch joined to the 32-bit backend_xid) and the tables it has written.
+# The epoch comes from an id assigned to this statement's own transaction, which is newer
+# than every backend_xid already assigned; a snapshot's xmax is not (it is the latest
+# completed id plus one, so a transaction still open may hold a larger id, and the
+# wraparound test below then took it for the previous epoch's).
 _OPEN_WRITES = sa.text(
     """
-    WITH top AS (SELECT pg_snapshot_xmax(pg_current_snapshot())::text::bigint AS xid)
+    WITH top AS (SELECT pg_current_xact_id()::text::bigint AS xid)
     SELECT a.pid, a.state,
            (((top.xid >> 32) - CASE WHEN a.backend_xid::text::bigint > (top.xid & 4294967295)
                                     THEN 1 ELSE 0 END) << 32)
