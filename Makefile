@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint docs package-check faults-report screenshots clean
+.PHONY: demo test test-long lint docs package-check faults-report screenshots clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -33,7 +33,12 @@ docs: $(STAMP)
 # Three test processes on two cores: the fault tests spend most of their time
 # waiting for leases to expire and processes to start, so they overlap well.
 test: lint docs
-	$(BIN)/python -m pytest -n 3 --dist worksteal $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n 3 --dist worksteal -m "not long" $(PYTEST_ARGS)
+
+# The tests marked long (the benchmark suite's quick form, minutes of CPU on both cores):
+# .ci/run runs them after `make test`, so the default suite stays quick.
+test-long: $(STAMP)
+	$(BIN)/python -m pytest -m long $(PYTEST_ARGS)
 
 # What users install: builds the sdist and the wheel, checks the wheel's contents, and
 # runs the command and tests/package against the wheel in clean venvs (no extras, each
