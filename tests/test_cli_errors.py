@@ -117,6 +117,15 @@ def test_an_unreachable_database_is_one_line_naming_it_and_exit_3(
     ("url", "said"),
     [
         ("nonsense", "database URL 'nonsense' is not a URL: expected postgresql://"),
+        # Unparsed, a password cannot be told from a host: all before the last '@' is hidden.
+        (
+            "postgresql:/app:s3cret@db/app",
+            "database URL 'postgresql:/<redacted>@db/app' is not a URL: expected ",
+        ),
+        (
+            "app:s3cret@db:5432/app",
+            "database URL 'app:<redacted>@db:5432/app' is not a URL: expected ",
+        ),
         (
             "postgresql://app:s3cret@db:5432x/app",
             "database URL 'postgresql://app:<redacted>@db:5432x/app': ",
