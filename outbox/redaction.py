@@ -2,8 +2,10 @@
 
 A destination or database URL may carry a password (userinfo) or a token (query
 string), and a webhook secret may be mistyped into a command line; errors and logs
-show neither. A URL's user name stays: without it a URL in an error could not be
-told apart from another, nor pasted back into a command when it has no password.
+show neither. The user name before a password stays, so that a URL in an error can be
+told apart from another. A user name alone is a credential (a NATS token, an API key)
+and is hidden, but for a database URL: there it names a role, and a URL without a
+password stays as typed so that it can be pasted back into a command.
 """
 
 from __future__ import annotations
@@ -14,24 +16,58 @@ SECRET_LIKE = re.compile(r"whsec_[A-Za-z0-9+/=_-]*")
 
 # scheme://[user[:password]@]rest[?query][#fragment], the parts that may hold credentials
 # marked. A password may hold '@' (unencoded, in a mistyped URL): the userinfo runs to the
-# authority's last '@'.
+# authority's last '@'. SQLAlchemy takes a password with '/', '?' or '#' in it too: after
+# "user:", the userinfo runs to the URL's last '@' (a host cannot hold one), at the cost of
+# hiding a host whose path or query holds both ':' and '@'.
 _URL = re.compile(
-    r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)(?P<userinfo>[^\s/?#'\"]*@)?(?P<rest>[^\s?#'\"]*)(?P<query>\?[^\s#'\"]*)?(?P<fragment>#[^\s'\"]*)?"
+    r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)"
+    r"(?P<userinfo>[^\s/?#'\"]*@|[^\s:/?#'\"@]*:[^\s'\"]*@)?"
+    r"(?P<rest>[^\s?#'\"]*)(?P<query>\?[^\s#'\"]*)?(?P<fragment>#[^\s'\"]*)?"
 )
+
+# A user name alone is a role name in these (SQLAlchemy dialect names and their drivers).
+_DATABASE_SCHEMES = ("postgres", "sqlite", "mysql", "mariadb")
+
+# A URL's scheme, or what stands in for one in a URL that does not parse.
+_LEADING_SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*:/*")
 
 
 def redact_urls(text: str) -> str:
-    """`text` with every URL's password and query string (tokens, passwords) hidden."""
+    """`text` with every URL's credentials (password, token user name, query string) hidden."""
 
     def hide(found: re.Match[str]) -> str:
-        userinfo = found["userinfo"] or ""
-        user, colon, _ = userinfo[:-1].partition(":")
-        if colon:
-            userinfo = f"{user}:<redacted>@"
-        query = "?<redacted>" if found["query"] else ""
-        return f"{found['scheme']}{userinfo}{found['rest']}{query}"
+        return f"{found['scheme']}{_shown_userinfo(found)}{found['rest']}{_shown_query(found)}"
 
     return _URL.sub(hide, text)
+
+
+def redact_unparsed_url(url: str) -> str:
+    """A URL that does not parse, with everything between its scheme and last '@' hidden."""
+    before, at, after = url.rpartition("@")
+    if not at:
+        return redact(url)
+    scheme = _LEADING_SCHEME.match(before)
+    rest, question, _ = after.partition("?")
+    rest = rest.partition("#")[0]
+    return f"{scheme[0] if scheme else ''}<redacted>@{rest}{'?<redacted>' if question else ''}"
+
+
+def _shown_userinfo(found: re.Match[str]) -> str:
+    """A URL's userinfo as shown: a password hidden, a user name alone only in a database URL."""
+    userinfo = found["userinfo"]
+    if not userinfo or userinfo == "@":
+        return userinfo or ""
+    user, colon, _ = userinfo[:-1].partition(":")
+    if colon:
+        return f"{user}:<redacted>@"
+    if found["scheme"].lower().startswith(_DATABASE_SCHEMES):
+        return userinfo
+    return "<redacted>@"
+
+
+def _shown_query(found: re.Match[str]) -> str:
+    """A URL's query string as shown: hidden whole, since any parameter may be a token."""
+    return "?<redacted>" if found["query"] else ""
 
 
 def redact(text: str) -> str:

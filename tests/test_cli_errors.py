@@ -99,22 +99,33 @@ def refusing_port() -> Iterator[int]:
         yield int(sock.getsockname()[1])
 
 
+# SQLAlchemy takes a password holding '/' or '?' unencoded; its start line and error hide it.
+@pytest.mark.parametrize("password", ["s3cret", "s3/cret+ef==", "s3?cret"])
 def test_an_unreachable_database_is_one_line_naming_it_and_exit_3(
-    refusing_port: int, secret_file: str, capsys: pytest.CaptureFixture[str]
+    password: str, refusing_port: int, secret_file: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    url = f"postgresql://app:s3cret@127.0.0.1:{refusing_port}/app"
+    url = f"postgresql://app:{password}@127.0.0.1:{refusing_port}/app"
     shown = f"postgresql://app:<redacted>@127.0.0.1:{refusing_port}/app"
     for argv in every_command(secret_file):
         line, printed = failed([*argv, "--db", url], 3, capsys)
         assert line.startswith(f"outbox: error: database {shown}: "), (argv, line)
         assert "Connection refused" in line, (argv, line)
-        assert "s3cret" not in printed, argv
+        assert "cret" not in printed, argv
 
 
 @pytest.mark.parametrize(
     ("url", "said"),
     [
         ("nonsense", "database URL 'nonsense' is not a URL: expected postgresql://"),
+        # Unparsed, a password cannot be told from a host: all before the last '@' is hidden.
+        (
+            "postgresql:/app:s3cret@db/app",
+            "database URL 'postgresql:/<redacted>@db/app' is not a URL: expected ",
+        ),
+        (
+            "app:s3cret@db:5432/app",
+            "database URL 'app:<redacted>@db:5432/app' is not a URL: expected ",
+        ),
         (
             "postgresql://app:s3cret@db:5432x/app",
             "database URL 'postgresql://app:<redacted>@db:5432x/app': ",

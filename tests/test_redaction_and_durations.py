@@ -1,4 +1,4 @@
-"""Redaction keeps a URL's user and hides its password and query; durations print as typed."""
+"""Redaction hides a URL's password, token user name and query; durations print as typed."""
 
 from __future__ import annotations
 
@@ -17,12 +17,23 @@ from outbox.redaction import redact
         ("postgresql://app:s3@cr@t@db/app", "postgresql://app:<redacted>@db/app"),
         ("amqp://guest:guest@127.0.0.1:5672/", "amqp://guest:<redacted>@127.0.0.1:5672/"),
         ("nats://:token@h:4222", "nats://:<redacted>@h:4222"),
+        # A user name alone is a token or key but in a database URL, where it is a role.
+        ("nats://s3cr3tToken@nats:4222", "nats://<redacted>@nats:4222"),
+        ("https://apikey@host/hook", "https://<redacted>@host/hook"),
+        ("redis://token@r:6379/0", "redis://<redacted>@r:6379/0"),
+        ("postgresql+psycopg://app@db/app", "postgresql+psycopg://app@db/app"),
+        ("mysql+pymysql://app@db/app", "mysql+pymysql://app@db/app"),
+        # SQLAlchemy takes a password holding '/', '?' or '#'.
+        ("postgresql://app:ab/cd+ef==@db/app", "postgresql://app:<redacted>@db/app"),
+        ("postgresql://app:ab?cd@db/app", "postgresql://app:<redacted>@db/app"),
+        ("postgresql://app:ab#cd@db/app", "postgresql://app:<redacted>@db/app"),
+        ("https://u:p@h/r?to=a@b", "https://u:<redacted>@h/r?<redacted>"),
         ("https://h/r?token=s3cret#f", "https://h/r?<redacted>"),
         ("at https://h/a@b and sqlite:///x.db", "at https://h/a@b and sqlite:///x.db"),
         ("secret whsec_c2VjcmV0LXZhbHVl here", "secret whsec_<redacted> here"),
     ],
 )
-def test_redaction_hides_credentials_and_keeps_the_user(text: str, shown: str) -> None:
+def test_redaction_hides_credentials_keeps_a_user_before_a_password(text: str, shown: str) -> None:
     assert redact(text) == shown
 
 

@@ -20,7 +20,7 @@ import sqlalchemy as sa
 
 from outbox.db.dialect import make_url
 from outbox.errors import ConfigError, StoreUnavailable
-from outbox.redaction import redact
+from outbox.redaction import redact, redact_unparsed_url
 
 DONE = 0
 FAILED = 1
@@ -54,7 +54,8 @@ def check_database_url(url: str) -> None:
         make_url(url)
     except sa.exc.ArgumentError:
         raise ConfigError(
-            f"database URL {shown_url(url)!r} is not a URL: expected "
+            # Unparsed, its password cannot be told from its host: all before the last '@' goes.
+            f"database URL {redact_unparsed_url(url)!r} is not a URL: expected "
             "postgresql://USER@HOST:5432/DATABASE (a password after USER:) or sqlite:///PATH"
         ) from None
     except ValueError as exc:
