@@ -1,6 +1,7 @@
 # Two entry points, both self-installing into .venv on first use:
 #   make demo   the end-to-end story on the embedded SQLite default
-#   make test   lint, types, the documentation site and the whole suite (SQLite and PostgreSQL)
+#   make test   lint, types, the documentation site and the suite (SQLite and PostgreSQL)
+#               but for the long tests, which `make test-long` runs
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
