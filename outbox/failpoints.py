@@ -9,7 +9,9 @@ step, look at the database, and then resume it (SIGCONT) or kill it.
 
 The switch is a second, deliberate act: a failpoint name alone, left in a
 shared environment file, is inert, and the process says so in a WARNING at
-start; an armed one is named in a WARNING at start too.
+start; an armed one is named in a WARNING at start too. A bad value is a
+ConfigError: a command's one-line error at start, the library's at the first
+`hit`; importing the package never fails on it.
 
 Every ``*.before_commit`` point sits after its transaction's statements ran and
 before its COMMIT, so a process dying there leaves the database holding
@@ -18,7 +20,7 @@ asks `armed()` first and, only then, runs that statement in a transaction.
 
 In-process, ``arm(name, skip=n)`` makes the (n+1)-th arrival raise ``Crash``, a
 BaseException so ``except Exception`` cannot swallow it; being a call in test
-code, it needs no switch. Unarmed, ``hit`` is one comparison and one dict test.
+code, it needs no switch. Unarmed, ``hit`` is two comparisons and one dict test.
 """
 
 from __future__ import annotations
@@ -29,6 +31,8 @@ import signal
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
+
+from outbox.errors import ConfigError
 
 ENV_VAR = "OUTBOX_FAILPOINT"
 ACTION_VAR = "OUTBOX_FAILPOINT_ACTION"
@@ -66,39 +70,64 @@ _lock = threading.Lock()
 _armed: dict[str, int] = {}
 _exit_at: str | None = None
 _action = "exit"
+_problem: str | None = None  # why the environment's failpoint variables are unusable
+_ignored: str | None = None  # a failpoint named without the switch
+_announced = False
 
 
 def read_environment() -> None:
-    """Take the process's failpoint from the environment (done at import; again after a fork)."""
-    global _exit_at, _action
+    """Take the process's failpoint from the environment (done at import; again after a fork).
+
+    Neither raises nor logs: at import, an error would break ``import outbox`` in the
+    application, and a log line would come before the command configured logging. The
+    command line calls `check` and `announce`; the library raises at the first `hit`.
+    """
+    global _exit_at, _action, _problem, _ignored, _announced
     point = os.environ.get(ENV_VAR) or None
     action = os.environ.get(ACTION_VAR) or "exit"
     switch = os.environ.get(SWITCH_VAR) or "0"
+    _exit_at, _action, _problem, _ignored, _announced = None, "exit", None, None, False
     if switch not in ("0", "1"):
-        raise ValueError(f"{SWITCH_VAR} must be 1 or 0, got {switch!r}")
-    _exit_at, _action = None, "exit"
-    if point is None:
+        _problem = f"{SWITCH_VAR} must be 1 or 0, got {switch!r}"
+    elif point is None:
+        pass
+    elif switch != "1":
+        _ignored = point
+    elif point not in POINTS:
+        _problem = f"{ENV_VAR}: unknown failpoint {point!r}"
+    elif action not in ACTIONS:
+        _problem = f"{ACTION_VAR} must be one of {ACTIONS}, got {action!r}"
+    else:
+        _exit_at, _action = point, action
+
+
+def check() -> None:
+    """Raise ConfigError when the failpoint variables hold an unusable value."""
+    if _problem is not None:
+        raise ConfigError(_problem)
+
+
+def announce() -> None:
+    """Log, once, that a failpoint is armed or that one is set but ignored (after `check`)."""
+    global _announced
+    if _announced:
         return
-    if switch != "1":
+    _announced = True
+    if _ignored is not None:
         log.warning(
             "%s=%s is ignored: failpoints act only with the testing switch %s=1",
             ENV_VAR,
-            point,
+            _ignored,
             SWITCH_VAR,
         )
-        return
-    if point not in POINTS:
-        raise ValueError(f"{ENV_VAR}: unknown failpoint {point!r}")
-    if action not in ACTIONS:
-        raise ValueError(f"{ACTION_VAR} must be one of {ACTIONS}, got {action!r}")
-    _exit_at, _action = point, action
-    log.warning(
-        "failpoint %s is armed (%s): this process will %s when it reaches it; "
-        "a testing switch, never for production",
-        point,
-        SWITCH_VAR,
-        f"exit with status {EXIT_CODE}" if action == "exit" else "stop itself (SIGSTOP)",
-    )
+    elif _exit_at is not None:
+        log.warning(
+            "failpoint %s is armed (%s): this process will %s when it reaches it; "
+            "a testing switch, never for production",
+            _exit_at,
+            SWITCH_VAR,
+            f"exit with status {EXIT_CODE}" if _action == "exit" else "stop itself (SIGSTOP)",
+        )
 
 
 def environment(point: str, action: str = "exit") -> dict[str, str]:
@@ -119,6 +148,9 @@ def hit(name: str) -> None:
     """Mark arrival at failpoint `name`: exit, stop or raise when it is armed."""
     if _exit_at == name:
         _reached(name)
+    if _problem is not None:
+        # A process meant to die at a step must not run on as if unarmed.
+        raise ConfigError(_problem)
     if not _armed:
         return
     with _lock:

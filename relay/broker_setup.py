@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import string
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -22,6 +23,7 @@ from outbox.errors import ConfigError, OutboxError, TransportError
 from outbox.redaction import redact, redact_urls
 from relay.config import Destination
 from relay.nats_transport import render_subject, subject_matches
+from relay.policy import retains
 
 if TYPE_CHECKING:
     from aio_pika.abc import AbstractChannel, AbstractConnection
@@ -130,8 +132,8 @@ def stream_changes(
         said.append(f"subject {wanted} added{instead}")
     current = float(config.duplicate_window or 0)
     max_age = float(config.max_age or 0)
-    if current < window:
-        if max_age and max_age < window:
+    if not retains(current, window):
+        if max_age and not retains(max_age, window):
             # JetStream refuses a duplicate window longer than max_age, and keeping
             # messages longer is the stream owner's decision, not this command's.
             why = (
@@ -145,9 +147,15 @@ def stream_changes(
                 )
             said.append(f"duplicate window {current:g}s kept: allow_short_retention is set")
         else:
-            changes["duplicate_window"] = window
-            said.append(f"duplicate window {current:g}s -> {window:g}s")
+            changes["duplicate_window"] = whole_seconds(window)
+            said.append(f"duplicate window {current:g}s -> {whole_seconds(window)}s")
     return changes, said
+
+
+def whole_seconds(window: float) -> int:
+    """The duplicate window to set for a retry window: whole seconds, rounded up, as the
+    relay's hint says; a fractional one would come back from NATS a nanosecond short."""
+    return math.ceil(window)
 
 
 async def set_up_stream(destination: Destination, window: float, dry_run: bool) -> Change:
@@ -168,10 +176,11 @@ async def set_up_stream(destination: Destination, window: float, dry_run: bool) 
                 await js.add_stream(
                     name=name,
                     subjects=[wanted],
-                    duplicate_window=window,
+                    duplicate_window=whole_seconds(window),
                     storage=nats.js.api.StorageType.FILE,
                 )
-            return Change(thing, "created", f"subjects {wanted}, duplicate window {window:g}s")
+            shown = f"subjects {wanted}, duplicate window {whole_seconds(window)}s"
+            return Change(thing, "created", shown)
         config = info.config
         changes, said = stream_changes(config, wanted, window, destination.allow_short_retention)
         if not changes:

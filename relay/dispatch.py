@@ -23,7 +23,16 @@ from outbox.errors import ConfigError, TransportError
 from outbox.redaction import redact
 from relay.config import Destination
 from relay.metrics import RelayMetrics
-from relay.policy import Dead, Outcome, Retry, Sent, Unsent, longest_retry_window, truncate
+from relay.policy import (
+    Dead,
+    Outcome,
+    Retry,
+    Sent,
+    Unsent,
+    longest_retry_window,
+    retains,
+    truncate,
+)
 from relay.records import Message
 from relay.transport import Parcel, Transport, transport_for
 
@@ -100,7 +109,7 @@ class Dispatcher:
                     raise ConfigError(f"{why} (require_retention is set)")
                 log.warning("%s", why)
                 continue
-            if answer < longest:
+            if not retains(answer, longest):
                 why = short_retention(name, destination, answer, longest)
                 if not destination.allow_short_retention:
                     raise ConfigError(why)

@@ -29,7 +29,7 @@ from outbox.redaction import redact, redact_urls
 from relay.config import Destination
 from relay.nats_headers import NatsHeaders
 from relay.nats_wire import BadHeaderName, Publish, publish_all, relay_client, subscribe_answers
-from relay.policy import ACKED, Dead, Outcome, Retry, truncate
+from relay.policy import ACKED, Dead, Outcome, Retry, retains, truncate
 from relay.records import Message
 from relay.transport import Parcel, Transport, clients
 
@@ -392,7 +392,7 @@ class NatsTransport(Transport):
         except ConfigError as exc:
             refusal = f"{exc}; nothing is published until that is fixed"
         else:
-            if window >= required:
+            if retains(window, required):
                 self._required_window = None
                 log.info(
                     "NATS stream %s: duplicate window %s checked",

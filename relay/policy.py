@@ -120,6 +120,16 @@ def longest_retry_window(
     return (attempts - 1) * max(cap, backoff) + attempts * (timeout + lease)
 
 
+RETENTION_TOLERANCE = 1e-6
+"""Seconds a kept window may fall short and still count: NATS stores a duplicate window as
+whole nanoseconds, and nats-py's float conversion there and back loses that much."""
+
+
+def retains(kept: float, needed: float) -> bool:
+    """Whether a receipt retention or duplicate window of `kept` seconds covers `needed`."""
+    return kept >= needed - RETENTION_TOLERANCE
+
+
 def truncate(text: str, limit: int = MAX_ERROR_CHARS) -> str:
     """Keep stored errors short, on one line, and printable (a peer's body may hold a NUL)."""
     flat = "".join(c if c.isprintable() else "?" for c in " ".join(text.split()))

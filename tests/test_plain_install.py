@@ -214,7 +214,8 @@ def test_a_message_goes_from_the_relay_to_the_receiver(
         _refuses_what_the_exact_parse_refuses(receiver)
     finally:
         receiver.stop()
-    assert "sent" in succeeds("status", "--db", outbox_url)
+    status = json.loads(succeeds("status", "--json", "--db", outbox_url))
+    assert status["messages"]["sent"] == 2
     succeeds("dead", "list", "--db", outbox_url)
 
 

@@ -145,6 +145,7 @@ def _run(args: argparse.Namespace) -> int:
     if path:
         check_document(settings.load(path), path, all_options())
     check_environment(os.environ, known_variables(), path)
+    failpoints.check()  # a bad value is this one line and status 2, not a failure mid-run
     if args.command == "secret":  # opens no database and reads no settings
         return secret.run(args)
     if args.command == "broker":  # opens no database; reads the relay's settings itself

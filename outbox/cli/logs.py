@@ -18,6 +18,7 @@ import threading
 from types import TracebackType
 from typing import Any
 
+from outbox import failpoints
 from outbox.cli.settings import Option
 from outbox.redaction import redact
 
@@ -102,6 +103,7 @@ def announce(command: str, db: str, config: str | None) -> None:
         read,
         extra={"fields": {"command": command, "database": database, "config": config}},
     )
+    failpoints.announce()  # now, in the format just configured, not at import
 
 
 def report_error(message: str) -> None:
