@@ -80,7 +80,8 @@ def read_environment() -> None:
 
     Neither raises nor logs: at import, an error would break ``import outbox`` in the
     application, and a log line would come before the command configured logging. The
-    command line calls `check` and `announce`; the library raises at the first `hit`.
+    command line calls `check` and `announce`; the library, in a process of its own,
+    announces at its first failpoint and raises there when the values are unusable.
     """
     global _exit_at, _action, _problem, _ignored, _announced
     point = os.environ.get(ENV_VAR) or None
@@ -99,6 +100,8 @@ def read_environment() -> None:
         _problem = f"{ACTION_VAR} must be one of {ACTIONS}, got {action!r}"
     else:
         _exit_at, _action = point, action
+    # Nothing to say: `hit` then spends one test of a flag on announcing.
+    _announced = _exit_at is None and _ignored is None
 
 
 def check() -> None:
@@ -146,6 +149,8 @@ def armed(name: str) -> bool:
 
 def hit(name: str) -> None:
     """Mark arrival at failpoint `name`: exit, stop or raise when it is armed."""
+    if not _announced:  # a process that never called announce() still says it at once
+        announce()
     if _exit_at == name:
         _reached(name)
     if _problem is not None:
