@@ -133,7 +133,9 @@ def _look_and_kill(engine: sa.Engine, node: Node, point: str) -> Held:
             f"writes to {sorted(WRITES[point])}: {rows}; the sessions: {sessions}\n{node.tail()}"
         )
     _kill(node)
-    xids = tuple(int(r.xid) for r in rows)
+    # Only the transactions seen holding the step's writes: another of its sessions may
+    # have committed on its own between the look and the kill.
+    xids = tuple(int(r.xid) for r in holding)
 
     def aborted() -> bool:
         with engine.connect() as conn:
