@@ -8,11 +8,11 @@ prefix (OUTBOXDEV_), outside the product's namespace.
 
 from __future__ import annotations
 
-import difflib
 from collections.abc import Iterable, Mapping
 
 from outbox.cli.settings import load
 from outbox.errors import ConfigError
+from outbox.unknown_keys import did_you_mean
 from relay.config import DESTINATION_ENV_PREFIX, destination_variable, referenced_variables
 
 PREFIX = "OUTBOX_"
@@ -36,8 +36,8 @@ def check_environment(
             continue
         if variable.startswith(DESTINATION_ENV_PREFIX) and destination_variable(variable):
             continue
-        close = difflib.get_close_matches(variable, sorted(names), n=1)
-        hint = f" (did you mean {close[0]}?)" if close else ""
+        close = did_you_mean(variable, names)
+        hint = f" (did you mean {close}?)" if close else ""
         raise ConfigError(
             f"unknown environment variable {variable}{hint}; the commands read only the "
             f"variables their --help lists and {DESTINATION_ENV_PREFIX}<NAME>_<KEY>"

@@ -43,11 +43,6 @@ class PortUnavailable(Exception):
     """A port a command listens on cannot be bound; the message names it and its flag."""
 
 
-def shown_url(url: str) -> str:
-    """A database URL as errors and start lines show it: user kept, password and query hidden."""
-    return redact(url)
-
-
 def check_database_url(url: str) -> None:
     """ConfigError naming a database URL that cannot be parsed or is not supported."""
     try:
@@ -59,13 +54,13 @@ def check_database_url(url: str) -> None:
             "postgresql://USER@HOST:5432/DATABASE (a password after USER:) or sqlite:///PATH"
         ) from None
     except ValueError as exc:
-        raise ConfigError(f"database URL {shown_url(url)!r}: {_first_line(exc)}") from None
+        raise ConfigError(f"database URL {redact(url)!r}: {_first_line(exc)}") from None
 
 
 def database_error(url: str | None, exc: sa.exc.DBAPIError) -> str:
     """The line for a database that failed to connect or answer: its URL and the cause."""
     cause = _first_line(exc.orig if exc.orig is not None else exc)
-    return f"database {shown_url(url)}: {cause}" if url else f"database: {cause}"
+    return f"database {redact(url)}: {cause}" if url else f"database: {cause}"
 
 
 def store_error(url: str | None, exc: StoreUnavailable) -> str:
