@@ -434,7 +434,13 @@ def timed_drain(
 
 def server_seconds(server: str | None) -> dict[int, float]:
     """CPU seconds used so far by each process named `server`, by pid; none for None."""
-    return {} if server is None else process_cpu_seconds(server)
+    if server is None:
+        return {}
+    found = process_cpu_seconds(server)
+    if not found:
+        # Otherwise the server's share would read as 0 us per message, not as unmeasured.
+        raise RuntimeError(f"no process named {server!r} is running on this machine")
+    return found
 
 
 def produce(url: str, index: int, ready: Any, go: Any, stop: Any, counts: Any, rate: float) -> None:

@@ -127,7 +127,12 @@ def check_results(document: dict[str, Any], table: str) -> None:
             "entries/message",
             "entries/task",
         ):
-            assert row["ours"] > 0, row
+            if row["scenario"].endswith("server's own CPU per message"):
+                # A quick drain may take the broker less than one clock tick (10 ms) of CPU;
+                # that the broker was found at all is checked where it is read.
+                assert row["ours"] >= 0, row
+            else:
+                assert row["ours"] > 0, row
         if row["unit"] == "HOT % of updates":
             # A share may be none before and after (no ratio then), never more than all.
             assert 0 <= row["baseline"] <= 100, row
