@@ -1,13 +1,14 @@
 # Two entry points, both self-installing into .venv on first use:
 #   make demo   the end-to-end story on the embedded SQLite default
 #   make test   lint, types, the documentation site and the suite (SQLite and PostgreSQL)
-#               but for the long tests, which `make test-long` runs
+#               but for the fault proofs (`make test-faults`) and the long tests
+#               (`make test-long`), which .ci/run runs after it
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-long lint docs package-check faults-report screenshots clean
+.PHONY: demo test test-faults test-long lint docs package-check faults-report screenshots clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -31,13 +32,19 @@ lint: $(STAMP)
 docs: $(STAMP)
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
 
-# Three test processes on two cores: the fault tests spend most of their time
-# waiting for leases to expire and processes to start, so they overlap well.
+# Three test processes on two cores: the process tests spend much of their time waiting
+# for leases to expire and processes to start, so they overlap well.
 test: lint docs
-	$(BIN)/python -m pytest -n 3 --dist worksteal -m "not long" $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n 3 --dist worksteal -m "not long and not faults" $(PYTEST_ARGS)
+
+# The fault proofs (tests/faults): processes killed at every failpoint, inside the
+# server's commit window, stale leases resumed, networks and brokers cut. A third of
+# the suite's CPU, so out of the default run; .ci/run runs them after `make test`.
+test-faults: $(STAMP)
+	$(BIN)/python -m pytest -n 3 --dist worksteal -m faults $(PYTEST_ARGS)
 
 # The tests marked long (the benchmark suite's quick form, minutes of CPU on both cores):
-# .ci/run runs them after `make test`, so the default suite stays quick.
+# .ci/run runs them after the fault proofs, so the default suite stays quick.
 test-long: $(STAMP)
 	$(BIN)/python -m pytest -m long $(PYTEST_ARGS)
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
-from support.environment import ALL_TABLES, IN_CI
+from support.environment import IN_CI, emptying_statements
 
 import outbox
 import receiver
@@ -47,8 +47,16 @@ LONGEST_FIRST = (
 of a parallel run while the other workers sit idle."""
 
 
+FAULTS = "tests/faults/"
+"""The fault proofs: real processes killed, cut off and stalled. Marked `faults`, they run
+as `make test-faults`, .ci/run's second step, so the default suite stays quick."""
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Run LONGEST_FIRST before everything else, longest first; the rest as collected."""
+    """Mark the fault proofs; run LONGEST_FIRST first, longest first; the rest as collected."""
+    for item in items:
+        if item.nodeid.startswith(FAULTS):
+            item.add_marker(pytest.mark.faults)
 
     def rank(item: pytest.Item) -> int:
         for place, prefix in enumerate(LONGEST_FIRST):
@@ -141,7 +149,8 @@ def db_url(backend: str, request: pytest.FixtureRequest, tmp_path: Path) -> str:
     url: str = request.getfixturevalue("pg_database")
     engine = sa.create_engine(sa.make_url(url).set(drivername="postgresql+psycopg"))
     with engine.begin() as conn:
-        conn.execute(sa.text(f"TRUNCATE {', '.join(ALL_TABLES)} RESTART IDENTITY"))
+        for statement in emptying_statements(backend):
+            conn.execute(sa.text(statement))
     engine.dispose()
     return url
 

@@ -20,7 +20,7 @@ SUITE_DEADLINE = 1_200
 """Seconds for the whole quick suite: minutes of real drains, more on a busy machine."""
 
 
-# Minutes of CPU on both cores: it runs in `make test-long`, the second step of .ci/run.
+# Minutes of CPU on both cores: it runs in `make test-long`, a later step of .ci/run.
 @pytest.mark.long
 @pytest.mark.timeout(SUITE_DEADLINE + 120)
 def test_quick_suite_runs_and_writes_its_table(pg_server: sa.Engine, tmp_path: Path) -> None:

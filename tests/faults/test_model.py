@@ -18,7 +18,7 @@ delivery budget is spent).
 
 Set-up, chosen so that examples are cheap and replay exactly from their blob:
 - one migrated database per test (`db_url`), shared by every example: each example
-  empties every table (DELETE on SQLite, TRUNCATE on PostgreSQL) instead of copying a
+  empties every table (DELETE, ids restarted) instead of copying a
   file or creating a database;
 - one reference receiver per test: `create_app(ReceiptStore(db_url), ...)` with the
   reference effect, the code that `outbox receiver` serves, run by uvicorn on a thread
@@ -72,7 +72,7 @@ from hypothesis.stateful import (
 )
 from sqlalchemy.orm import Session
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
-from support.environment import ALL_TABLES
+from support.environment import emptying_statements
 from support.receiver_helpers import SECRET
 
 import outbox
@@ -427,11 +427,8 @@ class Harness:
     def reset(self) -> TaskQueue:
         """Empty every table, move the clock on, reseed: returns the queue for the example."""
         with self.engine.begin() as conn:
-            if self.backend == "postgresql":
-                conn.execute(sa.text(f"TRUNCATE {', '.join(ALL_TABLES)} RESTART IDENTITY"))
-            else:
-                for table in ALL_TABLES:
-                    conn.execute(sa.text(f"DELETE FROM {table}"))
+            for statement in emptying_statements(self.backend):
+                conn.execute(sa.text(statement))
         self.log.take()
         self.clock.advance(EXAMPLE_GAP)
         self.rng.seed(0)
