@@ -108,6 +108,10 @@ class Relay(DatabaseHandle):
         )
         self._loop = _new_event_loop()
         self._stopping: asyncio.Event | None = None
+        # Set when a settle frees an ordering key (its message sent or dead): the key's
+        # next message is claimable at once, and nothing else (no NOTIFY, no backlog)
+        # would wake the loop before the next poll.
+        self._key_freed: asyncio.Event | None = None
         # Turns whose settle failed: their outcomes are known and recorded before the next
         # claim, never sent again.
         self._unsettled: list[Turn] = []
@@ -161,6 +165,7 @@ class Relay(DatabaseHandle):
 
     async def _run(self, install_signal_handlers: bool) -> None:
         self._stopping = asyncio.Event()
+        self._key_freed = key_freed = asyncio.Event()
         if install_signal_handlers:
             for signum in (signal.SIGTERM, signal.SIGINT):
                 self._loop.add_signal_handler(signum, self._stopping.set)
@@ -172,7 +177,8 @@ class Relay(DatabaseHandle):
         # A claimed batch is split by destination, and each part is delivered and settled
         # on its own, so a destination that hangs holds up only its own replies. The next
         # claim does not wait for the previous POST: behind a backlog (the last claim was
-        # full) it starts at once, otherwise at the next NOTIFY or poll. A destination
+        # full) it starts at once, otherwise at the next NOTIFY or poll, or as soon as a
+        # settle frees an ordering key, whose next message waits for it. A destination
         # with PIPELINE parts posting is left out of claims, so what arrives while both
         # are out goes in one later part, not many tiny ones, and a hung destination
         # cannot stop the others' claims. Claims skip keys with a message in flight, so
@@ -190,8 +196,10 @@ class Relay(DatabaseHandle):
                         waits |= pipeline.posting
                     await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
                     continue
+                # Cleared before claiming: a NOTIFY or a freed key that lands mid-claim
+                # wakes the next turn.
+                key_freed.clear()
                 if wakeups is not None:
-                    # Cleared before claiming: a NOTIFY that lands mid-claim wakes the next turn.
                     await wakeups.clear()
                 work = asyncio.ensure_future(self._claim_next(flying, busy))
                 await asyncio.wait({work, stop}, return_when=asyncio.FIRST_COMPLETED)
@@ -218,8 +226,10 @@ class Relay(DatabaseHandle):
                     if wakeups is None
                     else wakeups.wait(self.poll_interval)
                 )
-                await asyncio.wait({waiter, stop}, return_when=asyncio.FIRST_COMPLETED)
+                freed = asyncio.ensure_future(key_freed.wait())
+                await asyncio.wait({waiter, freed, stop}, return_when=asyncio.FIRST_COMPLETED)
                 waiter.cancel()
+                freed.cancel()
         finally:
             await self._land(flying)
             stop.cancel()
@@ -376,6 +386,8 @@ class Relay(DatabaseHandle):
                     extra={"fields": fields},
                 )
             verdicts.append((message.reply_id, said))
+            if message.ordering_key is not None and said != "retry" and self._key_freed is not None:
+                self._key_freed.set()
         totals = dict.fromkeys(("sent", "retry", "dead"), 0)
         for (destination, kind, status), count in kinds.items():
             self.metrics.record(destination, kind, status, count)

@@ -93,6 +93,23 @@ def test_notify_wakes_the_relay_without_waiting_for_the_poll(
     assert not runner.is_alive()
 
 
+def test_a_keys_next_message_goes_as_soon_as_the_previous_one_is_settled(
+    db_url: str, engine: sa.Engine, server: ScriptedServer
+) -> None:
+    # Five turns of one key, the first refused for good: each message waits for the one
+    # before it, and neither a sent nor a dead one may leave the next to the hour-long poll.
+    ids = [f"order-1:{step}" for step in ("created", "paid", "packed", "shipped", "closed")]
+    publish_many(engine, ids, ordering_key="order-1")
+    server.script(ids[0], Answer(status=400))
+    relay = notify_only_relay(db_url, server)
+    with running(relay):
+        assert wait_until(lambda: server.ids() == ids, EVENT_DEADLINE), server.ids()
+        assert wait_until(
+            lambda: [rows(engine)[i]["state"] for i in ids] == ["dead"] + ["sent"] * 4,
+            EVENT_DEADLINE,
+        ), rows(engine)
+
+
 @pytest.mark.parametrize("backend", ["postgresql"], indirect=True)
 def test_a_requeued_dead_message_wakes_the_relay_without_waiting_for_the_poll(
     db_url: str, engine: sa.Engine, server: ScriptedServer
