@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 
 import pytest
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
 from support.console_helpers import BOUND_PORT, TOKEN, ConsoleClient, csrf_of
 
 from outbox.cli import main
@@ -12,8 +15,10 @@ from outbox.cli.console import console_token, security
 from outbox.cli.console.security import (
     CONTENT_SECURITY_POLICY,
     CSRF_COOKIE,
+    MAX_FORM_BYTES,
     SESSION_COOKIE,
     SESSION_SECONDS,
+    form_body,
     is_loopback,
 )
 from outbox.operations import Operations
@@ -365,3 +370,30 @@ def test_over_https_the_cookies_are_secure(
     )
     assert answer.status_code == 303
     assert "; secure" in answer.headers["set-cookie"].lower()
+
+
+CHUNK = 16_384
+
+
+def pulled_before_refusal(declared: int | None) -> tuple[int, int]:
+    """Feeds `form_body` a 16 MB body in 16 KiB chunks: (its answer's status, chunks it read)."""
+    pulled = 0
+    total = 1_000
+
+    async def receive() -> dict[str, object]:
+        nonlocal pulled
+        pulled += 1
+        return {"type": "http.request", "body": b"x" * CHUNK, "more_body": pulled < total}
+
+    headers = [] if declared is None else [(b"content-length", str(declared).encode())]
+    request = Request({"type": "http", "method": "POST", "headers": headers}, receive)
+    with pytest.raises(HTTPException) as refused:
+        asyncio.run(form_body(request))
+    return refused.value.status_code, pulled
+
+
+def test_a_form_body_is_refused_as_soon_as_it_outgrows_the_limit() -> None:
+    # Login reads a form with no credential: reading the whole body before the check let
+    # anyone fill the console's memory.
+    assert pulled_before_refusal(None) == (413, MAX_FORM_BYTES // CHUNK + 1)
+    assert pulled_before_refusal(CHUNK * 1_000) == (413, 0)
