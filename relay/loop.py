@@ -227,7 +227,13 @@ class Relay(DatabaseHandle):
                     else wakeups.wait(self.poll_interval)
                 )
                 freed = asyncio.ensure_future(key_freed.wait())
-                await asyncio.wait({waiter, freed, stop}, return_when=asyncio.FIRST_COMPLETED)
+                waits = {waiter, freed, stop}
+                # A destination left out of this claim as busy is claimed for again as soon
+                # as one of its parts ends: a key it freed meanwhile, or a NOTIFY for it,
+                # was spent on this claim.
+                for name in busy:
+                    waits |= pipelines[name].posting | pipelines[name].unfinished
+                await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
                 waiter.cancel()
                 freed.cancel()
         finally:

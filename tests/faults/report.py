@@ -62,7 +62,7 @@ SCENARIOS = {
 def run_tests(soak: bool, extra: list[str], figures: Path) -> int:
     """Run tests/faults with the figures file set; returns pytest's exit status."""
     command = [sys.executable, "-m", "pytest", "tests/faults", "-q", "-p", "no:cacheprovider"]
-    command += ["-n", "3", "--dist", "worksteal"]  # as `make test` runs them
+    command += ["-n", "3", "--dist", "worksteal"]  # as `make test-faults` runs them
     command += (["--soak"] if soak else []) + extra
     env = {**os.environ, REPORT_VAR: str(figures)}
     return subprocess.call(command, cwd=ROOT, env=env)
