@@ -11,6 +11,8 @@ password stays as typed so that it can be pasted back into a command.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
+from urllib.parse import unquote, urlsplit
 
 SECRET_LIKE = re.compile(r"whsec_[A-Za-z0-9+/=_-]*")
 
@@ -73,3 +75,31 @@ def _shown_query(found: re.Match[str]) -> str:
 def redact(text: str) -> str:
     """`text` with URL credentials and anything shaped like a webhook secret hidden."""
     return SECRET_LIKE.sub("whsec_<redacted>", redact_urls(text))
+
+
+MIN_QUOTED_SECRET = 6
+"""Shorter query values and user names are not hidden where they are quoted alone: a
+value of one or two characters would blank out every digit of an error. The query string
+as a whole is always hidden."""
+
+
+def url_credentials(url: str) -> list[str]:
+    """What in `url` may be a credential, as a destination could quote it back: the query
+    string, each query value (raw and decoded) and the userinfo's user and password."""
+    parts = urlsplit(url)
+    found = [parts.query]
+    for pair in parts.query.split("&"):
+        value = pair.partition("=")[2]
+        found += [value, unquote(value)]
+    userinfo = parts.netloc.rpartition("@")[0]
+    user, _, password = userinfo.partition(":")
+    found += [userinfo, user, password, unquote(user), unquote(password)]
+    return [text for text in found if len(text) >= MIN_QUOTED_SECRET]
+
+
+def redact_quoted(text: str, credentials: Iterable[str]) -> str:
+    """`text` with each of `credentials` hidden wherever it appears, whatever surrounds it,
+    then redact()ed: an answer may quote a token outside any URL."""
+    for credential in sorted(set(credentials), key=len, reverse=True):
+        text = text.replace(credential, "<redacted>")
+    return redact(text)

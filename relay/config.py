@@ -21,7 +21,7 @@ from urllib.parse import quote, urlsplit
 
 from outbox.errors import ConfigError
 from outbox.messages import check_destination
-from outbox.redaction import redact_urls
+from outbox.redaction import redact_urls, url_credentials
 from outbox.signing import SigningKey, parse_secret
 from outbox.unknown_keys import refuse_unknown
 
@@ -72,6 +72,17 @@ class Destination:
     """RabbitMQ: the exchange to publish to ("" is the default exchange)."""
     routing_key: str | None = None
     """RabbitMQ: the routing key; a template that may name {ordering_key}."""
+
+    @functools.cached_property
+    def credentials(self) -> tuple[str, ...]:
+        """What this destination's stored and logged errors must never quote: its URLs'
+        query strings and userinfo, and its secret (whole and without its prefix)."""
+        found = url_credentials(self.url)
+        if self.batch_url is not None:
+            found += url_credentials(self.batch_url)
+        if self.secret is not None:
+            found += [self.secret, self.secret.removeprefix("whsec_")]
+        return tuple(found)
 
     @functools.cached_property
     def signing_key(self) -> SigningKey | None:

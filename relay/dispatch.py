@@ -10,6 +10,7 @@ sent, anything else dead with "outcome unknown".
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import math
 import time
@@ -20,7 +21,7 @@ from functools import partial
 from outbox import failpoints
 from outbox.durations import duration_text
 from outbox.errors import ConfigError, TransportError
-from outbox.redaction import redact
+from outbox.redaction import redact, redact_quoted
 from relay.config import Destination
 from relay.metrics import RelayMetrics
 from relay.policy import (
@@ -228,7 +229,25 @@ async def _sent(transport: Transport, parcel: Parcel) -> dict[int, Outcome]:
         bad = Retry(None, truncate(f"unreadable answer: {type(exc).__name__}: {redact(str(exc))}"))
         return dict.fromkeys((m.id for m in parcel.messages), bad)
     missing = Retry(None, "the transport gave this message no outcome")
-    return {m.id: outcomes.get(m.id, missing) for m in parcel.messages}
+    # A refused batch shares one outcome among all its messages: cleared once.
+    cleared: dict[int, Outcome] = {}
+    answers: dict[int, Outcome] = {}
+    for message in parcel.messages:
+        outcome = outcomes.get(message.id, missing)
+        if id(outcome) not in cleared:
+            cleared[id(outcome)] = _quoting_nothing(outcome, transport.destination)
+        answers[message.id] = cleared[id(outcome)]
+    return answers
+
+
+def _quoting_nothing(outcome: Outcome, destination: Destination) -> Outcome:
+    """`outcome` with its error cleared of the destination's credentials: an answer may
+    echo the request's URL, token and all, and the error is stored, logged and shown."""
+    if isinstance(outcome, Retry | Dead):
+        return dataclasses.replace(
+            outcome, error=redact_quoted(outcome.error, destination.credentials)
+        )
+    return outcome
 
 
 async def _held_outcome(transport: Transport, message: Message) -> dict[int, Outcome]:

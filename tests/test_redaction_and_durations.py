@@ -6,7 +6,7 @@ import pytest
 
 from outbox.cli.arguments import parse_duration
 from outbox.durations import duration_text
-from outbox.redaction import redact
+from outbox.redaction import redact, redact_quoted, url_credentials
 
 
 @pytest.mark.parametrize(
@@ -45,3 +45,13 @@ def test_durations_print_in_the_largest_whole_unit(seconds: float, text: str) ->
     assert duration_text(seconds) == text
     if seconds == int(seconds):
         assert parse_duration(text) == seconds  # what is printed can be typed back
+
+
+def test_a_quoted_credential_is_hidden_wherever_it_stands() -> None:
+    url = "https://user:pa%2Fss-word@hooks.example/in?api_key=k3y-%2Babcdef&v=1"
+    found = url_credentials(url)
+    assert {"k3y-%2Babcdef", "k3y-+abcdef", "pa/ss-word"} <= set(found)
+    assert "1" not in found  # too short to hide on its own: it would blank every digit
+    quoted = "HTTP 400: no key k3y-+abcdef for user (pa/ss-word) at 10:01"
+    hidden = "HTTP 400: no key <redacted> for user (<redacted>) at 10:01"
+    assert redact_quoted(quoted, found) == hidden

@@ -62,6 +62,31 @@ def test_permanent_status_is_dead_at_once(
     assert SECRET[6:] not in row["last_error"]
 
 
+@pytest.mark.parametrize(("status", "state"), [(400, "dead"), (503, "retry")])
+def test_an_answer_that_echoes_the_url_token_or_secret_stores_and_logs_neither(
+    status: int,
+    state: str,
+    db_url: str,
+    engine: sa.Engine,
+    server: ScriptedServer,
+    clock: ManualClock,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    token = "tok-3f9a2c71e8"
+    echo = f"refused POST /hooks?api_key={token} (key {SECRET[6:]}; token {token})"
+    publish_many(engine, ["e-1"], clock=clock)
+    server.script("e-1", Answer(status=status, body=echo.encode()))
+    destination = Destination(f"{server.url}?api_key={token}", secret=SECRET, timeout=2.0)
+    with caplog.at_level("INFO"), Relay(db_url, {"default": destination}, clock=clock) as relay:
+        assert relay.dispatch_once() == [("e-1", state)]
+    error = rows(engine)["e-1"]["last_error"]
+    assert f"HTTP {status}" in error
+    assert "<redacted>" in error
+    for shown in (error, caplog.text):
+        assert token not in shown
+        assert SECRET[6:] not in shown
+
+
 @pytest.mark.parametrize("status", [408, 425, 429, 500, 502, 503, 504])
 def test_transient_status_retries_after_backoff(
     status: int, db_url: str, engine: sa.Engine, server: ScriptedServer, clock: ManualClock
