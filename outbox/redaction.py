@@ -103,3 +103,17 @@ def redact_quoted(text: str, credentials: Iterable[str]) -> str:
     for credential in sorted(set(credentials), key=len, reverse=True):
         text = text.replace(credential, "<redacted>")
     return redact(text)
+
+
+SHOWN_VALUE_CHARS = 12
+"""A refused setting's value is quoted in its error up to this length: long enough for a
+typo ("10 s", "yes please"), too short for a webhook secret or most tokens."""
+
+
+def shown_value(value: object) -> str:
+    """A refused value as an error shows it: quoted when short, else only its length, since
+    a value in the wrong key or variable may be a secret."""
+    text = value if isinstance(value, str) else repr(value)
+    if len(text) <= SHOWN_VALUE_CHARS and not SECRET_LIKE.search(text):
+        return repr(value)
+    return f"a value of {len(text)} characters (not shown: it could be a secret)"

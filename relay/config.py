@@ -21,7 +21,7 @@ from urllib.parse import quote, urlsplit
 
 from outbox.errors import ConfigError
 from outbox.messages import check_destination
-from outbox.redaction import redact_urls, url_credentials
+from outbox.redaction import redact_urls, shown_value, url_credentials
 from outbox.signing import SigningKey, parse_secret
 from outbox.unknown_keys import refuse_unknown
 
@@ -223,24 +223,32 @@ def load_destinations(
 
 def _text(value: object) -> str:
     if not isinstance(value, str):
-        raise ValueError(f"expected a string, got {value!r}")
+        raise ValueError(f"expected a string, got {shown_value(value)}")
     return value
 
 
 def _number(value: object) -> float:
-    if isinstance(value, str):
-        return float(value)
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise ValueError(f"expected a number, got {value!r}")
-    return float(value)
+    try:
+        if isinstance(value, str):
+            return float(value)
+    except ValueError:
+        pass  # float()'s own message quotes the whole value
+    else:
+        if not isinstance(value, bool) and isinstance(value, int | float):
+            return float(value)
+    raise ValueError(f"expected a number, got {shown_value(value)}")
 
 
 def _count(value: object) -> int:
-    if isinstance(value, str):
-        return int(value)
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ValueError(f"expected a whole number, got {value!r}")
-    return value
+    try:
+        if isinstance(value, str):
+            return int(value)
+    except ValueError:
+        pass  # int()'s own message quotes the whole value
+    else:
+        if not isinstance(value, bool) and isinstance(value, int):
+            return value
+    raise ValueError(f"expected a whole number, got {shown_value(value)}")
 
 
 def _flag(value: object) -> bool:
@@ -248,7 +256,7 @@ def _flag(value: object) -> bool:
         return value
     if isinstance(value, str) and value.lower() in ("true", "1", "yes", "false", "0", "no"):
         return value.lower() in ("true", "1", "yes")
-    raise ValueError(f"expected true or false, got {value!r}")
+    raise ValueError(f"expected true or false, got {shown_value(value)}")
 
 
 # Each key of a [destinations.NAME] table (or OUTBOX_DESTINATION_NAME_KEY variable) and

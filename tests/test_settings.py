@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -70,6 +71,16 @@ def test_config_file_named_by_the_environment(
             "OUTBOX_WORKER_CONCURRENCY: expected a whole",
         ),
         (
+            # A secret pasted into the wrong variable is described, never echoed.
+            {
+                "OUTBOX_WORKER_CONCURRENCY": "whsec_cmVsYXktdGVzdC1zZWNyZXQ=",
+                "OUTBOX_WORKER_HANDLER": "json:dumps",
+            },
+            "",
+            "OUTBOX_WORKER_CONCURRENCY: expected a whole number >= 1, got a value of 30 "
+            "characters (not shown: it could be a secret)",
+        ),
+        (
             {},
             '[worker]\nhandler = "json:dumps"\nconcurrency = 0\n',
             "outbox.toml: worker.concurrency: expected a whole",
@@ -90,7 +101,7 @@ def test_a_bad_setting_names_where_it_came_from(
         monkeypatch.setenv(name, value)
     config = write_config(tmp_path, file_text)
     args = worker_args(config=str(config))
-    with pytest.raises(ValueError, match=complaint.replace("(", r"\(").replace("[", r"\[")):
+    with pytest.raises(ValueError, match=re.escape(complaint)):
         resolve(args, (DB, *OPTIONS))
 
 

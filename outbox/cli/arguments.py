@@ -11,6 +11,8 @@ import math
 import re
 from typing import Any
 
+from outbox.redaction import shown_value
+
 _DURATION = re.compile(r"(\d+)([dhms]?)")
 _UNIT_SECONDS = {"d": 86_400, "h": 3_600, "m": 60, "s": 1, "": 1}
 
@@ -20,7 +22,8 @@ def parse_duration(text: str) -> float:
     match = _DURATION.fullmatch(text.strip())
     if not match or int(match.group(1)) <= 0:
         raise argparse.ArgumentTypeError(
-            f"invalid duration {text!r}: use a positive number with d, h, m or s (e.g. 30d)"
+            f"invalid duration {shown_value(text)}: use a positive number with d, h, m or s "
+            "(e.g. 30d)"
         )
     return float(int(match.group(1)) * _UNIT_SECONDS[match.group(2)])
 
@@ -31,7 +34,9 @@ def _whole_number(text: str, least: int) -> int:
     except ValueError:
         value = least - 1
     if value < least:
-        raise argparse.ArgumentTypeError(f"expected a whole number >= {least}, got {text!r}")
+        raise argparse.ArgumentTypeError(
+            f"expected a whole number >= {least}, got {shown_value(text)}"
+        )
     return value
 
 
@@ -52,7 +57,7 @@ def _seconds(text: str, zero_allowed: bool) -> float:
         value = -1.0
     if not (math.isfinite(value) and (value >= 0 if zero_allowed else value > 0)):
         wanted = "a number >= 0" if zero_allowed else "a positive number"
-        raise argparse.ArgumentTypeError(f"expected {wanted}, got {text!r}")
+        raise argparse.ArgumentTypeError(f"expected {wanted}, got {shown_value(text)}")
     return value
 
 
@@ -70,7 +75,7 @@ def boolean(text: str) -> bool:
     """true/false (also 1/0, yes/no), as a variable or the config file gives it."""
     value = text.strip().lower()
     if value not in ("true", "1", "yes", "false", "0", "no"):
-        raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
+        raise argparse.ArgumentTypeError(f"expected true or false, got {shown_value(text)}")
     return value in ("true", "1", "yes")
 
 

@@ -16,6 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from outbox.redaction import shown_value
+
 CONFIG_ENV = "OUTBOX_CONFIG"
 DEFAULT_DB = "sqlite:///outbox.db"
 
@@ -118,5 +120,5 @@ def _lookup(option: Option, document: dict[str, Any], path: str | None) -> tuple
     if isinstance(table, bool):
         return str(table).lower(), where  # read as the environment's text would be
     if not isinstance(table, str | int | float):
-        raise ValueError(f"{where}: expected a string or a number, got {table!r}")
+        raise ValueError(f"{where}: expected a string or a number, got {shown_value(table)}")
     return table, where

@@ -86,7 +86,16 @@ def test_the_environment_wins_over_the_file_key_by_key() -> None:
         (
             {},
             {"OUTBOX_DESTINATION_B_URL": "http://b.example", "OUTBOX_DESTINATION_B_TIMEOUT": "x"},
-            r"OUTBOX_DESTINATION_B_\*: timeout: could not convert",
+            r"OUTBOX_DESTINATION_B_\*: timeout: expected a number, got 'x'",
+        ),
+        (
+            # A secret in the wrong variable: the error names the variable, never the value.
+            {},
+            {
+                "OUTBOX_DESTINATION_B_URL": "http://b.example",
+                "OUTBOX_DESTINATION_B_TIMEOUT": SECRET,
+            },
+            r"timeout: expected a number, got a value of \d+ characters \(not shown",
         ),
         (
             {},
@@ -130,8 +139,9 @@ def test_the_environment_wins_over_the_file_key_by_key() -> None:
 def test_bad_destinations_are_refused_naming_where_they_came_from(
     document: dict[str, object], env: dict[str, str], said: str
 ) -> None:
-    with pytest.raises(ConfigError, match=said):
+    with pytest.raises(ConfigError, match=said) as refused:
         destinations_from(document, "relay.toml", env)
+    assert SECRET[6:] not in str(refused.value)
 
 
 @pytest.mark.parametrize(
