@@ -23,6 +23,9 @@ HEADER_NAME = re.compile(r"[A-Za-z0-9!#$%&'*+^_`|~.-]{1,100}")
 # JetStream reads Nats-* headers (Nats-Msg-Id, Nats-Expected-*, Nats-Rollup): a message's
 # own could switch off the stream's dedupe or change what it stores.
 RESERVED_HEADER_PREFIX = "nats-"
+# nats-py reads a message with a Status header as the server's control message: a fetch
+# drops it or fails on it, so a consumer would never see it (nor anything behind it).
+NATS_STATUS_HEADERS = frozenset({"status", "description"})
 RESERVED_HEADERS = frozenset(
     {
         "content-type",
@@ -137,6 +140,10 @@ def check_headers(headers: Mapping[str, str] | None) -> str:
             raise InvalidMessage(
                 f"header {name!r}: names beginning {RESERVED_HEADER_PREFIX!r} "
                 "are NATS JetStream's own (its dedupe and stream checks)"
+            )
+        if name.lower() in NATS_STATUS_HEADERS:
+            raise InvalidMessage(
+                f"header {name!r}: NATS clients read it as a server status, not as a header"
             )
         if (
             not isinstance(value, str)

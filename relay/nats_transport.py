@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from outbox.durations import duration_text
 from outbox.errors import ConfigError, TransportError
+from outbox.messages import NATS_STATUS_HEADERS, RESERVED_HEADER_PREFIX
 from outbox.redaction import redact, redact_urls
 from relay.config import Destination
 from relay.nats_headers import NatsHeaders
@@ -223,10 +224,16 @@ class NatsTransport(Transport):
     ) -> Publish | Outcome:
         """The publish of one message asking for its PubAck, or why it cannot go out."""
         # Stripped as the block writes it: " Nats-Rollup" would go out as Nats-Rollup.
-        reserved = [n for n in message.headers if n.strip().lower().startswith("nats-")]
+        reserved = [
+            n
+            for n in message.headers
+            if n.strip().lower().startswith(RESERVED_HEADER_PREFIX)
+            or n.strip().lower() in NATS_STATUS_HEADERS
+        ]
         if reserved:
-            # Stored before publish() refused such names: JetStream would act on them.
-            return Dead(None, f"header {reserved[0]!r} is reserved for NATS JetStream")
+            # Stored before publish() refused such names: JetStream or the consumer's
+            # client would act on them.
+            return Dead(None, f"header {reserved[0]!r} is reserved for NATS")
         try:
             block = self._headers.build(message, signed_at)
         except BadHeaderName as exc:

@@ -256,6 +256,23 @@ def test_headers_are_capped_in_count_and_size(
     assert publish_committed(queue, clock, headers=largest)["headers"] == largest
 
 
+@pytest.mark.parametrize(
+    ("name", "said"),
+    [
+        ("Webhook-Signature", "set by the relay"),
+        ("Nats-Msg-Id", "NATS JetStream's own"),
+        ("Status", "read it as a server status"),
+        ("DESCRIPTION", "read it as a server status"),
+    ],
+)
+def test_header_names_the_relay_or_nats_reads_are_refused(
+    queue: TaskQueue, clock: ManualClock, name: str, said: str
+) -> None:
+    with pytest.raises(InvalidMessage, match=said):
+        publish_committed(queue, clock, headers={name: "500"})
+    assert queue.messages() == []
+
+
 def test_headers_are_not_part_of_the_identity(queue: TaskQueue, clock: ManualClock) -> None:
     first = publish_committed(queue, clock, headers={"x-a": "1"})
     again = publish_committed(queue, clock, headers={"x-a": "2"})

@@ -442,9 +442,7 @@ def test_a_message_header_cannot_switch_off_the_streams_dedupe(
 
     outcomes = asyncio.run(again())
     assert outcomes[row["id"]] == Sent(None)
-    assert outcomes[row["id"] + 1] == Dead(
-        None, "header 'Nats-Rollup' is reserved for NATS JetStream"
-    )
+    assert outcomes[row["id"] + 1] == Dead(None, "header 'Nats-Rollup' is reserved for NATS")
     assert [m.headers["Nats-Msg-Id"] for m in stream.stored()] == ["r-1"]  # deduped
 
 
