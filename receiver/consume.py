@@ -27,9 +27,9 @@ import asyncio
 import contextlib
 import logging
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Literal, Protocol
+from typing import Literal, Protocol, TypeVar
 
 from outbox import failpoints
 from outbox.canonical import sha256_hex
@@ -39,6 +39,8 @@ from outbox.signing import CONTENT_HASH_HEADER, ID_HEADER, SigningKey, parse_sec
 from receiver.effects import Effect
 from receiver.metrics import ConsumerMetrics
 from receiver.strict_json import InvalidJSON, check_strict_json
+
+T = TypeVar("T")
 
 Outcome = Literal["stored", "duplicate", "conflict", "invalid", "retry"]
 ACKNOWLEDGED: frozenset[Outcome] = frozenset({"stored", "duplicate", "conflict"})
@@ -238,6 +240,24 @@ class Consumer:
     async def wait_stopped(self) -> None:
         """Return once stop() has been called."""
         await self._stop_event().wait()
+
+    async def unless_stopped(self, work: Awaitable[T]) -> T | None:
+        """`work`'s result, or None when stop() comes first: `work` is then cancelled.
+
+        For waits with no end of their own, such as a client library's connect that
+        retries an unreachable server for ever: a signal must still end the process.
+        """
+        task = asyncio.ensure_future(work)
+        stopped = asyncio.ensure_future(self._stop_event().wait())
+        try:
+            await asyncio.wait({task, stopped}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stopped.cancel()
+        if task.done():
+            return task.result()
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        return None
 
 
 def _shown(delivery: Delivery) -> str:

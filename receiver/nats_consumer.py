@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from outbox.clients import optional_client
 from outbox.errors import ConfigError
+from outbox.redaction import redact_urls
 from receiver.consume import (
     DEFAULT_BACKOFF,
     DEFAULT_BACKOFF_CAP,
@@ -101,12 +102,19 @@ class NatsConsumer(Consumer):
     async def run(self) -> None:
         """Connect, ensure the durable consumer, consume until stop(); then flush and close."""
         nats = _nats()
+        log.info("connecting to NATS at %s", redact_urls(self.url))
         try:
-            client: Client = await nats.connect(
-                self.url, max_reconnect_attempts=-1, allow_reconnect=True
+            # nats-py retries an unreachable server for ever here (no reconnect limit):
+            # a stop must still end the wait.
+            connected: Client | None = await self.unless_stopped(
+                nats.connect(self.url, max_reconnect_attempts=-1, allow_reconnect=True)
             )
         except Exception as exc:  # nats-py raises assorted errors here
             raise ConnectionError(f"cannot connect to NATS at {self.url}: {exc}") from exc
+        if connected is None:
+            log.info("stopped before NATS answered")
+            return
+        client = connected
         try:
             jetstream = client.jetstream()
             await self._ensure_durable(jetstream)

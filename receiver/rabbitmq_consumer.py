@@ -100,7 +100,12 @@ class RabbitMQConsumer(Consumer):
     async def run(self) -> None:
         """Connect, check the queue, consume until stop(); reconnect after a lost connection."""
         aio_pika = _aio_pika()
-        connection = await self._connect()
+        # A connect to an address that never answers has no end of its own.
+        connected = await self.unless_stopped(self._connect())
+        if connected is None:
+            log.info("stopped before RabbitMQ answered")
+            return
+        connection = connected
         try:
             await self._check_queue(connection)
             log.info(
@@ -141,11 +146,14 @@ class RabbitMQConsumer(Consumer):
         await self.pause(delay)
         while not self.stopping:
             try:
-                return await self._connect()
+                connection = await self.unless_stopped(self._connect())
             except ConnectionError as exc:
                 log.warning("%s; trying again", exc)
                 delay = min(self.backoff_cap, delay * 2)
                 await self.pause(delay)
+                continue
+            if connection is not None:
+                return connection
         return closed
 
     async def _check_queue(self, connection: AbstractConnection) -> None:

@@ -1,0 +1,76 @@
+"""`outbox receiver consume` stops on SIGTERM and SIGINT while its broker never answers.
+
+The NATS client retries an unreachable server for ever when it connects, with no end
+of its own: before, a signal there left the process running (10 minutes and on).
+"""
+
+from __future__ import annotations
+
+import queue
+import signal
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+from support.processes import PROCESS_EXIT, PROCESS_START, spawned
+from support.receiver_helpers import ROOT, SECRET, free_port
+from test_consume_crash import child_env
+
+import receiver
+
+
+def wait_for_line(proc: subprocess.Popen[str], wanted: str, seconds: float) -> list[str]:
+    """The child's stderr lines up to the first holding `wanted`; fails after `seconds`."""
+    lines: queue.Queue[str | None] = queue.Queue()
+
+    def read() -> None:
+        assert proc.stderr is not None
+        for line in proc.stderr:
+            lines.put(line)
+        lines.put(None)
+
+    threading.Thread(target=read, daemon=True).start()
+    seen: list[str] = []
+    while True:
+        try:
+            line = lines.get(timeout=seconds)
+        except queue.Empty:
+            raise AssertionError(f"no {wanted!r} in {seconds} s: {seen}") from None
+        if line is None:
+            raise AssertionError(f"exited before {wanted!r}: {seen}")
+        seen.append(line)
+        if wanted in line:
+            return seen
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_a_consumer_waiting_for_an_unreachable_nats_stops_on_a_signal(
+    signum: signal.Signals, tmp_path: Path
+) -> None:
+    secret_file = tmp_path / "secrets"
+    secret_file.write_text(SECRET + "\n")
+    db_url = f"sqlite:///{tmp_path / 'receiver.db'}"
+    receiver.upgrade(db_url)
+    command = [
+        sys.executable,
+        "-m",
+        "outbox.cli",
+        "receiver",
+        "consume",
+        "--db",
+        db_url,
+        "--secret-file",
+        str(secret_file),
+        "--from",
+        f"nats://127.0.0.1:{free_port()}",  # nothing listens there
+        "--stream",
+        "NOWHERE",
+        "--durable",
+        "nobody",
+    ]
+    with spawned(command, cwd=ROOT, env=child_env(), stderr=subprocess.PIPE, text=True) as proc:
+        wait_for_line(proc, "connecting to NATS", PROCESS_START)
+        proc.send_signal(signum)
+        assert proc.wait(timeout=PROCESS_EXIT) == 0
