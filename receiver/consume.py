@@ -41,6 +41,8 @@ from receiver.metrics import ConsumerMetrics
 from receiver.strict_json import InvalidJSON, check_strict_json
 
 T = TypeVar("T")
+CANCEL_AGAIN = 0.1
+"""Seconds between cancellations of a wait that a stop ends (see unless_stopped)."""
 
 Outcome = Literal["stored", "duplicate", "conflict", "invalid", "retry"]
 ACKNOWLEDGED: frozenset[Outcome] = frozenset({"stored", "duplicate", "conflict"})
@@ -242,7 +244,7 @@ class Consumer:
         await self._stop_event().wait()
 
     async def unless_stopped(self, work: Awaitable[T]) -> T | None:
-        """`work`'s result, or None when stop() comes first: `work` is then cancelled.
+        """`work`'s result, or None when stop() comes first and `work` is cancelled.
 
         For waits with no end of their own, such as a client library's connect that
         retries an unreachable server for ever: a signal must still end the process.
@@ -255,9 +257,15 @@ class Consumer:
             stopped.cancel()
         if task.done():
             return task.result()
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
-        return None
+        # Cancelled until it takes: on Python 3.11 a wait_for inside `work` (nats-py's
+        # connect has some) can swallow a cancellation that lands as its wait ends, and
+        # the client's retry loop then goes on as if nothing had happened.
+        while not task.done():
+            task.cancel()
+            await asyncio.wait({task}, timeout=CANCEL_AGAIN)
+        if task.cancelled():
+            return None
+        return task.result()  # it ended as the stop came: the caller closes what it holds
 
 
 def _shown(delivery: Delivery) -> str:

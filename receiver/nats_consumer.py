@@ -102,12 +102,20 @@ class NatsConsumer(Consumer):
     async def run(self) -> None:
         """Connect, ensure the durable consumer, consume until stop(); then flush and close."""
         nats = _nats()
-        log.info("connecting to NATS at %s", redact_urls(self.url))
+        shown = redact_urls(self.url)
+        log.info("connecting to NATS at %s", shown)
+
+        async def said(exc: Exception) -> None:
+            # One line per failed try: nats-py's own callback logs a traceback each time.
+            log.warning("NATS at %s: %s: %s; trying again", shown, type(exc).__name__, exc)
+
         try:
             # nats-py retries an unreachable server for ever here (no reconnect limit):
             # a stop must still end the wait.
             connected: Client | None = await self.unless_stopped(
-                nats.connect(self.url, max_reconnect_attempts=-1, allow_reconnect=True)
+                nats.connect(
+                    self.url, max_reconnect_attempts=-1, allow_reconnect=True, error_cb=said
+                )
             )
         except Exception as exc:  # nats-py raises assorted errors here
             raise ConnectionError(f"cannot connect to NATS at {self.url}: {exc}") from exc

@@ -16,7 +16,7 @@ import tomllib
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 from urllib.parse import quote, urlsplit
 
 from outbox.errors import ConfigError
@@ -227,28 +227,26 @@ def _text(value: object) -> str:
     return value
 
 
-def _number(value: object) -> float:
+N = TypeVar("N", int, float)
+
+
+def _numeric(value: object, read: Callable[[Any], N], kinds: Any, wanted: str) -> N:
+    """`read(value)` for text (the environment's) or a value of `kinds` (TOML's); else a
+    ValueError that shows the value as shown_value() allows."""
     try:
-        if isinstance(value, str):
-            return float(value)
+        if isinstance(value, str) or (not isinstance(value, bool) and isinstance(value, kinds)):
+            return read(value)
     except ValueError:
-        pass  # float()'s own message quotes the whole value
-    else:
-        if not isinstance(value, bool) and isinstance(value, int | float):
-            return float(value)
-    raise ValueError(f"expected a number, got {shown_value(value)}")
+        pass  # int()'s and float()'s own messages quote the whole value
+    raise ValueError(f"expected {wanted}, got {shown_value(value)}")
+
+
+def _number(value: object) -> float:
+    return _numeric(value, float, int | float, "a number")
 
 
 def _count(value: object) -> int:
-    try:
-        if isinstance(value, str):
-            return int(value)
-    except ValueError:
-        pass  # int()'s own message quotes the whole value
-    else:
-        if not isinstance(value, bool) and isinstance(value, int):
-            return value
-    raise ValueError(f"expected a whole number, got {shown_value(value)}")
+    return _numeric(value, int, int, "a whole number")
 
 
 def _flag(value: object) -> bool:

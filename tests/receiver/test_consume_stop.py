@@ -9,14 +9,13 @@ from __future__ import annotations
 import queue
 import signal
 import subprocess
-import sys
 import threading
 from pathlib import Path
 
 import pytest
 from support.processes import PROCESS_EXIT, PROCESS_START, spawned
 from support.receiver_helpers import ROOT, SECRET, free_port
-from test_consume_crash import child_env
+from test_consume_crash import child_env, consume_command
 
 import receiver
 
@@ -53,23 +52,10 @@ def test_a_consumer_waiting_for_an_unreachable_nats_stops_on_a_signal(
     secret_file.write_text(SECRET + "\n")
     db_url = f"sqlite:///{tmp_path / 'receiver.db'}"
     receiver.upgrade(db_url)
-    command = [
-        sys.executable,
-        "-m",
-        "outbox.cli",
-        "receiver",
-        "consume",
-        "--db",
-        db_url,
-        "--secret-file",
-        str(secret_file),
-        "--from",
-        f"nats://127.0.0.1:{free_port()}",  # nothing listens there
-        "--stream",
-        "NOWHERE",
-        "--durable",
-        "nobody",
-    ]
+    unreachable = f"nats://127.0.0.1:{free_port()}"  # nothing listens there
+    command = consume_command(
+        db_url, secret_file, ["--from", unreachable, "--stream", "NOWHERE", "--durable", "x"]
+    )
     with spawned(command, cwd=ROOT, env=child_env(), stderr=subprocess.PIPE, text=True) as proc:
         wait_for_line(proc, "connecting to NATS", PROCESS_START)
         proc.send_signal(signum)
