@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import math
 import string
 from collections.abc import Awaitable, Callable
@@ -188,7 +189,7 @@ async def set_up_stream(destination: Destination, window: float, dry_run: bool) 
             kept = f"subjects {shown}, duplicate window {float(config.duplicate_window or 0):g}s"
             return Change(thing, "unchanged", "; ".join([kept, *said]))
         if not dry_run:
-            await js.update_stream(config.evolve(**changes))
+            await update_stream_as_served(client, name, changes, destination.timeout)
         return Change(thing, "updated", "; ".join(said))
     except nats.js.errors.APIError as exc:
         refusal = f"NATS refused to set up stream {name!r}: {exc.description}"
@@ -200,6 +201,40 @@ async def set_up_stream(destination: Destination, window: float, dry_run: bool) 
     finally:
         with contextlib.suppress(Exception):  # closing what failed: its error is the one to say
             await client.close()
+
+
+async def update_stream_as_served(
+    client: Any, name: str, changes: dict[str, Any], timeout: float
+) -> None:
+    """Update a stream's `changes` (subjects, duplicate_window in seconds) and nothing else.
+
+    A JetStream update replaces the whole configuration, and nats-py's model of it holds
+    only the fields that nats-py knows: sent back through it, a field of a newer server
+    would be reset to its default. So the configuration goes back as the server served
+    it, as JSON, with only the changed fields set. APIError when JetStream refuses.
+    """
+    served = await _jetstream_request(client, f"$JS.API.STREAM.INFO.{name}", b"", timeout)
+    config = dict(served["config"])
+    if "subjects" in changes:
+        config["subjects"] = list(changes["subjects"])
+    if "duplicate_window" in changes:
+        config["duplicate_window"] = int(changes["duplicate_window"] * 1_000_000_000)  # ns
+    update = json.dumps(config).encode()
+    await _jetstream_request(client, f"$JS.API.STREAM.UPDATE.{name}", update, timeout)
+
+
+async def _jetstream_request(client: Any, subject: str, data: bytes, timeout: float) -> Any:
+    """One JetStream API request's JSON answer; nats-py's APIError when it holds an error."""
+    nats: Any = optional_client("nats", "a destination of kind nats", "nats", "nats.js")
+    answer = json.loads((await client.request(subject, data, timeout=timeout)).data)
+    error = answer.get("error")
+    if error:
+        raise nats.js.errors.APIError(
+            code=error.get("code"),
+            description=error.get("description"),
+            err_code=error.get("err_code"),
+        )
+    return answer
 
 
 async def _owner_of(js: Any, subject: str, name: str) -> str:

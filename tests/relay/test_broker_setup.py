@@ -7,11 +7,14 @@ Every stream, exchange and queue is the test's own (unique names), deleted after
 
 from __future__ import annotations
 
+import asyncio
+import json
 import math
 import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -37,6 +40,7 @@ from relay.broker_setup import (
     covers,
     stream_changes,
     stream_subject,
+    update_stream_as_served,
 )
 from relay.config import load_destinations
 from relay.dispatch import retry_window
@@ -104,6 +108,44 @@ def test_allow_short_retention_keeps_a_window_that_max_age_holds_down() -> None:
     assert said == ["duplicate window 60s kept: allow_short_retention is set"]
     changes, _ = stream_changes(config, "b.*", 90, allow_short=False)
     assert changes == {"subjects": ["a.*", "b.*"], "duplicate_window": 90}
+
+
+class ServedStream:
+    """A NATS client stand-in: answers STREAM.INFO with `config` and records the requests."""
+
+    def __init__(self, config: dict[str, Any], update_answer: dict[str, Any]) -> None:
+        self.config = config
+        self.update_answer = update_answer
+        self.sent: list[tuple[str, bytes]] = []
+
+    async def request(self, subject: str, data: bytes, timeout: float) -> SimpleNamespace:
+        self.sent.append((subject, data))
+        answer = {"config": self.config} if ".INFO." in subject else self.update_answer
+        return SimpleNamespace(data=json.dumps(answer).encode())
+
+
+def test_an_update_sends_back_every_field_the_server_served() -> None:
+    # A field nats-py does not know (a newer server's) is kept, not reset to its default.
+    served = {"name": "S", "subjects": ["a.>"], "duplicate_window": 120_000_000_000}
+    client = ServedStream({**served, "future_field": {"kept": True}}, {"config": {}})
+    asyncio.run(update_stream_as_served(client, "S", {"duplicate_window": 900}, 2.0))
+    subject, data = client.sent[-1]
+    assert subject == "$JS.API.STREAM.UPDATE.S"
+    assert json.loads(data) == {
+        **served,
+        "duplicate_window": 900_000_000_000,
+        "future_field": {"kept": True},
+    }
+
+
+def test_a_refused_update_is_nats_pys_api_error() -> None:
+    import nats.js.errors
+
+    refusal = {"error": {"code": 400, "err_code": 10065, "description": "subjects overlap"}}
+    client = ServedStream({"name": "S", "subjects": []}, refusal)
+    with pytest.raises(nats.js.errors.APIError) as refused:
+        asyncio.run(update_stream_as_served(client, "S", {"subjects": ["b.>"]}, 2.0))
+    assert (refused.value.err_code, refused.value.description) == (10065, "subjects overlap")
 
 
 def test_a_dry_run_says_what_would_change_and_no_more() -> None:
