@@ -24,11 +24,12 @@ from __future__ import annotations
 import hashlib
 import hmac
 import ipaddress
+import logging
 import re
 import secrets
 import time
-from collections.abc import Awaitable, Callable
-from urllib.parse import parse_qs
+from collections.abc import Awaitable, Callable, Iterable
+from urllib.parse import parse_qsl
 
 from starlette.exceptions import HTTPException
 from starlette.middleware.base import BaseHTTPMiddleware
@@ -60,6 +61,7 @@ SECURITY_HEADERS = {
     "Cache-Control": "no-store",
 }
 Unauthorized = Callable[[Request], Awaitable[Response]]
+log = logging.getLogger("outbox.console")
 
 
 def is_loopback(host: str) -> bool:
@@ -176,8 +178,12 @@ class Guard(BaseHTTPMiddleware):
             response: Response = PlainTextResponse("400: not a name of this console", 400)
         elif request.method == "POST" and foreign_origin(request):
             response = PlainTextResponse("403: the form's Origin is not this console", 403)
+        elif has_nul(request.query_params.multi_items()):
+            # PostgreSQL refuses a NUL in text: the query would fail (500) instead of
+            # finding nothing, and no name, id or filter of the console holds one.
+            response = PlainTextResponse("400: a NUL byte in the query", 400)
         elif request.url.path in OPEN_PATHS or authenticated(request, self.token):
-            response = await call_next(request)
+            response = await answered(request, call_next)
         else:
             response = await self.unauthorized(request)
         response.headers.update(SECURITY_HEADERS)
@@ -191,6 +197,26 @@ class Guard(BaseHTTPMiddleware):
                 path="/",
             )
         return response
+
+
+def has_nul(fields: Iterable[tuple[str, str]]) -> bool:
+    """Whether a name or value of `fields` holds a NUL character."""
+    return any("\x00" in name or "\x00" in value for name, value in fields)
+
+
+async def answered(
+    request: Request, call_next: Callable[[Request], Awaitable[Response]]
+) -> Response:
+    """The page's answer; a failure is a short 500 and one log line naming its kind.
+
+    Not the traceback: a database error quotes its statement's parameters, which are
+    what the request asked for, and the server's own handler logs it whole.
+    """
+    try:
+        return await call_next(request)
+    except Exception as exc:  # noqa: BLE001 - any page's failure is answered alike
+        log.error("console: %s %s failed: %s", request.method, request.url.path, type(exc).__name__)
+        return PlainTextResponse("500: the console failed to answer; its log says how", 500)
 
 
 async def form_body(request: Request) -> bytes:
@@ -217,11 +243,12 @@ async def checked_form(request: Request) -> dict[str, str]:
     ):
         raise HTTPException(415, "a form must be application/x-www-form-urlencoded")
     body = await form_body(request)
-    fields = {
-        name: values[0]
-        for name, values in parse_qs(body.decode("utf-8", "replace")).items()
-        if values
-    }
+    pairs = parse_qsl(body.decode("utf-8", "replace"))
+    if has_nul(pairs):
+        raise HTTPException(400, "a NUL byte in the form")
+    fields: dict[str, str] = {}
+    for name, value in pairs:
+        fields.setdefault(name, value)
     cookie = request.cookies.get(CSRF_COOKIE, "")
     offered = fields.pop(CSRF_FIELD, "")
     if not cookie or not hmac.compare_digest(cookie.encode(), offered.encode()):
