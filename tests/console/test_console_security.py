@@ -222,8 +222,39 @@ def test_a_request_naming_another_host_is_refused(
 
 @pytest.mark.parametrize(
     "host",
+    ["127.0.0.1:1@evil.example", "[::1]evil.example", "[::1]:80evil.example",
+     "127.0.0.1:8080:80", "localhost:", "localhost:99999", "localhost:+80", " localhost",
+     "127.0.0.1/evil.example", "[127.0.0.1]", "[::1", "::1", "localhost\\evil",
+     "local host", "[::1%25eth0]:80"],
+)  # fmt: skip
+def test_a_malformed_host_header_is_refused(
+    ops: Operations, host: str, make_client: Callable[..., ConsoleClient]
+) -> None:
+    # A loose parser took the loopback name out of headers that name another host.
+    for bound in ("127.0.0.1", "0.0.0.0"):
+        console = make_client(host=bound, token=None if bound == "127.0.0.1" else TOKEN)
+        answer = console.get("/dead", headers={"Host": host, "Authorization": f"Bearer {TOKEN}"})
+        assert answer.status_code == 400, (bound, host)
+        assert "b-1" not in answer.text
+
+
+@pytest.mark.parametrize(
+    "hosts",
+    [["127.0.0.1", "evil.example"], ["evil.example", "127.0.0.1"], ["localhost", "localhost"]],
+)
+def test_two_host_headers_are_refused(
+    ops: Operations, hosts: list[str], make_client: Callable[..., ConsoleClient]
+) -> None:
+    # The console read the first, a proxy in front of it may read the last.
+    answer = make_client().get("/dead", headers=[("Host", each) for each in hosts])
+    assert answer.status_code == 400
+    assert "b-1" not in answer.text
+
+
+@pytest.mark.parametrize(
+    "host",
     [f"127.0.0.1:{BOUND_PORT}", f"localhost:{BOUND_PORT}", f"[::1]:{BOUND_PORT}",
-     f"LocalHost:{BOUND_PORT}", "localhost:9000", "127.0.0.1"],
+     f"LocalHost:{BOUND_PORT}", "localhost:9000", "127.0.0.1", "[0:0:0:0:0:0:0:1]:80"],
 )  # fmt: skip
 def test_the_loopback_names_are_let_in_on_any_port(
     ops: Operations, host: str, make_client: Callable[..., ConsoleClient]

@@ -60,6 +60,12 @@ SECURITY_HEADERS = {
     "Referrer-Policy": "same-origin",
     "Cache-Control": "no-store",
 }
+HOST_HEADER = re.compile(
+    r"(?:\[(?P<ipv6>[0-9A-Fa-f:.]+)\]|(?P<name>[A-Za-z0-9._-]+))(?::(?P<port>[0-9]{1,5}))?"
+)
+"""A Host header as the console takes it: a name or IPv4 address, or an IPv6 address in
+brackets, then at most a port. Anything looser let a parser see a loopback name in a
+header that names another host (`127.0.0.1:1@evil.example`, `[::1]evil.example`)."""
 Unauthorized = Callable[[Request], Awaitable[Response]]
 log = logging.getLogger("outbox.console")
 
@@ -80,15 +86,22 @@ def allowed_hosts(host: str) -> frozenset[str] | None:
     from a port of its own, and a rebinding page is told apart by its name alone."""
     if not is_loopback(host):
         return None
-    return frozenset({host.lower(), "localhost", "127.0.0.1", "::1"})
+    own = ipaddress.ip_address(host).compressed if ":" in host else host.lower()
+    return frozenset({own, "localhost", "127.0.0.1", "::1"})
 
 
-def host_name(header: str) -> str:
-    """The name in a Host header, without its port or an IPv6 address's brackets."""
-    header = header.strip().lower()
-    if header.startswith("["):
-        return header[1 : header.find("]")] if "]" in header else header
-    return header.rsplit(":", 1)[0] if ":" in header else header
+def host_name(header: str) -> str | None:
+    """The name in a Host header (lower case; an IPv6 address without brackets, in its
+    short form), or None when the header is not exactly a host and an optional port."""
+    found = HOST_HEADER.fullmatch(header)
+    if found is None or (found["port"] is not None and not 0 < int(found["port"]) <= 65_535):
+        return None
+    if found["ipv6"] is None:
+        return found["name"].lower()
+    try:
+        return ipaddress.IPv6Address(found["ipv6"]).compressed
+    except ValueError:
+        return None
 
 
 def foreign_origin(request: Request) -> bool:
@@ -173,9 +186,13 @@ class Guard(BaseHTTPMiddleware):
         and the CSRF cookie."""
         known = request.cookies.get(CSRF_COOKIE)
         request.state.csrf = known or secrets.token_urlsafe(32)
-        named = host_name(request.headers.get("host", ""))
-        if self.hosts is not None and named not in self.hosts:
-            response: Response = PlainTextResponse("400: not a name of this console", 400)
+        given = request.headers.getlist("host")
+        # One header: with two, one layer may read the first and another the last.
+        named = host_name(given[0]) if len(given) == 1 else None
+        if named is None:
+            response: Response = PlainTextResponse("400: one Host header, host[:port]", 400)
+        elif self.hosts is not None and named not in self.hosts:
+            response = PlainTextResponse("400: not a name of this console", 400)
         elif request.method == "POST" and foreign_origin(request):
             response = PlainTextResponse("403: the form's Origin is not this console", 403)
         elif has_nul(request.query_params.multi_items()):
