@@ -15,13 +15,17 @@ from outbox.cli.console import console_token, security
 from outbox.cli.console.security import (
     CONTENT_SECURITY_POLICY,
     CSRF_COOKIE,
+    GUESS_SECONDS,
+    GUESSES,
     MAX_FORM_BYTES,
     SESSION_COOKIE,
     SESSION_SECONDS,
+    GuessLimit,
     form_body,
     is_loopback,
 )
 from outbox.operations import Operations
+from outbox.testing import ManualClock
 
 
 @pytest.mark.parametrize(
@@ -428,3 +432,75 @@ def test_a_form_body_is_refused_as_soon_as_it_outgrows_the_limit() -> None:
     # anyone fill the console's memory.
     assert pulled_before_refusal(None) == (413, MAX_FORM_BYTES // CHUNK + 1)
     assert pulled_before_refusal(CHUNK * 1_000) == (413, 0)
+
+
+def log_in(console: ConsoleClient, token: str) -> int:
+    """POST the login form with `token`; the answer's status."""
+    csrf = csrf_of(console.get("/login").text)
+    answer = console.post("/login", data={"csrf_token": csrf, "token": token, "next": "/"})
+    return answer.status_code
+
+
+def test_wrong_tokens_at_the_login_form_are_limited_per_client_address(
+    ops: Operations, make_client: Callable[..., ConsoleClient]
+) -> None:
+    # Each wrong token was answered at once: 130 guesses a second on one connection.
+    clock = ManualClock(1_000.0)
+    console = make_client(token=TOKEN, clock=clock)
+    for _ in range(GUESSES):
+        assert log_in(console, "wrong-token-of-some-length") == 401
+    csrf = csrf_of(console.get("/login").text)
+    refused = console.post("/login", data={"csrf_token": csrf, "token": TOKEN, "next": "/"})
+    # Even the right token is refused unchecked: telling it apart would answer the guess.
+    assert refused.status_code == 429
+    assert refused.headers["retry-after"] == str(int(GUESS_SECONDS))
+    assert SESSION_COOKIE not in console.cookies
+    # Another address is not held up by this one's guesses.
+    elsewhere = make_client(app=console.app, peer="192.0.2.7")
+    assert log_in(elsewhere, TOKEN) == 303
+    clock.advance(GUESS_SECONDS - 1)
+    assert log_in(console, TOKEN) == 429
+    clock.advance(1)  # one guess earned back
+    assert log_in(console, "wrong-token-of-some-length") == 401
+    assert log_in(console, TOKEN) == 429
+    clock.advance(GUESS_SECONDS)
+    assert log_in(console, TOKEN) == 303
+
+
+def test_wrong_bearer_tokens_are_limited_too(
+    ops: Operations, make_client: Callable[..., ConsoleClient]
+) -> None:
+    clock = ManualClock(1_000.0)
+    console = make_client(token=TOKEN, clock=clock)
+    wrong = {"Authorization": "Bearer wrong-token-of-some-length"}
+    right = {"Authorization": f"Bearer {TOKEN}"}
+    for _ in range(GUESSES):
+        assert console.get("/dead", headers=wrong).status_code == 401
+    for headers in (wrong, right):
+        answer = console.get("/dead", headers=headers)
+        assert answer.status_code == 429
+        assert "b-1" not in answer.text
+        assert answer.headers["retry-after"] == str(int(GUESS_SECONDS))
+    # Right tokens are never counted: a script polling with the token is not held up.
+    clock.advance(GUESSES * GUESS_SECONDS)
+    for _ in range(3 * GUESSES):
+        assert console.get("/dead", headers=right).status_code == 200
+
+
+def test_the_guess_limit_remembers_a_bounded_number_of_addresses() -> None:
+    clock = ManualClock()
+    limit = GuessLimit(clock, guesses=1, seconds=60.0, remembered=3)
+    for n in range(100):
+        limit.wrong(f"192.0.2.{n}")
+    assert len(limit.buckets) == 3
+    assert limit.wait("192.0.2.99") == 60  # the latest are remembered
+    assert limit.wait("192.0.2.0") == 0  # the first forgotten
+
+
+def test_an_ipv6_host_guesses_as_its_64() -> None:
+    # One host is handed a whole /64: each of its addresses is not a new guesser.
+    limit = GuessLimit(ManualClock(), guesses=2, seconds=60.0)
+    limit.wrong("2001:db8:1:2::1")
+    limit.wrong("2001:db8:1:2:ffff::9")
+    assert limit.wait("2001:db8:1:2::77") == 60
+    assert limit.wait("2001:db8:1:3::1") == 0

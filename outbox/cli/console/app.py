@@ -14,13 +14,17 @@ from outbox.cli.console.security import (
     SESSION_COOKIE,
     SESSION_SECONDS,
     Guard,
+    GuessLimit,
     allowed_hosts,
     authenticated,
     checked_form,
+    client_address,
     new_session,
     secure,
     token_matches,
+    too_many_guesses,
 )
+from outbox.clock import Clock
 from outbox.operations import Operations
 
 STYLE = (HERE / "static" / "console.css").read_text(encoding="utf-8")
@@ -29,10 +33,12 @@ STYLE = (HERE / "static" / "console.css").read_text(encoding="utf-8")
 class Login:
     """The login form: the token entered once, remembered in an HttpOnly SameSite cookie."""
 
-    def __init__(self, pages: Pages, token: str | None) -> None:
-        """Checks against `token`; without one, there is nothing to log in to."""
+    def __init__(self, pages: Pages, token: str | None, guesses: GuessLimit) -> None:
+        """Checks against `token`, as often as `guesses` allows; without a token, there is
+        nothing to log in to."""
         self.pages = pages
         self.token = token
+        self.guesses = guesses
 
     async def unauthorized(self, request: Request) -> Response:
         """401: the login form for a page, a short text for anything else."""
@@ -59,7 +65,11 @@ class Login:
         target = _local(form.get("next", "/"))
         if self.token is None:
             return RedirectResponse(target, 303)
+        client = client_address(request)
+        if wait := self.guesses.wait(client):
+            return too_many_guesses(wait)
         if not token_matches(self.token, form.get("token", "")):
+            self.guesses.wrong(client)
             return self.pages.render(request, "login.html", 401, next=target, wrong=True)
         response = RedirectResponse(target, 303)
         response.set_cookie(
@@ -109,13 +119,16 @@ def create_app(
     read_only: bool,
     host: str,
     warm: bool = False,
+    clock: Clock | None = None,
 ) -> Starlette:
     """The console on `ops`, bound to `host`; `token` None means no token is asked
-    (loopback only). With `warm`, what the first overview would read is read now."""
+    (loopback only). With `warm`, what the first overview would read is read now;
+    `clock` times the limit on wrong tokens (a ManualClock in tests)."""
     pages = Pages(ops, config, read_only, token is not None)
     if warm:
         pages.warm()
-    login = Login(pages, token)
+    guesses = GuessLimit() if clock is None else GuessLimit(clock)
+    login = Login(pages, token, guesses)
     routes = [
         Route("/", pages.overview),
         Route("/dead", pages.dead),
@@ -136,6 +149,7 @@ def create_app(
                 token=token,
                 unauthorized=login.unauthorized,
                 hosts=allowed_hosts(host),
+                guesses=guesses,
             )
         ],
         exception_handlers={HTTPException: refused},

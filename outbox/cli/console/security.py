@@ -4,7 +4,9 @@ With a token configured (OUTBOX_CONSOLE_TOKEN; required off loopback), every
 request but the login form's must carry it: as `Authorization: Bearer`, or as
 the session cookie the login form sets: its issue time and an HMAC of that time
 keyed by the token, so the cookie never holds the token, and a copied cookie
-opens the console for SESSION_SECONDS at most. Every POST must carry the CSRF token of the
+opens the console for SESSION_SECONDS at most. Wrong tokens, at the form or as a bearer,
+are limited per client address (GuessLimit): after GUESSES, 429 until one is earned back.
+Every POST must carry the CSRF token of the
 double-submit cookie in its form: a cross-site form cannot read the cookie,
 and SameSite=Strict keeps the browser from sending it along. Every response
 carries a Content-Security-Policy that allows no script at all.
@@ -25,9 +27,11 @@ import hashlib
 import hmac
 import ipaddress
 import logging
+import math
 import re
 import secrets
 import time
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Iterable
 from urllib.parse import parse_qsl
 
@@ -36,6 +40,8 @@ from starlette.middleware.base import BaseHTTPMiddleware
 from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response
 from starlette.types import ASGIApp
+
+from outbox.clock import Clock
 
 SESSION_COOKIE = "outbox_console_session"
 SESSION_SECONDS = 12 * 3600
@@ -60,6 +66,13 @@ SECURITY_HEADERS = {
     "Referrer-Policy": "same-origin",
     "Cache-Control": "no-store",
 }
+GUESSES = 10
+"""Wrong tokens a client address may offer in a row before it must wait."""
+GUESS_SECONDS = 6.0
+"""How often a client address earns back one wrong token: ten a minute, sustained."""
+GUESSERS = 4_096
+"""Client addresses whose wrong tokens are remembered; past that the longest quiet is
+forgotten, so that many addresses cannot fill the console's memory."""
 HOST_HEADER = re.compile(
     r"(?:\[(?P<ipv6>[0-9A-Fa-f:.]+)\]|(?P<name>[A-Za-z0-9._-]+))(?::(?P<port>[0-9]{1,5}))?"
 )
@@ -146,14 +159,85 @@ def token_matches(token: str, offered: str) -> bool:
     return hmac.compare_digest(token.encode(), offered.encode())
 
 
+def bearer(request: Request) -> str:
+    """The token of the request's `Authorization: Bearer` header ("" when none)."""
+    scheme, _, offered = request.headers.get("authorization", "").partition(" ")
+    return offered.strip() if scheme.lower() == "bearer" else ""
+
+
 def authenticated(request: Request, token: str | None) -> bool:
     """Whether the request carries the token (bearer header or session cookie)."""
     if token is None:
         return True
-    scheme, _, offered = request.headers.get("authorization", "").partition(" ")
-    if scheme.lower() == "bearer" and offered:
-        return token_matches(token, offered.strip())
+    offered = bearer(request)
+    if offered:
+        return token_matches(token, offered)
     return session_valid(token, request.cookies.get(SESSION_COOKIE, ""))
+
+
+class GuessLimit:
+    """Wrong tokens per client address, each address a token bucket GUESSES deep that
+    refills one every GUESS_SECONDS; an empty bucket's next try is refused unchecked."""
+
+    def __init__(
+        self,
+        clock: Clock = time.monotonic,
+        guesses: int = GUESSES,
+        seconds: float = GUESS_SECONDS,
+        remembered: int = GUESSERS,
+    ) -> None:
+        """Buckets of `guesses`, refilled one per `seconds` on `clock`, for `remembered`
+        addresses at most."""
+        self.clock = clock
+        self.guesses = guesses
+        self.seconds = seconds
+        self.remembered = remembered
+        self.buckets: OrderedDict[str, tuple[float, float]] = OrderedDict()
+        """Per address: the guesses left, and when that was counted; the least recently
+        refused first."""
+
+    def _left(self, address: str, now: float) -> float:
+        """The guesses `address` has left at `now`."""
+        left, counted = self.buckets.get(address, (float(self.guesses), now))
+        return min(float(self.guesses), left + max(0.0, now - counted) / self.seconds)
+
+    def wait(self, client: str) -> int:
+        """Whole seconds before `client` may offer a token again (0: now)."""
+        left = self._left(guesser(client), self.clock())
+        return 0 if left >= 1 else max(1, math.ceil((1 - left) * self.seconds))
+
+    def wrong(self, client: str) -> None:
+        """Count a wrong token offered by `client`."""
+        address, now = guesser(client), self.clock()
+        left = self._left(address, now) - 1
+        self.buckets.pop(address, None)
+        self.buckets[address] = (left, now)
+        while len(self.buckets) > self.remembered:
+            self.buckets.popitem(last=False)
+
+
+def guesser(client: str) -> str:
+    """Who a client address's guesses count against: the address, or an IPv6 address's
+    /64 (one host is given a whole /64 to pick addresses from)."""
+    try:
+        address = ipaddress.ip_address(client)
+    except ValueError:
+        return client
+    if address.version == 6:
+        return str(ipaddress.ip_network(f"{address}/64", strict=False))
+    return str(address)
+
+
+def client_address(request: Request) -> str:
+    """The address the request came from (no proxy is trusted to say otherwise)."""
+    return request.client.host if request.client is not None else ""
+
+
+def too_many_guesses(wait: int) -> Response:
+    """429 for a client that offered too many wrong tokens; Retry-After says when to retry."""
+    return PlainTextResponse(
+        f"429: too many wrong tokens; try again in {wait} s", 429, {"Retry-After": str(wait)}
+    )
 
 
 def secure(request: Request) -> bool:
@@ -171,13 +255,16 @@ class Guard(BaseHTTPMiddleware):
         token: str | None,
         unauthorized: Unauthorized,
         hosts: frozenset[str] | None,
+        guesses: GuessLimit,
     ) -> None:
         """`unauthorized` answers a request without the token (a 401 login page); `hosts`
-        are the Host headers answered (None: any, see allowed_hosts)."""
+        are the Host headers answered (None: any, see allowed_hosts); `guesses` limits
+        wrong bearer tokens, as it limits the login form's."""
         super().__init__(app)
         self.token = token
         self.unauthorized = unauthorized
         self.hosts = hosts
+        self.guesses = guesses
 
     async def dispatch(
         self, request: Request, call_next: Callable[[Request], Awaitable[Response]]
@@ -199,9 +286,15 @@ class Guard(BaseHTTPMiddleware):
             # PostgreSQL refuses a NUL in text: the query would fail (500) instead of
             # finding nothing, and no name, id or filter of the console holds one.
             response = PlainTextResponse("400: a NUL byte in the query", 400)
-        elif request.url.path in OPEN_PATHS or authenticated(request, self.token):
+        elif request.url.path in OPEN_PATHS:
+            response = await answered(request, call_next)
+        elif (wait := self.guessing(request)) > 0:
+            response = too_many_guesses(wait)
+        elif authenticated(request, self.token):
             response = await answered(request, call_next)
         else:
+            if bearer(request) and self.token is not None:
+                self.guesses.wrong(client_address(request))
             response = await self.unauthorized(request)
         response.headers.update(SECURITY_HEADERS)
         if known is None:
@@ -214,6 +307,13 @@ class Guard(BaseHTTPMiddleware):
                 path="/",
             )
         return response
+
+    def guessing(self, request: Request) -> int:
+        """Seconds a request offering a bearer token must wait first (0: none), checked
+        before the token is: an answer that told a right token apart would be a guess."""
+        if self.token is None or not bearer(request):
+            return 0
+        return self.guesses.wait(client_address(request))
 
 
 def has_nul(fields: Iterable[tuple[str, str]]) -> bool:
