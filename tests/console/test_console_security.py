@@ -504,3 +504,39 @@ def test_an_ipv6_host_guesses_as_its_64() -> None:
     limit.wrong("2001:db8:1:2:ffff::9")
     assert limit.wait("2001:db8:1:2::77") == 60
     assert limit.wait("2001:db8:1:3::1") == 0
+
+
+def test_logout_ends_the_session_for_every_copy_of_its_cookie(
+    ops: Operations, session_clock: MovableClock, make_client: Callable[..., ConsoleClient]
+) -> None:
+    # A copied cookie stayed valid for SESSION_SECONDS after its owner logged out.
+    console = make_client(token=TOKEN)
+    cookie = logged_in_cookie(console)
+    other = logged_in_cookie(make_client(app=console.app))  # a second browser's session
+    assert opens(console, cookie)
+    console.cookies.set(SESSION_COOKIE, cookie)
+    page = console.get("/")
+    assert console.post("/logout", data={"csrf_token": csrf_of(page.text)}).status_code == 303
+    assert not opens(console, cookie)
+    assert opens(console, other)  # only the session logged out of ends
+
+
+def test_a_new_token_or_a_restart_ends_every_session(
+    ops: Operations, session_clock: MovableClock, make_client: Callable[..., ConsoleClient]
+) -> None:
+    # A new token takes a restart: sessions are held by the process that opened them.
+    cookie = logged_in_cookie(make_client(token=TOKEN))
+    assert not opens(make_client(token=TOKEN), cookie)
+    assert not opens(make_client(token="another-token-of-enough-length"), cookie)
+
+
+def test_only_so_many_sessions_are_held_the_oldest_ending_first(
+    monkeypatch: pytest.MonkeyPatch, session_clock: MovableClock
+) -> None:
+    monkeypatch.setattr(security, "LIVE_SESSIONS", 3)
+    sessions = security.Sessions(TOKEN)
+    cookies = [sessions.new() for _ in range(5)]
+    assert len(sessions.live) == 3
+    assert [sessions.opened(cookie) is not None for cookie in cookies] == [
+        False, False, True, True, True,
+    ]  # fmt: skip

@@ -15,11 +15,11 @@ from outbox.cli.console.security import (
     SESSION_SECONDS,
     Guard,
     GuessLimit,
+    Sessions,
     allowed_hosts,
     authenticated,
     checked_form,
     client_address,
-    new_session,
     secure,
     token_matches,
     too_many_guesses,
@@ -33,12 +33,15 @@ STYLE = (HERE / "static" / "console.css").read_text(encoding="utf-8")
 class Login:
     """The login form: the token entered once, remembered in an HttpOnly SameSite cookie."""
 
-    def __init__(self, pages: Pages, token: str | None, guesses: GuessLimit) -> None:
-        """Checks against `token`, as often as `guesses` allows; without a token, there is
-        nothing to log in to."""
+    def __init__(
+        self, pages: Pages, token: str | None, guesses: GuessLimit, sessions: Sessions | None
+    ) -> None:
+        """Checks against `token`, as often as `guesses` allows, and opens `sessions`;
+        without a token (and sessions), there is nothing to log in to."""
         self.pages = pages
         self.token = token
         self.guesses = guesses
+        self.sessions = sessions
 
     async def unauthorized(self, request: Request) -> Response:
         """401: the login form for a page, a short text for anything else."""
@@ -53,7 +56,7 @@ class Login:
 
     async def form(self, request: Request) -> Response:
         """GET /login: the form (or the overview when already in, or when no token is set)."""
-        if authenticated(request, self.token):
+        if authenticated(request, self.token, self.sessions):
             return RedirectResponse(_local(request.query_params.get("next", "/")), 303)
         return self.pages.render(
             request, "login.html", next=_local(request.query_params.get("next", "/")), wrong=False
@@ -63,7 +66,7 @@ class Login:
         """POST /login: a right token sets the session cookie; a wrong one answers 401."""
         form = await checked_form(request)
         target = _local(form.get("next", "/"))
-        if self.token is None:
+        if self.token is None or self.sessions is None:
             return RedirectResponse(target, 303)
         client = client_address(request)
         if wait := self.guesses.wait(client):
@@ -74,7 +77,7 @@ class Login:
         response = RedirectResponse(target, 303)
         response.set_cookie(
             SESSION_COOKIE,
-            new_session(self.token),
+            self.sessions.new(),
             max_age=SESSION_SECONDS,
             httponly=True,
             samesite="strict",
@@ -84,8 +87,10 @@ class Login:
         return response
 
     async def logout(self, request: Request) -> Response:
-        """POST /logout: forget the session cookie."""
+        """POST /logout: end the session, and forget its cookie."""
         await checked_form(request)
+        if self.sessions is not None:
+            self.sessions.end(request.cookies.get(SESSION_COOKIE, ""))
         response = RedirectResponse("/login", 303)
         response.delete_cookie(
             SESSION_COOKIE, path="/", httponly=True, samesite="strict", secure=secure(request)
@@ -128,7 +133,8 @@ def create_app(
     if warm:
         pages.warm()
     guesses = GuessLimit() if clock is None else GuessLimit(clock)
-    login = Login(pages, token, guesses)
+    sessions = None if token is None else Sessions(token)
+    login = Login(pages, token, guesses, sessions)
     routes = [
         Route("/", pages.overview),
         Route("/dead", pages.dead),
@@ -150,6 +156,7 @@ def create_app(
                 unauthorized=login.unauthorized,
                 hosts=allowed_hosts(host),
                 guesses=guesses,
+                sessions=sessions,
             )
         ],
         exception_handlers={HTTPException: refused},

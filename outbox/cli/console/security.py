@@ -2,11 +2,11 @@
 
 With a token configured (OUTBOX_CONSOLE_TOKEN; required off loopback), every
 request but the login form's must carry it: as `Authorization: Bearer`, or as
-the session cookie the login form sets: its issue time and an HMAC of that time
-keyed by the token, so the cookie never holds the token, and a copied cookie
-opens the console for SESSION_SECONDS at most. Wrong tokens, at the form or as a bearer,
-are limited per client address (GuessLimit): after GUESSES, 429 until one is earned back.
-Every POST must carry the CSRF token of the
+the session cookie the login form sets: its issue time, a nonce and an HMAC of both
+keyed by the token, so the cookie never holds the token; it opens the console while
+the session is open (Sessions): SESSION_SECONDS at most, until logout. Wrong tokens,
+at the form or as a bearer, are limited per client address (GuessLimit): after GUESSES,
+429 until one is earned back. Every POST must carry the CSRF token of the
 double-submit cookie in its form: a cross-site form cannot read the cookie,
 and SameSite=Strict keeps the browser from sending it along. Every response
 carries a Content-Security-Policy that allows no script at all.
@@ -48,6 +48,9 @@ SESSION_SECONDS = 12 * 3600
 """How long a login lasts: a session cookie older than this is refused."""
 SESSION_PURPOSE = "outbox-console-session:"
 ISSUED = re.compile(r"[0-9]{1,12}")
+NONCE = re.compile(r"[A-Za-z0-9_-]{24}")
+LIVE_SESSIONS = 1_024
+"""Open sessions held at most; past that the oldest ends (as if logged out)."""
 CSRF_COOKIE = "outbox_console_csrf"
 CSRF_FIELD = "csrf_token"
 MAX_FORM_BYTES = 65_536
@@ -131,27 +134,55 @@ def now() -> float:
     return time.time()
 
 
-def session_value(token: str, issued: int) -> str:
-    """The session cookie's value for `token`, issued at `issued` (epoch seconds): the time
-    and an HMAC of it keyed by the token, which proves the token without holding it."""
-    proof = hmac.new(token.encode(), f"{SESSION_PURPOSE}{issued}".encode(), hashlib.sha256)
-    return f"{issued}.{proof.hexdigest()}"
+def session_value(token: str, issued: int, nonce: str) -> str:
+    """The session cookie's value for `token`, issued at `issued` (epoch seconds) as session
+    `nonce`: both, and an HMAC of them keyed by the token, which proves the token without
+    holding it."""
+    proof = hmac.new(token.encode(), f"{SESSION_PURPOSE}{issued}.{nonce}".encode(), hashlib.sha256)
+    return f"{issued}.{nonce}.{proof.hexdigest()}"
 
 
-def new_session(token: str) -> str:
-    """A session cookie's value for `token`, issued now."""
-    return session_value(token, int(now()))
+class Sessions:
+    """The sessions the login form opened and logout has not ended, in memory.
 
+    A signed cookie alone stayed valid for SESSION_SECONDS after logout, copied or not; a
+    session is now also one this process holds, so logout ends it, and a restart, which a
+    new token needs, ends them all. At most LIVE_SESSIONS: past that the oldest ends.
+    """
 
-def session_valid(token: str, cookie: str) -> bool:
-    """Whether `cookie` is a session issued with `token` less than SESSION_SECONDS ago."""
-    issued, dot, _ = cookie.partition(".")
-    if not dot or ISSUED.fullmatch(issued) is None:
-        return False
-    expected = session_value(token, int(issued))
-    if not hmac.compare_digest(expected.encode(), cookie.encode()):
-        return False
-    return 0 <= now() - int(issued) < SESSION_SECONDS
+    def __init__(self, token: str) -> None:
+        """Sessions proving `token`."""
+        self.token = token
+        self.live: OrderedDict[str, int] = OrderedDict()
+        """Each open session's nonce and issue time, oldest first."""
+
+    def new(self) -> str:
+        """A new session's cookie value, issued now."""
+        issued, nonce = int(now()), secrets.token_urlsafe(18)
+        self.live[nonce] = issued
+        while len(self.live) > LIVE_SESSIONS:
+            self.live.popitem(last=False)
+        return session_value(self.token, issued, nonce)
+
+    def opened(self, cookie: str) -> str | None:
+        """The nonce of the open session `cookie` proves (issued less than SESSION_SECONDS
+        ago, not ended), or None."""
+        issued, _, rest = cookie.partition(".")
+        nonce, _, _ = rest.partition(".")
+        if ISSUED.fullmatch(issued) is None or NONCE.fullmatch(nonce) is None:
+            return None
+        expected = session_value(self.token, int(issued), nonce)
+        if not hmac.compare_digest(expected.encode(), cookie.encode()):
+            return None
+        if self.live.get(nonce) != int(issued) or not 0 <= now() - int(issued) < SESSION_SECONDS:
+            return None
+        return nonce
+
+    def end(self, cookie: str) -> None:
+        """End the session `cookie` proves, if it is open: a copy of it no longer opens."""
+        nonce = self.opened(cookie)
+        if nonce is not None:
+            del self.live[nonce]
 
 
 def token_matches(token: str, offered: str) -> bool:
@@ -165,14 +196,15 @@ def bearer(request: Request) -> str:
     return offered.strip() if scheme.lower() == "bearer" else ""
 
 
-def authenticated(request: Request, token: str | None) -> bool:
-    """Whether the request carries the token (bearer header or session cookie)."""
+def authenticated(request: Request, token: str | None, sessions: Sessions | None) -> bool:
+    """Whether the request carries the token (bearer header) or an open session's cookie."""
     if token is None:
         return True
     offered = bearer(request)
     if offered:
         return token_matches(token, offered)
-    return session_valid(token, request.cookies.get(SESSION_COOKIE, ""))
+    cookie = request.cookies.get(SESSION_COOKIE, "")
+    return sessions is not None and sessions.opened(cookie) is not None
 
 
 class GuessLimit:
@@ -256,6 +288,7 @@ class Guard(BaseHTTPMiddleware):
         unauthorized: Unauthorized,
         hosts: frozenset[str] | None,
         guesses: GuessLimit,
+        sessions: Sessions | None,
     ) -> None:
         """`unauthorized` answers a request without the token (a 401 login page); `hosts`
         are the Host headers answered (None: any, see allowed_hosts); `guesses` limits
@@ -265,6 +298,7 @@ class Guard(BaseHTTPMiddleware):
         self.unauthorized = unauthorized
         self.hosts = hosts
         self.guesses = guesses
+        self.sessions = sessions
 
     async def dispatch(
         self, request: Request, call_next: Callable[[Request], Awaitable[Response]]
@@ -290,7 +324,7 @@ class Guard(BaseHTTPMiddleware):
             response = await answered(request, call_next)
         elif (wait := self.guessing(request)) > 0:
             response = too_many_guesses(wait)
-        elif authenticated(request, self.token):
+        elif authenticated(request, self.token, self.sessions):
             response = await answered(request, call_next)
         else:
             if bearer(request) and self.token is not None:
