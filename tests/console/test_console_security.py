@@ -15,13 +15,17 @@ from outbox.cli.console import console_token, security
 from outbox.cli.console.security import (
     CONTENT_SECURITY_POLICY,
     CSRF_COOKIE,
+    GUESS_SECONDS,
+    GUESSES,
     MAX_FORM_BYTES,
     SESSION_COOKIE,
     SESSION_SECONDS,
+    GuessLimit,
     form_body,
     is_loopback,
 )
 from outbox.operations import Operations
+from outbox.testing import ManualClock
 
 
 @pytest.mark.parametrize(
@@ -222,8 +226,39 @@ def test_a_request_naming_another_host_is_refused(
 
 @pytest.mark.parametrize(
     "host",
+    ["127.0.0.1:1@evil.example", "[::1]evil.example", "[::1]:80evil.example",
+     "127.0.0.1:8080:80", "localhost:", "localhost:99999", "localhost:+80", " localhost",
+     "127.0.0.1/evil.example", "[127.0.0.1]", "[::1", "::1", "localhost\\evil",
+     "local host", "[::1%25eth0]:80"],
+)  # fmt: skip
+def test_a_malformed_host_header_is_refused(
+    ops: Operations, host: str, make_client: Callable[..., ConsoleClient]
+) -> None:
+    # A loose parser took the loopback name out of headers that name another host.
+    for bound in ("127.0.0.1", "0.0.0.0"):
+        console = make_client(host=bound, token=None if bound == "127.0.0.1" else TOKEN)
+        answer = console.get("/dead", headers={"Host": host, "Authorization": f"Bearer {TOKEN}"})
+        assert answer.status_code == 400, (bound, host)
+        assert "b-1" not in answer.text
+
+
+@pytest.mark.parametrize(
+    "hosts",
+    [["127.0.0.1", "evil.example"], ["evil.example", "127.0.0.1"], ["localhost", "localhost"]],
+)
+def test_two_host_headers_are_refused(
+    ops: Operations, hosts: list[str], make_client: Callable[..., ConsoleClient]
+) -> None:
+    # The console read the first, a proxy in front of it may read the last.
+    answer = make_client().get("/dead", headers=[("Host", each) for each in hosts])
+    assert answer.status_code == 400
+    assert "b-1" not in answer.text
+
+
+@pytest.mark.parametrize(
+    "host",
     [f"127.0.0.1:{BOUND_PORT}", f"localhost:{BOUND_PORT}", f"[::1]:{BOUND_PORT}",
-     f"LocalHost:{BOUND_PORT}", "localhost:9000", "127.0.0.1"],
+     f"LocalHost:{BOUND_PORT}", "localhost:9000", "127.0.0.1", "[0:0:0:0:0:0:0:1]:80"],
 )  # fmt: skip
 def test_the_loopback_names_are_let_in_on_any_port(
     ops: Operations, host: str, make_client: Callable[..., ConsoleClient]
@@ -397,3 +432,111 @@ def test_a_form_body_is_refused_as_soon_as_it_outgrows_the_limit() -> None:
     # anyone fill the console's memory.
     assert pulled_before_refusal(None) == (413, MAX_FORM_BYTES // CHUNK + 1)
     assert pulled_before_refusal(CHUNK * 1_000) == (413, 0)
+
+
+def log_in(console: ConsoleClient, token: str) -> int:
+    """POST the login form with `token`; the answer's status."""
+    csrf = csrf_of(console.get("/login").text)
+    answer = console.post("/login", data={"csrf_token": csrf, "token": token, "next": "/"})
+    return answer.status_code
+
+
+def test_wrong_tokens_at_the_login_form_are_limited_per_client_address(
+    ops: Operations, make_client: Callable[..., ConsoleClient]
+) -> None:
+    # Each wrong token was answered at once: 130 guesses a second on one connection.
+    clock = ManualClock(1_000.0)
+    console = make_client(token=TOKEN, clock=clock)
+    for _ in range(GUESSES):
+        assert log_in(console, "wrong-token-of-some-length") == 401
+    csrf = csrf_of(console.get("/login").text)
+    refused = console.post("/login", data={"csrf_token": csrf, "token": TOKEN, "next": "/"})
+    # Even the right token is refused unchecked: telling it apart would answer the guess.
+    assert refused.status_code == 429
+    assert refused.headers["retry-after"] == str(int(GUESS_SECONDS))
+    assert SESSION_COOKIE not in console.cookies
+    # Another address is not held up by this one's guesses.
+    elsewhere = make_client(app=console.app, peer="192.0.2.7")
+    assert log_in(elsewhere, TOKEN) == 303
+    clock.advance(GUESS_SECONDS - 1)
+    assert log_in(console, TOKEN) == 429
+    clock.advance(1)  # one guess earned back
+    assert log_in(console, "wrong-token-of-some-length") == 401
+    assert log_in(console, TOKEN) == 429
+    clock.advance(GUESS_SECONDS)
+    assert log_in(console, TOKEN) == 303
+
+
+def test_wrong_bearer_tokens_are_limited_too(
+    ops: Operations, make_client: Callable[..., ConsoleClient]
+) -> None:
+    clock = ManualClock(1_000.0)
+    console = make_client(token=TOKEN, clock=clock)
+    wrong = {"Authorization": "Bearer wrong-token-of-some-length"}
+    right = {"Authorization": f"Bearer {TOKEN}"}
+    for _ in range(GUESSES):
+        assert console.get("/dead", headers=wrong).status_code == 401
+    for headers in (wrong, right):
+        answer = console.get("/dead", headers=headers)
+        assert answer.status_code == 429
+        assert "b-1" not in answer.text
+        assert answer.headers["retry-after"] == str(int(GUESS_SECONDS))
+    # Right tokens are never counted: a script polling with the token is not held up.
+    clock.advance(GUESSES * GUESS_SECONDS)
+    for _ in range(3 * GUESSES):
+        assert console.get("/dead", headers=right).status_code == 200
+
+
+def test_the_guess_limit_remembers_a_bounded_number_of_addresses() -> None:
+    clock = ManualClock()
+    limit = GuessLimit(clock, guesses=1, seconds=60.0, remembered=3)
+    for n in range(100):
+        limit.wrong(f"192.0.2.{n}")
+    assert len(limit.buckets) == 3
+    assert limit.wait("192.0.2.99") == 60  # the latest are remembered
+    assert limit.wait("192.0.2.0") == 0  # the first forgotten
+
+
+def test_an_ipv6_host_guesses_as_its_64() -> None:
+    # One host is handed a whole /64: each of its addresses is not a new guesser.
+    limit = GuessLimit(ManualClock(), guesses=2, seconds=60.0)
+    limit.wrong("2001:db8:1:2::1")
+    limit.wrong("2001:db8:1:2:ffff::9")
+    assert limit.wait("2001:db8:1:2::77") == 60
+    assert limit.wait("2001:db8:1:3::1") == 0
+
+
+def test_logout_ends_the_session_for_every_copy_of_its_cookie(
+    ops: Operations, session_clock: MovableClock, make_client: Callable[..., ConsoleClient]
+) -> None:
+    # A copied cookie stayed valid for SESSION_SECONDS after its owner logged out.
+    console = make_client(token=TOKEN)
+    cookie = logged_in_cookie(console)
+    other = logged_in_cookie(make_client(app=console.app))  # a second browser's session
+    assert opens(console, cookie)
+    console.cookies.set(SESSION_COOKIE, cookie)
+    page = console.get("/")
+    assert console.post("/logout", data={"csrf_token": csrf_of(page.text)}).status_code == 303
+    assert not opens(console, cookie)
+    assert opens(console, other)  # only the session logged out of ends
+
+
+def test_a_new_token_or_a_restart_ends_every_session(
+    ops: Operations, session_clock: MovableClock, make_client: Callable[..., ConsoleClient]
+) -> None:
+    # A new token takes a restart: sessions are held by the process that opened them.
+    cookie = logged_in_cookie(make_client(token=TOKEN))
+    assert not opens(make_client(token=TOKEN), cookie)
+    assert not opens(make_client(token="another-token-of-enough-length"), cookie)
+
+
+def test_only_so_many_sessions_are_held_the_oldest_ending_first(
+    monkeypatch: pytest.MonkeyPatch, session_clock: MovableClock
+) -> None:
+    monkeypatch.setattr(security, "LIVE_SESSIONS", 3)
+    sessions = security.Sessions(TOKEN)
+    cookies = [sessions.new() for _ in range(5)]
+    assert len(sessions.live) == 3
+    assert [sessions.opened(cookie) is not None for cookie in cookies] == [
+        False, False, True, True, True,
+    ]  # fmt: skip

@@ -18,6 +18,7 @@ import outbox
 from outbox import AuthContext, Envelope, TaskQueue
 from outbox.cli.console.app import create_app
 from outbox.cli.console.security import CSRF_FIELD
+from outbox.clock import Clock
 from outbox.operations import Operations
 from outbox.schema import messages
 from outbox.testing import ManualClock
@@ -63,9 +64,10 @@ class ConsoleClient:
     """A blocking client on the console app, in process, keeping cookies as a browser does
     (redirects are not followed, so a test sees them)."""
 
-    def __init__(self, app: Any, base_url: str) -> None:
+    def __init__(self, app: Any, base_url: str, peer: str = "127.0.0.1") -> None:
+        self.app = app
         self._runner = asyncio.Runner()
-        transport = httpx.ASGITransport(app=app)
+        transport = httpx.ASGITransport(app=app, client=(peer, 50_000))
         self._client = httpx.AsyncClient(transport=transport, base_url=base_url)
 
     @property
@@ -99,12 +101,18 @@ def client(
     config: str | None = None,
     host: str = BOUND_HOST,
     scheme: str = "http",
+    clock: Clock | None = None,
+    app: Any = None,
+    peer: str = "127.0.0.1",
 ) -> ConsoleClient:
-    """A client on the console app over `ops`, as if bound to `host`:BOUND_PORT; requests
-    go to that address over `scheme`."""
-    app = create_app(ops, config=config, token=token, read_only=read_only, host=host)
+    """A client on the console app over `ops` (or on `app`, another client's), as if bound
+    to `host`:BOUND_PORT; requests go to that address over `scheme`, from `peer`."""
+    if app is None:
+        app = create_app(
+            ops, config=config, token=token, read_only=read_only, host=host, clock=clock
+        )
     shown = f"[{host}]" if ":" in host else host
-    return ConsoleClient(app, f"{scheme}://{shown}:{BOUND_PORT}")
+    return ConsoleClient(app, f"{scheme}://{shown}:{BOUND_PORT}", peer)
 
 
 def csrf_of(page: str) -> str:

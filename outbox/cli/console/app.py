@@ -14,13 +14,17 @@ from outbox.cli.console.security import (
     SESSION_COOKIE,
     SESSION_SECONDS,
     Guard,
+    GuessLimit,
+    Sessions,
     allowed_hosts,
     authenticated,
     checked_form,
-    new_session,
+    client_address,
     secure,
     token_matches,
+    too_many_guesses,
 )
+from outbox.clock import Clock
 from outbox.operations import Operations
 
 STYLE = (HERE / "static" / "console.css").read_text(encoding="utf-8")
@@ -29,10 +33,15 @@ STYLE = (HERE / "static" / "console.css").read_text(encoding="utf-8")
 class Login:
     """The login form: the token entered once, remembered in an HttpOnly SameSite cookie."""
 
-    def __init__(self, pages: Pages, token: str | None) -> None:
-        """Checks against `token`; without one, there is nothing to log in to."""
+    def __init__(
+        self, pages: Pages, token: str | None, guesses: GuessLimit, sessions: Sessions | None
+    ) -> None:
+        """Checks against `token`, as often as `guesses` allows, and opens `sessions`;
+        without a token (and sessions), there is nothing to log in to."""
         self.pages = pages
         self.token = token
+        self.guesses = guesses
+        self.sessions = sessions
 
     async def unauthorized(self, request: Request) -> Response:
         """401: the login form for a page, a short text for anything else."""
@@ -47,7 +56,7 @@ class Login:
 
     async def form(self, request: Request) -> Response:
         """GET /login: the form (or the overview when already in, or when no token is set)."""
-        if authenticated(request, self.token):
+        if authenticated(request, self.token, self.sessions):
             return RedirectResponse(_local(request.query_params.get("next", "/")), 303)
         return self.pages.render(
             request, "login.html", next=_local(request.query_params.get("next", "/")), wrong=False
@@ -57,14 +66,18 @@ class Login:
         """POST /login: a right token sets the session cookie; a wrong one answers 401."""
         form = await checked_form(request)
         target = _local(form.get("next", "/"))
-        if self.token is None:
+        if self.token is None or self.sessions is None:
             return RedirectResponse(target, 303)
+        client = client_address(request)
+        if wait := self.guesses.wait(client):
+            return too_many_guesses(wait)
         if not token_matches(self.token, form.get("token", "")):
+            self.guesses.wrong(client)
             return self.pages.render(request, "login.html", 401, next=target, wrong=True)
         response = RedirectResponse(target, 303)
         response.set_cookie(
             SESSION_COOKIE,
-            new_session(self.token),
+            self.sessions.new(),
             max_age=SESSION_SECONDS,
             httponly=True,
             samesite="strict",
@@ -74,8 +87,10 @@ class Login:
         return response
 
     async def logout(self, request: Request) -> Response:
-        """POST /logout: forget the session cookie."""
+        """POST /logout: end the session, and forget its cookie."""
         await checked_form(request)
+        if self.sessions is not None:
+            self.sessions.end(request.cookies.get(SESSION_COOKIE, ""))
         response = RedirectResponse("/login", 303)
         response.delete_cookie(
             SESSION_COOKIE, path="/", httponly=True, samesite="strict", secure=secure(request)
@@ -109,13 +124,17 @@ def create_app(
     read_only: bool,
     host: str,
     warm: bool = False,
+    clock: Clock | None = None,
 ) -> Starlette:
     """The console on `ops`, bound to `host`; `token` None means no token is asked
-    (loopback only). With `warm`, what the first overview would read is read now."""
+    (loopback only). With `warm`, what the first overview would read is read now;
+    `clock` times the limit on wrong tokens (a ManualClock in tests)."""
     pages = Pages(ops, config, read_only, token is not None)
     if warm:
         pages.warm()
-    login = Login(pages, token)
+    guesses = GuessLimit() if clock is None else GuessLimit(clock)
+    sessions = None if token is None else Sessions(token)
+    login = Login(pages, token, guesses, sessions)
     routes = [
         Route("/", pages.overview),
         Route("/dead", pages.dead),
@@ -136,6 +155,8 @@ def create_app(
                 token=token,
                 unauthorized=login.unauthorized,
                 hosts=allowed_hosts(host),
+                guesses=guesses,
+                sessions=sessions,
             )
         ],
         exception_handlers={HTTPException: refused},

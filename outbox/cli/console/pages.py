@@ -22,16 +22,21 @@ from starlette.templating import Jinja2Templates
 
 from outbox.cli.arguments import age_text, non_empty, parse_duration, positive_int
 from outbox.cli.console import charts, decide
-from outbox.cli.console.reads import ConsoleReads
+from outbox.cli.console.reads import ERROR_LISTED, ConsoleReads, shown_error
 from outbox.cli.console.security import CSRF_FIELD, checked_form
 from outbox.db.operations_sql import DeadFilter
 from outbox.operations import Operations
-from outbox.redaction import redact
+from outbox.redaction import shown_value
 from outbox.states import MessageState
 
 HERE = Path(__file__).parent
 PAGE_SIZE = 50
 FILTERS = ("destination", "status", "error", "since", "until")
+LARGEST_STATUS = 2**31 - 1
+"""The largest status the database's column holds: a larger one is a bad filter (400),
+not a query the database refuses (500)."""
+LARGEST_ID = 2**63 - 1
+"""The largest message id (a bigint)."""
 
 
 def iso(epoch: float | None) -> str:
@@ -143,7 +148,7 @@ class Pages:
             # The id, not the reply_id: the next page holds even if that row is purged.
             more = urlencode({**kept, "after": rows[-1]["id"]})
         for row in rows:
-            row["last_error"] = None if row["last_error"] is None else redact(row["last_error"])
+            row["last_error"] = shown_error(row["last_error"], ERROR_LISTED)
         return self.render(
             request,
             "dead.html",
@@ -227,11 +232,30 @@ def dead_filter(given: dict[str, str]) -> DeadFilter:
     """The `dead list` filter the page's fields name; ValueError names a bad one."""
     return DeadFilter(
         destination=non_empty(given["destination"]) if given["destination"].strip() else None,
-        status=positive_int(given["status"]) if given["status"].strip() else None,
+        status=status_filter(given["status"]) if given["status"].strip() else None,
         error=given["error"] if given["error"].strip() else None,
-        newer_than=parse_duration(given["since"]) if given["since"].strip() else None,
-        older_than=parse_duration(given["until"]) if given["until"].strip() else None,
+        newer_than=duration_filter("since", given["since"]),
+        older_than=duration_filter("until", given["until"]),
     )
+
+
+def duration_filter(name: str, given: str) -> float | None:
+    """A duration filter's seconds (None when blank); ValueError if not a duration."""
+    if not given.strip():
+        return None
+    try:
+        return parse_duration(given)
+    except OverflowError:
+        # Digits enough to pass the pattern, too many for a float.
+        raise ValueError(f"{name}: too long a duration") from None
+
+
+def status_filter(given: str) -> int:
+    """A status to filter on: a whole number from 1 to LARGEST_STATUS; ValueError if not."""
+    status = positive_int(given)
+    if status > LARGEST_STATUS:
+        raise ValueError(f"status: at most {LARGEST_STATUS}")
+    return status
 
 
 def page_start(given: str) -> int | None:
@@ -239,6 +263,9 @@ def page_start(given: str) -> int | None:
     if not given.strip():
         return None
     try:
-        return int(given)
+        start = int(given)
     except ValueError:
-        raise ValueError(f"after: not a message id: {given!r}") from None
+        start = -1
+    if not 0 <= start <= LARGEST_ID:
+        raise ValueError(f"after: not a message id: {shown_value(given)}")
+    return start

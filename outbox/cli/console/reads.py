@@ -18,6 +18,13 @@ from relay.figures import Figures, figures_from
 
 BODY_SHOWN = 65_536
 """Bytes of a body the reply page shows; the rest is cut (body_bytes says how many)."""
+TEXT_SHOWN = 65_536
+"""Characters of a payload, a result or an error a page shows; the rest is cut."""
+ERROR_SHOWN = 4_096
+"""Characters of an error a page shows (the relay stores 500 at most; plain SQL, any)."""
+ERROR_LISTED = 1_024
+"""Characters of each last error the dead list shows (a page holds 50 rows)."""
+CUT = "\n…"
 
 
 class ConsoleReads:
@@ -46,11 +53,11 @@ class ConsoleReads:
         if message is None:
             return None
         message["body_text"] = body_text(bytes(message.pop("body")))
-        message["last_error"] = _redacted(message["last_error"])
+        message["last_error"] = shown_error(message["last_error"])
         with self.ops.engine.connect() as conn:
             decisions = conn.execute(console_sql.select_decisions(reply_id)).mappings().all()
         message["decisions"] = [
-            {**row, "previous_error": _redacted(row["previous_error"])} for row in decisions
+            {**row, "previous_error": shown_error(row["previous_error"])} for row in decisions
         ]
         return message
 
@@ -62,9 +69,9 @@ class ConsoleReads:
                 return None
             reply = conn.execute(console_sql.select_reply_of(task_id)).mappings().first()
         task = dict(row)
-        task["payload"] = pretty(task["payload"])
-        task["result"] = None if task["result"] is None else pretty(task["result"])
-        task["last_error"] = _redacted(task["last_error"])
+        task["payload"] = shown_json(task["payload"])
+        task["result"] = None if task["result"] is None else shown_json(task["result"])
+        task["last_error"] = shown_error(task["last_error"])
         task["reply"] = None if reply is None else dict(reply)
         return task
 
@@ -75,11 +82,34 @@ class ConsoleReads:
 
 
 def pretty(text: str) -> str:
-    """JSON text indented for reading; anything else as it is."""
+    """JSON text indented for reading; anything else (too deep to parse, too) as it is."""
     try:
         return json.dumps(json.loads(text), indent=2, ensure_ascii=False, sort_keys=True)
-    except ValueError:
+    except (ValueError, RecursionError):
+        # Stored by plain SQL, a payload may be nested deeper than the parser recurses.
         return text
+
+
+def cut(text: str, limit: int = TEXT_SHOWN) -> str:
+    """`text`, or its first `limit` characters and a mark that the rest is cut."""
+    return text if len(text) <= limit else text[:limit] + CUT
+
+
+def shown_json(text: str) -> str:
+    """Stored JSON text as a page shows it: pretty-printed when short enough, always cut."""
+    if len(text) > TEXT_SHOWN:
+        return cut(text)
+    # Cut again: indenting a deeply nested value grows it with the square of its depth.
+    return cut(pretty(text))
+
+
+def shown_error(text: str | None, limit: int = ERROR_SHOWN) -> str | None:
+    """Error text as a page shows it: anything credential-like hidden, then cut."""
+    if text is None:
+        return None
+    # Redacted before the cut, so that no cut hides a credential from it; from a bounded
+    # prefix, since redaction's time grows with the square of a long run of letters.
+    return cut(redact(text[: 2 * limit]), limit)
 
 
 def body_text(body: bytes) -> str | None:
@@ -91,9 +121,4 @@ def body_text(body: bytes) -> str | None:
         text = decoder.decode(body[:BODY_SHOWN], final=whole)
     except UnicodeDecodeError:
         return None
-    return pretty(text) if whole else text + "\n…"
-
-
-def _redacted(text: str | None) -> str | None:
-    """Error text with anything credential-like hidden."""
-    return None if text is None else redact(text)
+    return cut(pretty(text)) if whole else text + CUT

@@ -2,9 +2,11 @@
 
 With a token configured (OUTBOX_CONSOLE_TOKEN; required off loopback), every
 request but the login form's must carry it: as `Authorization: Bearer`, or as
-the session cookie the login form sets: its issue time and an HMAC of that time
-keyed by the token, so the cookie never holds the token, and a copied cookie
-opens the console for SESSION_SECONDS at most. Every POST must carry the CSRF token of the
+the session cookie the login form sets: its issue time, a nonce and an HMAC of both
+keyed by the token, so the cookie never holds the token; it opens the console while
+the session is open (Sessions): SESSION_SECONDS at most, until logout. Wrong tokens,
+at the form or as a bearer, are limited per client address (GuessLimit): after GUESSES,
+429 until one is earned back. Every POST must carry the CSRF token of the
 double-submit cookie in its form: a cross-site form cannot read the cookie,
 and SameSite=Strict keeps the browser from sending it along. Every response
 carries a Content-Security-Policy that allows no script at all.
@@ -24,11 +26,14 @@ from __future__ import annotations
 import hashlib
 import hmac
 import ipaddress
+import logging
+import math
 import re
 import secrets
 import time
-from collections.abc import Awaitable, Callable
-from urllib.parse import parse_qs
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable, Iterable
+from urllib.parse import parse_qsl
 
 from starlette.exceptions import HTTPException
 from starlette.middleware.base import BaseHTTPMiddleware
@@ -36,11 +41,16 @@ from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response
 from starlette.types import ASGIApp
 
+from outbox.clock import Clock
+
 SESSION_COOKIE = "outbox_console_session"
 SESSION_SECONDS = 12 * 3600
 """How long a login lasts: a session cookie older than this is refused."""
 SESSION_PURPOSE = "outbox-console-session:"
 ISSUED = re.compile(r"[0-9]{1,12}")
+NONCE = re.compile(r"[A-Za-z0-9_-]{24}")
+LIVE_SESSIONS = 1_024
+"""Open sessions held at most; past that the oldest ends (as if logged out)."""
 CSRF_COOKIE = "outbox_console_csrf"
 CSRF_FIELD = "csrf_token"
 MAX_FORM_BYTES = 65_536
@@ -59,7 +69,21 @@ SECURITY_HEADERS = {
     "Referrer-Policy": "same-origin",
     "Cache-Control": "no-store",
 }
+GUESSES = 10
+"""Wrong tokens a client address may offer in a row before it must wait."""
+GUESS_SECONDS = 6.0
+"""How often a client address earns back one wrong token: ten a minute, sustained."""
+GUESSERS = 4_096
+"""Client addresses whose wrong tokens are remembered; past that the longest quiet is
+forgotten, so that many addresses cannot fill the console's memory."""
+HOST_HEADER = re.compile(
+    r"(?:\[(?P<ipv6>[0-9A-Fa-f:.]+)\]|(?P<name>[A-Za-z0-9._-]+))(?::(?P<port>[0-9]{1,5}))?"
+)
+"""A Host header as the console takes it: a name or IPv4 address, or an IPv6 address in
+brackets, then at most a port. Anything looser let a parser see a loopback name in a
+header that names another host (`127.0.0.1:1@evil.example`, `[::1]evil.example`)."""
 Unauthorized = Callable[[Request], Awaitable[Response]]
+log = logging.getLogger("outbox.console")
 
 
 def is_loopback(host: str) -> bool:
@@ -78,15 +102,22 @@ def allowed_hosts(host: str) -> frozenset[str] | None:
     from a port of its own, and a rebinding page is told apart by its name alone."""
     if not is_loopback(host):
         return None
-    return frozenset({host.lower(), "localhost", "127.0.0.1", "::1"})
+    own = ipaddress.ip_address(host).compressed if ":" in host else host.lower()
+    return frozenset({own, "localhost", "127.0.0.1", "::1"})
 
 
-def host_name(header: str) -> str:
-    """The name in a Host header, without its port or an IPv6 address's brackets."""
-    header = header.strip().lower()
-    if header.startswith("["):
-        return header[1 : header.find("]")] if "]" in header else header
-    return header.rsplit(":", 1)[0] if ":" in header else header
+def host_name(header: str) -> str | None:
+    """The name in a Host header (lower case; an IPv6 address without brackets, in its
+    short form), or None when the header is not exactly a host and an optional port."""
+    found = HOST_HEADER.fullmatch(header)
+    if found is None or (found["port"] is not None and not 0 < int(found["port"]) <= 65_535):
+        return None
+    if found["ipv6"] is None:
+        return found["name"].lower()
+    try:
+        return ipaddress.IPv6Address(found["ipv6"]).compressed
+    except ValueError:
+        return None
 
 
 def foreign_origin(request: Request) -> bool:
@@ -103,27 +134,55 @@ def now() -> float:
     return time.time()
 
 
-def session_value(token: str, issued: int) -> str:
-    """The session cookie's value for `token`, issued at `issued` (epoch seconds): the time
-    and an HMAC of it keyed by the token, which proves the token without holding it."""
-    proof = hmac.new(token.encode(), f"{SESSION_PURPOSE}{issued}".encode(), hashlib.sha256)
-    return f"{issued}.{proof.hexdigest()}"
+def session_value(token: str, issued: int, nonce: str) -> str:
+    """The session cookie's value for `token`, issued at `issued` (epoch seconds) as session
+    `nonce`: both, and an HMAC of them keyed by the token, which proves the token without
+    holding it."""
+    proof = hmac.new(token.encode(), f"{SESSION_PURPOSE}{issued}.{nonce}".encode(), hashlib.sha256)
+    return f"{issued}.{nonce}.{proof.hexdigest()}"
 
 
-def new_session(token: str) -> str:
-    """A session cookie's value for `token`, issued now."""
-    return session_value(token, int(now()))
+class Sessions:
+    """The sessions the login form opened and logout has not ended, in memory.
 
+    A signed cookie alone stayed valid for SESSION_SECONDS after logout, copied or not; a
+    session is now also one this process holds, so logout ends it, and a restart, which a
+    new token needs, ends them all. At most LIVE_SESSIONS: past that the oldest ends.
+    """
 
-def session_valid(token: str, cookie: str) -> bool:
-    """Whether `cookie` is a session issued with `token` less than SESSION_SECONDS ago."""
-    issued, dot, _ = cookie.partition(".")
-    if not dot or ISSUED.fullmatch(issued) is None:
-        return False
-    expected = session_value(token, int(issued))
-    if not hmac.compare_digest(expected.encode(), cookie.encode()):
-        return False
-    return 0 <= now() - int(issued) < SESSION_SECONDS
+    def __init__(self, token: str) -> None:
+        """Sessions proving `token`."""
+        self.token = token
+        self.live: OrderedDict[str, int] = OrderedDict()
+        """Each open session's nonce and issue time, oldest first."""
+
+    def new(self) -> str:
+        """A new session's cookie value, issued now."""
+        issued, nonce = int(now()), secrets.token_urlsafe(18)
+        self.live[nonce] = issued
+        while len(self.live) > LIVE_SESSIONS:
+            self.live.popitem(last=False)
+        return session_value(self.token, issued, nonce)
+
+    def opened(self, cookie: str) -> str | None:
+        """The nonce of the open session `cookie` proves (issued less than SESSION_SECONDS
+        ago, not ended), or None."""
+        issued, _, rest = cookie.partition(".")
+        nonce, _, _ = rest.partition(".")
+        if ISSUED.fullmatch(issued) is None or NONCE.fullmatch(nonce) is None:
+            return None
+        expected = session_value(self.token, int(issued), nonce)
+        if not hmac.compare_digest(expected.encode(), cookie.encode()):
+            return None
+        if self.live.get(nonce) != int(issued) or not 0 <= now() - int(issued) < SESSION_SECONDS:
+            return None
+        return nonce
+
+    def end(self, cookie: str) -> None:
+        """End the session `cookie` proves, if it is open: a copy of it no longer opens."""
+        nonce = self.opened(cookie)
+        if nonce is not None:
+            del self.live[nonce]
 
 
 def token_matches(token: str, offered: str) -> bool:
@@ -131,14 +190,86 @@ def token_matches(token: str, offered: str) -> bool:
     return hmac.compare_digest(token.encode(), offered.encode())
 
 
-def authenticated(request: Request, token: str | None) -> bool:
-    """Whether the request carries the token (bearer header or session cookie)."""
+def bearer(request: Request) -> str:
+    """The token of the request's `Authorization: Bearer` header ("" when none)."""
+    scheme, _, offered = request.headers.get("authorization", "").partition(" ")
+    return offered.strip() if scheme.lower() == "bearer" else ""
+
+
+def authenticated(request: Request, token: str | None, sessions: Sessions | None) -> bool:
+    """Whether the request carries the token (bearer header) or an open session's cookie."""
     if token is None:
         return True
-    scheme, _, offered = request.headers.get("authorization", "").partition(" ")
-    if scheme.lower() == "bearer" and offered:
-        return token_matches(token, offered.strip())
-    return session_valid(token, request.cookies.get(SESSION_COOKIE, ""))
+    offered = bearer(request)
+    if offered:
+        return token_matches(token, offered)
+    cookie = request.cookies.get(SESSION_COOKIE, "")
+    return sessions is not None and sessions.opened(cookie) is not None
+
+
+class GuessLimit:
+    """Wrong tokens per client address, each address a token bucket GUESSES deep that
+    refills one every GUESS_SECONDS; an empty bucket's next try is refused unchecked."""
+
+    def __init__(
+        self,
+        clock: Clock = time.monotonic,
+        guesses: int = GUESSES,
+        seconds: float = GUESS_SECONDS,
+        remembered: int = GUESSERS,
+    ) -> None:
+        """Buckets of `guesses`, refilled one per `seconds` on `clock`, for `remembered`
+        addresses at most."""
+        self.clock = clock
+        self.guesses = guesses
+        self.seconds = seconds
+        self.remembered = remembered
+        self.buckets: OrderedDict[str, tuple[float, float]] = OrderedDict()
+        """Per address: the guesses left, and when that was counted; the least recently
+        refused first."""
+
+    def _left(self, address: str, now: float) -> float:
+        """The guesses `address` has left at `now`."""
+        left, counted = self.buckets.get(address, (float(self.guesses), now))
+        return min(float(self.guesses), left + max(0.0, now - counted) / self.seconds)
+
+    def wait(self, client: str) -> int:
+        """Whole seconds before `client` may offer a token again (0: now)."""
+        left = self._left(guesser(client), self.clock())
+        return 0 if left >= 1 else max(1, math.ceil((1 - left) * self.seconds))
+
+    def wrong(self, client: str) -> None:
+        """Count a wrong token offered by `client`."""
+        address, now = guesser(client), self.clock()
+        left = self._left(address, now) - 1
+        self.buckets.pop(address, None)
+        self.buckets[address] = (left, now)
+        while len(self.buckets) > self.remembered:
+            self.buckets.popitem(last=False)
+
+
+def guesser(client: str) -> str:
+    """Who a client address's guesses count against: the address, or an IPv6 address's
+    /64 (one host is given a whole /64 to pick addresses from)."""
+    try:
+        address = ipaddress.ip_address(client)
+    except ValueError:
+        return client
+    if address.version == 6:
+        return str(ipaddress.ip_network(f"{address}/64", strict=False))
+    return str(address)
+
+
+def client_address(request: Request) -> str:
+    """The address the request came from (no proxy is trusted to say otherwise)."""
+    return request.client.host if request.client is not None else ""
+
+
+def too_many_guesses(wait: int) -> Response:
+    """429 for a client that offered too many wrong tokens; Retry-After says when to retry."""
+    return PlainTextResponse(
+        f"429: too many wrong tokens; try again in {wait} s", 429, {"Retry-After": str(wait)}
+    )
 
 
 def secure(request: Request) -> bool:
@@ -156,13 +287,18 @@ class Guard(BaseHTTPMiddleware):
         token: str | None,
         unauthorized: Unauthorized,
         hosts: frozenset[str] | None,
+        guesses: GuessLimit,
+        sessions: Sessions | None,
     ) -> None:
         """`unauthorized` answers a request without the token (a 401 login page); `hosts`
-        are the Host headers answered (None: any, see allowed_hosts)."""
+        are the Host headers answered (None: any, see allowed_hosts); `guesses` limits
+        wrong bearer tokens, as it limits the login form's."""
         super().__init__(app)
         self.token = token
         self.unauthorized = unauthorized
         self.hosts = hosts
+        self.guesses = guesses
+        self.sessions = sessions
 
     async def dispatch(
         self, request: Request, call_next: Callable[[Request], Awaitable[Response]]
@@ -171,14 +307,28 @@ class Guard(BaseHTTPMiddleware):
         and the CSRF cookie."""
         known = request.cookies.get(CSRF_COOKIE)
         request.state.csrf = known or secrets.token_urlsafe(32)
-        named = host_name(request.headers.get("host", ""))
-        if self.hosts is not None and named not in self.hosts:
-            response: Response = PlainTextResponse("400: not a name of this console", 400)
+        given = request.headers.getlist("host")
+        # One header: with two, one layer may read the first and another the last.
+        named = host_name(given[0]) if len(given) == 1 else None
+        if named is None:
+            response: Response = PlainTextResponse("400: one Host header, host[:port]", 400)
+        elif self.hosts is not None and named not in self.hosts:
+            response = PlainTextResponse("400: not a name of this console", 400)
         elif request.method == "POST" and foreign_origin(request):
             response = PlainTextResponse("403: the form's Origin is not this console", 403)
-        elif request.url.path in OPEN_PATHS or authenticated(request, self.token):
-            response = await call_next(request)
+        elif has_nul(request.query_params.multi_items()):
+            # PostgreSQL refuses a NUL in text: the query would fail (500) instead of
+            # finding nothing, and no name, id or filter of the console holds one.
+            response = PlainTextResponse("400: a NUL byte in the query", 400)
+        elif request.url.path in OPEN_PATHS:
+            response = await answered(request, call_next)
+        elif (wait := self.guessing(request)) > 0:
+            response = too_many_guesses(wait)
+        elif authenticated(request, self.token, self.sessions):
+            response = await answered(request, call_next)
         else:
+            if bearer(request) and self.token is not None:
+                self.guesses.wrong(client_address(request))
             response = await self.unauthorized(request)
         response.headers.update(SECURITY_HEADERS)
         if known is None:
@@ -191,6 +341,33 @@ class Guard(BaseHTTPMiddleware):
                 path="/",
             )
         return response
+
+    def guessing(self, request: Request) -> int:
+        """Seconds a request offering a bearer token must wait first (0: none), checked
+        before the token is: an answer that told a right token apart would be a guess."""
+        if self.token is None or not bearer(request):
+            return 0
+        return self.guesses.wait(client_address(request))
+
+
+def has_nul(fields: Iterable[tuple[str, str]]) -> bool:
+    """Whether a name or value of `fields` holds a NUL character."""
+    return any("\x00" in name or "\x00" in value for name, value in fields)
+
+
+async def answered(
+    request: Request, call_next: Callable[[Request], Awaitable[Response]]
+) -> Response:
+    """The page's answer; a failure is a short 500 and one log line naming its kind.
+
+    Not the traceback: a database error quotes its statement's parameters, which are
+    what the request asked for, and the server's own handler logs it whole.
+    """
+    try:
+        return await call_next(request)
+    except Exception as exc:  # noqa: BLE001 - any page's failure is answered alike
+        log.error("console: %s %s failed: %s", request.method, request.url.path, type(exc).__name__)
+        return PlainTextResponse("500: the console failed to answer; its log says how", 500)
 
 
 async def form_body(request: Request) -> bytes:
@@ -217,11 +394,12 @@ async def checked_form(request: Request) -> dict[str, str]:
     ):
         raise HTTPException(415, "a form must be application/x-www-form-urlencoded")
     body = await form_body(request)
-    fields = {
-        name: values[0]
-        for name, values in parse_qs(body.decode("utf-8", "replace")).items()
-        if values
-    }
+    pairs = parse_qsl(body.decode("utf-8", "replace"))
+    if has_nul(pairs):
+        raise HTTPException(400, "a NUL byte in the form")
+    fields: dict[str, str] = {}
+    for name, value in pairs:
+        fields.setdefault(name, value)
     cookie = request.cookies.get(CSRF_COOKIE, "")
     offered = fields.pop(CSRF_FIELD, "")
     if not cookie or not hmac.compare_digest(cookie.encode(), offered.encode()):
