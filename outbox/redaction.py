@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable
-from urllib.parse import unquote, urlsplit
+from urllib.parse import quote, unquote, unquote_plus, urlsplit
 
 SECRET_LIKE = re.compile(r"whsec_[A-Za-z0-9+/=_-]*")
 
@@ -78,31 +78,70 @@ def redact(text: str) -> str:
 
 
 MIN_QUOTED_SECRET = 6
-"""Shorter query values and user names are not hidden where they are quoted alone: a
-value of one or two characters would blank out every digit of an error. The query string
-as a whole is always hidden."""
+"""Shorter values are not hidden where they are quoted alone: a value of one or two
+characters would blank out every digit of an error. The query string as a whole is
+always hidden, and so is the start of a credential that an error's cut leaves."""
+_CREDENTIAL_NAME = re.compile(
+    r"key|token|secret|sig|auth|pass|pwd|code|credential|session|jwt", re.IGNORECASE
+)
+_PERCENT_ESCAPE = re.compile(r"%[0-9A-Fa-f]{2}")
+
+
+def _looks_secret(name: str, value: str) -> bool:
+    """A query value worth hiding wherever it is quoted: named like a credential, or
+    random-looking (letters and digits, 8 characters or more). `api-version=2024-01-01`
+    is neither, and hiding it would blank every date of an error."""
+    if _CREDENTIAL_NAME.search(name):
+        return True
+    return len(value) >= 8 and any(c.isalpha() for c in value) and any(c.isdigit() for c in value)
+
+
+def _spellings(value: str) -> list[str]:
+    """How a destination may quote `value` back: as sent, decoded (with '+' as space or
+    not), encoded again with either case of hex, and with '/' escaped as JSON may."""
+    decoded = unquote(value)
+    again = quote(decoded, safe="")
+    forms = [value, decoded, unquote_plus(value), again, decoded.replace("/", "\\/")]
+    forms += [_PERCENT_ESCAPE.sub(lambda m: m[0].lower(), form) for form in (value, again)]
+    return forms
 
 
 def url_credentials(url: str) -> list[str]:
     """What in `url` may be a credential, as a destination could quote it back: the query
-    string, each query value (raw and decoded) and the userinfo's user and password."""
+    string, its credential-like values, and the password (or a user name standing alone,
+    a token then) of its userinfo, each in the spellings a quote may take."""
     parts = urlsplit(url)
-    found = [parts.query]
+    found = _spellings(parts.query) if parts.query else []
     for pair in parts.query.split("&"):
-        value = pair.partition("=")[2]
-        found += [value, unquote(value)]
+        name, _, value = pair.partition("=")
+        if _looks_secret(unquote_plus(name), unquote_plus(value)):
+            found += _spellings(value)
     userinfo = parts.netloc.rpartition("@")[0]
-    user, _, password = userinfo.partition(":")
-    found += [userinfo, user, password, unquote(user), unquote(password)]
-    return [text for text in found if len(text) >= MIN_QUOTED_SECRET]
+    user, colon, password = userinfo.partition(":")
+    # The user name before a password stays, as redact_urls shows it.
+    found += _spellings(password) if colon else _spellings(user)
+    return [text for text in dict.fromkeys(found) if len(text) >= MIN_QUOTED_SECRET]
 
 
 def redact_quoted(text: str, credentials: Iterable[str]) -> str:
     """`text` with each of `credentials` hidden wherever it appears, whatever surrounds it,
-    then redact()ed: an answer may quote a token outside any URL."""
-    for credential in sorted(set(credentials), key=len, reverse=True):
+    and the start of one that the text's cut left at its end; then redact()ed: an answer
+    may quote a token outside any URL."""
+    ordered = sorted(set(credentials), key=len, reverse=True)
+    for credential in ordered:
         text = text.replace(credential, "<redacted>")
-    return redact(text)
+    return redact(_without_cut_credential(text, ordered))
+
+
+def _without_cut_credential(text: str, credentials: Iterable[str]) -> str:
+    """`text` with a credential's first characters hidden where they end it (before a
+    cut's mark): an error is cut to its length limit before it is stored."""
+    body = text.rstrip("…. ")
+    for credential in credentials:
+        for length in range(min(len(credential) - 1, len(body)), MIN_QUOTED_SECRET - 1, -1):
+            if body.endswith(credential[:length]):
+                return body[:-length] + "<redacted>" + text[len(body) :]
+    return text
 
 
 SHOWN_VALUE_CHARS = 12

@@ -253,6 +253,9 @@ class Consumer:
         stopped = asyncio.ensure_future(self._stop_event().wait())
         try:
             await asyncio.wait({task, stopped}, return_when=asyncio.FIRST_COMPLETED)
+        except BaseException:
+            task.cancel()  # the caller was cancelled: the work must not run on alone
+            raise
         finally:
             stopped.cancel()
         if task.done():
@@ -264,6 +267,11 @@ class Consumer:
             task.cancel()
             await asyncio.wait({task}, timeout=CANCEL_AGAIN)
         if task.cancelled():
+            return None
+        if task.exception() is not None:
+            # Failed as the stop came (a client may turn the cancellation into its own
+            # error): the stop is the answer, not the failure.
+            log.debug("stopped while waiting: %r", task.exception())
             return None
         return task.result()  # it ended as the stop came: the caller closes what it holds
 

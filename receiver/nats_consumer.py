@@ -106,8 +106,9 @@ class NatsConsumer(Consumer):
         log.info("connecting to NATS at %s", shown)
 
         async def said(exc: Exception) -> None:
-            # One line per failed try: nats-py's own callback logs a traceback each time.
-            log.warning("NATS at %s: %s: %s; trying again", shown, type(exc).__name__, exc)
+            # One line per error (each failed connect among them; the client tries again
+            # on its own): nats-py's own callback logs a traceback each time.
+            log.warning("NATS at %s: %s: %s", shown, type(exc).__name__, redact_urls(str(exc)))
 
         try:
             # nats-py retries an unreachable server for ever here (no reconnect limit):
@@ -118,7 +119,7 @@ class NatsConsumer(Consumer):
                 )
             )
         except Exception as exc:  # nats-py raises assorted errors here
-            raise ConnectionError(f"cannot connect to NATS at {self.url}: {exc}") from exc
+            raise ConnectionError(f"cannot connect to NATS at {shown}: {exc}") from exc
         if connected is None:
             log.info("stopped before NATS answered")
             return

@@ -91,7 +91,7 @@ class Destination:
 
     def __post_init__(self) -> None:
         if not isinstance(self.kind, str):
-            raise ConfigError(f"destination kind must be a name, got {self.kind!r}")
+            raise ConfigError(f"destination kind must be a name, got {shown_value(self.kind)}")
         parts = urlsplit(self.url)
         schemes = URL_SCHEMES.get(self.kind)
         if schemes is not None and (parts.scheme not in schemes or not parts.netloc):
@@ -104,7 +104,9 @@ class Destination:
         if not self.timeout > 0:
             raise ConfigError(f"destination timeout must be > 0, got {self.timeout!r}")
         if self.mode not in ("single", "batch"):
-            raise ConfigError(f"destination mode must be 'single' or 'batch', got {self.mode!r}")
+            raise ConfigError(
+                f"destination mode must be 'single' or 'batch', got {shown_value(self.mode)}"
+            )
         if self.concurrency < 1:
             raise ConfigError(f"destination concurrency must be >= 1, got {self.concurrency!r}")
         if self.max_batch_items < 1 or self.max_batch_bytes < 1024:

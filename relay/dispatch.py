@@ -217,16 +217,17 @@ async def _sent(transport: Transport, parcel: Parcel) -> dict[int, Outcome]:
     try:
         outcomes = await transport.send(parcel)
     except Exception as exc:  # any fault here is the answer's, see above
+        hidden = redact_quoted(str(exc), transport.destination.credentials)
         log.warning(
             "destination %s: unreadable answer (%s: %s); retrying its %d messages",
             redact(transport.destination.url),
             type(exc).__name__,
-            redact(str(exc)),
+            hidden,
             len(parcel.messages),
             # A traceback may quote what the message hides: only when debugging.
             exc_info=log.isEnabledFor(logging.DEBUG),
         )
-        bad = Retry(None, truncate(f"unreadable answer: {type(exc).__name__}: {redact(str(exc))}"))
+        bad = Retry(None, truncate(f"unreadable answer: {type(exc).__name__}: {hidden}"))
         return dict.fromkeys((m.id for m in parcel.messages), bad)
     missing = Retry(None, "the transport gave this message no outcome")
     # A refused batch shares one outcome among all its messages: cleared once.

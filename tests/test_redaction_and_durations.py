@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from urllib.parse import quote
+
 import pytest
 
 from outbox.cli.arguments import parse_duration
@@ -55,3 +57,38 @@ def test_a_quoted_credential_is_hidden_wherever_it_stands() -> None:
     quoted = "HTTP 400: no key k3y-+abcdef for user (pa/ss-word) at 10:01"
     hidden = "HTTP 400: no key <redacted> for user (<redacted>) at 10:01"
     assert redact_quoted(quoted, found) == hidden
+
+
+def test_a_credential_is_hidden_in_the_spellings_a_destination_may_quote() -> None:
+    sent = "ab%2Fcd+ef%3Dgh12"  # a '+' left raw, which a server may read as a space
+    found = url_credentials(f"https://hooks.example/in?sig={sent}")
+    for quoted in (
+        sent,
+        "ab/cd+ef=gh12",  # decoded
+        "ab/cd ef=gh12",  # decoded, '+' read as a space
+        quote("ab/cd+ef=gh12", safe="").lower(),  # encoded again, lower-case hex
+        "ab\\/cd+ef=gh12",  # JSON's escaped '/'
+    ):
+        assert redact_quoted(f"refused {quoted}!", found) == "refused <redacted>!", quoted
+
+
+def test_what_is_hidden_stops_where_a_quote_could_still_be_told_apart() -> None:
+    found = url_credentials("amqp://outbox:s3cret-pass@mq.example/?api-version=2024-01-01")
+    # The user name before a password stays (as redact_urls shows it), and so does a date.
+    said = "exchange 'outbox.events' refused on 2024-01-01 for s3cret-pass"
+    assert redact_quoted(said, found) == (
+        "exchange 'outbox.events' refused on 2024-01-01 for <redacted>"
+    )
+    # A user name alone is a token (NATS), hidden wherever it is quoted.
+    assert redact_quoted("no user t0ken-abc", url_credentials("nats://t0ken-abc@nats.example"))
+    assert "t0ken-abc" not in redact_quoted(
+        "no user t0ken-abc", url_credentials("nats://t0ken-abc@nats.example")
+    )
+
+
+def test_the_start_of_a_credential_left_by_an_errors_cut_is_hidden() -> None:
+    found = url_credentials("https://hooks.example/in?token=s3cr3tT0kenValue0123456789")
+    assert redact_quoted("HTTP 400: token s3cr3tT0kenValue0…", found) == (
+        "HTTP 400: token <redacted>…"
+    )
+    assert redact_quoted("HTTP 400: token s3c…", found) == "HTTP 400: token s3c…"  # too short

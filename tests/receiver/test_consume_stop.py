@@ -6,6 +6,7 @@ of its own: before, a signal there left the process running (10 minutes and on).
 
 from __future__ import annotations
 
+import asyncio
 import queue
 import signal
 import subprocess
@@ -18,6 +19,7 @@ from support.receiver_helpers import ROOT, SECRET, free_port
 from test_consume_crash import child_env, consume_command
 
 import receiver
+from receiver.consume import Consumer
 
 
 def wait_for_line(proc: subprocess.Popen[str], wanted: str, seconds: float) -> list[str]:
@@ -60,3 +62,36 @@ def test_a_consumer_waiting_for_an_unreachable_nats_stops_on_a_signal(
         wait_for_line(proc, "connecting to NATS", PROCESS_START)
         proc.send_signal(signum)
         assert proc.wait(timeout=PROCESS_EXIT) == 0
+
+
+class NoStore:
+    """A receipt store the waits under test never reach."""
+
+    def accept_many(self, items: object, effect: object = None) -> list[str]:
+        raise AssertionError("nothing is stored while waiting to connect")
+
+
+def test_a_stop_ends_a_wait_that_fails_as_it_is_cancelled_and_leaves_nothing_running() -> None:
+    consumer = Consumer(NoStore(), unsigned=True)
+    ran_on = asyncio.Event()
+
+    async def connect_that_fails_when_cancelled() -> str:
+        try:
+            await asyncio.Event().wait()  # a server that never answers
+        except asyncio.CancelledError:
+            raise OSError("connect aborted") from None  # as some clients do
+        return "never"
+
+    async def scenario() -> None:
+        asyncio.get_running_loop().call_soon(consumer.stop)
+        assert await consumer.unless_stopped(connect_that_fails_when_cancelled()) is None
+        # A caller cancelled while waiting takes its work down with it.
+        waiting = asyncio.ensure_future(
+            Consumer(NoStore(), unsigned=True).unless_stopped(asyncio.ensure_future(ran_on.wait()))
+        )
+        await asyncio.sleep(0)
+        waiting.cancel()
+        await asyncio.gather(waiting, return_exceptions=True)
+        assert all(task is asyncio.current_task() for task in asyncio.all_tasks())
+
+    asyncio.run(scenario())

@@ -377,7 +377,7 @@ async def form_body(request: Request) -> bytes:
     its check could hold any size in memory, and login takes one with no credential.
     """
     declared = request.headers.get("content-length", "")
-    if declared.isdigit() and int(declared) > MAX_FORM_BYTES:
+    if declared.isascii() and declared.isdigit() and int(declared) > MAX_FORM_BYTES:
         raise HTTPException(413, "form too large")
     body = bytearray()
     async for chunk in request.stream():
