@@ -22,7 +22,10 @@ SECRET_LIKE = re.compile(r"whsec_[A-Za-z0-9+/=_-]*")
 # "user:", the userinfo runs to the URL's last '@' (a host cannot hold one), at the cost of
 # hiding a host whose path or query holds both ':' and '@'.
 _URL = re.compile(
-    r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)"
+    # A scheme starts where a run of scheme characters starts: tried at every letter of a
+    # long run, the match would scan the rest of it each time (time growing with the
+    # square of a long error's words).
+    r"(?<![A-Za-z0-9+.-])(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)"
     r"(?P<userinfo>[^\s/?#'\"]*@|[^\s:/?#'\"@]*:[^\s'\"]*@)?"
     r"(?P<rest>[^\s?#'\"]*)(?P<query>\?[^\s#'\"]*)?(?P<fragment>#[^\s'\"]*)?"
 )

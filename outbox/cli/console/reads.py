@@ -108,7 +108,7 @@ def shown_error(text: str | None, limit: int = ERROR_SHOWN) -> str | None:
     if text is None:
         return None
     # Redacted before the cut, so that no cut hides a credential from it; from a bounded
-    # prefix, since redaction's time grows with the square of a long run of letters.
+    # prefix, so that a page never redacts more than it shows.
     return cut(redact(text[: 2 * limit]), limit)
 
 
