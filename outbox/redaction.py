@@ -25,7 +25,7 @@ _URL = re.compile(
     # A scheme starts where a run of scheme characters starts: tried at every letter of a
     # long run, the match would scan the rest of it each time (time growing with the
     # square of a long error's words).
-    r"(?<![A-Za-z0-9+.-])(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)"
+    r"(?<![A-Za-z0-9+.-])(?P<lead>[0-9+.-]*)(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)"
     r"(?P<userinfo>[^\s/?#'\"]*@|[^\s:/?#'\"@]*:[^\s'\"]*@)?"
     r"(?P<rest>[^\s?#'\"]*)(?P<query>\?[^\s#'\"]*)?(?P<fragment>#[^\s'\"]*)?"
 )
@@ -41,7 +41,8 @@ def redact_urls(text: str) -> str:
     """`text` with every URL's credentials (password, token user name, query string) hidden."""
 
     def hide(found: re.Match[str]) -> str:
-        return f"{found['scheme']}{_shown_userinfo(found)}{found['rest']}{_shown_query(found)}"
+        shown = f"{_shown_userinfo(found)}{found['rest']}{_shown_query(found)}"
+        return f"{found['lead']}{found['scheme']}{shown}"
 
     return _URL.sub(hide, text)
 
@@ -137,9 +138,11 @@ def redact_quoted(text: str, credentials: Iterable[str]) -> str:
 
 
 def _without_cut_credential(text: str, credentials: Iterable[str]) -> str:
-    """`text` with a credential's first characters hidden where they end it (before a
-    cut's mark): an error is cut to its length limit before it is stored."""
-    body = text.rstrip("…. ")
+    """`text` with a credential's first characters hidden where they end it before a
+    cut's mark ("…"): an error is cut to its length limit before it is stored."""
+    if not text.endswith("…"):
+        return text  # not cut: a word that starts like a credential is only a word
+    body = text[:-1].rstrip()
     for credential in credentials:
         for length in range(min(len(credential) - 1, len(body)), MIN_QUOTED_SECRET - 1, -1):
             if body.endswith(credential[:length]):

@@ -92,3 +92,14 @@ def test_the_start_of_a_credential_left_by_an_errors_cut_is_hidden() -> None:
         "HTTP 400: token <redacted>…"
     )
     assert redact_quoted("HTTP 400: token s3c…", found) == "HTTP 400: token s3c…"  # too short
+
+
+@pytest.mark.parametrize("before", ["", "...", "1.", "3-", "see:.", "url=", "(", '"', "x"])
+def test_a_url_glued_to_what_precedes_it_is_redacted(before: str) -> None:
+    assert redact(f"{before}https://u:pass@h/?t=1") == f"{before}https://u:<redacted>@h/?<redacted>"
+
+
+def test_a_word_that_starts_like_a_credential_is_hidden_only_at_a_cut() -> None:
+    found = url_credentials("https://h/x?format=json&token=s3cr3tT0kenValue0123")
+    assert redact_quoted("HTTP 400: invalid format", found) == "HTTP 400: invalid format"
+    assert redact_quoted("HTTP 400: token s3cr3tT0ke…", found) == "HTTP 400: token <redacted>…"

@@ -504,6 +504,24 @@ def test_an_ipv6_host_guesses_as_its_64() -> None:
     limit.wrong("2001:db8:1:2:ffff::9")
     assert limit.wait("2001:db8:1:2::77") == 60
     assert limit.wait("2001:db8:1:3::1") == 0
+    # IPv4 clients of a dual-stack socket arrive mapped into one /64: each is its own.
+    limit.wrong("::ffff:192.0.2.1")
+    limit.wrong("::ffff:192.0.2.1")
+    assert limit.wait("::ffff:192.0.2.1") == 60
+    assert limit.wait("::ffff:192.0.2.2") == 0
+
+
+def test_wrong_bearer_tokens_at_the_login_page_are_counted(
+    ops: Operations, make_client: Callable[..., ConsoleClient]
+) -> None:
+    # GET /login redirects a right bearer token and shows the form to a wrong one: an
+    # answer that tells them apart is a guess like any other.
+    console = make_client(token=TOKEN, clock=ManualClock(1_000.0))
+    wrong = {"Authorization": "Bearer wrong-token-of-some-length"}
+    for _ in range(GUESSES):
+        assert console.get("/login", headers=wrong).status_code == 200
+    assert console.get("/login", headers=wrong).status_code == 429
+    assert console.get("/login", headers={"Authorization": f"Bearer {TOKEN}"}).status_code == 429
 
 
 def test_logout_ends_the_session_for_every_copy_of_its_cookie(

@@ -107,9 +107,8 @@ def shown_error(text: str | None, limit: int = ERROR_SHOWN) -> str | None:
     """Error text as a page shows it: anything credential-like hidden, then cut."""
     if text is None:
         return None
-    # Redacted before the cut, so that no cut hides a credential from it; from a bounded
-    # prefix, so that a page never redacts more than it shows.
-    return cut(redact(text[: 2 * limit]), limit)
+    # Redacted whole, then cut: a credential cut in two would escape redaction.
+    return cut(redact(text), limit)
 
 
 def body_text(body: bytes) -> str | None:

@@ -255,6 +255,9 @@ def guesser(client: str) -> str:
         address = ipaddress.ip_address(client)
     except ValueError:
         return client
+    if address.version == 6 and address.ipv4_mapped is not None:
+        # An IPv4 client of a dual-stack socket: its own address, not the /64 of them all.
+        return str(address.ipv4_mapped)
     if address.version == 6:
         return str(ipaddress.ip_network(f"{address}/64", strict=False))
     return str(address)
@@ -320,10 +323,15 @@ class Guard(BaseHTTPMiddleware):
             # PostgreSQL refuses a NUL in text: the query would fail (500) instead of
             # finding nothing, and no name, id or filter of the console holds one.
             response = PlainTextResponse("400: a NUL byte in the query", 400)
-        elif request.url.path in OPEN_PATHS:
-            response = await answered(request, call_next)
         elif (wait := self.guessing(request)) > 0:
             response = too_many_guesses(wait)
+        elif request.url.path in OPEN_PATHS:
+            # The login page answers a right bearer token apart from a wrong one (it
+            # redirects): a wrong one counts here as anywhere.
+            offered = bearer(request)
+            if offered and self.token is not None and not token_matches(self.token, offered):
+                self.guesses.wrong(client_address(request))
+            response = await answered(request, call_next)
         elif authenticated(request, self.token, self.sessions):
             response = await answered(request, call_next)
         else:
