@@ -617,16 +617,25 @@ def test_the_default_exchange_has_nothing_to_declare(tmp_path: Path, capsys: Any
     assert "the default exchange takes no bindings" in err
 
 
+def fractional_window(
+    tmp_path: Path, stream: Stream
+) -> tuple[dict[str, float], list[str], Path, float]:
+    """Relay settings whose retry window is fractional (26.799999999999997 s), as keyword
+    settings and as flags, the config file of a destination on `stream`, and that window."""
+    settings = {"max_attempts": 2, "backoff": 6.6, "backoff_cap": 6.6, "lease": 5.1}
+    flags = ["--max-attempts", "2", "--backoff", "6.6", "--backoff-cap", "6.6", "--lease", "5.1"]
+    path = nats_config(tmp_path, stream)
+    needed = retry_window(2, 6.6, 6.6, 5.1)(load_destinations(path, {})["orders"])
+    return settings, flags, path, needed
+
+
 @sqlite_only
 def test_a_fractional_window_is_set_in_whole_seconds_the_relay_accepts(
     db_url: str, tmp_path: Path, absent_stream: Stream, capsys: Any
 ) -> None:
     # 2 attempts, 6.6 s backoff and cap, 5.1 s lease, 5 s timeout: 26.799999999999997 s,
     # which NATS would hand back as 26.799999999 s (whole nanoseconds, truncated).
-    settings = {"max_attempts": 2, "backoff": 6.6, "backoff_cap": 6.6, "lease": 5.1}
-    flags = ["--max-attempts", "2", "--backoff", "6.6", "--backoff-cap", "6.6", "--lease", "5.1"]
-    path = nats_config(tmp_path, absent_stream)
-    needed = retry_window(2, 6.6, 6.6, 5.1)(load_destinations(path, {})["orders"])
+    settings, flags, path, needed = fractional_window(tmp_path, absent_stream)
     assert needed != math.ceil(needed)
 
     status, lines, err = setup(capsys, "--config", str(path), *flags)
@@ -650,10 +659,7 @@ def test_a_window_a_nanosecond_short_from_float_conversion_still_counts(
     # A stream set by hand (or by an older setup) to the exact fractional window reads back
     # truncated to whole nanoseconds; neither the relay nor setup takes that as too short,
     # so setup leaves it as it is.
-    settings = {"max_attempts": 2, "backoff": 6.6, "backoff_cap": 6.6, "lease": 5.1}
-    flags = ["--max-attempts", "2", "--backoff", "6.6", "--backoff-cap", "6.6", "--lease", "5.1"]
-    path = nats_config(tmp_path, absent_stream)
-    needed = retry_window(2, 6.6, 6.6, 5.1)(load_destinations(path, {})["orders"])
+    settings, flags, path, needed = fractional_window(tmp_path, absent_stream)
     absent_stream.duplicate_window = needed
     absent_stream.create()
     assert stream_config(absent_stream).duplicate_window < needed  # what the fix is for
