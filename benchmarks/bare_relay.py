@@ -244,7 +244,8 @@ def bare_sweep(total: int, points: Iterable[sweep.Point]) -> dict[str, float]:
 
 def ours_drain(total: int) -> float:
     """Our HTTP batch drain's rate (RELAYS relays, batches of OURS_BATCH), which must finish."""
-    result = drain(total, "batch", RELAYS, OURS_BATCH)
+    # Into the reference receiver storing receipts only, as the bare receiver does.
+    result = drain(total, "batch", RELAYS, OURS_BATCH, reference_effect=False)
     if not result["complete"]:
         raise RuntimeError(f"the relays did not drain: {result}")
     log(f"  ours: {result}")
@@ -273,7 +274,7 @@ def live_pair(duration: float, rate: float = LIVE_RATE) -> dict[str, float]:
         if name == "bare":
             result = bare_live(duration, rate)
         else:
-            result = live(duration, LIVE_PRODUCERS, LIVE_RELAYS, rate)
+            result = live(duration, LIVE_PRODUCERS, LIVE_RELAYS, rate, reference_effect=False)
         log(f"  {name}: {result}")
         figures |= {
             f"{name}_p50_ms": float(result["p50_ms"]),

@@ -119,8 +119,12 @@ def prefill(url: str, count: int) -> None:
 
 
 @contextmanager
-def receiver_process(url: str, workdir: Path) -> Iterator[str]:
-    """The reference receiver in its own process; yields its /replies URL."""
+def receiver_process(url: str, workdir: Path, *, reference_effect: bool = True) -> Iterator[str]:
+    """The reference receiver in its own process; yields its /replies URL.
+
+    Without `reference_effect` it stores receipts and nothing else, as the bare receiver
+    does (benchmarks.receipts_receiver): what the comparisons with the bare relay use.
+    """
     secret_file = workdir / "secret"
     secret_file.write_text(SECRET + "\n")
     port = free_port()
@@ -128,7 +132,7 @@ def receiver_process(url: str, workdir: Path) -> Iterator[str]:
         [
             sys.executable,
             "-m",
-            "outbox.cli",
+            "outbox.cli" if reference_effect else "benchmarks.receipts_receiver",
             "receiver",
             "--db",
             url,
@@ -147,7 +151,7 @@ def receiver_process(url: str, workdir: Path) -> Iterator[str]:
         yield base + "/replies"
     finally:
         proc.send_signal(signal.SIGTERM)
-        proc.wait(timeout=30)
+        proc.communicate(timeout=30)  # reaps it and closes its pipe
 
 
 @contextmanager
@@ -210,7 +214,7 @@ def relay_processes(
         for proc in procs:
             proc.send_signal(signal.SIGTERM)
         for proc in procs:
-            proc.wait(timeout=60)
+            proc.communicate(timeout=60)  # reaps it and closes its pipe
 
 
 @contextmanager
@@ -320,12 +324,14 @@ def undelivered(engine: sa.Engine) -> bool:
         return any(conn.execute(query.limit(1)).first() is not None for query in queries)
 
 
-def drain(total: int, mode: str, relays: int, batch: int) -> dict[str, Any]:
+def drain(
+    total: int, mode: str, relays: int, batch: int, *, reference_effect: bool = True
+) -> dict[str, Any]:
     """Time for `relays` relay processes to deliver a pre-filled backlog of `total`."""
     with fresh_database() as url:
         log(f"  prefill {total} messages")
         prefill(url, total)
-        return drain_backlog(url, total, mode, relays, batch)
+        return drain_backlog(url, total, mode, relays, batch, reference_effect=reference_effect)
 
 
 def sent_since(engine: sa.Engine, first_id: int) -> int:
@@ -345,6 +351,8 @@ def drain_backlog(
     batch: int,
     first_id: int = 1,
     receiver_url: str | None = None,
+    *,
+    reference_effect: bool = True,
 ) -> dict[str, Any]:
     """Deliver the `total` pending messages from id `first_id` on, already in `url`; timed.
 
@@ -353,7 +361,9 @@ def drain_backlog(
     """
     with (
         tempfile.TemporaryDirectory() as tmp,
-        receiver_process(receiver_url or url, Path(tmp)) as target,
+        receiver_process(
+            receiver_url or url, Path(tmp), reference_effect=reference_effect
+        ) as target,
     ):
         result = timed_drain(
             url,
@@ -481,13 +491,13 @@ Deliverers = Callable[[str, Path], AbstractContextManager[None]]
 a work directory; they run while the context is open."""
 
 
-def our_relays(relays: int) -> Deliverers:
+def our_relays(relays: int, *, reference_effect: bool = True) -> Deliverers:
     """The reference receiver and `relays` relays in batch mode, as the live runs use them."""
 
     @contextmanager
     def start(url: str, workdir: Path) -> Iterator[None]:
         with (
-            receiver_process(url, workdir) as target,
+            receiver_process(url, workdir, reference_effect=reference_effect) as target,
             relay_processes(url, target, workdir, relays, "batch", 500),
         ):
             yield
@@ -495,13 +505,21 @@ def our_relays(relays: int) -> Deliverers:
     return start
 
 
-def live(duration: float, producers: int, relays: int, rate: float = 0) -> dict[str, Any]:
+def live(
+    duration: float,
+    producers: int,
+    relays: int,
+    rate: float = 0,
+    *,
+    reference_effect: bool = True,
+) -> dict[str, Any]:
     """Producers commit one row per transaction while `relays` relays run: commit-to-receipt."""
+    deliver = our_relays(relays, reference_effect=reference_effect)
     return {
         "scenario": f"live-{producers}-producers"
         + (f"-paced-{rate:g}" if rate else "")
         + f"-{relays}-relay{'s' if relays > 1 else ''}",
-        **live_through(duration, producers, rate, our_relays(relays), receipts),
+        **live_through(duration, producers, rate, deliver, receipts),
     }
 
 

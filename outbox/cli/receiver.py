@@ -19,7 +19,7 @@ import logging
 import os
 import socket
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from outbox.cli import consume, processes, upgrades
 from outbox.cli.arguments import parse_duration, positive_float, positive_int
@@ -144,8 +144,12 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     return parser
 
 
-def run(args: argparse.Namespace) -> int:
-    """Run `outbox receiver ...` from parsed arguments; returns the exit status."""
+def run(args: argparse.Namespace, *, receipts_only: bool = False) -> int:
+    """Run `outbox receiver ...` from parsed arguments; returns the exit status.
+
+    `receipts_only` serves without the reference effect: the benchmarks' comparison
+    with a bare receiver, which stores receipts and nothing else.
+    """
     from receiver.store import DEFAULT_RETENTION, ReceiptStore
 
     retention = DEFAULT_RETENTION if args.retention is None else args.retention
@@ -160,23 +164,32 @@ def run(args: argparse.Namespace) -> int:
         return 0
     if args.receiver_command == "consume":
         return consume.run(args, load_secrets)
-    return _serve(args, retention)
+    return _serve(args, Serving(retention, not receipts_only))
 
 
-def _serve(args: argparse.Namespace, retention: float) -> int:
+class Serving(NamedTuple):
+    """What every serving process takes besides the arguments."""
+
+    retention: float
+    reference_effect: bool
+    """Whether each first receipt runs the reference effect (the command always does)."""
+
+
+def _serve(args: argparse.Namespace, serving: Serving) -> int:
     from receiver.store import ReceiptStore
 
     secrets = load_secrets(args.secret_file)
     configure_logging(args.log_format, args.log_level)
     announce("receiver", args.db, config_path(args))
     listening = logging.getLogger("outbox.receiver")
+    retention = serving.retention
     fields = {"host": args.host, "port": args.port, "retention": retention}
     kept = f"retention {duration_text(retention)}, {len(secrets)} secret(s)"
     # Bound before anything says "listening": a port in use is named, not found by a client.
     sock = listening_socket(args.host, args.port)
     try:
         if args.workers == 1:
-            server, store = _server(args, retention, secrets)
+            server, store = _server(args, serving, secrets)
             try:
                 listening.info(
                     "receiver listening on http://%s:%d (%s)",
@@ -200,16 +213,16 @@ def _serve(args: argparse.Namespace, retention: float) -> int:
             kept,
             extra={"fields": {**fields, "workers": args.workers}},
         )
-        return processes.serve_in_processes(args.workers, _worker, sock, (args, retention))
+        return processes.serve_in_processes(args.workers, _worker, sock, (args, serving))
     finally:
         sock.close()
 
 
-def _worker(sock: socket.socket, settings: tuple[argparse.Namespace, float]) -> None:
+def _worker(sock: socket.socket, settings: tuple[argparse.Namespace, Serving]) -> None:
     """One of `--workers` processes: serve the parent's socket until SIGTERM."""
-    args, retention = settings
+    args, serving = settings
     configure_logging(args.log_format, args.log_level)
-    server, store = _server(args, retention, load_secrets(args.secret_file))
+    server, store = _server(args, serving, load_secrets(args.secret_file))
     try:
         server.run(sockets=[sock])
     finally:
@@ -217,7 +230,7 @@ def _worker(sock: socket.socket, settings: tuple[argparse.Namespace, float]) -> 
 
 
 def _server(
-    args: argparse.Namespace, retention: float, secrets: list[str]
+    args: argparse.Namespace, serving: Serving, secrets: list[str]
 ) -> tuple[uvicorn.Server, ReceiptStore]:
     """The reference receiver as a uvicorn server, and the store it answers from."""
     import uvicorn
@@ -227,14 +240,14 @@ def _server(
     from receiver.protocol import http_settings
     from receiver.store import ReceiptStore
 
-    store = ReceiptStore(args.db, retention=retention)
+    store = ReceiptStore(args.db, retention=serving.retention)
     try:
         app = create_app(
             store,
             secrets,
             tolerance=args.tolerance,
             max_body=args.max_body,
-            effect=record_effect,
+            effect=record_effect if serving.reference_effect else None,
             body_budget=args.body_budget,
         )
         # uvicorn's loggers go through ours (log_config=None: it installs no handlers), so
