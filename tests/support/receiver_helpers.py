@@ -9,7 +9,8 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -62,6 +63,52 @@ def stored_receipts(url: str) -> dict[str, bytes]:
             rows = conn.execute(sa.select(receipts.c.reply_id, receipts.c.body)).all()
             return {row.reply_id: bytes(row.body) for row in rows}
     finally:
+        engine.dispose()
+
+
+@contextmanager
+def effects_refused(url: str, reply_ids: Sequence[str]) -> Iterator[Callable[[], None]]:
+    """While open, the database refuses the receiver_effects row of each of `reply_ids` (a
+    trigger), so the reference effect fails for those alone, even where it rides on the
+    receipt insert; call what it yields to let them through again."""
+    engine = outbox.create_engine(url)
+    postgresql = engine.dialect.name == "postgresql"
+    refused = "EXISTS (SELECT 1 FROM refused_effects WHERE reply_id = NEW.reply_id)"
+    create = (
+        [
+            "CREATE FUNCTION refuse_effect() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
+            f"IF {refused} THEN RAISE EXCEPTION 'effect refused'; END IF; RETURN NEW; END $$",
+            "CREATE TRIGGER refuse_effect BEFORE INSERT ON receiver_effects "
+            "FOR EACH ROW EXECUTE FUNCTION refuse_effect()",
+        ]
+        if postgresql
+        else [
+            "CREATE TRIGGER refuse_effect BEFORE INSERT ON receiver_effects "
+            f"WHEN {refused} BEGIN SELECT RAISE(ABORT, 'effect refused'); END",
+        ]
+    )
+    drop = [
+        "DROP TRIGGER refuse_effect" + (" ON receiver_effects" if postgresql else ""),
+        *(["DROP FUNCTION refuse_effect()"] if postgresql else []),
+        "DROP TABLE refused_effects",
+    ]
+
+    def let_through() -> None:
+        with engine.begin() as conn:
+            conn.execute(sa.text("DELETE FROM refused_effects"))
+
+    try:
+        with engine.begin() as conn:
+            conn.execute(sa.text("CREATE TABLE refused_effects (reply_id varchar PRIMARY KEY)"))
+            for reply_id in reply_ids:
+                conn.execute(sa.text("INSERT INTO refused_effects VALUES (:r)"), {"r": reply_id})
+            for statement in create:
+                conn.execute(sa.text(statement))
+        yield let_through
+    finally:
+        with engine.begin() as conn:
+            for statement in drop:
+                conn.execute(sa.text(statement))
         engine.dispose()
 
 
