@@ -71,7 +71,7 @@ class ReceiverMetrics:
         return generate_latest(self.registry)
 
 
-CONSUMED_OUTCOMES = ("stored", "duplicate", "conflict", "invalid", "retry")
+CONSUMED_OUTCOMES = ("stored", "duplicate", "conflict", "invalid", "retry", "held")
 
 
 class ConsumerMetrics:
@@ -83,7 +83,8 @@ class ConsumerMetrics:
         self.consumed = Counter(
             "outbox_receiver_consumed",
             "Broker messages by outcome: stored, duplicate, conflict (acknowledged), "
-            "invalid (refused, never redelivered) or retry (not acknowledged: delivered again).",
+            "invalid (refused, never redelivered), retry (not acknowledged: delivered again) "
+            "or held (not acknowledged: an earlier message of its ordering key is retry).",
             ["outcome"],
             registry=self.registry,
         )

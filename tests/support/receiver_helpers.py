@@ -16,10 +16,11 @@ from typing import Any
 
 import httpx
 import sqlalchemy as sa
+from sqlalchemy.orm import Session
 
 import outbox
 from outbox.signing import sign
-from receiver.effects import record_effect
+from receiver.effects import REPLY_ID_KEY, record_effect
 from receiver.schema import effects, receipts
 from support.processes import PROCESS_EXIT, PROCESS_START, reap
 
@@ -110,6 +111,28 @@ def effects_refused(url: str, reply_ids: Sequence[str]) -> Iterator[Callable[[],
             for statement in drop:
                 conn.execute(sa.text(statement))
         engine.dispose()
+
+
+class InOrder:
+    """The reference effect, refusing the reply_ids in `failing` (a set the test may change
+    meanwhile) and noting in `out_of_order` each message `<key><n>` applied while
+    `<key><n-1>` was not, neither committed nor earlier in its own transaction."""
+
+    def __init__(self, *failing: str) -> None:
+        self.failing = set(failing)
+        self.out_of_order: list[str] = []
+
+    def __call__(self, session: Session, body: bytes) -> None:
+        reply_id = session.info[REPLY_ID_KEY]
+        if reply_id in self.failing:
+            raise RuntimeError(f"{reply_id} cannot be applied yet")
+        key = reply_id.rstrip("0123456789")
+        number = int(reply_id[len(key) :])
+        if number > 1:
+            before = sa.select(sa.func.count()).where(effects.c.reply_id == f"{key}{number - 1}")
+            if not session.execute(before).scalar_one():
+                self.out_of_order.append(reply_id)
+        record_effect(session, body)
 
 
 class AppClient:
