@@ -19,6 +19,7 @@ from outbox.states import ErrorCode
 # Signed as "id.timestamp.body": a '.' in the id would make that string ambiguous.
 REPLY_ID = re.compile(r"[\x21-\x2d\x2f-\x7e]{1,200}")
 DESTINATION = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,199}")
+ORDERING_KEY = re.compile(r"[\x20-\x7e]{1,200}")
 HEADER_NAME = re.compile(r"[A-Za-z0-9!#$%&'*+^_`|~.-]{1,100}")
 # JetStream reads Nats-* headers (Nats-Msg-Id, Nats-Expected-*, Nats-Rollup): a message's
 # own could switch off the stream's dedupe or change what it stores.
@@ -98,7 +99,7 @@ def check_ordering_key(key: object) -> str | None:
     """An optional ordering key: 1..200 printable ASCII characters."""
     if key is None:
         return None
-    if not isinstance(key, str) or not re.fullmatch(r"[\x20-\x7e]{1,200}", key):
+    if not isinstance(key, str) or not ORDERING_KEY.fullmatch(key):
         raise InvalidMessage(
             f"ordering_key must be 1..200 printable ASCII characters, got {key!r:.80}"
         )

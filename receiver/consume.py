@@ -3,8 +3,10 @@
 A broker consumer (receiver.nats_consumer, receiver.rabbitmq_consumer) hands each
 batch of messages it fetched to ``Consumer.decide``, which checks every message
 (``check``), stores the valid ones and runs the effect in ONE transaction
-(``ReceiptStore.accept_many``), and returns an outcome per message. Only then does
-the broker module settle each message:
+(``ReceiptStore.accept_many`` with ``isolate=True``: an effect that raises fails
+only its own message and holds back the later ones of its ordering key), and
+returns an outcome per message. Only then does the broker module settle each
+message:
 
 - ``stored`` (first receipt, effect committed), ``duplicate`` (held with the same
   body: no second effect) and ``conflict`` (held with another body: logged as an
@@ -13,9 +15,18 @@ the broker module settle each message:
   body whose SHA-256 differs from its ``outbox-content-hash`` header, a body that is
   not strict JSON): nothing stored, logged as an error, refused without requeue so the
   broker does not deliver it forever;
-- ``retry`` (the store or the effect failed): nothing stored, not acknowledged; the
-  broker delivers it again and the consumer pauses (doubling, capped) before it takes
-  more, so a database that is down is not hammered.
+- ``retry`` (the store, or this message's effect, failed) and ``held`` (an earlier
+  message of its ordering key is still to be applied): nothing stored, not
+  acknowledged; the broker delivers it again. When a batch settled nothing else, the
+  consumer pauses (doubling, capped) before it takes more, so a database that is down
+  is not hammered.
+
+Order across batches: a key whose message ended ``retry`` is *blocked* by that
+message (by reply_id): a later message of the key that arrives first (the broker may
+hand it over before the redelivery) is ``held``. The block ends when the blocking
+message is stored, a duplicate, a conflict or invalid, or when it has not come back
+for ``key_hold`` seconds (it went to another consumer, or the broker gave up on it).
+The blocks live in this process only.
 
 The signature is verified without a freshness limit: a message may wait in the broker
 for hours while its consumer is down, and a replayed message is only a duplicate.
@@ -27,6 +38,7 @@ import asyncio
 import contextlib
 import logging
 import math
+import time
 from collections.abc import Awaitable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal, Protocol, TypeVar
@@ -34,24 +46,39 @@ from typing import Literal, Protocol, TypeVar
 from outbox import failpoints
 from outbox.canonical import sha256_hex
 from outbox.errors import ConfigError, SignatureError, StoreUnavailable
-from outbox.messages import is_reply_id
-from outbox.signing import CONTENT_HASH_HEADER, ID_HEADER, SigningKey, parse_secret, verify
+from outbox.messages import ORDERING_KEY, is_reply_id
+from outbox.signing import (
+    CONTENT_HASH_HEADER,
+    ID_HEADER,
+    ORDERING_KEY_HEADER,
+    SigningKey,
+    parse_secret,
+    verify,
+)
 from receiver.effects import Effect
 from receiver.metrics import ConsumerMetrics
+from receiver.store import BatchItem
 from receiver.strict_json import InvalidJSON, check_strict_json
 
 T = TypeVar("T")
 CANCEL_AGAIN = 0.1
 """Seconds between cancellations of a wait that a stop ends (see unless_stopped)."""
 
-Outcome = Literal["stored", "duplicate", "conflict", "invalid", "retry"]
+Outcome = Literal["stored", "duplicate", "conflict", "invalid", "retry", "held"]
 ACKNOWLEDGED: frozenset[Outcome] = frozenset({"stored", "duplicate", "conflict"})
 """Outcomes the broker is told are done with: they are never delivered again."""
+REDELIVERED: frozenset[Outcome] = frozenset({"retry", "held"})
+"""Outcomes left to the broker to deliver again: nothing of them was applied."""
+
+_KNOWN: dict[str, Outcome] = {"stored": "stored", "duplicate": "duplicate", "held": "held"}
 
 BEFORE_ACK = "receiver.consume.before_ack"
 DEFAULT_BATCH = 100
 DEFAULT_BACKOFF = 0.5
 DEFAULT_BACKOFF_CAP = 30.0
+DEFAULT_KEY_HOLD = 300.0
+"""Seconds a key stays blocked by a message that failed and has not come back since: far
+longer than the pause before a redelivery (backoff_cap) and JetStream's ack_wait."""
 
 log = logging.getLogger("outbox.receiver.consume")
 
@@ -60,9 +87,9 @@ class BatchStore(Protocol):
     """What a consumer needs from a receipt store: ReceiptStore.accept_many."""
 
     def accept_many(
-        self, items: Sequence[tuple[str, bytes]], effect: Effect | None = None
+        self, items: Sequence[BatchItem], effect: Effect | None = None, *, isolate: bool = False
     ) -> list[str]:
-        """Store receipts in one transaction: stored, duplicate or conflict per item."""
+        """Store receipts in one transaction: stored, duplicate, conflict, retry or held."""
         ...
 
 
@@ -115,7 +142,16 @@ def check(delivery: Delivery, keys: Sequence[SigningKey]) -> str:
         check_strict_json(delivery.body)
     except InvalidJSON as exc:
         raise Invalid(f"body is not strict JSON: {exc}") from exc
+    ordering_key(delivery)
     return reply_id
+
+
+def ordering_key(delivery: Delivery) -> str | None:
+    """The message's ordering key (None: it has none), or Invalid when malformed."""
+    key = delivery.headers.get(ORDERING_KEY_HEADER)
+    if key is not None and not ORDERING_KEY.fullmatch(key):
+        raise Invalid(f"malformed {ORDERING_KEY_HEADER} header")
+    return key
 
 
 class Consumer:
@@ -132,12 +168,16 @@ class Consumer:
         backoff: float = DEFAULT_BACKOFF,
         backoff_cap: float = DEFAULT_BACKOFF_CAP,
         metrics: ConsumerMetrics | None = None,
+        key_hold: float = DEFAULT_KEY_HOLD,
     ) -> None:
-        """Verify with `secrets` (or nothing, unsigned=True); run `effect` per first receipt."""
+        """Verify with `secrets` (or nothing, unsigned=True); run `effect` per first receipt;
+        `key_hold`: seconds a key waits for its failed message to come back (see above)."""
         if batch < 1:
             raise ConfigError(f"batch must be >= 1, got {batch}")
         if not 0 < backoff <= backoff_cap:
             raise ConfigError("backoff must be > 0 and at most backoff_cap")
+        if not key_hold > 0:
+            raise ConfigError("key_hold must be > 0 seconds")
         self.store = store
         self.keys = signing_keys(secrets, unsigned)
         self.effect = effect
@@ -145,6 +185,9 @@ class Consumer:
         self.backoff = backoff
         self.backoff_cap = backoff_cap
         self.metrics = metrics or ConsumerMetrics()
+        self.key_hold = float(key_hold)
+        self._blocked: dict[str, tuple[str, float]] = {}
+        """Ordering key -> (reply_id of its message to be applied first, monotonic deadline)."""
         self._failures = 0
         self._stopping: asyncio.Event | None = None
         self._stop_requested = False
@@ -169,8 +212,10 @@ class Consumer:
 
     def decide_now(self, deliveries: Sequence[Delivery]) -> list[Outcome]:
         """Check, store and run the effect in one transaction; an outcome per delivery."""
+        now = _monotonic()
+        self._unblock_expired(now)
         outcomes: list[Outcome] = ["invalid"] * len(deliveries)
-        items: list[tuple[str, bytes]] = []
+        items: list[BatchItem] = []
         positions: list[int] = []
         for index, delivery in enumerate(deliveries):
             try:
@@ -181,20 +226,60 @@ class Consumer:
                     exc,
                     extra={"fields": {"reply_id": _shown(delivery), "reason": str(exc)}},
                 )
+                # It will never be applied: it no longer holds its key back.
+                self._unblock(
+                    delivery.headers.get(ORDERING_KEY_HEADER), delivery.headers.get(ID_HEADER)
+                )
                 continue
-            items.append((reply_id, delivery.body))
+            key = ordering_key(delivery)
+            blocker = None if key is None else self._blocked.get(key)
+            if blocker is not None and blocker[0] != reply_id:
+                outcomes[index] = "held"
+                continue
+            items.append(
+                (reply_id, delivery.body) if key is None else (reply_id, delivery.body, key)
+            )
             positions.append(index)
         if items:
-            for index, status in zip(positions, self._store(items), strict=True):
+            for index, item, status in zip(positions, items, self._store(items), strict=True):
                 outcomes[index] = status
+                if len(item) == 3 and item[2] is not None:
+                    self._follow(item[2], item[0], status, now)
         for outcome in outcomes:
             self.metrics.consumed.labels(outcome).inc()
         return outcomes
 
-    def _store(self, items: Sequence[tuple[str, bytes]]) -> list[Outcome]:
+    def _follow(self, key: str, reply_id: str, outcome: Outcome, now: float) -> None:
+        """Block `key` by the first of its messages to be retried; unblock once it is settled."""
+        if outcome == "retry":
+            blocker = self._blocked.get(key)
+            if blocker is None or blocker[0] == reply_id:
+                self._blocked[key] = (reply_id, now + self.key_hold)
+        elif outcome in ACKNOWLEDGED:
+            self._unblock(key, reply_id)
+
+    def _unblock(self, key: str | None, reply_id: str | None) -> None:
+        """Unblock `key` if `reply_id` is the message it waits for."""
+        if key is not None and self._blocked.get(key, ("", 0.0))[0] == reply_id:
+            del self._blocked[key]
+
+    def _unblock_expired(self, now: float) -> None:
+        """Give up waiting for failed messages that have not come back within key_hold."""
+        for key, (reply_id, deadline) in list(self._blocked.items()):
+            if deadline <= now:
+                del self._blocked[key]
+                log.warning(
+                    "reply_id %s was not delivered again within %.0f s; the later messages "
+                    "of its ordering key are no longer held back",
+                    reply_id,
+                    self.key_hold,
+                    extra={"fields": {"reply_id": reply_id}},
+                )
+
+    def _store(self, items: Sequence[BatchItem]) -> list[Outcome]:
         try:
             with self.metrics.commit_seconds.time():
-                statuses = self.store.accept_many(items, self.effect)
+                statuses = self.store.accept_many(items, self.effect, isolate=True)
         except StoreUnavailable as exc:
             log.warning("receipt store unavailable; the messages will come again: %s", exc)
             return ["retry"] * len(items)
@@ -202,28 +287,28 @@ class Consumer:
             log.exception("storing %d message(s) failed; they will come again", len(items))
             return ["retry"] * len(items)
         outcomes: list[Outcome] = []
-        for (reply_id, _), status in zip(items, statuses, strict=True):
+        for item, status in zip(items, statuses, strict=True):
             if status == "conflict":
                 log.error(
                     "reply_id %s is held with another body: acknowledged, nothing changed",
-                    reply_id,
-                    extra={"fields": {"reply_id": reply_id}},
+                    item[0],
+                    extra={"fields": {"reply_id": item[0]}},
                 )
                 outcomes.append("conflict")
-            elif status == "duplicate":
-                outcomes.append("duplicate")
             else:
-                outcomes.append("stored")
+                # retry (the store logged the effect's traceback), or a status this
+                # consumer does not know: never acknowledged unless known to be done.
+                outcomes.append(_KNOWN.get(status, "retry"))
         return outcomes
 
     async def decide(self, deliveries: Sequence[Delivery]) -> list[Outcome]:
         """decide_now on a worker thread (the transaction blocks), then the before-ack point."""
         outcomes = await asyncio.to_thread(self.decide_now, deliveries)
         failpoints.hit(BEFORE_ACK)
-        if "retry" in outcomes:
-            self._failures += 1
-        else:
-            self._failures = 0
+        # Paused only when nothing was settled: a message that keeps failing must not
+        # slow the other keys down, but a database that is down must not be hammered.
+        settled = any(outcome not in REDELIVERED for outcome in outcomes)
+        self._failures = 0 if settled else self._failures + 1
         return outcomes
 
     def retry_delay(self) -> float:
@@ -274,6 +359,11 @@ class Consumer:
             log.debug("stopped while waiting: %r", task.exception())
             return None
         return task.result()  # it ended as the stop came: the caller closes what it holds
+
+
+def _monotonic() -> float:
+    """The clock of the key blocks (a test moves it)."""
+    return time.monotonic()
 
 
 def _shown(delivery: Delivery) -> str:

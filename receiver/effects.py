@@ -44,7 +44,9 @@ def run_effects(
         # than the insert itself.
         sql.insert_effects(conn, fresh)
         return
-    session = Session(bind=conn)
+    # rollback_only: inside a SAVEPOINT (an isolated item) the default would open a
+    # savepoint of the Session's own, which close() rolls back with the effect's writes.
+    session = Session(bind=conn, join_transaction_mode="rollback_only")
     try:
         many = getattr(effect, "many", None)
         if many is not None:

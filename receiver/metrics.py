@@ -19,9 +19,9 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from outbox.observability.database import DatabaseUp
 from receiver.effects import Effect
 from receiver.rules import Store
-from receiver.store import Receipt
+from receiver.store import BatchItem, Receipt
 
-OUTCOMES = ("stored", "duplicate", "conflict")
+OUTCOMES = ("stored", "duplicate", "conflict", "retry", "held")
 METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
 """Methods counted by name; any other is `other`, so clients cannot grow the label set."""
 
@@ -41,7 +41,8 @@ class ReceiverMetrics:
         self.receipts = Counter(
             "outbox_receiver_receipts",
             "Messages the store decided on: stored (first time), duplicate (same body "
-            "again) or conflict (same reply_id, another body).",
+            "again), conflict (same reply_id, another body), retry (its effect raised: "
+            "not stored) or held (an earlier message of its ordering key is retry).",
             ["outcome"],
             registry=self.registry,
         )
@@ -70,7 +71,7 @@ class ReceiverMetrics:
         return generate_latest(self.registry)
 
 
-CONSUMED_OUTCOMES = ("stored", "duplicate", "conflict", "invalid", "retry")
+CONSUMED_OUTCOMES = ("stored", "duplicate", "conflict", "invalid", "retry", "held")
 
 
 class ConsumerMetrics:
@@ -82,7 +83,8 @@ class ConsumerMetrics:
         self.consumed = Counter(
             "outbox_receiver_consumed",
             "Broker messages by outcome: stored, duplicate, conflict (acknowledged), "
-            "invalid (refused, never redelivered) or retry (not acknowledged: delivered again).",
+            "invalid (refused, never redelivered), retry (not acknowledged: delivered again) "
+            "or held (not acknowledged: an earlier message of its ordering key is retry).",
             ["outcome"],
             registry=self.registry,
         )
@@ -114,11 +116,11 @@ class CountingStore:
         self.retention = store.retention
 
     def accept_many(
-        self, items: Sequence[tuple[str, bytes]], effect: Effect | None = None
+        self, items: Sequence[BatchItem], effect: Effect | None = None, *, isolate: bool = False
     ) -> list[str]:
-        """The wrapped store's accept_many, counted."""
+        """The wrapped store's accept_many, counted; its answer as it is (`errors` included)."""
         started = time.perf_counter()
-        statuses = self.store.accept_many(items, effect)
+        statuses = self.store.accept_many(items, effect, isolate=isolate)
         self.metrics.commit_seconds.observe(time.perf_counter() - started)
         self.metrics.commit_size.observe(len(items))
         # One increment per outcome, not per receipt: a batch holds up to 1,000.

@@ -7,13 +7,15 @@
 The durable consumer is created when missing (explicit acks, ``ack_wait``); an
 existing one must be a pull consumer with explicit acks. Batches are fetched, decided
 in one transaction (receiver.consume), then each message is settled: ``ack`` after
-its commit, ``term`` when invalid, ``nak`` when its transaction failed. While a
-transaction runs longer than a third of ``ack_wait``, the batch is marked in progress
-so JetStream does not hand it to another consumer meanwhile.
+its commit, ``term`` when invalid, ``nak`` when it was not applied (``retry``: its
+transaction or its effect failed; ``held``: an earlier message of its ordering key
+is still to be applied). While a transaction runs longer than a third of
+``ack_wait``, the batch is marked in progress so JetStream does not hand it to
+another consumer meanwhile.
 
-After a ``nak`` the consumer pauses before its next fetch; JetStream serves
-redeliveries before new messages, so one consumer still applies a key's messages in
-stream order.
+A ``nak`` asks for no delay: JetStream serves redeliveries before new messages, in
+the order they were nakked, so one consumer applies a key's messages in stream order;
+a later message of a blocked key that comes first anyway is held (receiver.consume).
 """
 
 from __future__ import annotations
@@ -30,6 +32,8 @@ from receiver.consume import (
     DEFAULT_BACKOFF,
     DEFAULT_BACKOFF_CAP,
     DEFAULT_BATCH,
+    DEFAULT_KEY_HOLD,
+    REDELIVERED,
     BatchStore,
     Consumer,
     Delivery,
@@ -75,6 +79,7 @@ class NatsConsumer(Consumer):
         backoff: float = DEFAULT_BACKOFF,
         backoff_cap: float = DEFAULT_BACKOFF_CAP,
         metrics: ConsumerMetrics | None = None,
+        key_hold: float = DEFAULT_KEY_HOLD,
     ) -> None:
         """Consume `stream` through the durable consumer `durable` at `url` (nats:// or tls://)."""
         _nats()
@@ -93,6 +98,7 @@ class NatsConsumer(Consumer):
             backoff=backoff,
             backoff_cap=backoff_cap,
             metrics=metrics,
+            key_hold=key_hold,
         )
         self.url = url
         self.stream = stream
@@ -199,15 +205,15 @@ class NatsConsumer(Consumer):
                 await message.in_progress()
 
     async def _settle(self, messages: list[Msg], outcomes: list[Outcome]) -> None:
-        """ack what is done with, term what is invalid, nak what failed (redelivered)."""
+        """ack what is done with, term what is invalid, nak what was not applied."""
         nats = _nats()
         for message, outcome in zip(messages, outcomes, strict=True):
             try:
                 if outcome == "invalid":
                     await message.term()
-                elif outcome == "retry":
-                    # Now, not delayed: we pause before the next fetch, and JetStream then
-                    # serves this redelivery before newer messages.
+                elif outcome in REDELIVERED:
+                    # Now, not delayed: a delay would let newer messages of the key
+                    # overtake it. JetStream serves redeliveries before newer messages.
                     await message.nak()
                 else:
                     await message.ack()

@@ -8,10 +8,12 @@ The queue must exist (declaring it and its bindings is the operator's topology, 
 before the relay publishes). Messages arrive with manual acks and a prefetch of one
 batch; each batch is decided in one transaction (receiver.consume) and then settled:
 ``ack`` after its commit, ``reject`` without requeue when invalid (dead-lettered if
-the queue has a dead-letter exchange). When a batch's transaction fails the channel is
-closed instead: RabbitMQ puts every unacknowledged message back in its place in the
-queue, and the consumer pauses before it opens a new channel, so a key's messages are
-still applied in queue order.
+the queue has a dead-letter exchange). A message that was not applied (``retry``: its
+transaction or its effect failed; ``held``: an earlier message of its ordering key is
+still to be applied) is left unacknowledged, and once the others are settled the
+channel is closed: RabbitMQ puts every unacknowledged message back in its place in the
+queue, and the consumer opens a new channel (after a pause when nothing was settled),
+so a key's messages are still applied in queue order.
 """
 
 from __future__ import annotations
@@ -29,6 +31,8 @@ from receiver.consume import (
     DEFAULT_BACKOFF,
     DEFAULT_BACKOFF_CAP,
     DEFAULT_BATCH,
+    DEFAULT_KEY_HOLD,
+    REDELIVERED,
     BatchStore,
     Consumer,
     Delivery,
@@ -75,6 +79,7 @@ class RabbitMQConsumer(Consumer):
         backoff: float = DEFAULT_BACKOFF,
         backoff_cap: float = DEFAULT_BACKOFF_CAP,
         metrics: ConsumerMetrics | None = None,
+        key_hold: float = DEFAULT_KEY_HOLD,
     ) -> None:
         """Consume `queue` at `url` (amqp:// or amqps://); `batch` is also the prefetch."""
         _aio_pika()
@@ -93,6 +98,7 @@ class RabbitMQConsumer(Consumer):
             backoff=backoff,
             backoff_cap=backoff_cap,
             metrics=metrics,
+            key_hold=key_hold,
         )
         self.url = url
         self.queue = queue
@@ -222,7 +228,7 @@ class RabbitMQConsumer(Consumer):
     async def _settle(
         self, messages: list[AbstractIncomingMessage], outcomes: list[Outcome]
     ) -> bool:
-        """ack what is done with, reject what is invalid; True: some are to be retried."""
+        """ack what is done with, reject what is invalid; True: some are to come again."""
         if all(outcome in ACKNOWLEDGED for outcome in outcomes):
             # Delivery tags grow in arrival order and every earlier one is settled: one
             # ack with multiple=True covers the whole batch.
@@ -232,7 +238,7 @@ class RabbitMQConsumer(Consumer):
         for message, outcome in zip(messages, outcomes, strict=True):
             if outcome == "invalid":
                 await message.reject(requeue=False)
-            elif outcome == "retry":
+            elif outcome in REDELIVERED:
                 retry = True  # left unacknowledged: closing the channel requeues it
             else:
                 await message.ack()

@@ -22,13 +22,21 @@ no reply_id may take that prefix, so a captured request replayed to the other
 endpoint is refused.
 
 POST /replies/batch takes the same checks 1-4 for the whole request, whose
-JSON is ``{"replies": [{"reply_id": str, "body": str, "headers": {...}}, ...]}``
-(each body is the exact stored text of one message, ``headers`` its optional
-headers as an object of strings, at most ``MAX_BATCH_ITEMS`` items), then
-stores every valid item in ONE transaction with per-item dedupe and answers
-200 ``{"results": [{"reply_id", "status"}]}``, status one of ``stored``,
-``duplicate``, ``conflict`` or ``invalid`` (a bad reply_id, a body that is not
-strict JSON, or headers that are not an object of strings), in request order.
+JSON is ``{"replies": [{"reply_id": str, "body": str, "headers": {...},
+"ordering_key": str}, ...]}`` (each body is the exact stored text of one
+message, ``headers`` its optional headers as an object of strings,
+``ordering_key`` its optional key, at most ``MAX_BATCH_ITEMS`` items), then
+stores every valid item in ONE transaction with per-item dedupe, the items of
+a key in request order, and answers 200 ``{"results": [{"reply_id", "status"}]}``
+in request order, status one of ``stored``, ``duplicate``, ``conflict``,
+``invalid`` (a bad reply_id or ordering key, a body that is not strict JSON, or
+headers that are not an object of strings), ``retry`` (its effect raised:
+nothing of it stored; with ``"error"``, the exception's class) or ``held`` (an
+earlier item of its ordering key is ``retry``: not applied, so that the key's
+order holds).
+
+An effect that raises fails only its own message: in a group commit of single
+messages the others are stored, and it answers 500.
 
 GET /replies/{reply_id} is signed the same way with ``webhook-id`` equal to
 the reply_id and an empty body; it answers the receipt (200) or 404.
@@ -44,10 +52,10 @@ from json.encoder import encode_basestring
 from typing import Any, Protocol
 
 from outbox.errors import SignatureError, StoreUnavailable
-from outbox.messages import BATCH_ID_PREFIX, are_reply_ids, is_reply_id
+from outbox.messages import BATCH_ID_PREFIX, ORDERING_KEY, are_reply_ids, is_reply_id
 from outbox.signing import SigningKey, verify
 from receiver.effects import Effect
-from receiver.store import Receipt
+from receiver.store import BatchItem, Receipt
 from receiver.strict_json import MAX_DEPTH as MAX_DEPTH
 from receiver.strict_json import InvalidJSON as InvalidJSON
 from receiver.strict_json import check_strict_json
@@ -64,9 +72,10 @@ class Store(Protocol):
     retention: float
 
     def accept_many(
-        self, items: Sequence[tuple[str, bytes]], effect: Effect | None = None
+        self, items: Sequence[BatchItem], effect: Effect | None = None, *, isolate: bool = False
     ) -> list[str]:
-        """Store receipts in one transaction; see ReceiptStore.accept_many."""
+        """Store receipts in one transaction; see ReceiptStore.accept_many (the receiver
+        passes isolate=True, and reads the reasons of `retry` from the result's `errors`)."""
         ...
 
     def lookup(self, reply_id: str) -> Receipt | None:
@@ -173,16 +182,19 @@ class ReceiverRules:
         own outcome, as if stored alone in arrival order.
         """
         try:
-            statuses = self.store.accept_many(items, self.effect)
+            statuses = self.store.accept_many(items, self.effect, isolate=True)
         except StoreUnavailable:
             return [UNAVAILABLE] * len(items)
+        errors = _errors(statuses)
         return [
             error(409, f"reply_id {reply_id!r} was stored with a different body")
             if status == "conflict"
+            else error(500, f"{errors.get(index, 'not stored')}; send it again")
+            if status not in ("stored", "duplicate")
             else Answer(
                 200, {"ack": "stored", "reply_id": reply_id, "duplicate": status == "duplicate"}
             )
-            for (reply_id, _), status in zip(items, statuses, strict=True)
+            for index, ((reply_id, _), status) in enumerate(zip(items, statuses, strict=True))
         ]
 
     def post_batch(self, headers: Mapping[str, str], body: bytes) -> Answer:
@@ -197,38 +209,48 @@ class ReceiverRules:
         items = document.get("replies") if isinstance(document, dict) else None
         if not isinstance(items, list) or not 1 <= len(items) <= MAX_BATCH_ITEMS:
             return error(400, f'expected {{"replies": [1..{MAX_BATCH_ITEMS} items]}}')
-        statuses: list[str | None] = []
-        valid: list[tuple[str, bytes]] = []
+        statuses = ["invalid"] * len(items)
+        valid: list[BatchItem] = []
+        positions: list[int] = []
         ids: list[Any] = [
             item.get("reply_id") if isinstance(item, dict) else None for item in items
         ]
         # One pass for the usual batch, whose reply_ids are all good; else each is asked.
         good_ids = are_reply_ids(ids)
-        for item, reply_id in zip(items, ids, strict=True):
+        for index, (item, reply_id) in enumerate(zip(items, ids, strict=True)):
             if not (good_ids or is_reply_id(reply_id)):
-                statuses.append("invalid")
                 continue
             text = item.get("body")
-            if not isinstance(text, str) or not _headers_or_none(item.get("headers")):
-                statuses.append("invalid")
+            key = item.get("ordering_key")
+            if (
+                not isinstance(text, str)
+                or not _headers_or_none(item.get("headers"))
+                or not (key is None or (isinstance(key, str) and ORDERING_KEY.fullmatch(key)))
+            ):
                 continue
             data = text.encode("utf-8")
             try:
                 check_strict_json(data)
             except InvalidJSON:
-                statuses.append("invalid")
                 continue
-            statuses.append(None)
-            valid.append((reply_id, data))
-        try:
-            stored = iter(self.store.accept_many(valid, self.effect) if valid else [])
-        except StoreUnavailable:
-            return UNAVAILABLE
+            # An unkeyed item stays a pair: what a store of an application's own knew.
+            valid.append((reply_id, data) if key is None else (reply_id, data, key))
+            positions.append(index)
+        errors: dict[int, str] = {}
+        if valid:
+            try:
+                stored = self.store.accept_many(valid, self.effect, isolate=True)
+            except StoreUnavailable:
+                return UNAVAILABLE
+            for index, status in zip(positions, stored, strict=True):
+                statuses[index] = status
+            errors = {positions[index]: reason for index, reason in _errors(stored).items()}
         return Answer(
             200,
             _results_json(
                 [reply_id if isinstance(reply_id, str) else "" for reply_id in ids],
-                [status if status is not None else next(stored) for status in statuses],
+                statuses,
+                errors,
             ),
         )
 
@@ -256,20 +278,35 @@ class ReceiverRules:
         )
 
 
-def _results_json(reply_ids: Sequence[str], statuses: Sequence[str]) -> bytes:
-    """``{"results": [{"reply_id", "status"}, ...]}`` as json.dumps writes it compactly.
+def _results_json(
+    reply_ids: Sequence[str], statuses: Sequence[str], errors: Mapping[int, str]
+) -> bytes:
+    """``{"results": [{"reply_id", "status"}, ...]}`` as json.dumps writes it compactly, with
+    ``"error"`` on the items `errors` names by index.
 
     Written directly: a dict per item, then dumped, cost a batch of 1,000 about
-    five times as much. Statuses are plain words; reply_ids are escaped by the
-    encoder json.dumps uses.
+    five times as much. Statuses are plain words; reply_ids and errors are escaped
+    by the encoder json.dumps uses.
     """
     items = ",".join(
         [
             f'{{"reply_id":{encode_basestring(reply_id)},"status":"{status}"}}'
             for reply_id, status in zip(reply_ids, statuses, strict=True)
         ]
+        if not errors
+        else [
+            f'{{"reply_id":{encode_basestring(reply_id)},"status":"{status}"'
+            + (f',"error":{encode_basestring(errors[index])}}}' if index in errors else "}")
+            for index, (reply_id, status) in enumerate(zip(reply_ids, statuses, strict=True))
+        ]
     )
     return f'{{"results":[{items}]}}'.encode()
+
+
+def _errors(statuses: Sequence[str]) -> Mapping[int, str]:
+    """The reasons of the `retry` statuses, by index (a store of one's own may give none)."""
+    errors: Mapping[int, str] = getattr(statuses, "errors", None) or {}
+    return errors
 
 
 def _headers_or_none(value: object) -> bool:

@@ -9,6 +9,13 @@ primary key: on PostgreSQL the losers' ``ON CONFLICT DO NOTHING`` waits for the
 winner to commit and then reads its row; on SQLite ``BEGIN IMMEDIATE`` admits
 one writer at a time.
 
+``accept_many`` stores a batch the same way in one transaction. With
+``isolate=True`` an effect that raises fails only its own item: the batch is
+stored again item by item, each under a SAVEPOINT, in the batch's order; the
+failed item answers ``retry``, and the later items of its ordering key answer
+``held`` (not applied), so a key's messages are applied in order or not at all.
+A batch that succeeds takes the bulk path alone, with no savepoints.
+
 Errors (outbox.errors): PayloadCollision (same reply_id, other body; nothing
 changed), StoreUnavailable (the database cannot be reached or kept failing
 transiently: try again later), SchemaNotReady (the receiver tables are missing
@@ -17,10 +24,12 @@ or too old).
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+import functools
+import logging
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeAlias
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
@@ -33,7 +42,7 @@ from outbox.db.dialect import READ_ONLY, is_postgresql, now_expression, one_stat
 from outbox.db.handle import DatabaseHandle
 from outbox.durations import duration_text
 from outbox.errors import PayloadCollision, StoreUnavailable
-from outbox.messages import are_reply_ids, check_reply_id
+from outbox.messages import are_reply_ids, check_ordering_key, check_reply_id
 from outbox.migrations import RECEIVER_BRANCH
 from receiver import sql
 from receiver.effects import Effect, record_effect, run_effects
@@ -44,6 +53,11 @@ PURGE_BATCH = 1000
 # Tries of one transaction: a dropped connection, a serialization failure or a race with
 # purge is resolved by a second try; a third failure means the database is not well.
 _TRIES = 3
+
+BatchItem: TypeAlias = tuple[str, bytes] | tuple[str, bytes, str | None]
+"""One message of a batch: (reply_id, body), or (reply_id, body, ordering_key or None)."""
+
+log = logging.getLogger("outbox.receiver.store")
 
 
 class _LostRace(Exception):
@@ -62,23 +76,30 @@ def _lost_race(exc: BaseException) -> bool:
     )
 
 
+def _unavailable(exc: BaseException) -> str | None:
+    """Why `exc` means the store cannot work now (a later try may pass), or None: it does not."""
+    if isinstance(exc, sa.exc.TimeoutError):  # pool exhausted: the same advice as a busy server
+        return f"no database connection available: {exc}"
+    if _lost_race(exc):
+        return "kept losing races to store receipts; try again"
+    if isinstance(exc, sa.exc.DBAPIError):
+        # Cannot talk to the database, rather than a bad statement: a later try may pass.
+        unreachable = isinstance(exc, sa.exc.OperationalError | sa.exc.InterfaceError)
+        if unreachable or retry.is_transient(exc):
+            return f"receipt database unavailable: {exc.orig}"
+    return None
+
+
 @contextmanager
 def _unavailable_when_it_fails() -> Iterator[None]:
     """Say StoreUnavailable for what a later try may pass: pool exhausted, transient errors."""
     try:
         yield
-    except sa.exc.TimeoutError as exc:  # pool exhausted: the same advice as a busy server
-        raise StoreUnavailable(f"no database connection available: {exc}") from exc
-    except _LostRace as exc:
-        raise StoreUnavailable("kept losing races to store receipts; try again") from exc
-    except sa.exc.DBAPIError as exc:
-        if _lost_race(exc):
-            raise StoreUnavailable("kept losing races to store receipts; try again") from exc
-        # Cannot talk to the database, rather than a bad statement: a later try may pass.
-        unreachable = isinstance(exc, sa.exc.OperationalError | sa.exc.InterfaceError)
-        if unreachable or retry.is_transient(exc):
-            raise StoreUnavailable(f"receipt database unavailable: {exc.orig}") from exc
-        raise
+    except Exception as exc:
+        reason = _unavailable(exc)
+        if reason is None:
+            raise
+        raise StoreUnavailable(reason) from exc
 
 
 @dataclass(frozen=True)
@@ -91,11 +112,25 @@ class Receipt:
     duplicate: bool
 
 
-def _check_item(reply_id: object, body: object, checked_id: bool) -> None:
+def _check_item(item: object, checked_id: bool) -> None:
+    if not isinstance(item, tuple) or len(item) not in (2, 3):
+        raise TypeError("an item is (reply_id, body) or (reply_id, body, ordering_key)")
     if not checked_id:
-        check_reply_id(reply_id)
-    if not isinstance(body, bytes | bytearray | memoryview):
-        raise TypeError(f"body must be bytes, not {type(body).__name__}")
+        check_reply_id(item[0])
+    if not isinstance(item[1], bytes | bytearray | memoryview):
+        raise TypeError(f"body must be bytes, not {type(item[1]).__name__}")
+    if len(item) == 3:
+        check_ordering_key(item[2])
+
+
+class Statuses(list[str]):
+    """accept_many's answer: one status per item, in order; `errors` gives, by item index,
+    a short reason for each `retry` (an exception's class name, never its text)."""
+
+    def __init__(self, statuses: Iterable[str] = (), errors: dict[int, str] | None = None) -> None:
+        """The statuses, and the reasons of the `retry` ones."""
+        super().__init__(statuses)
+        self.errors: dict[int, str] = errors or {}
 
 
 class _Decided(NamedTuple):
@@ -107,6 +142,8 @@ class _Decided(NamedTuple):
     """received_at of each receipt this transaction stored."""
     held: dict[str, tuple[str, float]]
     """content hash and received_at of each receipt that was stored before it."""
+    errors: dict[int, str]
+    """Why each `retry` item failed, by index (isolated batches only)."""
 
 
 def _status(
@@ -170,18 +207,32 @@ class ReceiptStore(DatabaseHandle):
         return Receipt(reply_id, digest, received_at, duplicate=status == "duplicate")
 
     def accept_many(
-        self, items: Sequence[tuple[str, bytes]], effect: Effect | None = None
-    ) -> list[str]:
-        """Store many receipts in ONE transaction, deduped per item: stored|duplicate|conflict."""
-        return self._accept_all(items, effect).statuses
+        self,
+        items: Sequence[BatchItem],
+        effect: Effect | None = None,
+        *,
+        isolate: bool = False,
+    ) -> Statuses:
+        """Store many receipts in ONE transaction, deduped per item: stored|duplicate|conflict.
 
-    def _accept_all(self, items: Sequence[tuple[str, bytes]], effect: Effect | None) -> _Decided:
-        reply_ids = [reply_id for reply_id, _ in items]
+        An item is (reply_id, body) or (reply_id, body, ordering_key). An effect that
+        raises rolls the whole batch back and the exception propagates, unless
+        `isolate`: then the batch is stored item by item in one transaction, the
+        failed item is `retry` (its reason in the result's `errors`), the later
+        items of its ordering key are `held` (not applied), and the rest are stored.
+        """
+        decided = self._accept_all(items, effect, isolate)
+        return Statuses(decided.statuses, decided.errors)
+
+    def _accept_all(
+        self, items: Sequence[BatchItem], effect: Effect | None, isolate: bool = False
+    ) -> _Decided:
+        reply_ids = [item[0] for item in items]
         # One pass for the usual batch; a bad one is then found and named.
         checked_ids = are_reply_ids(reply_ids)
-        for reply_id, body in items:
-            _check_item(reply_id, body, checked_ids)
-        bodies = [bytes(body) for _, body in items]
+        for item in items:
+            _check_item(item, checked_ids)
+        bodies = [bytes(item[1]) for item in items]
         run = effect
         # On PostgreSQL the reference effect is written by the receipt insert itself. That
         # one statement is then the whole transaction: it runs in autocommit (see
@@ -195,11 +246,88 @@ class ReceiptStore(DatabaseHandle):
                     failpoints.hit("receiver.before_commit")
                 return decided
 
+        def store_one_by_one(run: Effect) -> _Decided:
+            keys = [item[2] if len(item) == 3 else None for item in items]
+            with one_statement(self._engine, "receiver.before_commit", single=False) as conn:
+                decided = self._accept_one_by_one(conn, reply_ids, bodies, keys, run)
+                if decided.inserted:
+                    failpoints.hit("receiver.before_commit")
+                return decided
+
         with _unavailable_when_it_fails():
-            # A second try after a COMMIT that failed is safe: the receipt makes it a duplicate.
-            decided = retry.quickly(store, retry_if=self._worth_another_try, tries=_TRIES)
+            try:
+                # A second try after a COMMIT that failed is safe: the receipt makes it a
+                # duplicate.
+                decided = retry.quickly(store, retry_if=self._worth_another_try, tries=_TRIES)
+            except Exception as exc:
+                # Only an effect can fail one item and not the others; a database that
+                # cannot work now fails them all, as without `isolate`.
+                if not isolate or run is None or _unavailable(exc) is not None:
+                    raise
+                decided = retry.quickly(
+                    functools.partial(store_one_by_one, run),
+                    retry_if=self._worth_another_try,
+                    tries=_TRIES,
+                )
         failpoints.hit("receiver.after_commit")
         return decided
+
+    def _accept_one_by_one(
+        self,
+        conn: sa.Connection,
+        reply_ids: list[str],
+        bodies: list[bytes],
+        keys: list[str | None],
+        effect: Effect,
+    ) -> _Decided:
+        """Each item under its own SAVEPOINT, in order: an effect that raises rolls back its
+        item alone (`retry`) and holds the later items of its ordering key (`held`)."""
+        digests = [sha256_hex(body) for body in bodies]
+        statuses: list[str] = []
+        inserted: dict[str, float] = {}
+        held: dict[str, tuple[str, float]] = {}
+        errors: dict[int, str] = {}
+        blocked: set[str] = set()
+        for index, (reply_id, body, key) in enumerate(zip(reply_ids, bodies, keys, strict=True)):
+            if key is not None and key in blocked:
+                statuses.append("held")
+                continue
+            savepoint = conn.begin_nested()
+            # The receipt's own statement failing is the store's failure: it fails the batch.
+            fresh = sql.insert_receipts(conn, [reply_id], [digests[index]], [body], self.clock)
+            if reply_id not in fresh:
+                savepoint.commit()
+                row = conn.execute(sql.select_held([reply_id])).first()
+                if row is None:
+                    raise _LostRace  # purged between our insert and our read
+                if reply_id not in inserted:
+                    held[reply_id] = (row.content_hash, float(row.received_at))
+                statuses.append("duplicate" if row.content_hash == digests[index] else "conflict")
+                continue
+            try:
+                run_effects(conn, effect, [(reply_id, fresh[reply_id], body)])
+            except Exception as exc:
+                if _unavailable(exc) is not None:
+                    raise  # the database, not this item: the whole batch is retried
+                savepoint.rollback()
+                reason = f"effect raised {type(exc).__name__}"
+                log.error(
+                    "the effect of reply_id %s raised; its receipt is rolled back and it is "
+                    "to be sent again%s",
+                    reply_id,
+                    "" if key is None else ", with the later messages of its ordering key",
+                    exc_info=True,
+                    extra={"fields": {"reply_id": reply_id, "reason": reason}},
+                )
+                errors[index] = reason
+                statuses.append("retry")
+                if key is not None:
+                    blocked.add(key)
+                continue
+            savepoint.commit()
+            inserted[reply_id] = fresh[reply_id]
+            statuses.append("stored")
+        return _Decided(statuses, digests, inserted, held, errors)
 
     def _accept_in(
         self,
@@ -250,7 +378,7 @@ class ReceiptStore(DatabaseHandle):
                 if reply_id in inserted
             ]
             run_effects(conn, effect, fresh)
-        return _Decided(statuses, digests, inserted, held)
+        return _Decided(statuses, digests, inserted, held, {})
 
     def lookup(self, reply_id: str) -> Receipt | None:
         """The stored receipt of `reply_id` (duplicate=True: it predates this call), or None."""

@@ -16,9 +16,16 @@ from nats.js.api import ConsumerInfo
 from sqlalchemy.orm import Session
 from support.broker_messages import Stream, consumed, outbox_headers, until
 from support.db_faults import database_down
-from support.receiver_helpers import OTHER_SECRET, SECRET, count_effects, stored_receipts
+from support.receiver_helpers import (
+    OTHER_SECRET,
+    SECRET,
+    InOrder,
+    count_effects,
+    stored_receipts,
+)
 
 import outbox
+from outbox.signing import ORDERING_KEY_HEADER
 from receiver import NatsConsumer, ReceiptStore
 from receiver.effects import REPLY_ID_KEY, record_effect
 
@@ -289,3 +296,55 @@ def test_one_consumer_applies_each_keys_messages_in_stream_order(
     for k in range(keys):
         mine = [reply_id for reply_id in applied if reply_id.startswith(f"key{k}-")]
         assert mine == sorted(mine), f"key{k} applied out of order"
+
+
+def test_a_failing_message_holds_back_its_key_alone_until_it_passes(
+    db_url: str, nats_stream: Stream
+) -> None:
+    effect = InOrder("a2")
+    store = ReceiptStore(db_url)
+
+    async def send(reply_id: str, key: str | None) -> None:
+        def keyed(headers: dict[str, str]) -> None:
+            if key is not None:
+                headers[ORDERING_KEY_HEADER] = key
+
+        await publish(nats_stream, reply_id, key=key or "_", spoil=keyed)
+
+    async def scenario() -> None:
+        for reply_id, key in [("a1", "A"), ("b1", "B"), ("a2", "A"), ("u1", None)]:
+            await send(reply_id, key)
+        for reply_id, key in [("b2", "B"), ("a3", "A")]:
+            await send(reply_id, key)
+        consumer = nats_consumer(store, nats_stream, effect=effect, backoff=0.05, backoff_cap=0.2)
+        async with running(consumer):
+
+            async def others_done() -> bool:
+                return consumed(consumer.metrics, "stored") == 4 and (
+                    consumed(consumer.metrics, "retry") >= 2
+                )
+
+            await until(others_done, WAIT, "the other keys stored while a2 fails")
+            # A later message of A arriving meanwhile waits too; B goes on.
+            await send("a4", "A")
+            await send("b3", "B")
+
+            async def b3_done() -> bool:
+                return consumed(consumer.metrics, "stored") == 5
+
+            await until(b3_done, WAIT, "b3 stored while A waits")
+            assert set(stored_receipts(db_url)) == {"a1", "b1", "u1", "b2", "b3"}
+            assert consumed(consumer.metrics, "held") >= 2
+            effect.failing.clear()
+
+            async def done() -> bool:
+                return consumed(consumer.metrics, "stored") == 8 and await settled(nats_stream)
+
+            await until(done, WAIT, "a2, a3 and a4 stored once a2 passes")
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        store.close()
+    assert effect.out_of_order == []
+    assert len(stored_receipts(db_url)) == count_effects(db_url) == 8

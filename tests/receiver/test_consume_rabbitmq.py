@@ -16,9 +16,16 @@ from faults.stream_proxy import StreamProxy
 from sqlalchemy.orm import Session
 from support.broker_messages import AMQP_URL, consumed, outbox_headers, until
 from support.db_faults import database_down
-from support.receiver_helpers import OTHER_SECRET, SECRET, count_effects, stored_receipts
+from support.receiver_helpers import (
+    OTHER_SECRET,
+    SECRET,
+    InOrder,
+    count_effects,
+    stored_receipts,
+)
 
 import outbox
+from outbox.signing import ORDERING_KEY_HEADER
 from receiver import RabbitMQConsumer, ReceiptStore
 from receiver.effects import Effect, record_effect, record_effects
 
@@ -301,3 +308,59 @@ def test_connections_lost_mid_drain_are_waited_out_and_each_message_applied_once
     assert sorted(stored_receipts(db_url)) == ids
     for reply_id in ids:
         assert count_effects(db_url, reply_id) == 1
+
+
+def test_a_failing_message_holds_back_its_key_alone_until_it_passes(
+    db_url: str, rabbit_queue: str
+) -> None:
+    effect = InOrder("a2")
+    store = ReceiptStore(db_url)
+
+    async def send(reply_id: str, key: str | None) -> None:
+        def keyed(headers: dict[str, Any]) -> None:
+            if key is not None:
+                headers[ORDERING_KEY_HEADER] = key
+
+        await publish(rabbit_queue, reply_id, spoil=keyed)
+
+    async def scenario() -> None:
+        for reply_id, key in [("a1", "A"), ("b1", "B"), ("a2", "A"), ("u1", None)]:
+            await send(reply_id, key)
+        for reply_id, key in [("b2", "B"), ("a3", "A")]:
+            await send(reply_id, key)
+        consumer = rabbit_consumer(
+            store, rabbit_queue, effect=effect, backoff=0.05, backoff_cap=0.2
+        )
+        async with running(consumer):
+
+            async def others_done() -> bool:
+                return consumed(consumer.metrics, "stored") == 4 and (
+                    consumed(consumer.metrics, "retry") >= 2
+                )
+
+            await until(others_done, WAIT, "the other keys stored while a2 fails")
+            # A later message of A arriving meanwhile waits too; B goes on.
+            await send("a4", "A")
+            await send("b3", "B")
+
+            async def b3_done() -> bool:
+                return consumed(consumer.metrics, "stored") == 5
+
+            await until(b3_done, WAIT, "b3 stored while A waits")
+            assert set(stored_receipts(db_url)) == {"a1", "b1", "u1", "b2", "b3"}
+            assert consumed(consumer.metrics, "held") >= 2
+            effect.failing.clear()
+
+            async def done() -> bool:
+                return (
+                    consumed(consumer.metrics, "stored") == 8 and await waiting(rabbit_queue) == 0
+                )
+
+            await until(done, WAIT, "a2, a3 and a4 stored once a2 passes")
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        store.close()
+    assert effect.out_of_order == []
+    assert len(stored_receipts(db_url)) == count_effects(db_url) == 8

@@ -8,11 +8,19 @@ from collections.abc import Iterator
 import pytest
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
-from support.receiver_helpers import SECRET, AppClient, count_effects, signed, stored_receipts
+from support.receiver_helpers import (
+    SECRET,
+    AppClient,
+    count_effects,
+    effects_refused,
+    signed,
+    stored_receipts,
+)
 
+from outbox.signing import parse_secret
 from receiver import ReceiptStore, create_app
 from receiver.effects import REPLY_ID_KEY, record_effect
-from receiver.rules import MAX_BATCH_ITEMS
+from receiver.rules import MAX_BATCH_ITEMS, receiver_rules
 
 
 def batch_body(*items: tuple[str, str]) -> bytes:
@@ -85,6 +93,77 @@ def test_batch_commits_all_items_or_none(db_url: str, store: ReceiptStore) -> No
         store.accept_many([("r-1", b"{}"), ("r-2", b"{}")], effect=failing_on_second)
     assert stored_receipts(db_url) == {}
     assert count_effects(db_url) == 0
+
+
+def keyed_batch_body(*items: tuple[str, str, object]) -> bytes:
+    """A batch request carrying (reply_id, exact body text, ordering key or None) items."""
+    replies = [
+        {"reply_id": i, "body": b} if k is None else {"reply_id": i, "body": b, "ordering_key": k}
+        for i, b, k in items
+    ]
+    return json.dumps({"replies": replies}).encode()
+
+
+def test_a_failing_effect_answers_retry_and_holds_back_only_its_key(
+    db_url: str, store: ReceiptStore
+) -> None:
+    client = AppClient(create_app(store, secrets=[SECRET], effect=record_effect))
+    body = keyed_batch_body(
+        ("a1", '{"a":1}', "A"),
+        ("a2", '{"a":2}', "A"),
+        ("b1", '{"b":1}', "B"),
+        ("u1", '{"u":1}', None),
+        ("a3", '{"a":3}', "A"),
+        ("b2", '{"b":2}', "B"),
+    )
+    with effects_refused(db_url, ["a2"]) as let_through:
+        status, answer = post(client, body)
+        assert status == 200
+        results = answer["results"]  # type: ignore[index]
+        assert [r["status"] for r in results] == [
+            "stored",
+            "retry",
+            "stored",
+            "stored",
+            "held",
+            "stored",
+        ]
+        assert results[1]["error"].startswith("effect raised ")
+        assert all("error" not in r for i, r in enumerate(results) if i != 1)
+        assert set(stored_receipts(db_url)) == {"a1", "b1", "u1", "b2"}
+        let_through()
+        # The relay sends the two again, in order: now both are applied.
+        status, answer = post(
+            client, keyed_batch_body(("a2", '{"a":2}', "A"), ("a3", '{"a":3}', "A"))
+        )
+    assert (status, [r["status"] for r in answer["results"]]) == (200, ["stored", "stored"])  # type: ignore[index]
+    assert count_effects(db_url) == 6
+
+
+@pytest.mark.parametrize("key", ["", "x" * 201, "tab\there", "é", 7, ["A"]])
+def test_a_malformed_ordering_key_makes_its_item_invalid(
+    db_url: str, store: ReceiptStore, key: object
+) -> None:
+    client = AppClient(create_app(store, secrets=[SECRET], effect=record_effect))
+    body = keyed_batch_body(("r-1", "{}", key), ("r-2", "{}", "x" * 200), ("r-3", "{}", " ~"))
+    status, answer = post(client, body)
+    assert (status, [r["status"] for r in answer["results"]]) == (  # type: ignore[index]
+        200,
+        ["invalid", "stored", "stored"],
+    )
+    assert set(stored_receipts(db_url)) == {"r-2", "r-3"}
+
+
+def test_a_failing_effect_fails_only_its_own_message_in_a_group_commit(
+    db_url: str, store: ReceiptStore
+) -> None:
+    keys = [parse_secret(SECRET)]
+    rules = receiver_rules(store, keys, tolerance=300, max_body=1024, effect=record_effect)
+    with effects_refused(db_url, ["r-2"]):
+        answers = rules.store_messages([("r-1", b"{}"), ("r-2", b"{}"), ("r-3", b"{}")])
+    assert [a.status for a in answers] == [200, 500, 200]
+    assert answers[1].document["error"].startswith("effect raised ")  # type: ignore[index]
+    assert set(stored_receipts(db_url)) == {"r-1", "r-3"}
 
 
 BAD_REQUESTS = {

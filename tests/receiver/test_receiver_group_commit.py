@@ -27,11 +27,13 @@ def test_replies_that_arrive_during_a_commit_share_the_next_one(
     release = threading.Event()
     real_accept_many = store.accept_many
 
-    def recording(items: Sequence[tuple[str, bytes]], effect: Effect | None = None) -> list[str]:
+    def recording(
+        items: Sequence[tuple[str, bytes]], effect: Effect | None = None, *, isolate: bool = False
+    ) -> list[str]:
         groups.append([reply_id for reply_id, _ in items])
         if len(groups) == 1:
             release.wait(10)  # hold the first commit open while the others arrive
-        return real_accept_many(items, effect)
+        return real_accept_many(items, effect, isolate=isolate)
 
     monkeypatch.setattr(store, "accept_many", recording)
     checked: list[str] = []

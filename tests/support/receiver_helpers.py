@@ -9,16 +9,18 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import httpx
 import sqlalchemy as sa
+from sqlalchemy.orm import Session
 
 import outbox
 from outbox.signing import sign
-from receiver.effects import record_effect
+from receiver.effects import REPLY_ID_KEY, record_effect
 from receiver.schema import effects, receipts
 from support.processes import PROCESS_EXIT, PROCESS_START, reap
 
@@ -63,6 +65,74 @@ def stored_receipts(url: str) -> dict[str, bytes]:
             return {row.reply_id: bytes(row.body) for row in rows}
     finally:
         engine.dispose()
+
+
+@contextmanager
+def effects_refused(url: str, reply_ids: Sequence[str]) -> Iterator[Callable[[], None]]:
+    """While open, the database refuses the receiver_effects row of each of `reply_ids` (a
+    trigger), so the reference effect fails for those alone, even where it rides on the
+    receipt insert; call what it yields to let them through again."""
+    engine = outbox.create_engine(url)
+    postgresql = engine.dialect.name == "postgresql"
+    refused = "EXISTS (SELECT 1 FROM refused_effects WHERE reply_id = NEW.reply_id)"
+    create = (
+        [
+            "CREATE FUNCTION refuse_effect() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
+            f"IF {refused} THEN RAISE EXCEPTION 'effect refused'; END IF; RETURN NEW; END $$",
+            "CREATE TRIGGER refuse_effect BEFORE INSERT ON receiver_effects "
+            "FOR EACH ROW EXECUTE FUNCTION refuse_effect()",
+        ]
+        if postgresql
+        else [
+            "CREATE TRIGGER refuse_effect BEFORE INSERT ON receiver_effects "
+            f"WHEN {refused} BEGIN SELECT RAISE(ABORT, 'effect refused'); END",
+        ]
+    )
+    drop = [
+        "DROP TRIGGER refuse_effect" + (" ON receiver_effects" if postgresql else ""),
+        *(["DROP FUNCTION refuse_effect()"] if postgresql else []),
+        "DROP TABLE refused_effects",
+    ]
+
+    def let_through() -> None:
+        with engine.begin() as conn:
+            conn.execute(sa.text("DELETE FROM refused_effects"))
+
+    try:
+        with engine.begin() as conn:
+            conn.execute(sa.text("CREATE TABLE refused_effects (reply_id varchar PRIMARY KEY)"))
+            for reply_id in reply_ids:
+                conn.execute(sa.text("INSERT INTO refused_effects VALUES (:r)"), {"r": reply_id})
+            for statement in create:
+                conn.execute(sa.text(statement))
+        yield let_through
+    finally:
+        with engine.begin() as conn:
+            for statement in drop:
+                conn.execute(sa.text(statement))
+        engine.dispose()
+
+
+class InOrder:
+    """The reference effect, refusing the reply_ids in `failing` (a set the test may change
+    meanwhile) and noting in `out_of_order` each message `<key><n>` applied while
+    `<key><n-1>` was not, neither committed nor earlier in its own transaction."""
+
+    def __init__(self, *failing: str) -> None:
+        self.failing = set(failing)
+        self.out_of_order: list[str] = []
+
+    def __call__(self, session: Session, body: bytes) -> None:
+        reply_id = session.info[REPLY_ID_KEY]
+        if reply_id in self.failing:
+            raise RuntimeError(f"{reply_id} cannot be applied yet")
+        key = reply_id.rstrip("0123456789")
+        number = int(reply_id[len(key) :])
+        if number > 1:
+            before = sa.select(sa.func.count()).where(effects.c.reply_id == f"{key}{number - 1}")
+            if not session.execute(before).scalar_one():
+                self.out_of_order.append(reply_id)
+        record_effect(session, body)
 
 
 class AppClient:

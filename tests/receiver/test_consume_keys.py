@@ -1,0 +1,113 @@
+"""A consumer keeps each ordering key's order across batches, whatever order the broker hands."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import Iterator
+
+import pytest
+from support.broker_messages import outbox_headers
+from support.receiver_helpers import InOrder, count_effects, stored_receipts
+
+from outbox.signing import CONTENT_HASH_HEADER, ORDERING_KEY_HEADER
+from receiver import ReceiptStore
+from receiver.consume import Consumer, Delivery, lowercased
+
+
+def message(reply_id: str, key: str | None = None, *, spoiled: bool = False) -> Delivery:
+    """A broker message as the relay publishes it, unsigned (spoiled: a wrong content hash)."""
+    body = json.dumps({"reply": reply_id}).encode()
+    headers = outbox_headers(reply_id, body, None)
+    if key is not None:
+        headers[ORDERING_KEY_HEADER] = key
+    if spoiled:
+        headers[CONTENT_HASH_HEADER] = "0" * 64
+    return Delivery(lowercased(headers), body, reply_id)
+
+
+@pytest.fixture
+def store(db_url: str) -> Iterator[ReceiptStore]:
+    """A store on the test database."""
+    opened = ReceiptStore(db_url)
+    yield opened
+    opened.close()
+
+
+def test_a_later_message_of_a_blocked_key_is_held_until_the_blocker_is_applied(
+    db_url: str, store: ReceiptStore
+) -> None:
+    effect = InOrder("a2")
+    consumer = Consumer(store, unsigned=True, effect=effect)
+    assert consumer.decide_now([message("a1", "A"), message("a2", "A")]) == ["stored", "retry"]
+    # a3 comes before a2 is delivered again: it must wait, and B and the unkeyed must not.
+    third = [message("a3", "A"), message("b1", "B"), message("u1")]
+    assert consumer.decide_now(third) == ["held", "stored", "stored"]
+    assert consumer.decide_now([message("a2", "A"), message("a3", "A")]) == ["retry", "held"]
+    effect.failing.clear()
+    assert consumer.decide_now([message("a3", "A"), message("a2", "A")]) == ["held", "stored"]
+    assert consumer.decide_now([message("a3", "A")]) == ["stored"]
+    assert effect.out_of_order == []
+    assert set(stored_receipts(db_url)) == {"a1", "a2", "a3", "b1", "u1"}
+    assert count_effects(db_url) == 5
+
+
+def test_a_blocker_that_turns_out_invalid_releases_its_key(store: ReceiptStore) -> None:
+    effect = InOrder("c1")
+    consumer = Consumer(store, unsigned=True, effect=effect)
+    assert consumer.decide_now([message("c1", "C")]) == ["retry"]
+    assert consumer.decide_now([message("c2", "C")]) == ["held"]
+    # Never to be applied: the key's later messages go on.
+    assert consumer.decide_now([message("c1", "C", spoiled=True)]) == ["invalid"]
+    effect.failing.clear()
+    assert consumer.decide_now([message("c3", "C")]) == ["stored"]
+
+
+def test_a_blocker_that_does_not_come_back_releases_its_key_after_key_hold(
+    store: ReceiptStore, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    now = [1000.0]
+    monkeypatch.setattr("receiver.consume._monotonic", lambda: now[0])
+    consumer = Consumer(store, unsigned=True, effect=InOrder("d1"), key_hold=60)
+    assert consumer.decide_now([message("d1", "D")]) == ["retry"]
+    now[0] += 59
+    assert consumer.decide_now([message("d2", "D")]) == ["held"]
+    now[0] += 2
+    with caplog.at_level(logging.WARNING, "outbox.receiver.consume"):
+        assert consumer.decide_now([message("d2", "D")]) == ["stored"]
+    assert any("d1" in r.getMessage() for r in caplog.records)
+
+
+def test_the_block_lasts_key_hold_from_the_last_failure(
+    store: ReceiptStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    now = [1000.0]
+    monkeypatch.setattr("receiver.consume._monotonic", lambda: now[0])
+    consumer = Consumer(store, unsigned=True, effect=InOrder("e1"), key_hold=60)
+    for _ in range(3):  # it keeps coming back and failing: the key stays blocked
+        assert consumer.decide_now([message("e1", "E")]) == ["retry"]
+        now[0] += 50
+    assert consumer.decide_now([message("e2", "E")]) == ["held"]
+
+
+def test_a_malformed_ordering_key_header_is_invalid(store: ReceiptStore) -> None:
+    consumer = Consumer(store, unsigned=True)
+    assert consumer.decide_now([message("f1", ""), message("f2", "é")]) == ["invalid"] * 2
+
+
+def test_a_message_that_keeps_failing_does_not_slow_the_other_keys(
+    store: ReceiptStore,
+) -> None:
+    consumer = Consumer(store, unsigned=True, effect=InOrder("g1"), backoff=1, backoff_cap=8)
+
+    async def scenario() -> None:
+        await consumer.decide([message("g1", "G"), message("h1", "H")])
+        assert consumer.retry_delay() == 0
+        # Nothing but the failing key: now the consumer pauses, doubling.
+        await consumer.decide([message("g1", "G"), message("g2", "G")])
+        assert consumer.retry_delay() == 1
+        await consumer.decide([message("g1", "G")])
+        assert consumer.retry_delay() == 2
+
+    asyncio.run(scenario())
