@@ -266,15 +266,27 @@ def bare_live(duration: float, rate: float = LIVE_RATE) -> dict[str, Any]:
     }
 
 
-def live_pair(duration: float, rate: float = LIVE_RATE) -> dict[str, float]:
+def live_pair(duration: float, rate: float = LIVE_RATE, keys: int = 0) -> dict[str, float]:
     """Ours, the bare relay, then ours again (`ours_after_`), each under the same paced
-    producers: quantiles and rates, a pair for each order."""
+    producers: quantiles and rates, a pair for each order.
+
+    With `keys`, ours with the messages over that many ordering keys (`keyed_`) runs
+    between the bare relay and ours again: the unkeyed runs before and after it are its
+    baseline in each order, under the same producers at the same pace.
+    """
     figures: dict[str, float] = {}
-    for name in ("ours", "bare", "ours_after"):
+    for name in ("ours", "bare", *(("keyed",) if keys else ()), "ours_after"):
         if name == "bare":
             result = bare_live(duration, rate)
         else:
-            result = live(duration, LIVE_PRODUCERS, LIVE_RELAYS, rate, reference_effect=False)
+            result = live(
+                duration,
+                LIVE_PRODUCERS,
+                LIVE_RELAYS,
+                rate,
+                keys if name == "keyed" else 0,
+                reference_effect=False,
+            )
         log(f"  {name}: {result}")
         figures |= {
             f"{name}_p50_ms": float(result["p50_ms"]),

@@ -24,8 +24,9 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -84,11 +85,18 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def pending_row(reply_id: str, body: bytes, available_at: float = 0.0) -> dict[str, Any]:
+def pending_row(
+    reply_id: str,
+    body: bytes,
+    available_at: float = 0.0,
+    ordering_key: str | None = None,
+    destination: str = "default",
+) -> dict[str, Any]:
     """An outbox_messages row as publish() would write it, for bare inserts."""
     return {
         "reply_id": reply_id,
-        "destination": "default",
+        "destination": destination,
+        "ordering_key": ordering_key,
         "body": body,
         "content_hash": sha256_hex(body),
         "headers": "{}",
@@ -154,6 +162,46 @@ def receiver_process(url: str, workdir: Path, *, reference_effect: bool = True) 
         proc.communicate(timeout=30)  # reaps it and closes its pipe
 
 
+TomlValue = str | int | float | bool
+Settings = Mapping[str, TomlValue]
+
+KEYED_SETTINGS: dict[str, TomlValue] = {}
+"""Destination settings of every keyed run, over http_destination's: the keyed drains'
+batch destination (their unkeyed baselines drain through it too) and the keyed live run.
+A setting made for ordering keys is one line here."""
+
+
+def toml_value(value: TomlValue) -> str:
+    """`value` as TOML: a bool as true/false, a string quoted, a number as it is."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return json.dumps(value)  # a JSON string of these characters is a TOML basic string
+    return repr(value)
+
+
+def http_destination(target: str, secret_file: Path, mode: str) -> dict[str, TomlValue]:
+    """The settings every benchmark destination has: the HTTP ones, sending to `target`."""
+    return {
+        "url": target,
+        "secret_file": str(secret_file),
+        "mode": mode,
+        "timeout": 10,
+        "concurrency": CONCURRENCY,
+        "max_batch_items": BATCH_ITEMS,
+    }
+
+
+def relay_config(path: Path, batch: int, destinations: Mapping[str, Settings]) -> Path:
+    """Write a relay config with the benchmarks' [relay] settings and `destinations`."""
+    text = f"[relay]\nbatch = {batch}\nlease = 30\npoll_interval = 0.05\nmax_attempts = 5\n"
+    for name, settings in destinations.items():
+        text += f"[destinations.{name}]\n"
+        text += "".join(f"{key} = {toml_value(value)}\n" for key, value in settings.items())
+    path.write_text(text)
+    return path
+
+
 @contextmanager
 def relay_processes(
     url: str,
@@ -163,23 +211,33 @@ def relay_processes(
     mode: str,
     batch: int,
     broker: dict[str, str] | None = None,
+    settings: Settings | None = None,
 ) -> Iterator[None]:
     """`count` relay processes delivering to `target` over HTTP in `mode`.
 
     With `broker` (the destination's kind and its own keys: stream and subject, or
     exchange and routing_key), to that broker at `target` instead; every other
-    setting is the same.
+    setting is the same. `settings` are added to the destination's (KEYED_SETTINGS).
     """
     secret_file = workdir / "secret"
     secret_file.write_text(SECRET + "\n")
-    config = workdir / f"relay-{mode if broker is None else broker['kind']}.toml"
-    where = {"mode": mode} if broker is None else broker
-    config.write_text(
-        f"[relay]\nbatch = {batch}\nlease = 30\npoll_interval = 0.05\nmax_attempts = 5\n"
-        f'[destinations.default]\nurl = "{target}"\nsecret_file = "{secret_file}"\n'
-        + "".join(f'{key} = "{value}"\n' for key, value in where.items())
-        + f"timeout = 10\nconcurrency = {CONCURRENCY}\nmax_batch_items = {BATCH_ITEMS}\n"
+    destination = http_destination(target, secret_file, mode)
+    if broker is not None:
+        del destination["mode"]
+        destination |= broker
+    config = relay_config(
+        workdir / f"relay-{mode if broker is None else broker['kind']}.toml",
+        batch,
+        {"default": destination | dict(settings or {})},
     )
+    with started_relays(url, config, count):
+        yield
+
+
+@contextmanager
+def started_relays(url: str, config: Path, count: int) -> Iterator[None]:
+    """`count` `outbox relay` processes reading `config`, from when each answers its health
+    check; SIGTERMed and reaped after."""
     ports = [free_port() for _ in range(count)]
     procs = [
         subprocess.Popen(
@@ -445,6 +503,101 @@ def timed_drain(
     }
 
 
+@dataclass(frozen=True)
+class Backlog:
+    """A backlog for keyed_drains: `messages` pending rows over `keys` ordering keys (0: none),
+    for the destination of `mode` ("batch" or "single")."""
+
+    name: str
+    messages: int
+    keys: int = 0
+    mode: str = "batch"
+
+    def rows(self) -> list[dict[str, Any]]:
+        """Its rows; message n has key n % keys, so the keys interleave as live traffic's do."""
+        return [
+            pending_row(
+                f"{self.name}-{n}",
+                canonical_bytes({"kind": "result", "n": n, "payload": "x" * 64}),
+                ordering_key=f"{self.name}-key-{n % self.keys}" if self.keys else None,
+                destination=self.mode,
+            )
+            for n in range(self.messages)
+        ]
+
+
+def keyed_drains(
+    backlogs: Sequence[Backlog], relays: int = 2, batch: int = 1000
+) -> dict[str, dict[str, Any]]:
+    """Each backlog in turn, drained by the same receiver and `relays` relays; by name.
+
+    One database, one receiver and one set of relays for all: each backlog is
+    committed in one transaction while the relays idle (the last one drained) and is
+    timed from that commit to its last message sent (drain_committed). The relays have
+    two destinations: `batch` (batch mode, with KEYED_SETTINGS) and `single`.
+    """
+    with fresh_database() as url, tempfile.TemporaryDirectory() as tmp:
+        workdir = Path(tmp)
+        with receiver_process(url, workdir) as target:
+            secret_file = workdir / "secret"  # written by receiver_process
+            config = relay_config(
+                workdir / "relay-keyed.toml",
+                batch,
+                {
+                    "batch": http_destination(target, secret_file, "batch") | KEYED_SETTINGS,
+                    "single": http_destination(target, secret_file, "single"),
+                },
+            )
+            engine = outbox.create_engine(url)
+            try:
+                with started_relays(url, config, relays):
+                    results = {}
+                    for backlog in backlogs:
+                        results[backlog.name] = drain_committed(engine, backlog)
+                        log(f"  {backlog.name}: {results[backlog.name]}")
+                    return results
+            finally:
+                engine.dispose()
+
+
+def drain_committed(engine: sa.Engine, backlog: Backlog) -> dict[str, Any]:
+    """Commit `backlog` in one transaction and wait until it is delivered; its rate.
+
+    Timed from the commit to the largest sent_at of its messages (the database's clock,
+    which is the host's: a poll's interval is not counted), so a backlog that drains in
+    a few milliseconds is timed as closely as a long one.
+    """
+    with engine.connect() as conn:
+        last_id = conn.execute(sa.select(sa.func.max(messages.c.id))).scalar_one()
+    first_id = (last_id or 0) + 1
+    rows = backlog.rows()
+    with engine.begin() as conn:
+        for start in range(0, len(rows), 20_000):
+            conn.execute(sa.insert(messages), rows[start : start + 20_000])
+    committed = time.time()
+    deadline = time.monotonic() + DRAIN_DEADLINE_SECONDS
+    pause = threading.Event()
+    while undelivered(engine):
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"relays did not drain {backlog} in time")
+        pause.wait(0.02)
+    with engine.connect() as conn:
+        sent, last_sent = conn.execute(
+            sa.select(sa.func.count(), sa.func.max(messages.c.sent_at)).where(
+                messages.c.id >= first_id, messages.c.state == "sent"
+            )
+        ).one()
+    seconds = max(float(last_sent or committed) - committed, 1e-3)
+    return {
+        "messages": backlog.messages,
+        "keys": backlog.keys,
+        "mode": backlog.mode,
+        "seconds": round(seconds, 3),
+        "rate": round(sent / seconds),
+        "complete": sent == backlog.messages,
+    }
+
+
 def server_seconds(server: str | None) -> dict[int, float]:
     """CPU seconds used so far by each process named `server`, by pid; none for None."""
     if server is None:
@@ -456,11 +609,22 @@ def server_seconds(server: str | None) -> dict[int, float]:
     return found
 
 
-def produce(url: str, index: int, ready: Any, go: Any, stop: Any, counts: Any, rate: float) -> None:
+def produce(
+    url: str,
+    index: int,
+    ready: Any,
+    go: Any,
+    stop: Any,
+    counts: Any,
+    rate: float,
+    keys: int = 0,
+    producers: int = 1,
+) -> None:
     """A producer process: one publish per transaction from `go` until told to stop.
 
     At its full rate when `rate` is 0, else paced to `rate` commits per second. Puts
-    (index, [the wall-clock time each commit returned]) on `counts` at the end.
+    (index, [the wall-clock time each commit returned]) on `counts` at the end. With
+    `keys`, each message carries an ordering key (see live_key).
     """
     engine = outbox.create_engine(url)
     with engine.connect():
@@ -471,12 +635,27 @@ def produce(url: str, index: int, ready: Any, go: Any, stop: Any, counts: Any, r
     started = time.monotonic()
     while not stop.is_set():
         with Session(engine) as session, session.begin():
-            outbox.publish(session, "default", f"live-{index}-{len(committed)}", {"n": 1})
+            key = live_key(index, len(committed), keys, producers)
+            outbox.publish(
+                session, "default", f"live-{index}-{len(committed)}", {"n": 1}, ordering_key=key
+            )
         committed.append(time.time())  # the host clock, which the database reads too
         if rate:
             stop.wait(max(0.0, started + len(committed) / rate - time.monotonic()))
     engine.dispose()
     counts.put((index, committed))
+
+
+def live_key(index: int, n: int, keys: int, producers: int) -> str | None:
+    """The ordering key of producer `index`'s `n`-th message: none without `keys`.
+
+    The keys are shared out among the producers, as each entity's messages come from
+    one service: producer i takes keys i, i + producers, ... in turn, so at the same
+    pace a key's messages are `keys / producers` commits of its producer apart.
+    """
+    if not keys:
+        return None
+    return f"key-{(n * producers + index) % keys}"
 
 
 def count_undelivered(engine: sa.Engine) -> int:
@@ -491,14 +670,17 @@ Deliverers = Callable[[str, Path], AbstractContextManager[None]]
 a work directory; they run while the context is open."""
 
 
-def our_relays(relays: int, *, reference_effect: bool = True) -> Deliverers:
-    """The reference receiver and `relays` relays in batch mode, as the live runs use them."""
+def our_relays(
+    relays: int, settings: Settings | None = None, *, reference_effect: bool = True
+) -> Deliverers:
+    """The reference receiver and `relays` relays in batch mode, as the live runs use them;
+    `settings` added to the destination's."""
 
     @contextmanager
     def start(url: str, workdir: Path) -> Iterator[None]:
         with (
             receiver_process(url, workdir, reference_effect=reference_effect) as target,
-            relay_processes(url, target, workdir, relays, "batch", 500),
+            relay_processes(url, target, workdir, relays, "batch", 500, settings=settings),
         ):
             yield
 
@@ -510,26 +692,40 @@ def live(
     producers: int,
     relays: int,
     rate: float = 0,
+    keys: int = 0,
     *,
     reference_effect: bool = True,
 ) -> dict[str, Any]:
-    """Producers commit one row per transaction while `relays` relays run: commit-to-receipt."""
-    deliver = our_relays(relays, reference_effect=reference_effect)
+    """Producers commit one row per transaction while `relays` relays run: commit-to-receipt.
+
+    With `keys`, the messages carry that many ordering keys (live_key) and the
+    destination has KEYED_SETTINGS.
+    """
+    deliver = our_relays(
+        relays, KEYED_SETTINGS if keys else None, reference_effect=reference_effect
+    )
     return {
         "scenario": f"live-{producers}-producers"
         + (f"-paced-{rate:g}" if rate else "")
+        + (f"-{keys}-keys" if keys else "")
         + f"-{relays}-relay{'s' if relays > 1 else ''}",
-        **live_through(duration, producers, rate, deliver, receipts),
+        **live_through(duration, producers, rate, deliver, receipts, keys),
     }
 
 
 def live_through(
-    duration: float, producers: int, rate: float, deliver: Deliverers, receipts_table: sa.Table
+    duration: float,
+    producers: int,
+    rate: float,
+    deliver: Deliverers,
+    receipts_table: sa.Table,
+    keys: int = 0,
 ) -> dict[str, Any]:
     """Producers commit one row per transaction while `deliver`'s relays run: commit-to-receipt.
 
     Receipt times are read from `receipts_table` (reply_id, received_at), where the
-    receiver `deliver` starts records them.
+    receiver `deliver` starts records them. With `keys`, the messages carry ordering keys
+    (live_key).
     """
     with fresh_database() as url, tempfile.TemporaryDirectory() as tmp:
         workdir = Path(tmp)
@@ -541,7 +737,10 @@ def live_through(
         counts = spawn.Queue()
         with deliver(url, workdir):
             procs = [
-                spawn.Process(target=produce, args=(url, index, ready, go, stop, counts, rate))
+                spawn.Process(
+                    target=produce,
+                    args=(url, index, ready, go, stop, counts, rate, keys, producers),
+                )
                 for index in range(producers)
             ]
             for proc in procs:

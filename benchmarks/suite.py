@@ -60,9 +60,11 @@ from benchmarks import (
 from benchmarks.relay_bench import (
     ROOT,
     SECRET,
+    Backlog,
     drain,
     drain_backlog,
     fresh_database,
+    keyed_drains,
     live,
     log,
     pending_row,
@@ -181,6 +183,11 @@ def ordered_row(
 def at_most(limit: float) -> Callable[[float], bool]:
     """A target: the figure is at most `limit`."""
     return lambda value: value <= limit
+
+
+def at_least(floor: float) -> Callable[[float], bool]:
+    """A target: the figure is at least `floor`."""
+    return lambda value: value >= floor
 
 
 def repeat(label: str, runs: int, measure: Callable[[], Run]) -> list[Run]:
@@ -375,6 +382,100 @@ def live_latency(seconds: float) -> Run:
     }
 
 
+# --- ordering keys ------------------------------------------------------------------------
+
+KEYED_LIVE_KEYS = 20
+"""Ordering keys of the keyed live run, shared out among its producers (relay_bench.live_key)."""
+
+
+def keyed_comparisons(size: Sizes) -> Run:
+    """Messages per second of each keyed backlog and of the unkeyed ones of its size, drained
+    in turn by the same relays (relay_bench.keyed_drains).
+
+    Each keyed batch backlog runs between an unkeyed one of its size (`small`, `large`)
+    and another (`small_after`, `large_after`), so each comparison has both orders; then
+    one key in single mode. A warm-up backlog through both destinations goes first,
+    so no measured one pays for the relays' first claims.
+    """
+    few_keys, few_each = size.few_keys
+    many_keys, many_each = size.many_keys
+    large = few_keys * few_each
+    if many_keys * many_each != large:
+        raise ValueError(f"the keyed backlogs differ in size: {size}")
+    results = keyed_drains(
+        [
+            Backlog("warm", 100, keys=10),
+            Backlog("warm_single", 10, keys=2, mode="single"),
+            Backlog("small", size.one_key),
+            Backlog("one_key", size.one_key, keys=1),
+            Backlog("small_after", size.one_key),
+            Backlog("large", large),
+            Backlog("few_keys", large, keys=few_keys),
+            Backlog("many_keys", large, keys=many_keys),
+            Backlog("large_after", large),
+            Backlog("one_key_single", size.one_key, keys=1, mode="single"),
+        ]
+    )
+    return {
+        name: complete_rate(result)
+        for name, result in results.items()
+        if not name.startswith("warm")
+    }
+
+
+def keyed_rows(size: Sizes, keyed: list[Run], paced: list[Run]) -> list[Row]:
+    """The keyed drains against the unkeyed ones of their size, one key in single mode, and
+    the keyed live run against the unkeyed ones at the same pace."""
+    rows = []
+    shapes = (
+        ("one key", (1, size.one_key), "one_key", ">= 0.5", 0.5),
+        ("few long keys", size.few_keys, "few_keys", ">= 0.8", 0.8),
+        ("many short keys", size.many_keys, "many_keys", "", None),
+    )
+    for label, (keys, each), figure, target, least in shapes:
+        baseline = "small" if figure == "one_key" else "large"
+        rows.append(
+            ordered_row(
+                f"keyed drain vs unkeyed, {label} ({keys:,} x {each:,} messages, batch)",
+                "postgresql",
+                "messages/s",
+                keyed,
+                (figure, f"{baseline}_after"),
+                (figure, baseline),
+                target,
+                None if least is None else at_least(least),
+            )
+        )
+    rows.append(
+        median_row(
+            f"keyed drain rate, one key, single mode (1 x {size.one_key:,} messages)",
+            "postgresql",
+            "messages/s",
+            keyed,
+            ">= 300",
+            at_least(300),
+            ours="one_key_single",
+            baseline=None,
+        )
+    )
+    load = f"{bare_relay.LIVE_PRODUCERS} x {bare_relay.LIVE_RATE:g}/s, {KEYED_LIVE_KEYS} keys"
+    for figure, ceiling in (("p50", 1.5), ("p99", None)):
+        rows.append(
+            ordered_row(
+                f"keyed live {figure} vs unkeyed ({load})",
+                "postgresql",
+                "ms",
+                paced,
+                (f"keyed_{figure}_ms", f"ours_after_{figure}_ms"),
+                (f"keyed_{figure}_ms", f"ours_{figure}_ms"),
+                "" if ceiling is None else f"<= {ceiling:g}",
+                None if ceiling is None else at_most(ceiling),
+                worse=max,
+            )
+        )
+    return rows
+
+
 # --- the table ----------------------------------------------------------------------------
 
 
@@ -388,13 +489,19 @@ class Sizes:
     """The naive loop's window: it drains the same backlog as ours, too slowly to finish it."""
     sqlite_drain: int
     live_seconds: float
+    one_key: int
+    """Messages of the one-key backlogs (and of the unkeyed ones they are compared with)."""
+    few_keys: tuple[int, int]
+    """(keys, messages per key) of the backlog of few long keys."""
+    many_keys: tuple[int, int]
+    """(keys, messages per key) of the backlog of many short keys: as many messages."""
 
     @classmethod
     def of(cls, quick: bool) -> Sizes:
         """The sizes for a full or a quick run."""
         if quick:
-            return cls(300, 5_000, 2.0, 2_000, 3.0)
-        return cls(3_000, 200_000, 60.0, 50_000, 10.0)
+            return cls(300, 5_000, 2.0, 2_000, 3.0, 50, (10, 20), (100, 2))
+        return cls(3_000, 200_000, 60.0, 50_000, 10.0, 2_000, (100, 200), (10_000, 2))
 
 
 def measure(runs: int, quick: bool) -> list[Row]:
@@ -553,7 +660,11 @@ def measure(runs: int, quick: bool) -> list[Row]:
                 baseline=None,
             )
         )
-    paced = repeat("live vs bare relay", runs, lambda: bare_relay.live_pair(size.live_seconds))
+    paced = repeat(
+        "live vs bare relay and keyed",
+        runs,
+        lambda: bare_relay.live_pair(size.live_seconds, keys=KEYED_LIVE_KEYS),
+    )
     load = f"{bare_relay.LIVE_PRODUCERS} x {bare_relay.LIVE_RATE:g}/s"
     for figure, ceiling in (("p50", 1.5), ("p99", 2.0)):
         rows.append(
@@ -579,6 +690,8 @@ def measure(runs: int, quick: bool) -> list[Row]:
             baseline="bare_producer_rate",
         )
     )
+    keyed = repeat("keyed drains", runs, lambda: keyed_comparisons(size))
+    rows += keyed_rows(size, keyed, paced)
     task_throughput.require_pgqueuer()  # a missing baseline is an error, not a skip
     throughput = repeat("task throughput", runs, lambda: task_throughput.run(quick))
     for scenario, ours in (
@@ -999,6 +1112,23 @@ BASELINES = (
     "again, commit-to-receipt from the databases' timestamps; the latency ratio judged is the "
     "higher of the two orders'. The producers' row gives the commit rate each run reached "
     "(same load: ratio near 1).",
+    "keyed drains (benchmarks/relay_bench.py keyed_drains): one database, the reference "
+    "receiver and 2 relays (claims of 1,000, destination concurrency 8) with two destinations, "
+    "one in batch mode and one in single mode, started once for all of a run's backlogs; each "
+    "backlog is committed in one transaction while the relays idle and timed from that commit "
+    "to the latest sent_at of its messages (one clock: the host's, which the database reads). "
+    "In a backlog over k keys message n carries key n mod k, so the keys interleave in commit "
+    "order. Each run: a warm-up backlog (not reported); unkeyed 2,000, one key x 2,000, "
+    "unkeyed 2,000 again; unkeyed 20,000, 100 keys x 200, 10,000 keys x 2, unkeyed 20,000 "
+    "again, all in batch mode, so each keyed backlog has an unkeyed one of its size drained "
+    "just before it and one after it (the ratio judged is the less favourable order's); then "
+    "one key x 2,000 in single mode, whose rate has an absolute target. The batch "
+    "destination has benchmarks.relay_bench.KEYED_SETTINGS (none yet). Keyed live: in the "
+    "paced live runs (4 producers at 50 commits/s, one relay), between the bare relay and "
+    "ours again, ours with every message carrying one of 20 ordering keys, each producer "
+    "cycling through its own 5 (a key's messages 100 ms apart), against our unkeyed runs "
+    "before and after it; commit-to-receipt p50 and p99, the higher of the two orders' "
+    "ratios judged.",
     "tasks: PGQueuer (the `bench` extra) draining as many no-op jobs (its entrypoint an "
     "`async def`) with its own dequeue and completion, in as many processes, each taking "
     "batches of 10; ours, 2 Worker processes at concurrency 10 (and 5 claimed ahead), with a "

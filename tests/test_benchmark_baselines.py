@@ -5,7 +5,15 @@ from __future__ import annotations
 import pytest
 
 from benchmarks import sweep
-from benchmarks.suite import BASELINE_FIRST, OURS_FIRST, by_order, ordered_row, sweep_lines
+from benchmarks.suite import (
+    BASELINE_FIRST,
+    OURS_FIRST,
+    Sizes,
+    by_order,
+    keyed_rows,
+    ordered_row,
+    sweep_lines,
+)
 
 
 def test_the_ceiling_is_the_fastest_point_and_names_it() -> None:
@@ -86,3 +94,36 @@ def test_a_latency_judges_the_higher_ratio() -> None:
     )
     assert row.ratio == 1.5
     assert row.met is True
+
+
+def test_keyed_rows_judge_each_shape_against_the_unkeyed_drains_of_its_size() -> None:
+    keyed = [
+        {
+            "small": 1000.0,
+            "one_key": 400.0,
+            "small_after": 800.0,
+            "large": 1000.0,
+            "few_keys": 850.0,
+            "many_keys": 500.0,
+            "large_after": 1000.0,
+            "one_key_single": 65.0,
+        }
+    ]
+    paced = [{"ours_p50_ms": 10.0, "keyed_p50_ms": 14.0, "ours_after_p50_ms": 8.0}]
+    paced[0] |= {"ours_p99_ms": 20.0, "keyed_p99_ms": 30.0, "ours_after_p99_ms": 20.0}
+    rows = {row.scenario.split(" (")[0]: row for row in keyed_rows(Sizes.of(False), keyed, paced)}
+    one_key = rows["keyed drain vs unkeyed, one key"]
+    assert "(1 x 2,000 messages, batch)" in one_key.scenario
+    # 400 / 1000 with the unkeyed drain first, 400 / 800 with it after: the lower is judged.
+    assert one_key.orders == {OURS_FIRST: 0.5, BASELINE_FIRST: 0.4}
+    assert (one_key.ratio, one_key.met) == (0.4, False)
+    assert rows["keyed drain vs unkeyed, few long keys"].met is True  # 0.85 >= 0.8
+    assert "(100 x 200 messages" in rows["keyed drain vs unkeyed, few long keys"].scenario
+    assert "(10,000 x 2 messages" in rows["keyed drain vs unkeyed, many short keys"].scenario
+    assert rows["keyed drain vs unkeyed, many short keys"].met is None
+    single = rows["keyed drain rate, one key, single mode"]
+    assert (single.ours, single.baseline, single.met) == (65.0, None, False)  # below 300/s
+    p50 = rows["keyed live p50 vs unkeyed"]
+    # 14 / 8 = 1.75 with the unkeyed run after it: the higher latency ratio is judged.
+    assert (p50.ratio, p50.met) == (1.75, False)
+    assert rows["keyed live p99 vs unkeyed"].met is None

@@ -81,6 +81,12 @@ def check_results(document: dict[str, Any], table: str) -> None:
         ("live p50 vs bare relay", "postgresql"),
         ("live p99 vs bare relay", "postgresql"),
         ("live producers' rate, ours vs bare relay runs", "postgresql"),
+        ("keyed drain vs unkeyed, one key", "postgresql"),
+        ("keyed drain vs unkeyed, few long keys", "postgresql"),
+        ("keyed drain vs unkeyed, many short keys", "postgresql"),
+        ("keyed drain rate, one key, single mode", "postgresql"),
+        ("keyed live p50 vs unkeyed", "postgresql"),
+        ("keyed live p99 vs unkeyed", "postgresql"),
         ("receiver CPU per stored reply, batches of 1,000", "postgresql"),
         ("tasks vs PGQueuer, thread handlers", "postgresql"),
         ("tasks vs PGQueuer, async handlers", "postgresql"),
@@ -148,6 +154,8 @@ def check_results(document: dict[str, Any], table: str) -> None:
         ("drain into JetStream vs HTTP batch", "postgresql"),
         ("drain into RabbitMQ vs bare publishers into RabbitMQ", "postgresql"),
         ("live p99 vs bare relay", "postgresql"),
+        ("keyed drain vs unkeyed, one key", "postgresql"),
+        ("keyed live p50 vs unkeyed", "postgresql"),
     } <= ordered
     for key in ordered:
         assert set(rows[key]["orders"]) == {"ours first", "baseline first"}, rows[key]

@@ -11,7 +11,7 @@ must have exactly one receipt and one effect, whatever the broker held.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -160,14 +160,16 @@ class Deployment:
         argv = ["relay", "--config", str(self.config), "--owner", name]
         return self._launch(name, argv, failpoint, action)
 
-    def consumer(self) -> Node:
-        """Start `outbox receiver consume` with metrics; returns once they answer."""
+    def consumer(self, failpoint: str | None = None, options: Sequence[str] = ()) -> Node:
+        """Start `outbox receiver consume` with metrics and `options`; returns once they
+        answer, or at once when it is set to die at `failpoint` (it may die before)."""
         self.metrics_port = free_port()
         argv = ["receiver", "consume", "--db", self.db_url]
-        argv += ["--secret-file", str(self.secret_file), *self.broker.source]
+        argv += ["--secret-file", str(self.secret_file), *self.broker.source, *options]
         argv += ["--metrics-port", str(self.metrics_port)]
-        node = self._launch(f"consumer-{len(self.nodes) + 1}", argv, None)
-        wait_until(lambda: self.consumed("stored") >= 0, 30, "the consumer's metrics")
+        node = self._launch(f"consumer-{len(self.nodes) + 1}", argv, failpoint)
+        if failpoint is None:
+            wait_until(lambda: self.consumed("stored") >= 0, 30, "the consumer's metrics")
         return node
 
     def consumed(self, outcome: str) -> int:

@@ -45,6 +45,8 @@ def record(
         "unexpected": found.unexpected,
         "orphaned": found.orphaned,
         "dead": found.dead,
+        "keyed": found.keyed,
+        "out_of_order": found.out_of_order,
     }
     with Path(target).open("a", encoding="utf-8") as out:
         out.write(json.dumps(line) + "\n")

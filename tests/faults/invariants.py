@@ -12,6 +12,10 @@ Per reply_id it counts what the product promises never happens:
 - orphaned: a row whose partner, which the schema does not enforce (it has no
   foreign keys), is missing: a task without its inbox row, a task reply whose
   task is gone, a requeue record whose reply is gone.
+- out of order: a message with an ordering key whose effect the receiver applied
+  after the effect of a later message (a higher outbox id) of the same destination
+  and key; the order applied is the effects table's identity order, and only a
+  message's first effect counts (a second one is counted as duplicated).
 `dead` replies are counted apart: a scenario says whether it allows them.
 Every figure is measured by `tally()`; a test records them (faults.figures)
 before it asserts, so the report shows what was found, not what was hoped.
@@ -21,7 +25,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
 import sqlalchemy as sa
@@ -45,6 +49,9 @@ class Tally:
     unexpected: int = 0
     orphaned: int = 0
     dead: int = 0
+    keyed: int = 0
+    """Messages with an ordering key: those whose order was checked."""
+    out_of_order: int = 0
     problems: list[str] = field(default_factory=list)
 
     def note(self, kind: str, what: str) -> None:
@@ -59,22 +66,23 @@ class Tally:
         return self.stuck == 0 and self.lost == 0
 
     def broken(self, dead_allowed: bool = False) -> dict[str, int]:
-        """The non-zero counts among lost, duplicated, stuck, unexpected, orphaned (and
-        dead, unless allowed)."""
+        """The non-zero counts among lost, duplicated, stuck, unexpected, orphaned, out of
+        order (and dead, unless allowed)."""
         counts = {
             "lost": self.lost,
             "duplicated": self.duplicated,
             "stuck": self.stuck,
             "unexpected": self.unexpected,
             "orphaned": self.orphaned,
+            "out_of_order": self.out_of_order,
         }
         if not dead_allowed:
             counts["dead"] = self.dead
         return {k: v for k, v in counts.items() if v}
 
     def assert_clean(self, dead_allowed: bool = False) -> None:
-        """Fail unless lost, duplicated, stuck, unexpected, orphaned (and dead, unless
-        allowed) are 0."""
+        """Fail unless lost, duplicated, stuck, unexpected, orphaned, out of order (and dead,
+        unless allowed) are 0."""
         broken = self.broken(dead_allowed)
         assert not broken, f"invariants broken: {broken}; {self.problems}"
 
@@ -106,7 +114,10 @@ def tally(
             messages = {
                 r.reply_id: r
                 for r in conn.execute(
-                    sa.text("SELECT reply_id, task_id, state, content_hash FROM outbox_messages")
+                    sa.text(
+                        "SELECT id, reply_id, task_id, state, content_hash, destination, "
+                        "ordering_key FROM outbox_messages"
+                    )
                 )
             }
             requeued = set(
@@ -116,13 +127,11 @@ def tally(
             receipts = dict(
                 conn.execute(sa.text("SELECT reply_id, content_hash FROM receiver_receipts")).all()
             )
-            effects = Counter(
-                dict(
-                    conn.execute(
-                        sa.text("SELECT reply_id, count(*) FROM receiver_effects GROUP BY reply_id")
-                    ).all()
-                )
+            # In the order the receiver applied them: the identity column's.
+            applied = list(
+                conn.execute(sa.text("SELECT reply_id FROM receiver_effects ORDER BY id")).scalars()
             )
+            effects = Counter(applied)
     finally:
         out_engine.dispose()
         if rec_engine is not out_engine:
@@ -171,6 +180,37 @@ def tally(
             found.note("duplicated", f"reply {reply_id} has {count} effects")
         if reply_id not in receipts:
             found.note("unexpected", f"effect for {reply_id} has no receipt")
+    keyed = {
+        reply_id: (m.destination, m.ordering_key, int(m.id))
+        for reply_id, m in messages.items()
+        if m.ordering_key is not None
+    }
+    found.keyed = len(keyed)
+    for problem in out_of_order(keyed, applied):
+        found.note("out_of_order", problem)
+    return found
+
+
+def out_of_order(keyed: Mapping[str, tuple[str, str, int]], applied: Iterable[str]) -> list[str]:
+    """Each keyed message applied after a later message of its destination and key.
+
+    `keyed`: reply_id -> (destination, ordering key, outbox id) of each message with a
+    key; `applied`: reply_ids in the order the receiver applied their effects (others
+    are skipped). A message's first effect is the one that counts.
+    """
+    latest: dict[tuple[str, str], tuple[int, str]] = {}
+    seen: set[str] = set()
+    found = []
+    for reply_id in applied:
+        if reply_id in seen or reply_id not in keyed:
+            continue
+        seen.add(reply_id)
+        destination, key, position = keyed[reply_id]
+        before = latest.get((destination, key))
+        if before is not None and before[0] > position:
+            found.append(f"{reply_id} (key {key}) applied after {before[1]}, later in its key")
+        else:
+            latest[destination, key] = (position, reply_id)
     return found
 
 

@@ -34,6 +34,8 @@ COUNTS = (
     "unexpected",
     "orphaned",
     "dead",
+    "keyed",
+    "out_of_order",
 )
 SCENARIOS = {
     "crash matrix": "processes of the role exit at the failpoint (os._exit), 5 at a time (the "
@@ -53,9 +55,15 @@ SCENARIOS = {
     "killed inside its commit window, seen as in the crash matrix",
     "broker outage": "a byte-stream proxy cuts every relay-broker connection 3 times, or a "
     "private nats-server is SIGKILLed and restarted, while a relay and a consumer run",
+    "key order": "every message carries an ordering key, half of them one hot key; relays in "
+    "batch mode killed mid-batch at each relay failpoint, HTTP receivers killed after their "
+    "commit, or JetStream and RabbitMQ consumers killed after their commit and before their "
+    "ack, 5 in turn, then a clean one finishes; *out_of_order* read from the order in which "
+    "the receiver applied the effects",
     "model": "Hypothesis state machine against an in-memory model",
     "soak": "3 workers, 3 relays and the receiver; a random one SIGKILLed every 0.5-2 s "
-    "and restarted while tasks arrive",
+    "and restarted while tasks arrive, with a published reply per 4 tasks keyed (half of "
+    "them one hot key)",
 }
 
 
@@ -99,7 +107,10 @@ def render(lines: list[dict[str, Any]], command: str) -> str:
         "*unexpected*: a receipt the outbox never sent, or an",
         "effect without its receipt; *orphaned*: a row whose partner the schema does not",
         "enforce is gone (a task without its inbox row, a reply whose task is gone, a",
-        "requeue record without its reply). *dead* replies are counted",
+        "requeue record without its reply); *out_of_order*: of the *keyed* messages (those",
+        "with an ordering key), one whose effect the receiver applied after the effect of a",
+        "later message of its destination and key (effects in the table's identity order).",
+        "*dead* replies are counted",
         "apart and allowed in two scenarios only: the model, whose lost ACKs and crashes may",
         "spend a reply's whole retry budget, and the database faults, where a reply may end",
         "dead with its reason recorded.",

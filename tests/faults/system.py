@@ -27,6 +27,14 @@ from faults.work import SENDER, envelope
 from outbox import AuthContext, TaskQueue
 
 ROLES = ("worker", "relay", "receiver")
+HOT_KEY = "hot"
+COLD_KEYS = 8
+
+
+def ordering_key(n: int) -> str:
+    """The ordering key of the `n`-th published reply: every other one has HOT_KEY, which so
+    carries half the published traffic; the others take COLD_KEYS keys in turn."""
+    return HOT_KEY if n % 2 == 0 else f"cold-{(n // 2) % COLD_KEYS}"
 
 
 class System:
@@ -140,12 +148,14 @@ class System:
         return ids
 
     def publish(self, count: int) -> list[str]:
-        """Publish `count` new replies, each in its own transaction."""
+        """Publish `count` new replies, each in its own transaction, with ordering keys (half
+        of them the hot key: see ordering_key)."""
         ids = self.new_ids("pub", count)
         for reply_id in ids:
+            key = ordering_key(len(self.published))
             with Session(self._queue.engine) as session, session.begin():
-                outbox.publish(session, "default", reply_id, {"id": reply_id})
-        self.published += ids
+                outbox.publish(session, "default", reply_id, {"id": reply_id}, ordering_key=key)
+            self.published.append(reply_id)
         return ids
 
     def new_ids(self, prefix: str, count: int) -> list[str]:

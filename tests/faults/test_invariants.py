@@ -14,11 +14,16 @@ from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
+from sqlalchemy.orm import Session
 
+import outbox
 from faults.figures import REPORT_VAR, record_then_assert
-from faults.invariants import Tally, tally
+from faults.invariants import Tally, out_of_order, tally
 from outbox import AuthContext, Envelope, TaskQueue
+from outbox.canonical import canonical_bytes
 from outbox.testing import ManualClock
+from receiver import ReceiptStore
+from receiver.effects import record_effect
 
 A = AuthContext("agent-a")
 
@@ -99,3 +104,55 @@ def test_figures_are_recorded_before_they_are_asserted(
         record_then_assert("crash matrix", "sqlite", "x", runs=1, kills=1, messages=3, found=found)
     [line] = [json.loads(text) for text in report.read_text().splitlines()]
     assert (line["lost"], line["orphaned"], line["messages"]) == (1, 1, 3)
+
+
+KEYED = {
+    "a-1": ("d", "a", 1),
+    "b-1": ("d", "b", 2),
+    "a-2": ("d", "a", 3),
+    "b-2": ("d", "b", 4),
+    "a-3": ("d", "a", 5),
+    "other-a": ("elsewhere", "a", 6),
+}
+
+
+def test_keys_applied_in_order_interleaved_are_in_order() -> None:
+    applied = ["b-1", "a-1", "a-2", "other-a", "b-2", "unkeyed-1", "a-3"]
+    assert out_of_order(KEYED, applied) == []
+
+
+def test_a_message_applied_after_a_later_one_of_its_key_is_out_of_order() -> None:
+    found = out_of_order(KEYED, ["a-1", "a-3", "b-2", "a-2", "b-1", "other-a"])
+    assert found == [
+        "a-2 (key a) applied after a-3, later in its key",
+        "b-1 (key b) applied after b-2, later in its key",
+    ]
+
+
+def test_only_a_messages_first_effect_counts_for_its_order() -> None:
+    # A second effect is a duplicate (counted as such by tally), not a reordering.
+    assert out_of_order(KEYED, ["a-1", "a-2", "a-1", "a-3", "a-2"]) == []
+
+
+def test_the_database_check_reads_the_order_the_receiver_applied(
+    db_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    engine = outbox.create_engine(db_url)
+    try:
+        for reply_id in ("k-1", "k-2"):
+            with Session(engine) as session, session.begin():
+                outbox.publish(session, "default", reply_id, {"id": reply_id}, ordering_key="hot")
+    finally:
+        engine.dispose()
+    with ReceiptStore(db_url) as store:
+        for reply_id in ("k-2", "k-1"):  # the later message applied first
+            store.accept(reply_id, canonical_bytes({"id": reply_id}), record_effect)
+    report = tmp_path / "figures.jsonl"
+    monkeypatch.setenv(REPORT_VAR, str(report))
+    found = tally(db_url)
+    assert (found.keyed, found.out_of_order) == (2, 1), found.problems
+    assert "out_of_order: k-1 (key hot) applied after k-2, later in its key" in found.problems
+    with pytest.raises(AssertionError, match="out_of_order"):
+        record_then_assert("key order", "x", "x", runs=1, kills=0, messages=2, found=found)
+    [line] = [json.loads(text) for text in report.read_text().splitlines()]
+    assert (line["keyed"], line["out_of_order"]) == (2, 1)

@@ -1,8 +1,10 @@
 """Soak: tasks flow through 3 workers and 3 relays while a chaos loop kills processes.
 
 Every 0.5-2 s the loop SIGKILLs a random worker, relay or the receiver and
-starts a replacement. Work keeps arriving meanwhile. When the feed is done the
-chaos stops, and after the drain every invariant is 0. The short form runs in
+starts a replacement. Work keeps arriving meanwhile, with published replies that
+carry ordering keys, half of them one hot key (faults.system.ordering_key). When
+the feed is done the chaos stops, and after the drain every invariant is 0, no
+keyed reply applied out of its key's order included. The short form runs in
 CI (2,000 tasks on PostgreSQL; 200 on SQLite, where six processes share one
 file's write lock); `pytest tests/faults/test_soak.py --soak` runs the long one
 (10,000 on PostgreSQL). Set OUTBOXDEV_SOAK_SEED to replay a run's choices.
@@ -25,7 +27,7 @@ from faults.system import System
 MESSAGES = {"postgresql": 2_000, "sqlite": 200}
 SOAK_MESSAGES = {"postgresql": 10_000, "sqlite": 5_000}
 FEED_CHUNK = 50
-PUBLISH_EVERY = 10  # one published reply per this many tasks
+PUBLISH_EVERY = 4  # one published reply per this many tasks, keyed (half the hot key)
 KILL_EVERY = (0.5, 2.0)
 ROLES = ("worker", "relay")
 REPLICAS = 3
@@ -108,4 +110,5 @@ def test_chaos_kills_lose_and_double_nothing(
         found=found,
     )
     assert found.tasks == total, (found, seed)
+    assert found.keyed == len(system.published) > 0, (found, seed)
     assert kills > 0, f"seed {seed}: the feed ended before the first kill"
