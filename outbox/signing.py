@@ -39,6 +39,9 @@ SIGNATURE_HEADER = "webhook-signature"
 CONTENT_HASH_HEADER = "outbox-content-hash"
 """Broker messages carry the body's SHA-256 (hex), so a consumer can check the bytes it
 got are the bytes the outbox stored before it dedupes by (reply_id, hash)."""
+ORDERING_KEY_HEADER = "outbox-ordering-key"
+"""Broker messages with an ordering key carry it, so a consumer can apply a key's messages
+in order without parsing the subject or routing key."""
 DEFAULT_TOLERANCE = 300
 
 # The id is signed as "id.timestamp.body", so a '.' in it would make the string ambiguous.
