@@ -5,14 +5,15 @@ message's own headers (the traceparent among them), the Standard Webhooks id
 (the reply_id), timestamp and signature made with the destination's secret
 exactly as for HTTP, and the body's content hash. A consumer verifies the
 signature to know the message came from this outbox, and dedupes by
-(reply_id, content hash) as the reference receiver does. The broker's own
+(reply_id, content hash) as the reference receiver does. A message with an ordering
+key carries it too (outbox-ordering-key). The broker's own
 message id (Nats-Msg-Id, AMQP message_id) is the reply_id too; each transport
 sets it in its own way.
 """
 
 from __future__ import annotations
 
-from outbox.signing import CONTENT_HASH_HEADER
+from outbox.signing import CONTENT_HASH_HEADER, ORDERING_KEY_HEADER
 from relay.config import Destination
 from relay.records import Message
 from relay.webhooks import request_headers
@@ -25,6 +26,8 @@ def broker_headers(
     `timestamp` (by default now: a parcel's messages may share one reading of the clock)."""
     headers = request_headers(destination, message.reply_id, message.body, timestamp)
     headers[CONTENT_HASH_HEADER] = message.content_hash
+    if message.ordering_key is not None:
+        headers[ORDERING_KEY_HEADER] = message.ordering_key
     if message.headers:
         # The message's own headers first, as HTTP sends them; the relay's win a clash.
         return {**message.headers, **headers}

@@ -55,6 +55,9 @@ class Destination:
     batch_url: str | None = None
     max_batch_items: int = 500
     max_batch_bytes: int = 1_000_000
+    ordered_batches: bool = False
+    """HTTP batch mode: the receiver applies a batch's items of one ordering key in order
+    and answers `held` after one it did not apply, so a batch may hold several of them."""
     require_retention: bool = False
     """Refuse to start when the destination publishes no receipt retention."""
     kind: str = "http"
@@ -143,6 +146,7 @@ class Destination:
                 ("mode", self.mode, "single"),
                 ("batch_url", self.batch_url, None),
                 ("receipt_lookup", self.receipt_lookup, False),
+                ("ordered_batches", self.ordered_batches, False),
             ):
                 if value != default:
                     raise ConfigError(f"{key} is a key of http destinations, not of {self.kind}")
@@ -274,6 +278,7 @@ DESTINATION_KEYS: dict[str, Callable[[object], Any]] = {
     "batch_url": _text,
     "max_batch_items": _count,
     "max_batch_bytes": _count,
+    "ordered_batches": _flag,
     "require_retention": _flag,
     "unsigned": _flag,
     "allow_short_retention": _flag,

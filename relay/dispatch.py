@@ -25,6 +25,7 @@ from outbox.redaction import redact, redact_quoted
 from relay.config import Destination
 from relay.metrics import RelayMetrics
 from relay.policy import (
+    HELD,
     Dead,
     Outcome,
     Retry,
@@ -150,6 +151,9 @@ class Dispatcher:
         jobs: list[Awaitable[dict[int, Outcome]]] = []
         for name, group in by_destination.items():
             transport = self.transport(name)
+            if _repeats_a_key(group):
+                jobs.append(self._in_key_order(name, transport, group, deadline))
+                continue
             jobs.extend(
                 self._limited(name, parcel.messages, partial(_sent, transport, parcel), deadline)
                 for parcel in transport.parcels(group)
@@ -157,6 +161,62 @@ class Dispatcher:
         for result in await asyncio.gather(*jobs):
             outcomes.update(result)
         return outcomes
+
+    async def _in_key_order(
+        self, name: str, transport: Transport, group: Sequence[Message], deadline: float
+    ) -> dict[int, Outcome]:
+        """Deliver a destination's part that holds several messages of some key.
+
+        A parcel goes only once every earlier parcel holding one of its keys has ended;
+        its messages of a key stopped by then (an earlier message of the key ended
+        neither sent nor dead) are held back. Parcels that share no key still go at once,
+        each under the destination's concurrency limit. Within a parcel, the transport
+        keeps a key's messages in order (see Transport.parcels).
+        """
+        outcomes: dict[int, Outcome] = {}
+        stopped: set[str] = set()
+        last: dict[str, asyncio.Future[None]] = {}
+        jobs: list[asyncio.Future[None]] = []
+        for parcel in transport.parcels(chains_together(group)):
+            keys = {m.ordering_key for m in parcel.messages if m.ordering_key is not None}
+            before = {last[key] for key in keys if key in last}
+            job = asyncio.ensure_future(
+                self._after(name, transport, parcel, before, stopped, outcomes, deadline)
+            )
+            last.update(dict.fromkeys(keys, job))
+            jobs.append(job)
+        await asyncio.gather(*jobs)
+        return outcomes
+
+    async def _after(
+        self,
+        name: str,
+        transport: Transport,
+        parcel: Parcel,
+        before: set[asyncio.Future[None]],
+        stopped: set[str],
+        outcomes: dict[int, Outcome],
+        deadline: float,
+    ) -> None:
+        """Send one parcel of _in_key_order once the parcels `before` it have ended."""
+        if before:
+            await asyncio.wait(before)
+        going = [m for m in parcel.messages if m.ordering_key not in stopped]
+        for message in parcel.messages:
+            if message.ordering_key in stopped:
+                outcomes[message.id] = HELD
+        # What is left of a parcel fits the limits the whole did; a transport may still
+        # pack it in several parcels, which then go one after another.
+        parts = [parcel] if len(going) == len(parcel.messages) else transport.parcels(going)
+        for part in parts:
+            sent = partial(_sent, transport, part)
+            outcomes.update(await self._limited(name, part.messages, sent, deadline))
+        for message in parcel.messages:
+            # One that went dead releases its key: the key's later messages go on.
+            if message.ordering_key is not None and not isinstance(
+                outcomes[message.id], Sent | Dead
+            ):
+                stopped.add(message.ordering_key)
 
     async def _limited(
         self,
@@ -205,6 +265,29 @@ class Dispatcher:
             status = previous.status if isinstance(previous, Retry | Dead) else None
             outcomes[message.id] = Dead(status, truncate(f"outcome unknown: {why}{tail}"))
         return outcomes
+
+
+def _repeats_a_key(messages: Sequence[Message]) -> bool:
+    """Whether some ordering key has several messages here (a claim chained them)."""
+    keys = [m.ordering_key for m in messages if m.ordering_key is not None]
+    return len(keys) != len(set(keys))
+
+
+def chains_together(messages: Sequence[Message]) -> list[Message]:
+    """The messages with each key's ones together, in id order, where its first one was."""
+    parts: list[list[Message]] = []
+    chains: dict[str, list[Message]] = {}
+    for message in messages:
+        key = message.ordering_key
+        if key is None:
+            parts.append([message])
+            continue
+        chain = chains.get(key)
+        if chain is None:
+            chains[key] = chain = []
+            parts.append(chain)
+        chain.append(message)
+    return [m for part in parts for m in sorted(part, key=lambda m: m.id)]
 
 
 async def _sent(transport: Transport, parcel: Parcel) -> dict[int, Outcome]:

@@ -1,10 +1,16 @@
 """HTTP batch: many messages in one signed POST, each settled by the per-item answer.
 
-The body is `{"replies": [{"reply_id": str, "body": str, "headers": {...}}, ...]}`,
-each body the exact stored text of one message, `headers` its stored headers (left
-out when it has none), and the request signed with a `batch:` id; the answer is
-`{"results": [{"reply_id", "status"}]}` with stored, duplicate, conflict or invalid
-per item.
+The body is `{"replies": [{"reply_id": str, "body": str, "ordering_key": str,
+"headers": {...}}, ...]}`, each body the exact stored text of one message,
+`ordering_key` and `headers` its own (each left out when it has none), and the
+request signed with a `batch:` id; the answer is `{"results": [{"reply_id",
+"status"}]}` with stored, duplicate, conflict, invalid, retry or held per item.
+
+A batch holds at most one message of an ordering key, unless the destination sets
+`ordered_batches`: its receiver then applies a key's items in order and answers
+`held` for the items of a key after one it did not apply. The relay takes each item's
+answer as given: an item answered stored was applied, and is sent even after an
+earlier item of its key that was not (a resend would not undo it).
 """
 
 from __future__ import annotations
@@ -15,7 +21,7 @@ from json.encoder import encode_basestring
 
 from outbox.messages import BATCH_ID_PREFIX
 from relay.http_client import Response
-from relay.policy import Dead, Outcome, Retry, Sent, classify, truncate
+from relay.policy import Dead, Outcome, Retry, Sent, Unsent, classify, truncate
 from relay.records import Message
 from relay.transport import HttpTransport, Parcel
 from relay.webhooks import post, request_headers, snippet
@@ -40,6 +46,11 @@ def pack_batches(
             + encode_basestring(message.reply_id)
             + ',"body":'
             + encode_basestring(message.body.decode("utf-8"))
+            + (
+                ',"ordering_key":' + encode_basestring(message.ordering_key)
+                if message.ordering_key is not None
+                else ""
+            )
             # A message's own headers (its traceparent among them) travel with it, as
             # they do as HTTP headers in single mode.
             + (',"headers":' + json.dumps(dict(message.headers)) if message.headers else "")
@@ -56,14 +67,39 @@ def pack_batches(
     return packed
 
 
+def one_per_key(messages: Sequence[Message]) -> list[Sequence[Message]]:
+    """The messages in rounds: the first of each key (and every unkeyed one), then the
+    second of each key, and so on, each round in the order given."""
+    rounds: list[list[Message]] = [[]]
+    seen: dict[str, int] = {}
+    for message in messages:
+        key = message.ordering_key
+        place = 0
+        if key is not None:
+            place = seen.get(key, 0)
+            seen[key] = place + 1
+        if place == len(rounds):
+            rounds.append([])
+        rounds[place].append(message)
+    split: list[Sequence[Message]] = [*rounds]
+    return split if len(split) > 1 else [messages]
+
+
 class HttpBatchTransport(HttpTransport):
     """Batches within max_batch_items and max_batch_bytes, POSTed to the batch url."""
 
     def parcels(self, messages: Sequence[Message]) -> list[Parcel]:
-        """Messages packed into batch bodies."""
+        """Messages packed into batch bodies; without ordered_batches, at most one message
+        of a key per batch (a key's next one in a later batch, sent after it)."""
         destination = self.destination
-        packed = pack_batches(messages, destination.max_batch_items, destination.max_batch_bytes)
-        return [Parcel(group, body) for group, body in packed]
+        rounds = [messages] if destination.ordered_batches else one_per_key(messages)
+        return [
+            Parcel(group, body)
+            for part in rounds
+            for group, body in pack_batches(
+                part, destination.max_batch_items, destination.max_batch_bytes
+            )
+        ]
 
     async def send(self, parcel: Parcel) -> dict[int, Outcome]:
         """POST one batch; settle each message by the receiver's per-item answer."""
@@ -87,12 +123,24 @@ class HttpBatchTransport(HttpTransport):
         return _per_item(response, batch)
 
 
+HELD_BY_RECEIVER = Unsent(
+    error="held by the destination: an earlier message of its ordering key in the batch "
+    "was not applied"
+)
+"""An item the receiver did not apply because an earlier one of its key was not: pending
+at once, its attempt given back."""
+
+
 def _per_item(response: Response, batch: Sequence[Message]) -> dict[int, Outcome]:
     try:
-        answers = {
-            str(item["reply_id"]): str(item["status"]) for item in response.json()["results"]
+        results = response.json()["results"]
+        answers = {str(item["reply_id"]): str(item["status"]) for item in results}
+        errors = {
+            str(item["reply_id"]): item["error"]
+            for item in results
+            if item.get("error") is not None and item["status"] == "retry"
         }
-    except (ValueError, KeyError, TypeError):
+    except (ValueError, KeyError, TypeError, AttributeError):
         bad = Retry(response.status, "batch answer is not the expected JSON")
         return dict.fromkeys((m.id for m in batch), bad)
     status = response.status
@@ -102,6 +150,17 @@ def _per_item(response: Response, batch: Sequence[Message]) -> dict[int, Outcome
         "duplicate": Sent(status),
         "conflict": Dead(409, "conflict: the destination holds this reply_id with another body"),
         "invalid": Dead(400, "invalid: the destination refused this body"),
+        "retry": Retry(status, "the destination asked to retry this message"),
+        "held": HELD_BY_RECEIVER,
     }
     omitted = Retry(status, "batch answer omits this message")
-    return {message.id: by_answer.get(answers.get(message.reply_id), omitted) for message in batch}
+    outcomes = {
+        message.id: by_answer.get(answers.get(message.reply_id), omitted) for message in batch
+    }
+    for message in batch:
+        said = errors.get(message.reply_id)
+        if said is not None:
+            outcomes[message.id] = Retry(
+                status, truncate(f"the destination asked to retry this message: {said}")
+            )
+    return outcomes

@@ -15,6 +15,7 @@ from __future__ import annotations
 from outbox.signing import (
     CONTENT_HASH_HEADER,
     ID_HEADER,
+    ORDERING_KEY_HEADER,
     SIGNATURE_HEADER,
     TIMESTAMP_HEADER,
     is_webhook_id,
@@ -43,6 +44,7 @@ class NatsHeaders:
         self._relay_names = frozenset(
             {MSG_ID_HEADER, EXPECTED_STREAM_HEADER, *FIXED_HEADERS}
             | {ID_HEADER, TIMESTAMP_HEADER, SIGNATURE_HEADER, CONTENT_HASH_HEADER}
+            | {ORDERING_KEY_HEADER}
         )
 
     def build(self, message: Message, seconds: int) -> HeaderBlock:
@@ -50,9 +52,11 @@ class NatsHeaders:
         its own header names is not a NATS one, and ValueError, TypeError or AttributeError
         for a row no publish() stores (as the general path raises them)."""
         reply_id, content_hash, own = message.reply_id, message.content_hash, message.headers
+        ordering_key = message.ordering_key
         key = self._key
         if (
             not sent_as_is(content_hash)
+            or (ordering_key is not None and not sent_as_is(ordering_key))
             or not (is_webhook_id(reply_id) if key is not None else sent_as_is(reply_id))
             or (own and not self._relay_names.isdisjoint(own))
         ):
@@ -67,10 +71,14 @@ class NatsHeaders:
             headers[SIGNATURE_HEADER] = mac = signature(key, reply_id, seconds, message.body)
             signed = f"{TIMESTAMP_HEADER}: {stamp}\r\n{SIGNATURE_HEADER}: {mac}\r\n"
         headers[CONTENT_HASH_HEADER] = content_hash
+        keyed = ""
+        if ordering_key is not None:
+            headers[ORDERING_KEY_HEADER] = ordering_key
+            keyed = f"{ORDERING_KEY_HEADER}: {ordering_key}\r\n"
         block = (
             f"{STATUS_LINE}{MSG_ID_HEADER}: {reply_id}{self._after_id}"
             f"{header_lines(own) if own else ''}{self._fixed}{ID_HEADER}: {reply_id}\r\n"
-            f"{signed}{CONTENT_HASH_HEADER}: {content_hash}\r\n\r\n"
+            f"{signed}{CONTENT_HASH_HEADER}: {content_hash}\r\n{keyed}\r\n"
         )
         return HeaderBlock(headers, block.encode())
 

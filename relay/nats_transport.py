@@ -4,7 +4,9 @@ A message goes to the subject its destination's template names, with
 `Nats-Msg-Id` = reply_id, the body bytes unchanged and the broker headers
 (relay.broker_headers). The PubAck is the trusted ACK, a duplicate one too:
 the stream already holds that reply_id. A parcel's messages are published
-together and each is settled by its own PubAck (docs/explanation/contract.md#nats-jetstream).
+together and each is settled by its own PubAck (docs/explanation/contract.md#nats-jetstream),
+except that a key's later messages in a parcel are each published only after the
+PubAck of the one before: a retried message can never be stored behind its key's next.
 
 A lost connection ends every publish still waiting as a retry, never as sent:
 the stream may or may not have stored it, and the resend is dropped by the
@@ -30,7 +32,7 @@ from outbox.redaction import redact, redact_urls
 from relay.config import Destination
 from relay.nats_headers import NatsHeaders
 from relay.nats_wire import BadHeaderName, Publish, publish_all, relay_client, subscribe_answers
-from relay.policy import ACKED, Dead, Outcome, Retry, retains, truncate
+from relay.policy import ACKED, HELD, Dead, Outcome, Retry, Sent, retains, truncate
 from relay.records import Message
 from relay.transport import Parcel, Transport, clients
 
@@ -90,11 +92,13 @@ class _Answers:
     turn that runs it cost more per message than reading the PubAck does.
     """
 
-    __slots__ = ("all_in", "left", "outcomes")
+    __slots__ = ("all_in", "left", "outcomes", "watched")
 
     def __init__(self, loop: asyncio.AbstractEventLoop, count: int) -> None:
         self.outcomes: dict[int, Outcome] = {}
         """By message id: the PubAck's reading, or why the message could not go out."""
+        self.watched: dict[int, asyncio.Future[None]] = {}
+        """Messages whose key's next message waits for their outcome: set when it comes."""
         self.left = count
         self.all_in: asyncio.Future[None] = loop.create_future()
         if count == 0:
@@ -105,6 +109,9 @@ class _Answers:
         if message_id in self.outcomes:
             return
         self.outcomes[message_id] = outcome
+        watch = self.watched.pop(message_id, None) if self.watched else None
+        if watch is not None and not watch.done():
+            watch.set_result(None)
         self.left -= 1
         if self.left == 0 and not self.all_in.done():
             self.all_in.set_result(None)
@@ -189,19 +196,28 @@ class NatsTransport(Transport):
         tokens: list[str] = []
         expired = False
         signed_at = int(time.time())  # one reading of the clock for the parcel's signatures
+        # A key's later messages wait for the PubAck of the one before (see _follow).
+        first, later = _first_of_each_key(parcel.messages)
+        held_back = {m.id for chain in later.values() for m in chain}
         try:
             async with asyncio.timeout_at(deadline):
                 publishes: list[Publish] = []
-                for message in parcel.messages:
-                    token = str(next(link.tokens))
-                    link.waiting[token] = (answers, message.id)
-                    tokens.append(token)
-                    prepared = self._prepare(link, message, token, signed_at)
+                for message in first:
+                    prepared = self._prepared(link, answers, tokens, message, signed_at)
                     if isinstance(prepared, Publish):
                         publishes.append(prepared)
                     else:
                         answers.record(message.id, prepared)
+                    if message.ordering_key in later:
+                        answers.watched[message.id] = loop.create_future()
                 await self._publish(link, publishes, answers)
+                follow = (
+                    self._follow(link, answers, tokens, chain, signed_at, held_back)
+                    for chain in [
+                        [m, *later[m.ordering_key]] for m in first if m.ordering_key in later
+                    ]
+                )
+                await asyncio.gather(*follow)
                 await self._wait(link, answers)
         except TimeoutError:
             expired = True
@@ -211,13 +227,62 @@ class NatsTransport(Transport):
         outcomes = answers.outcomes
         for message in parcel.messages:
             if message.id not in outcomes:
-                # The deadline came before its publish or its PubAck, or the link was lost.
-                outcomes[message.id] = self._unanswered(link)
+                # The deadline came before its publish or its PubAck, or the link was lost;
+                # a key's message that was never published is held back, not attempted.
+                unanswered = HELD if message.id in held_back else self._unanswered(link)
+                outcomes[message.id] = unanswered
         if expired:
             # Silence past the deadline may be a half-open connection: the next attempt
             # connects anew rather than publish into it again.
             link.lost.set()
         return outcomes
+
+    def _prepared(
+        self,
+        link: _Link,
+        answers: _Answers,
+        tokens: list[str],
+        message: Message,
+        signed_at: int,
+    ) -> Publish | Outcome:
+        """_prepare under a new reply token that `answers` waits on."""
+        token = str(next(link.tokens))
+        link.waiting[token] = (answers, message.id)
+        tokens.append(token)
+        return self._prepare(link, message, token, signed_at)
+
+    async def _follow(
+        self,
+        link: _Link,
+        answers: _Answers,
+        tokens: list[str],
+        chain: list[Message],
+        signed_at: int,
+        held_back: set[int],
+    ) -> None:
+        """Publish a key's later messages of the parcel, each after the PubAck of the one
+        before: a retry of one can then never land behind the next. A message that ends
+        neither sent nor dead stops the key (the rest are HELD); a dead one does not."""
+        for index, message in enumerate(chain):
+            if index > 0:
+                answers.watched[message.id] = asyncio.get_running_loop().create_future()
+                held_back.discard(message.id)
+                prepared = self._prepared(link, answers, tokens, message, signed_at)
+                if isinstance(prepared, Publish):
+                    await self._publish(link, [prepared], answers)
+                else:
+                    answers.record(message.id, prepared)
+            watch = answers.watched.get(message.id)
+            if watch is not None and message.id not in answers.outcomes:
+                lost: asyncio.Future[Any] = asyncio.ensure_future(link.lost.wait())
+                try:
+                    await asyncio.wait({watch, lost}, return_when=asyncio.FIRST_COMPLETED)
+                finally:
+                    lost.cancel()
+            if not isinstance(answers.outcomes.get(message.id), Sent | Dead):
+                for rest in chain[index + 1 :]:
+                    answers.record(rest.id, HELD)
+                return
 
     def _prepare(
         self, link: _Link, message: Message, token: str, signed_at: int
@@ -469,6 +534,25 @@ class NatsTransport(Transport):
             link.lost.set()  # ours to close: not a lost connection to warn of
             if not link.client.is_closed:
                 await link.client.close()
+
+
+def _first_of_each_key(
+    messages: Sequence[Message],
+) -> tuple[list[Message], dict[str | None, list[Message]]]:
+    """The messages published at once (every unkeyed one and the first of each key), and
+    each key's later ones, in order."""
+    first: list[Message] = []
+    later: dict[str | None, list[Message]] = {}
+    seen: set[str] = set()
+    for message in messages:
+        key = message.ordering_key
+        if key is None or key not in seen:
+            if key is not None:
+                seen.add(key)
+            first.append(message)
+        else:
+            later.setdefault(key, []).append(message)
+    return first, later
 
 
 def _subjects(subjects: Iterable[str] | None) -> list[str]:

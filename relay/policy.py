@@ -58,6 +58,11 @@ class Unsent:
     error: str = "not attempted: the lease would have expired during the attempt"
 
 
+HELD = Unsent(error="not attempted: an earlier message of its ordering key was not delivered")
+"""A keyed message left out of its turn because an earlier one of its key did not end
+sent or dead: pending again at once, its attempt given back (it is not claimable before
+that earlier one anyway)."""
+
 Outcome = Sent | Retry | Dead | Unsent
 
 

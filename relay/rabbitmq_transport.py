@@ -6,6 +6,11 @@ headers the broker headers every broker transport sends (relay.broker_headers:
 signature, content hash, traceparent). The routing key is the destination's
 template with {ordering_key} filled in.
 
+A parcel's messages are published at once, except that a key's later messages are each
+published only once the one before is confirmed: a nacked message's retry can never be
+queued behind its key's next, and the key's messages after one that ends neither sent nor
+dead are held back for a later turn.
+
 The broker's publisher confirm is the ACK: an ack is sent; a nack, a missing
 confirm within the timeout, or a lost connection or channel is retried (the
 message may already be queued: RabbitMQ does not dedupe, so a resend can queue
@@ -36,7 +41,7 @@ from outbox.errors import ConfigError, TransportError
 from outbox.redaction import redact, redact_urls
 from relay.broker_headers import broker_headers
 from relay.config import Destination
-from relay.policy import ACKED, Dead, Outcome, Retry, truncate
+from relay.policy import ACKED, HELD, Dead, Outcome, Retry, Sent, truncate
 from relay.records import Message
 from relay.transport import Parcel, Transport, clients
 
@@ -113,21 +118,46 @@ class RabbitMqTransport(Transport):
             failed = Retry(None, _failure("cannot connect", exc))
             return dict.fromkeys((m.id for m in messages), failed)
         signed_at = time.time()  # one reading of the clock for the parcel's signatures
-        publishes = [asyncio.ensure_future(self._publish(channel, m, signed_at)) for m in messages]
+        confirmed: dict[int, Outcome] = {}
+        published: set[int] = set()
+        publishes = [
+            asyncio.ensure_future(self._in_order(channel, chain, signed_at, confirmed, published))
+            for chain in _by_key(messages)
+        ]
         # One wait for the whole parcel, not a timer per message: past the deadline
-        # what is still unconfirmed is a retry.
+        # what is still unconfirmed is a retry, and a key's message not yet published
+        # is held back.
         await asyncio.wait(publishes, timeout=max(0.0, deadline - loop.time()))
-        late = Retry(None, f"no publisher confirm within {self.destination.timeout:g}s")
-        outcomes: list[Outcome] = []
         for publish in publishes:
-            if publish.done():
-                outcomes.append(publish.result())
-            else:
+            if not publish.done():
                 publish.cancel()
-                outcomes.append(late)
-        if any(isinstance(o, Retry) and o.error != NACKED for o in outcomes):
+        late = Retry(None, f"no publisher confirm within {self.destination.timeout:g}s")
+        outcomes = {
+            m.id: confirmed.get(m.id, late if m.id in published else HELD) for m in messages
+        }
+        if any(isinstance(o, Retry) and o.error != NACKED for o in outcomes.values()):
             await self._forget(connection)
-        return {message.id: outcome for message, outcome in zip(messages, outcomes, strict=True)}
+        return outcomes
+
+    async def _in_order(
+        self,
+        channel: Channel,
+        chain: Sequence[Message],
+        signed_at: float,
+        confirmed: dict[int, Outcome],
+        published: set[int],
+    ) -> None:
+        """Publish one message, or a key's messages one after another, each once the one
+        before is confirmed: a nacked message's retry can never be queued behind its key's
+        next. A message that ends neither sent nor dead stops the key (the rest are HELD);
+        a dead one (returned, unroutable) does not."""
+        for index, message in enumerate(chain):
+            published.add(message.id)
+            outcome = confirmed[message.id] = await self._publish(channel, message, signed_at)
+            if not isinstance(outcome, Sent | Dead):
+                for rest in chain[index + 1 :]:
+                    confirmed[rest.id] = HELD
+                return
 
     async def _publish(self, channel: Channel, message: Message, signed_at: float) -> Outcome:
         """Publish one message and wait for its confirm (or return)."""
@@ -249,6 +279,22 @@ class RabbitMqTransport(Transport):
         """Close the connection, if one is open."""
         if self._connection is not None:
             await self._forget(self._connection)
+
+
+def _by_key(messages: Sequence[Message]) -> list[list[Message]]:
+    """Each unkeyed message alone, and each key's messages together, in the order given."""
+    chains: list[list[Message]] = []
+    keyed: dict[str, list[Message]] = {}
+    for message in messages:
+        key = message.ordering_key
+        if key is None:
+            chains.append([message])
+        elif key in keyed:
+            keyed[key].append(message)
+        else:
+            keyed[key] = chain = [message]
+            chains.append(chain)
+    return chains
 
 
 def _failure(what: str, exc: BaseException) -> str:

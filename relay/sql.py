@@ -100,6 +100,49 @@ def claim_session(dialect_name: str) -> str | None:
     )
 
 
+KEY_CHAIN = 1000
+"""At most this many messages of one ordering key after its first in one claim."""
+# A claim that takes the first undelivered message of a key also takes the key's next
+# messages, in id order, while each is pending, due and has attempts left: a key moves
+# many messages per claim instead of one. Due matters only for a message retried
+# before (a backoff or a Retry-After the destination asked for); a never-attempted one,
+# or one held back behind its key, is due at once. A spent message (its lease expired
+# mid-send with no attempts left) is only resolved, after the turn's sends, so it ends
+# a chain, and a spent first message starts none. The chain stops at the first message
+# that does not qualify: a later one would overtake it.
+#
+# The successors are claimed by a second statement, only after the first messages' claim
+# has committed, and only when it leased keyed ones: the claim of unkeyed messages stays
+# the one statement it was, plan and cost. By then each first message is `sending` under
+# this relay, so no other claim can take its successors (a message is claimable alone
+# only when no lower id of its key is pending or sending), and the second statement
+# needs no SKIP LOCKED. Claims are the only writers of pending rows (the reaper and
+# adoption change sending ones, operators' decisions dead ones), so a successor seen
+# pending is still pending when the UPDATE locks it: the chain has no gap. Should the
+# relay stop between the two statements, the successors simply stay pending.
+
+
+def _qualifies(s: Any, now: Now) -> sa.ColumnElement[bool]:
+    """A successor that may join its key's chain (see KEY_CHAIN)."""
+    return and_(
+        s.c.state == state_literal(MessageState.PENDING),
+        s.c.available_at <= now,
+        s.c.attempts < sa.bindparam("budget", type_=sa.Integer()),
+    )
+
+
+def _successors(s: Any, destination: Any, key: Any, after: Any) -> list[Any]:
+    """The walk of ix_outbox_messages_ordering from a key's first message."""
+    return [
+        s.c.destination == destination,
+        s.c.ordering_key == key,
+        s.c.id > after,
+        # The index's predicate, written out so that a generic plan can use it.
+        s.c.ordering_key.is_not(None),
+        s.c.state.in_((state_literal(MessageState.PENDING), state_literal(MessageState.SENDING))),
+    ]
+
+
 @functools.cache
 def _claim_statements(dialect_name: str) -> tuple[Any, Any]:
     """(pick, update) for a dialect, built once: SQLAlchemy then reuses their compiled SQL."""
@@ -172,6 +215,137 @@ def _claim_statements(dialect_name: str) -> tuple[Any, Any]:
     return pick, update
 
 
+@functools.cache
+def _chain_statement(dialect_name: str) -> Any:
+    """The successors' claim: PostgreSQL's UPDATE, or SQLite's select of one key's chain."""
+    s = messages.alias("s")
+    now = bound_now(dialect_name)
+    share = sa.bindparam("share", type_=sa.Integer())
+    if not is_postgresql(dialect_name):
+        # SQLite has no LATERAL: one walk per key, under the claim's write lock.
+        return (
+            sa.select(s.c.id, s.c.attempts, _qualifies(s, now))
+            .where(
+                *_successors(
+                    s,
+                    sa.bindparam("destination", type_=sa.String()),
+                    sa.bindparam("key", type_=sa.String()),
+                    sa.bindparam("head", type_=sa.BigInteger()),
+                )
+            )
+            .order_by(s.c.id)
+            .limit(share)
+        )
+    heads = (
+        sa.func.unnest(
+            sa.bindparam("head_ids", type_=postgresql.ARRAY(sa.BigInteger())),
+            sa.bindparam("head_destinations", type_=postgresql.ARRAY(sa.String())),
+            sa.bindparam("head_keys", type_=postgresql.ARRAY(sa.String())),
+        )
+        .table_valued("id", "destination", "ordering_key", with_ordinality="position")
+        .render_derived(name="h")
+    )
+    successor = (
+        sa.select(s.c.id, s.c.attempts, _qualifies(s, now).label("ok"))
+        .where(*_successors(s, heads.c.destination, heads.c.ordering_key, heads.c.id))
+        .order_by(s.c.id)
+        .limit(share)
+        .lateral("successor")
+    )
+    by_key = heads.c.position
+    chain = (
+        sa.select(
+            successor.c.id,
+            successor.c.attempts,
+            heads.c.position,
+            sa.func.row_number().over(partition_by=by_key, order_by=successor.c.id).label("rank"),
+            sa.func.bool_and(successor.c.ok)
+            .over(partition_by=by_key, order_by=successor.c.id)
+            .label("unbroken"),
+        )
+        .select_from(heads.join(successor, sa.true()))
+        .subquery("chain")
+    )
+    # Rank by rank: every key's second message, then every third, within the room left.
+    chosen = (
+        sa.select(chain.c.id, chain.c.attempts)
+        .where(chain.c.unbroken)
+        .order_by(chain.c.rank, chain.c.position)
+        .limit(sa.bindparam("room", type_=sa.Integer()))
+        .cte("chosen")
+        .prefix_with("MATERIALIZED")
+    )
+    return (
+        sa.update(messages)
+        .where(
+            messages.c.id == chosen.c.id,
+            # Primary-key probes, as in the first messages' claim.
+            messages.c.id == sa.any_(sa.func.array(sa.select(chosen.c.id).scalar_subquery())),
+            messages.c.state == state_literal(MessageState.PENDING),
+        )
+        .values(**_claim_values(now, chosen.c.attempts))
+        .returning(*CLAIMED, chosen.c.attempts.label("previous_attempts"))
+    )
+
+
+def _claim_chains(
+    conn: sa.Connection, heads: Sequence[ClaimedRow], params: dict[str, Any]
+) -> list[ClaimedRow]:
+    """Lease the next messages of the keys whose first messages were just leased.
+
+    Each key reads at most its share of the room the first messages left (KEY_CHAIN at
+    most), and the chains fill that room rank by rank, so many keys share a claim and
+    each key's part is a prefix of its chain.
+    """
+    keyed = sorted(
+        (h for h in heads if h.ordering_key is not None and h.previous_attempts < params["budget"]),
+        key=lambda h: h.id,
+    )
+    room = params["limit"] - len(heads)
+    if not keyed or room <= 0:
+        return []
+    share = min(KEY_CHAIN, -(-room // len(keyed)))
+    statement = _chain_statement(conn.dialect.name)
+    if is_postgresql(conn.dialect.name):
+        chained = {
+            **params,
+            "head_ids": [h.id for h in keyed],
+            "head_destinations": [h.destination for h in keyed],
+            "head_keys": [h.ordering_key for h in keyed],
+            "share": share,
+            "room": room,
+        }
+        return [ClaimedRow._make(row) for row in conn.execute(statement, chained).all()]
+    chains: list[list[tuple[int, int]]] = []
+    for head in keyed:
+        found = conn.execute(
+            statement,
+            {
+                **params,
+                "destination": head.destination,
+                "key": head.ordering_key,
+                "head": head.id,
+                "share": share,
+            },
+        )
+        chain: list[tuple[int, int]] = []
+        for successor_id, attempts, ok in found:
+            if not ok:
+                break
+            chain.append((successor_id, attempts))
+        chains.append(chain)
+    previous: dict[int, int] = {}
+    for rank in range(max(len(c) for c in chains)):
+        for chain in chains:
+            if rank < len(chain) and len(previous) < room:
+                previous[chain[rank][0]] = chain[rank][1]
+    if not previous:
+        return []
+    update = _claim_statements(conn.dialect.name)[1]
+    updated = conn.execute(update, {**params, "ids": list(previous)})
+    return [ClaimedRow._make((*row, previous[row.id])) for row in updated]
+
+
 def claim_messages(
     conn: sa.Connection,
     *,
@@ -183,7 +357,8 @@ def claim_messages(
     destinations: Sequence[str],
     skip_destinations: Sequence[str] = (),
 ) -> list[ClaimedRow]:
-    """Lease up to `limit` due messages (oldest first, the first undelivered of each key).
+    """Lease up to `limit` due messages: the oldest first, the first undelivered of each
+    key, and after each such first its key's next messages (see KEY_CHAIN).
 
     `now` is a manual clock's time, or None for the database's clock.
     """
@@ -199,14 +374,16 @@ def claim_messages(
     }
     if pick is None:
         # Fetched at once: iterating the result would fetch row by row.
-        return [ClaimedRow._make(row) for row in conn.execute(update, params).all()]
-    # SQLite: the transaction holds the write lock (BEGIN IMMEDIATE), so reading the
-    # candidates first cannot race; its RETURNING cannot name the FROM table's columns.
-    previous: dict[int, int] = {row[0]: row[1] for row in conn.execute(pick, params)}
-    if not previous:
-        return []
-    updated = conn.execute(update, {**params, "ids": list(previous)})
-    return [ClaimedRow._make((*row, previous[row.id])) for row in updated]
+        heads = [ClaimedRow._make(row) for row in conn.execute(update, params).all()]
+    else:
+        # SQLite: the transaction holds the write lock (BEGIN IMMEDIATE), so reading the
+        # candidates first cannot race; its RETURNING cannot name the FROM table's columns.
+        previous: dict[int, int] = {row[0]: row[1] for row in conn.execute(pick, params)}
+        if not previous:
+            return []
+        updated = conn.execute(update, {**params, "ids": list(previous)})
+        heads = [ClaimedRow._make((*row, previous[row.id])) for row in updated]
+    return heads + _claim_chains(conn, heads, params)
 
 
 @functools.cache

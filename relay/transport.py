@@ -48,7 +48,15 @@ class Transport(ABC):
 
     @abstractmethod
     def parcels(self, messages: Sequence[Message]) -> list[Parcel]:
-        """Group messages into requests, within the destination's limits."""
+        """Group messages into requests, within the destination's limits.
+
+        Messages of one ordering key come in id order and stay in that order across
+        the parcels; the dispatcher sends a parcel only after the earlier ones that hold
+        one of its keys. A parcel holding several messages of a key is sent by a
+        transport that keeps them in order: it applies or publishes one only after the
+        earlier ones of its key, and holds back (HELD) the key's later ones once one
+        ends neither sent nor dead.
+        """
 
     @abstractmethod
     async def send(self, parcel: Parcel) -> dict[int, Outcome]:

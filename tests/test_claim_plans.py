@@ -205,3 +205,40 @@ def test_the_relay_gauges_read_no_delivered_history(db_url: str) -> None:
     # Dead rows through either index that holds dead rows only (the console's chart added
     # ix_outbox_messages_died, on when they fell due; the planner may take either).
     assert "ix_outbox_messages_dead" in plan or "ix_outbox_messages_died" in plan, plan
+
+
+@pytest.mark.parametrize("backend", ["postgresql"], indirect=True)
+@pytest.mark.parametrize("mode", ["force_generic_plan", "force_custom_plan"])
+def test_the_relay_chain_claim_walks_each_key_and_probes_by_primary_key(
+    db_url: str, mode: str
+) -> None:
+    # A key's next messages are read along the ordering index from its first message,
+    # at most the key's share of them, and updated by primary-key probes: neither the
+    # pending backlog nor the delivered history is scanned.
+    engine = with_history(db_url, pending_every=1)
+    with engine.begin() as conn:
+        conn.exec_driver_sql(
+            "UPDATE outbox_messages SET ordering_key = 'k' || mod(id, 50) WHERE mod(id, 3) = 0"
+        )
+    with engine.connect() as conn:
+        conn.execution_options(isolation_level="AUTOCOMMIT").exec_driver_sql(
+            "ANALYZE outbox_messages"
+        )
+    try:
+        with engine.connect() as conn:
+            statement = relay_sql._chain_statement("postgresql")
+            values = claim_values(
+                500,
+                ["default"],
+                head_ids=[3, 6, 9],
+                head_destinations=["default"] * 3,
+                head_keys=["k3", "k6", "k9"],
+                share=150,
+                room=450,
+            )
+            plan = generic_plan(conn, statement, values, mode)
+    finally:
+        engine.dispose()
+    assert "Seq Scan on outbox_messages" not in plan, plan
+    assert "ix_outbox_messages_ordering" in plan, plan
+    assert "pk_outbox_messages" in plan, plan

@@ -63,6 +63,9 @@ DESTINATION_HELP = {
     "batch_url": "HTTP batch mode: the batch endpoint (default `<url>/batch`)",
     "max_batch_items": "messages per batch POST or broker parcel",
     "max_batch_bytes": "HTTP batch mode: bytes per POST; keep under the receiver's max_body",
+    "ordered_batches": "HTTP batch mode: the receiver applies a batch's items of one ordering "
+    "key in order and answers `held` after one it did not apply, so a batch may carry several "
+    "messages of a key; without it a batch carries at most one per key",
     "require_retention": "refuse to start when the destination publishes no receipt retention",
     "unsigned": "send without signatures (refused unless said, and exclusive with a secret)",
     "allow_short_retention": "run although the receipt retention (or the stream's duplicate "

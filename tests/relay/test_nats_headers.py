@@ -35,10 +35,13 @@ def builder(signed: bool, stream: str = "ORDERS") -> NatsHeaders:
 
 
 def message(
-    reply_id: str = "r-1", headers: Mapping[str, str] | None = None, content_hash: str = HASH
+    reply_id: str = "r-1",
+    headers: Mapping[str, str] | None = None,
+    content_hash: str = HASH,
+    ordering_key: str | None = None,
 ) -> Message:
     """A claimed message with these fields."""
-    return Message(7, reply_id, "default", BODY, content_hash, headers or {}, 1, 1)
+    return Message(7, reply_id, "default", BODY, content_hash, headers or {}, 1, 1, ordering_key)
 
 
 def outcome(build: Any, of: Message) -> tuple[dict[str, str], bytes] | tuple[str, str]:
@@ -76,6 +79,9 @@ def assert_same(headers: NatsHeaders, of: Message) -> None:
         message(content_hash=""),
         message(content_hash=" ab"),
         message(content_hash="a\nb"),
+        message(ordering_key="customer.7"),
+        message(ordering_key=" padded "),
+        message(ordering_key="k", headers={"outbox-ordering-key": "mine"}),
     ],
 )
 def test_both_paths_give_the_same_headers_and_bytes(signed: bool, of: Message) -> None:
@@ -118,3 +124,10 @@ def test_any_message_gets_the_same_headers_either_way(
     signed: bool, reply_id: str, content_hash: str, own: dict[str, str]
 ) -> None:
     assert_same(builder(signed), message(reply_id, own, content_hash))
+
+
+def test_a_keyed_message_carries_its_ordering_key() -> None:
+    block = builder(True).build(message(ordering_key="customer.7"), SECONDS)
+    assert block["outbox-ordering-key"] == "customer.7"
+    assert b"\r\noutbox-ordering-key: customer.7\r\n" in block.block
+    assert "outbox-ordering-key" not in builder(True).build(message(), SECONDS)

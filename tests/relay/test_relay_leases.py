@@ -81,7 +81,13 @@ def test_ordering_key_delivers_in_commit_order_across_a_retry(
     publish_many(engine, ["free-1"], clock=clock)
     server.script("k-1", Answer(status=503))
     with relay_for(db_url, server, clock, "relay-1", backoff=2) as relay:
-        assert sorted(relay.dispatch_once()) == [("free-1", "sent"), ("k-1", "retry")]
+        # k-2 and k-3 came with k-1 and are held back, unsent, behind its retry.
+        assert sorted(relay.dispatch_once()) == [
+            ("free-1", "sent"),
+            ("k-1", "retry"),
+            ("k-2", "retry"),
+            ("k-3", "retry"),
+        ]
         assert relay.dispatch_once() == []  # k-2 waits behind the retried k-1
         clock.advance(2)
         for _ in range(5):
@@ -94,12 +100,14 @@ def test_ordering_key_delivers_in_commit_order_across_a_retry(
 def test_a_resolved_message_is_never_claimed_and_holds_no_ordering_key(
     db_url: str, engine: sa.Engine, server: ScriptedServer, clock: ManualClock
 ) -> None:
-    publish_many(engine, ["k-1", "k-2"], ordering_key="order-4", clock=clock)
+    publish_many(engine, ["k-1"], ordering_key="order-4", clock=clock)
     publish_many(engine, ["done-1"], clock=clock)
     for reply_id in ("k-1", "done-1"):
         server.script(reply_id, Answer(status=410))
     with relay_for(db_url, server, clock, "relay-1", lease=5) as relay:
         assert sorted(relay.dispatch_once()) == [("done-1", "dead"), ("k-1", "dead")]
+        # Published after k-1 died: not chained with it, so the resolve below decides.
+        publish_many(engine, ["k-2"], ordering_key="order-4", clock=clock)
         with Operations(db_url, clock=clock) as ops:
             for reply_id in ("k-1", "done-1"):
                 ops.resolve(reply_id, reason="the destination confirmed it", by="ops")

@@ -33,7 +33,7 @@ from support.relay_helpers import SECRET, publish_many, rows
 
 import outbox
 from outbox.schema import messages as outbox_messages
-from outbox.signing import CONTENT_HASH_HEADER, parse_secret, verify
+from outbox.signing import CONTENT_HASH_HEADER, ORDERING_KEY_HEADER, parse_secret, verify
 from outbox.testing import ManualClock
 from relay import ConfigError, Destination, Relay
 from relay.nats_transport import NatsTransport, render_subject, subject_matches, subject_token
@@ -154,6 +154,8 @@ def test_each_message_is_stored_once_with_its_exact_body_and_every_header(
         }
         if reply_id == "r-2":
             expected["traceparent"] = TRACEPARENT
+        if row["ordering_key"] is not None:
+            expected[ORDERING_KEY_HEADER] = row["ordering_key"]
         assert message.headers == expected
         assert row["content_hash"] == digest
         assert row["state"] == "sent"
@@ -579,3 +581,30 @@ def test_a_short_window_found_after_the_start_check_failed_stops_publishing_unle
             assert sorted(m.headers["Nats-Msg-Id"] for m in short.stored()) == ids
         finally:
             server.kill()
+
+
+def test_a_keys_messages_are_stored_in_order_and_stop_at_the_first_refused(
+    db_url: str, engine: sa.Engine, clock: ManualClock, stream: Stream
+) -> None:
+    from nats.js.api import DiscardPolicy
+
+    # The stream takes two messages, then refuses new ones (a retry): k-3 is refused,
+    # and k-4, published only after k-3's PubAck, is never published.
+    async def limit(js: Any) -> None:
+        info = await js.stream_info(stream.name)
+        config = info.config
+        config.max_msgs = 2
+        config.discard = DiscardPolicy.NEW
+        await js.update_stream(config)
+
+    with_jetstream(stream.url, limit)
+    publish_many(engine, [f"k-{n}" for n in range(1, 5)], ordering_key="K", clock=clock)
+    with Relay(db_url, {"default": nats_destination(stream)}, clock=clock) as relay:
+        verdicts = dict(relay.dispatch_once())
+    assert verdicts == {"k-1": "sent", "k-2": "sent", "k-3": "retry", "k-4": "retry"}
+    stored = stream.stored()
+    assert [m.headers["Nats-Msg-Id"] for m in stored] == ["k-1", "k-2"]
+    assert {m.headers["outbox-ordering-key"] for m in stored} == {"K"}
+    row = rows(engine)
+    assert (row["k-3"]["attempts"], row["k-4"]["attempts"]) == (1, 0)
+    assert row["k-4"]["last_error"].startswith("not attempted")

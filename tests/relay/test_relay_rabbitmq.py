@@ -22,7 +22,7 @@ from support.relay_helpers import SECRET, publish_many, rows
 from outbox import publish
 from outbox.cli import main
 from outbox.schema import messages
-from outbox.signing import CONTENT_HASH_HEADER, parse_secret, verify
+from outbox.signing import CONTENT_HASH_HEADER, ORDERING_KEY_HEADER, parse_secret, verify
 from outbox.testing import ManualClock
 from relay import ConfigError, Destination, Relay
 from relay.rabbitmq_transport import MAX_ROUTING_KEY_BYTES, NO_ORDERING_KEY, RabbitMqTransport
@@ -83,9 +83,11 @@ def test_each_message_is_queued_with_its_bytes_id_headers_and_persistence(
         assert headers["user-agent"] == USER_AGENT
         expected = {"webhook-id", "webhook-timestamp", "webhook-signature", CONTENT_HASH_HEADER}
         expected |= {"user-agent"} | ({"traceparent", "x-tenant"} if reply_id == "o-2" else set())
+        expected |= {ORDERING_KEY_HEADER} if reply_id == "o-1" else set()
         assert set(headers) == expected
     assert queued["o-2"].headers["traceparent"] == TRACE
     assert queued["o-2"].headers["x-tenant"] == "acme"
+    assert queued["o-1"].headers[ORDERING_KEY_HEADER] == "customer-7"
 
 
 @sqlite_only
@@ -260,3 +262,27 @@ def test_requeue_cannot_ask_rabbitmq_and_needs_force(
     assert rows(engine)["gone-1"]["state"] == "dead"
     assert main([*argv, "--force"]) == 0
     assert rows(engine)["gone-1"]["state"] == "pending"
+
+
+@sqlite_only
+def test_a_keys_messages_are_queued_in_order_and_stop_at_the_first_nacked(
+    db_url: str, engine: sa.Engine, clock: ManualClock
+) -> None:
+    publish_many(engine, [f"k-{n}" for n in range(1, 5)], ordering_key="K", clock=clock)
+    # The queue takes two messages and rejects more: the broker nacks k-3, and k-4,
+    # published only once k-3 is confirmed, is never published.
+    full = {"x-max-length": 2, "x-overflow": "reject-publish"}
+    with topology(queue_arguments=full) as made:
+        destination = rabbit(made.exchange)
+        with Relay(db_url, {"default": destination}, clock=clock, backoff=2) as relay:
+            verdicts = dict(relay.dispatch_once())
+            assert verdicts == {"k-1": "sent", "k-2": "sent", "k-3": "retry", "k-4": "retry"}
+            stored = rows(engine)
+            assert (stored["k-3"]["attempts"], stored["k-4"]["attempts"]) == (1, 0)
+            first = take_all(made.queue)
+            clock.advance(5)
+            assert dict(relay.dispatch_once()) == {"k-3": "sent", "k-4": "sent"}
+        second = take_all(made.queue)
+    assert [m.message_id for m in first] == ["k-1", "k-2"]
+    assert [m.message_id for m in second] == ["k-3", "k-4"]
+    assert {m.headers[ORDERING_KEY_HEADER] for m in first + second} == {"K"}
