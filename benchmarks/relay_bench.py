@@ -165,7 +165,7 @@ def receiver_process(url: str, workdir: Path, *, reference_effect: bool = True) 
 TomlValue = str | int | float | bool
 Settings = Mapping[str, TomlValue]
 
-KEYED_SETTINGS: dict[str, TomlValue] = {}
+KEYED_SETTINGS: dict[str, TomlValue] = {"ordered_batches": True}
 """Destination settings of every keyed run, over http_destination's: the keyed drains'
 batch destination (their unkeyed baselines drain through it too) and the keyed live run.
 A setting made for ordering keys is one line here."""

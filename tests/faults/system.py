@@ -48,6 +48,7 @@ class System:
         lease: float = 1.0,
         relay_batch: int = 1,
         relay_mode: str = "single",
+        ordered_batches: bool = False,
         attempts: int = 50,
         worker_concurrency: int = 1,
     ) -> None:
@@ -86,6 +87,7 @@ class System:
                     f'secret_file = "{secret_file}"',
                     "timeout = 1",
                     f'mode = "{relay_mode}"',
+                    f"ordered_batches = {'true' if ordered_batches else 'false'}",
                     "[receiver]",
                     f"port = {self.port}",
                     f'secret_file = "{secret_file}"',

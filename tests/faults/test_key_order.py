@@ -5,9 +5,10 @@ other one the hot key, the rest over 8 cold keys), each in its own transaction, 
 the publish order is the id order within each key. Then processes die where a
 message's effect is committed and its outcome not yet recorded:
 
-- relays in batch mode killed mid-batch at each relay failpoint (after the claim,
-  after the receiver committed the batch, inside the commit of its outcomes, after
-  it), 5 in turn, then a clean relay finishes;
+- relays in batch mode with `ordered_batches` (a key's messages travel together)
+  killed mid-batch at each relay failpoint (after the claim, after the receiver
+  committed the batch, inside the commit of its outcomes, after it), 5 in turn, then
+  a clean relay finishes;
 - the HTTP receiver killed after its commit (`receiver.after_commit`: the lost ACK),
   5 in turn, the relay sending the same batch again to the next one;
 - a broker consumer killed after its commit and before its ack
@@ -52,7 +53,9 @@ def test_relays_killed_mid_batch_keep_each_keys_order(
     point: str, backend: str, db_url: str, tmp_path: Path
 ) -> None:
     action = "stop" if point in COMMIT_WINDOWS else "exit"
-    with System(tmp_path, db_url, relay_batch=BATCH, relay_mode="batch") as system:
+    with System(
+        tmp_path, db_url, relay_batch=BATCH, relay_mode="batch", ordered_batches=True
+    ) as system:
         system.start("receiver")
         system.publish(MESSAGES)
         kills = 0
@@ -77,7 +80,9 @@ def test_receivers_killed_after_their_commit_keep_each_keys_order(
     backend: str, db_url: str, tmp_path: Path
 ) -> None:
     point = "receiver.after_commit"
-    with System(tmp_path, db_url, relay_batch=BATCH, relay_mode="batch") as system:
+    with System(
+        tmp_path, db_url, relay_batch=BATCH, relay_mode="batch", ordered_batches=True
+    ) as system:
         system.publish(MESSAGES)
         system.start("relay")
         kills = 0
