@@ -276,6 +276,7 @@ def shoot(browser: WebDriver, base: str, seeded: Seeded, out: Path) -> list[Path
 
     browser.get(base + "/")
     save("login")
+    browser.find_element(By.NAME, "operator").send_keys("ops-anna")
     browser.find_element(By.NAME, "token").send_keys(TOKEN)
     browser.find_element(By.CSS_SELECTOR, "#login button").click()
     browser.find_element(By.ID, "task-counts")

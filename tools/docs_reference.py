@@ -46,6 +46,7 @@ VALUE_KINDS = {
     "log_format": "text or json",
     "load_handler": "MODULE:FUNCTION",
     "non_empty": "text",
+    "operator_name": "1 to 200 printable characters",
 }
 
 # What each [destinations.NAME] key is for; the test fails when a key has none.

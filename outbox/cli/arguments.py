@@ -86,6 +86,21 @@ def non_empty(text: str) -> str:
     return text
 
 
+LONGEST_OPERATOR = 200
+"""Characters an operator's name may have: it goes into every audit row they write."""
+
+
+def operator_name(text: str) -> str:
+    """An operator's name as the audit records it: trimmed, 1 to LONGEST_OPERATOR printable
+    characters (no control character, so a name cannot forge a line of a log)."""
+    name = text.strip()
+    if not name or len(name) > LONGEST_OPERATOR or not name.isprintable():
+        raise argparse.ArgumentTypeError(
+            f"an operator's name is 1 to {LONGEST_OPERATOR} printable characters"
+        )
+    return name
+
+
 def age_text(seconds: float | None) -> str:
     """A duration for people: 42.0s, 3.5m, 2.0h, 1.5d; "none" for None."""
     if seconds is None:

@@ -81,11 +81,14 @@ class Requeuer:
             for message, answer in zip(group, ask_receipts(destination, pairs), strict=True):
                 self._answers[message["reply_id"]] = _receipt_answer(answer)
 
-    def requeue(self, message: dict[str, Any]) -> Requeued:
-        """Ask, then requeue (or say why not, or what a dry run would do)."""
+    def requeue(self, message: dict[str, Any], overriding: str | None = None) -> Requeued:
+        """Ask, then requeue (or say why not, or what a dry run would do). `overriding`: the
+        one refusing answer forced past without --force (the console's confirmed refusal);
+        any other refusing answer still refuses, as it was not what was confirmed."""
         receipt = self._answers.pop(message["reply_id"], None) or self._ask(message)
         reply_id = message["reply_id"]
-        if receipt in REFUSALS and not self.args.force:
+        forced = self.args.force or (receipt in REFUSALS and receipt == overriding)
+        if receipt in REFUSALS and not forced:
             return Requeued(reply_id, "refused", REFUSALS[receipt], receipt=receipt)
         if self.args.dry_run:
             return Requeued(reply_id, "would requeue", receipt=receipt)
@@ -95,7 +98,7 @@ class Requeuer:
                 reason=self.args.reason,
                 by=operator(self.args),
                 receipt=receipt,
-                forced=self.args.force,
+                forced=forced,
             )
         except RequeueRefused as exc:
             return Requeued(reply_id, "refused", str(exc), receipt=receipt)

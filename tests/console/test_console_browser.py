@@ -19,7 +19,7 @@ from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webdriver import WebDriver
 from selenium.webdriver.support.ui import WebDriverWait
-from support.console_helpers import TOKEN, ConsoleProcess
+from support.console_helpers import OPERATOR, TOKEN, ConsoleProcess
 from support.environment import IN_CI
 from support.receiver_helpers import wait_until
 
@@ -47,8 +47,9 @@ def browser() -> Iterator[WebDriver]:
 
 @pytest.fixture
 def console(seeded: str, tmp_path: Path) -> Iterator[ConsoleProcess]:
-    """A console process on the seeded database, loopback, no token."""
-    process = ConsoleProcess(seeded, tmp_path / "console.log").wait_ready()
+    """A console process on the seeded database, loopback, no token, an operator set."""
+    process = ConsoleProcess(seeded, tmp_path / "console.log", "--operator", OPERATOR)
+    process.wait_ready()
     yield process
     process.stop()
 
@@ -110,8 +111,8 @@ def test_a_dead_reply_found_by_filter_is_requeued_and_shows_as_pending(
     rows = page.find_elements(By.CSS_SELECTOR, "#dead tbody tr")
     assert [row.get_attribute("data-reply-id") for row in rows] == ["b-2"]
     navigate(page, link="b-2")
+    assert not page.find_elements(By.NAME, "by")  # the name is the console's, not typed
     page.find_element(By.NAME, "reason").send_keys("billing fixed the conflict")
-    page.find_element(By.NAME, "by").send_keys("ops-anna")
     navigate(page, css="#requeue-form button")
     # No receipt lookup is configured: refused first, with what the lookup said.
     assert page.find_element(By.ID, "receipt").text == "not checked"
@@ -119,7 +120,7 @@ def test_a_dead_reply_found_by_filter_is_requeued_and_shows_as_pending(
     navigate(page, css="#force-form button")
     assert "Requeued" in page.find_element(By.ID, "requeued").text
     assert page.find_element(By.ID, "state").text == "pending"
-    assert page.find_element(By.CSS_SELECTOR, "#decisions td.by").text == "ops-anna"
+    assert page.find_element(By.CSS_SELECTOR, "#decisions td.by").text == OPERATOR
     navigate(page, link="overview")
     assert count(page, "reply-counts", "pending") == 2
     assert count(page, "reply-counts", "dead") == 2
@@ -169,6 +170,7 @@ def test_a_wrong_or_missing_token_gets_401_and_the_right_one_opens(
     right = httpx.get(guarded.base + "/", headers={"Authorization": f"Bearer {TOKEN}"})
     assert right.status_code == 200
     page.get(guarded.base + "/dead")
+    page.find_element(By.NAME, "operator").send_keys("ops-lee")
     page.find_element(By.NAME, "token").send_keys("not-the-token")
     navigate(page, css="#login button")
     assert page.find_element(By.ID, "wrong-token").is_displayed()
@@ -178,3 +180,4 @@ def test_a_wrong_or_missing_token_gets_401_and_the_right_one_opens(
     assert page.current_url == guarded.base + "/dead"
     assert len(page.find_elements(By.CSS_SELECTOR, "#dead tbody tr")) == 3
     assert page.execute_script("return document.cookie") == ""  # HttpOnly: out of reach
+    assert page.find_element(By.ID, "operator").text == "signed in as ops-lee"

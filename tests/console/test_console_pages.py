@@ -7,16 +7,26 @@ import re
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 import sqlalchemy as sa
-from support.console_helpers import ConsoleClient, csrf_of
+from support.console_helpers import (
+    OPERATOR,
+    TOKEN,
+    ConsoleClient,
+    confirmation_of,
+    csrf_of,
+    log_in,
+)
 from support.operations_helpers import audit_rows
 from support.receiver_helpers import SECRET, ReceiverProcess
 
 from outbox.cli.console import pages, reads
-from outbox.cli.console.security import CSRF_COOKIE
+from outbox.cli.console.security import CONFIRM_SECONDS, CSRF_COOKIE
+from outbox.cli.requeue import Requeuer
 from outbox.operations import Operations
 from outbox.schema import messages
+from outbox.testing import ManualClock
 from receiver import ReceiptStore
 
 Client = Callable[..., ConsoleClient]
@@ -126,7 +136,7 @@ def test_a_page_start_that_is_not_a_row_id_is_said_on_the_page(make_client: Clie
 def test_the_reply_page_shows_the_body_escaped_and_the_delivery_record(
     make_client: Client,
 ) -> None:
-    page = make_client().get("/reply?id=s-1").text
+    page = make_client(operator=OPERATOR).get("/reply?id=s-1").text
     assert "<script>" not in page
     assert "&lt;script&gt;document.title=&#39;ran&#39;&lt;/script&gt;" in page
     assert "a &amp; b" in page
@@ -206,38 +216,45 @@ def test_search_finds_a_reply_or_a_task(make_client: Client, engine: sa.Engine) 
     assert console.get("/task?id=nothing").status_code == 404
 
 
-def requeue(console: ConsoleClient, reply_id: str, **fields: str) -> object:
+def requeue(console: ConsoleClient, reply_id: str, **fields: str) -> httpx.Response:
     """POST the requeue form of a reply's page, as the browser would."""
     console.get(f"/reply?id={reply_id}")
     csrf = console.cookies[CSRF_COOKIE]
     return console.post("/reply/requeue", data={"csrf_token": csrf, "reply_id": reply_id, **fields})
 
 
+def force_form(page: str) -> dict[str, str]:
+    """The fields of the force form a refusal's page offers."""
+    return dict(re.findall(r'name="([a-z_]+)" value="([^"]*)"', page.split('id="force-form"')[1]))
+
+
 def test_without_a_receipt_lookup_a_requeue_is_refused_then_forced(
     ops: Operations, make_client: Client, engine: sa.Engine, no_relay_config: None
 ) -> None:
-    console = make_client()
-    refused = requeue(console, "b-1", reason="receiver was down", by="ops-anna")
-    assert refused.status_code == 409  # type: ignore[attr-defined]
-    text = refused.text  # type: ignore[attr-defined]
+    console = make_client(operator=OPERATOR)
+    # A `by` field, which the form once had, names no one: the console's operator does.
+    refused = requeue(console, "b-1", reason="receiver was down", by="mallory")
+    assert refused.status_code == 409
+    text = refused.text
     assert "nothing could be asked whether the destination holds it" in text
     assert 'id="receipt">not checked<' in text
     assert ops.message("b-1")["state"] == "dead"  # type: ignore[index]
     assert audit_rows(engine) == []
-    # The second, explicit step carries the same reason and operator, and force.
-    form = dict(re.findall(r'name="([a-z_]+)" value="([^"]*)"', text.split('id="force-form"')[1]))
+    # The second, explicit step carries the confirmation the refusal issued, and force.
+    form = force_form(text)
     assert form == {
         "csrf_token": csrf_of(text),
         "reply_id": "b-1",
-        "reason": "receiver was down",
-        "by": "ops-anna",
+        "confirm": confirmation_of(text),
         "force": "yes",
     }
-    done = console.post("/reply/requeue", data=form)
+    assert f"as <strong>{OPERATOR}</strong>" in text.split('id="force-form"')[1]
+    done = console.post("/reply/requeue", data={**form, "by": "mallory", "reason": "other"})
     assert done.status_code == 303
     [audit] = audit_rows(engine)
+    # The reason confirmed is the refusal's, whatever the second form says.
     assert (audit["requested_by"], audit["reason"], audit["forced"]) == (
-        "ops-anna",
+        OPERATOR,
         "receiver was down",
         True,
     )
@@ -246,32 +263,178 @@ def test_without_a_receipt_lookup_a_requeue_is_refused_then_forced(
     page = console.get(done.headers["location"]).text
     assert 'id="state">pending<' in page
     assert f"audit #{audit['id']}" in page
-    assert 'class="by">ops-anna<' in page
+    assert f'class="by">{OPERATOR}<' in page
     assert 'id="requeue-form"' not in page
     assert 'id="reply-counts"' in console.get("/").text
     assert cell(console.get("/").text, "dead", "reply-counts") == 2
 
 
-@pytest.mark.parametrize("missing", ["reason", "by"])
-def test_a_requeue_needs_a_reason_and_a_name(
-    missing: str, ops: Operations, make_client: Client, no_relay_config: None
+@pytest.mark.parametrize("confirm", [None, "", "made-up-confirmation-of-some-length"])
+def test_force_without_the_refusals_confirmation_is_refused(
+    confirm: str | None,
+    ops: Operations,
+    engine: sa.Engine,
+    make_client: Client,
+    no_relay_config: None,
 ) -> None:
-    fields = {"reason": "down", "by": "ops", "force": "yes"}
-    fields[missing] = "  "
-    answer = requeue(make_client(), "b-1", **fields)
-    assert "a reason and the operator&#39;s name are both required" in answer.text  # type: ignore[attr-defined]
+    # The two steps were only the page's: a first POST with force=yes requeued at once.
+    fields = {"reason": "down", "force": "yes"}
+    if confirm is not None:
+        fields["confirm"] = confirm
+    answer = requeue(make_client(operator=OPERATOR), "b-1", **fields)
+    assert answer.status_code == 409
+    assert "force needs the confirmation this console gave when it refused" in answer.text
+    assert 'id="force-form"' not in answer.text  # only a refusal of the lookup's issues one
+    assert ops.message("b-1")["state"] == "dead"  # type: ignore[index]
+    assert audit_rows(engine) == []
+
+
+def test_a_confirmation_holds_for_its_session_and_reply_once(
+    ops: Operations, engine: sa.Engine, make_client: Client, no_relay_config: None
+) -> None:
+    anna = make_client(token=TOKEN)
+    log_in(anna, "anna")
+    lee = make_client(app=anna.app)
+    log_in(lee, "lee")
+    refused = requeue(anna, "b-1", reason="receiver was down")
+    confirm = confirmation_of(refused.text)
+    force = {"force": "yes", "confirm": confirm}
+    # Another session, or another reply, is not confirmed by it.
+    for console, reply_id in ((lee, "b-1"), (anna, "b-2")):
+        answer = requeue(console, reply_id, **force)
+        assert "force needs the confirmation" in answer.text
+    assert [ops.message(r)["state"] for r in ("b-1", "b-2")] == ["dead", "dead"]  # type: ignore[index]
+    assert audit_rows(engine) == []
+    # Those tries did not use it up: its own session, for its own reply, once.
+    assert requeue(anna, "b-1", **force).status_code == 303
+    [audit] = audit_rows(engine)
+    assert (audit["reply_id"], audit["requested_by"], audit["forced"]) == ("b-1", "anna", True)
+    with engine.begin() as conn:  # dead again, as if sent and failed once more
+        conn.execute(sa.update(messages).where(messages.c.reply_id == "b-1").values(state="dead"))
+    again = requeue(anna, "b-1", **force)
+    assert "force needs the confirmation" in again.text
+    assert ops.message("b-1")["state"] == "dead"  # type: ignore[index]
+    assert len(audit_rows(engine)) == 1
+
+
+def test_a_try_with_a_wrong_confirmation_uses_up_the_right_one(
+    ops: Operations, make_client: Client, no_relay_config: None
+) -> None:
+    console = make_client(operator=OPERATOR)
+    confirm = confirmation_of(requeue(console, "b-1", reason="down").text)
+    assert "force needs" in requeue(console, "b-1", force="yes", confirm=confirm[::-1]).text
+    assert "force needs" in requeue(console, "b-1", force="yes", confirm=confirm).text
+    assert ops.message("b-1")["state"] == "dead"  # type: ignore[index]
+
+
+def test_a_confirmation_expires(
+    ops: Operations, make_client: Client, no_relay_config: None
+) -> None:
+    clock = ManualClock(1_000.0)
+    console = make_client(operator=OPERATOR, clock=clock)
+    confirm = confirmation_of(requeue(console, "b-1", reason="down").text)
+    clock.advance(CONFIRM_SECONDS)
+    expired = requeue(console, "b-1", force="yes", confirm=confirm)
+    assert "force needs the confirmation" in expired.text
+    assert ops.message("b-1")["state"] == "dead"  # type: ignore[index]
+    confirm = confirmation_of(requeue(console, "b-1", reason="down").text)
+    clock.advance(CONFIRM_SECONDS - 1)
+    assert requeue(console, "b-1", force="yes", confirm=confirm).status_code == 303
+
+
+def test_a_confirmation_forces_only_the_answer_it_was_issued_for(
+    ops: Operations,
+    engine: sa.Engine,
+    make_client: Client,
+    monkeypatch: pytest.MonkeyPatch,
+    no_relay_config: None,
+) -> None:
+    # Confirmed past a lookup that did not answer, then the destination says it holds the
+    # message: forcing on would send a duplicate no one confirmed.
+    answers = iter(["unknown", "received", "received"])
+    monkeypatch.setattr(Requeuer, "_ask", lambda self, message: next(answers))
+    console = make_client(operator=OPERATOR)
+    first = requeue(console, "b-1", reason="lookup was down")
+    assert 'id="receipt">unknown<' in first.text
+    second = requeue(console, "b-1", force="yes", confirm=confirmation_of(first.text))
+    assert second.status_code == 409
+    assert "the destination already holds this exact message" in second.text
+    assert ops.message("b-1")["state"] == "dead"  # type: ignore[index]
+    # That refusal issues a confirmation of its own answer.
+    third = requeue(console, "b-1", force="yes", confirm=confirmation_of(second.text))
+    assert third.status_code == 303
+    [audit] = audit_rows(engine)
+    assert (audit["receipt"], audit["reason"], audit["forced"]) == (
+        "received",
+        "lookup was down",
+        True,
+    )
+
+
+def test_the_audit_names_the_session_whatever_the_form_says(
+    ops: Operations, engine: sa.Engine, make_client: Client, no_relay_config: None
+) -> None:
+    console = make_client(token=TOKEN, operator="configured-but-unused")
+    log_in(console, "  Anna Lindqvist  ")
+    page = console.get("/reply?id=b-1").text
+    assert 'id="operator">signed in as <strong>Anna Lindqvist</strong>' in page
+    assert 'name="by"' not in page  # no free-text operator field
+    refused = requeue(console, "b-1", reason="down", by="mallory")
+    done = requeue(console, "b-1", force="yes", confirm=confirmation_of(refused.text), by="mallory")
+    assert done.status_code == 303
+    [audit] = audit_rows(engine)
+    assert audit["requested_by"] == "Anna Lindqvist"
+
+
+def test_a_bearer_token_alone_names_no_one_and_may_not_requeue(
+    ops: Operations, engine: sa.Engine, make_client: Client, no_relay_config: None
+) -> None:
+    console = make_client(token=TOKEN)
+    bearer = {"Authorization": f"Bearer {TOKEN}"}
+    page = console.get("/reply?id=b-1", headers=bearer).text
+    assert 'id="requeue-form"' not in page
+    assert "log in through the form" in page
+    form = {"csrf_token": console.cookies[CSRF_COOKIE], "reply_id": "b-1", "reason": "r"}
+    answer = console.post("/reply/requeue", data={**form, "by": "ops"}, headers=bearer)
+    assert answer.status_code == 409
+    assert "the audit records the name given at login" in answer.text
+    assert ops.message("b-1")["state"] == "dead"  # type: ignore[index]
+    assert audit_rows(engine) == []
+
+
+def test_without_a_token_or_an_operator_a_requeue_is_refused(
+    ops: Operations, engine: sa.Engine, make_client: Client, no_relay_config: None
+) -> None:
+    console = make_client()
+    page = console.get("/reply?id=b-1").text
+    assert 'id="requeue-form"' not in page
+    assert 'id="nameless"' in page
+    assert "--operator NAME" in page
+    answer = requeue(console, "b-1", reason="down", by="ops")
+    assert answer.status_code == 409
+    assert "start the console with --operator NAME" in answer.text
+    assert ops.message("b-1")["state"] == "dead"  # type: ignore[index]
+    assert audit_rows(engine) == []
+
+
+def test_a_requeue_needs_a_reason(
+    ops: Operations, make_client: Client, no_relay_config: None
+) -> None:
+    answer = requeue(make_client(operator=OPERATOR), "b-1", reason="  ")
+    assert "a reason and the operator&#39;s name are both required" in answer.text
     assert ops.message("b-1")["state"] == "dead"  # type: ignore[index]
 
 
 def test_a_requeue_of_what_is_not_dead_is_refused(
     ops: Operations, make_client: Client, no_relay_config: None
 ) -> None:
-    console = make_client()
-    assert requeue(console, "b-1", reason="r", by="o", force="yes").status_code == 303  # type: ignore[attr-defined]
-    again = requeue(console, "b-1", reason="r", by="o", force="yes")
-    assert again.status_code == 409  # type: ignore[attr-defined]
-    assert "message is pending, not dead" in again.text  # type: ignore[attr-defined]
-    assert 'id="force-form"' not in again.text  # type: ignore[attr-defined]
+    console = make_client(operator=OPERATOR)
+    confirm = confirmation_of(requeue(console, "b-1", reason="r").text)
+    assert requeue(console, "b-1", force="yes", confirm=confirm).status_code == 303
+    again = requeue(console, "b-1", reason="r")
+    assert again.status_code == 409
+    assert "message is pending, not dead" in again.text
+    assert 'id="force-form"' not in again.text
 
 
 @pytest.fixture
@@ -299,12 +462,12 @@ def test_a_requeue_asks_the_receipt_lookup_first_and_shows_what_it_said(
         ).scalar_one()
     with ReceiptStore(seeded) as store:
         store.accept("b-1", bytes(body))  # the receiver holds it: only the ACK was lost
-    console = make_client(config=str(relay_config))
-    refused = requeue(console, "b-1", reason="check", by="ops-anna")
-    assert "the destination already holds this exact message" in refused.text  # type: ignore[attr-defined]
-    assert 'id="receipt">received<' in refused.text  # type: ignore[attr-defined]
+    console = make_client(config=str(relay_config), operator=OPERATOR)
+    refused = requeue(console, "b-1", reason="check")
+    assert "the destination already holds this exact message" in refused.text
+    assert 'id="receipt">received<' in refused.text
     assert ops.message("b-1")["state"] == "dead"  # type: ignore[index]
     # What the destination does not hold is requeued without force.
-    assert requeue(console, "b-2", reason="down", by="ops-anna").status_code == 303  # type: ignore[attr-defined]
+    assert requeue(console, "b-2", reason="down").status_code == 303
     [audit] = audit_rows(engine)
     assert (audit["reply_id"], audit["receipt"], audit["forced"]) == ("b-2", "not received", False)

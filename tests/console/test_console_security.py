@@ -2,14 +2,25 @@
 
 from __future__ import annotations
 
+import argparse
 import asyncio
+import logging
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
-from support.console_helpers import BOUND_PORT, TOKEN, ConsoleClient, csrf_of
+from support.console_helpers import (
+    BOUND_PORT,
+    OPERATOR,
+    TOKEN,
+    ConsoleClient,
+    confirmation_of,
+    csrf_of,
+)
 
+from outbox.cli import console as console_command
 from outbox.cli import main
 from outbox.cli.console import console_token, security
 from outbox.cli.console.security import (
@@ -63,6 +74,44 @@ def test_the_command_reads_its_token_variable_and_refuses_a_short_one(
     monkeypatch.setenv("OUTBOX_CONSOLE_TOKEN", "short")
     assert main(["console", "--db", seeded, "--host", "0.0.0.0"]) == 2
     assert "at least 16 characters" in capsys.readouterr().err
+
+
+@pytest.fixture
+def started(monkeypatch: pytest.MonkeyPatch) -> list[argparse.Namespace]:
+    """The settings `outbox console` would start with (it is not started)."""
+    seen: list[argparse.Namespace] = []
+    monkeypatch.setattr(console_command, "run", lambda args: seen.append(args) or 0)
+    for name in ("OUTBOX_CONSOLE_OPERATOR", "OUTBOX_CONFIG", "OUTBOX_CONSOLE_TOKEN"):
+        monkeypatch.delenv(name, raising=False)
+    return seen
+
+
+def test_the_operator_is_a_setting_of_the_command(
+    seeded: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    started: list[argparse.Namespace],
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert main(["console", "--db", seeded]) == 0
+    config = tmp_path / "outbox.toml"
+    config.write_text('[console]\noperator = " ops-lee "\n', encoding="utf-8")
+    assert main(["console", "--db", seeded, "--config", str(config)]) == 0
+    monkeypatch.setenv("OUTBOX_CONSOLE_OPERATOR", "ops-kim")
+    assert main(["console", "--db", seeded, "--config", str(config)]) == 0
+    assert main(["console", "--db", seeded, "--operator", "ops-anna"]) == 0
+    assert [args.operator for args in started] == [None, "ops-lee", "ops-kim", "ops-anna"]
+    capsys.readouterr()
+    for bad in ("ops\nanna", "x" * 201):
+        monkeypatch.setenv("OUTBOX_CONSOLE_OPERATOR", bad)
+        assert main(["console", "--db", seeded]) == 2
+        error = capsys.readouterr().err
+        assert "OUTBOX_CONSOLE_OPERATOR: an operator's name is 1 to 200 printable" in error
+    with pytest.raises(SystemExit) as refused:
+        main(["console", "--db", seeded, "--operator", " "])
+    assert refused.value.code == 2
+    assert "1 to 200 printable characters" in capsys.readouterr().err
+    assert len(started) == 4
 
 
 def test_every_answer_carries_a_strict_policy_and_no_script_may_run(
@@ -124,12 +173,15 @@ def test_the_login_form_sets_an_httponly_strict_cookie_that_opens_the_pages(
     assert form.status_code == 401
     csrf = csrf_of(form.text)
     wrong = console.post(
-        "/login", data={"csrf_token": csrf, "token": "not-the-token", "next": "/dead"}
+        "/login",
+        data={"csrf_token": csrf, "operator": OPERATOR, "token": "not-the-token", "next": "/dead"},
     )
     assert wrong.status_code == 401
     assert 'id="wrong-token"' in wrong.text
     assert SESSION_COOKIE not in console.cookies
-    right = console.post("/login", data={"csrf_token": csrf, "token": TOKEN, "next": "/dead"})
+    right = console.post(
+        "/login", data={"csrf_token": csrf, "operator": OPERATOR, "token": TOKEN, "next": "/dead"}
+    )
     assert (right.status_code, right.headers["location"]) == (303, "/dead")
     set_cookie = right.headers["set-cookie"].lower()
     assert f"{SESSION_COOKIE}=" in set_cookie
@@ -143,13 +195,48 @@ def test_the_login_form_sets_an_httponly_strict_cookie_that_opens_the_pages(
     assert console.get("/").status_code == 401
 
 
+@pytest.mark.parametrize("given", [None, "", "   ", "anna\tlee", "anna\u202elee", "x" * 201])
+def test_login_without_a_name_is_refused(
+    given: str | None, ops: Operations, make_client: Callable[..., ConsoleClient]
+) -> None:
+    console = make_client(token=TOKEN, clock=ManualClock(1_000.0))
+    form = {"csrf_token": csrf_of(console.get("/login").text), "token": TOKEN, "next": "/"}
+    if given is not None:
+        form["operator"] = given
+    for _ in range(GUESSES + 1):  # checked before the token: not a guess at it
+        answer = console.post("/login", data=form)
+        assert answer.status_code == 400
+        assert 'id="bad-name"' in answer.text
+        assert "1 to 200 printable characters" in answer.text
+    assert SESSION_COOKIE not in console.cookies
+    assert console.get("/dead").status_code == 401
+
+
+def test_the_name_given_at_login_is_trimmed_and_shown_on_every_page(
+    ops: Operations, make_client: Callable[..., ConsoleClient], caplog: pytest.LogCaptureFixture
+) -> None:
+    console = make_client(token=TOKEN)
+    csrf = csrf_of(console.get("/login").text)
+    form = {"csrf_token": csrf, "operator": "  Anna <Lindqvist>  ", "token": TOKEN, "next": "/"}
+    with caplog.at_level(logging.INFO, logger="outbox.console"):
+        assert console.post("/login", data=form).status_code == 303
+    shown = "signed in as <strong>Anna &lt;Lindqvist&gt;</strong>"
+    for path in ("/", "/dead", "/reply?id=b-1", "/search?q=nothing"):
+        assert shown in console.get(path).text, path
+    # The log ties the name to the address it came from: the token alone is shared.
+    assert "'Anna <Lindqvist>' logged in from 127.0.0.1" in caplog.text
+
+
 def test_login_goes_back_only_to_a_page_of_this_console(
     ops: Operations, make_client: Callable[..., ConsoleClient]
 ) -> None:
     console = make_client(token=TOKEN)
     csrf = csrf_of(console.get("/login").text)
     for target in ("https://elsewhere.example/", "//elsewhere.example/", "/\\elsewhere"):
-        answer = console.post("/login", data={"csrf_token": csrf, "token": TOKEN, "next": target})
+        answer = console.post(
+            "/login",
+            data={"csrf_token": csrf, "operator": OPERATOR, "token": TOKEN, "next": target},
+        )
         assert answer.headers["location"] == "/"
 
 
@@ -172,7 +259,7 @@ def test_a_post_without_the_csrf_token_is_refused(
     console = make_client(token=TOKEN)
     bearer = {"Authorization": f"Bearer {TOKEN}"}
     console.get("/", headers=bearer)  # the browser holds the CSRF cookie
-    form = {"reply_id": "b-1", "reason": "r", "by": "ops", "force": "yes"}
+    form = {"reply_id": "b-1", "reason": "r", "force": "yes"}
     if offered is not None:
         form["csrf_token"] = offered
     for path in ("/reply/requeue", "/login", "/logout"):
@@ -186,10 +273,10 @@ def test_a_cross_site_post_carries_no_cookie_and_is_refused(
     ops: Operations, make_client: Callable[..., ConsoleClient]
 ) -> None:
     # SameSite=Strict: a form on another site reaches the console without the cookies.
-    console = make_client()
+    console = make_client(operator=OPERATOR)
     csrf = csrf_of(console.get("/reply?id=b-1").text)
     console.cookies.clear()
-    form = {"csrf_token": csrf, "reply_id": "b-1", "reason": "r", "by": "ops", "force": "yes"}
+    form = {"csrf_token": csrf, "reply_id": "b-1", "reason": "r", "force": "yes"}
     assert console.post("/reply/requeue", data=form).status_code == 403
     assert ops.message("b-1")["state"] == "dead"  # type: ignore[index]
 
@@ -197,11 +284,11 @@ def test_a_cross_site_post_carries_no_cookie_and_is_refused(
 def test_read_only_hides_the_requeue_and_refuses_it(
     ops: Operations, make_client: Callable[..., ConsoleClient]
 ) -> None:
-    console = make_client(read_only=True)
+    console = make_client(read_only=True, operator=OPERATOR)
     page = console.get("/reply?id=b-1")
     assert 'id="requeue-form"' not in page.text
     assert "read-only" in page.text
-    form = {"csrf_token": console.cookies[CSRF_COOKIE], "reply_id": "b-1", "reason": "r", "by": "o"}
+    form = {"csrf_token": console.cookies[CSRF_COOKIE], "reply_id": "b-1", "reason": "r"}
     assert console.post("/reply/requeue", data=form).status_code == 403
     assert ops.message("b-1")["state"] == "dead"  # type: ignore[index]
 
@@ -297,16 +384,20 @@ def test_a_post_from_another_origin_is_refused_even_with_the_csrf_token(
     no_relay_config: None,
     make_client: Callable[..., ConsoleClient],
 ) -> None:
-    console = make_client()
+    console = make_client(operator=OPERATOR)
     csrf = csrf_of(console.get("/reply?id=b-1").text)  # the cookie is held, the token read
-    form = {"csrf_token": csrf, "reply_id": "b-1", "reason": "r", "by": "ops", "force": "yes"}
-    answer = console.post("/reply/requeue", data=form, headers={"Origin": origin})
+    form = {"csrf_token": csrf, "reply_id": "b-1", "reason": "r"}
+    # From the console's own origin the form goes through: refused, and confirmable.
+    own = {"Origin": f"http://127.0.0.1:{BOUND_PORT}"}
+    refusal = console.post("/reply/requeue", data=form, headers=own)
+    assert refusal.status_code == 409
+    force = {**form, "force": "yes", "confirm": confirmation_of(refusal.text)}
+    answer = console.post("/reply/requeue", data=force, headers={"Origin": origin})
     assert answer.status_code == 403
     assert "Origin" in answer.text
     assert ops.message("b-1")["state"] == "dead"  # type: ignore[index]
-    # From the console's own origin the same form goes through.
-    own = {"Origin": f"http://127.0.0.1:{BOUND_PORT}"}
-    assert console.post("/reply/requeue", data=form, headers=own).status_code == 303
+    # The refused POST never reached the requeue: its confirmation still holds.
+    assert console.post("/reply/requeue", data=force, headers=own).status_code == 303
     assert ops.message("b-1")["state"] == "pending"  # type: ignore[index]
 
 
@@ -331,7 +422,9 @@ def session_clock(monkeypatch: pytest.MonkeyPatch) -> MovableClock:
 def logged_in_cookie(console: ConsoleClient, token: str = TOKEN) -> str:
     """Log in with `token` through the form; the session cookie's value."""
     csrf = csrf_of(console.get("/login").text)
-    answer = console.post("/login", data={"csrf_token": csrf, "token": token, "next": "/"})
+    answer = console.post(
+        "/login", data={"csrf_token": csrf, "operator": OPERATOR, "token": token, "next": "/"}
+    )
     assert answer.status_code == 303
     return str(console.cookies[SESSION_COOKIE])
 
@@ -385,7 +478,9 @@ def test_the_session_cookie_is_httponly_strict_and_ends(
 ) -> None:
     console = make_client(token=TOKEN)
     csrf = csrf_of(console.get("/login").text)
-    answer = console.post("/login", data={"csrf_token": csrf, "token": TOKEN, "next": "/"})
+    answer = console.post(
+        "/login", data={"csrf_token": csrf, "operator": OPERATOR, "token": TOKEN, "next": "/"}
+    )
     set_cookie = answer.headers["set-cookie"].lower()
     assert set_cookie.startswith(f"{SESSION_COOKIE}=")
     assert "httponly" in set_cookie
@@ -401,7 +496,8 @@ def test_over_https_the_cookies_are_secure(
     form = console.get("/login")
     assert "; secure" in form.headers["set-cookie"].lower()  # the CSRF cookie
     answer = console.post(
-        "/login", data={"csrf_token": csrf_of(form.text), "token": TOKEN, "next": "/"}
+        "/login",
+        data={"csrf_token": csrf_of(form.text), "operator": OPERATOR, "token": TOKEN, "next": "/"},
     )
     assert answer.status_code == 303
     assert "; secure" in answer.headers["set-cookie"].lower()
@@ -437,7 +533,9 @@ def test_a_form_body_is_refused_as_soon_as_it_outgrows_the_limit() -> None:
 def log_in(console: ConsoleClient, token: str) -> int:
     """POST the login form with `token`; the answer's status."""
     csrf = csrf_of(console.get("/login").text)
-    answer = console.post("/login", data={"csrf_token": csrf, "token": token, "next": "/"})
+    answer = console.post(
+        "/login", data={"csrf_token": csrf, "operator": OPERATOR, "token": token, "next": "/"}
+    )
     return answer.status_code
 
 
@@ -450,7 +548,9 @@ def test_wrong_tokens_at_the_login_form_are_limited_per_client_address(
     for _ in range(GUESSES):
         assert log_in(console, "wrong-token-of-some-length") == 401
     csrf = csrf_of(console.get("/login").text)
-    refused = console.post("/login", data={"csrf_token": csrf, "token": TOKEN, "next": "/"})
+    refused = console.post(
+        "/login", data={"csrf_token": csrf, "operator": OPERATOR, "token": TOKEN, "next": "/"}
+    )
     # Even the right token is refused unchecked: telling it apart would answer the guess.
     assert refused.status_code == 429
     assert refused.headers["retry-after"] == str(int(GUESS_SECONDS))
@@ -553,7 +653,7 @@ def test_only_so_many_sessions_are_held_the_oldest_ending_first(
 ) -> None:
     monkeypatch.setattr(security, "LIVE_SESSIONS", 3)
     sessions = security.Sessions(TOKEN)
-    cookies = [sessions.new() for _ in range(5)]
+    cookies = [sessions.new(OPERATOR) for _ in range(5)]
     assert len(sessions.live) == 3
     assert [sessions.opened(cookie) is not None for cookie in cookies] == [
         False, False, True, True, True,

@@ -27,10 +27,13 @@ from support.receiver_helpers import ROOT, free_port, wait_until
 
 SCRIPT_BODY = {"note": "<script>document.title='ran'</script>", "amp": "a & b"}
 TOKEN = "s3cret-console-token-for-tests"
+OPERATOR = "ops-anna"
+"""The name the tests' operators log in with, or the console is started with."""
 BOUND_HOST = "127.0.0.1"
 BOUND_PORT = 8080
 """The address an in-process console app believes it is bound to."""
 CSRF_INPUT = re.compile(rf'name="{CSRF_FIELD}" value="([^"]+)"')
+CONFIRM_INPUT = re.compile(r'name="confirm" value="([^"]+)"')
 
 
 def seed(db_url: str, engine: sa.Engine, clock: ManualClock) -> None:
@@ -104,12 +107,20 @@ def client(
     clock: Clock | None = None,
     app: Any = None,
     peer: str = "127.0.0.1",
+    operator: str | None = None,
 ) -> ConsoleClient:
     """A client on the console app over `ops` (or on `app`, another client's), as if bound
-    to `host`:BOUND_PORT; requests go to that address over `scheme`, from `peer`."""
+    to `host`:BOUND_PORT, its --operator `operator`; requests go to that address over
+    `scheme`, from `peer`."""
     if app is None:
         app = create_app(
-            ops, config=config, token=token, read_only=read_only, host=host, clock=clock
+            ops,
+            config=config,
+            token=token,
+            read_only=read_only,
+            host=host,
+            clock=clock,
+            operator=operator,
         )
     shown = f"[{host}]" if ":" in host else host
     return ConsoleClient(app, f"{scheme}://{shown}:{BOUND_PORT}", peer)
@@ -120,6 +131,21 @@ def csrf_of(page: str) -> str:
     found = CSRF_INPUT.search(page)
     assert found is not None, "the page has no form with a CSRF token"
     return found[1]
+
+
+def confirmation_of(page: str) -> str:
+    """The force confirmation a refusal's page offers."""
+    found = CONFIRM_INPUT.search(page)
+    assert found is not None, "the page offers no force confirmation"
+    return found[1]
+
+
+def log_in(console: ConsoleClient, operator: str = OPERATOR, token: str = TOKEN) -> None:
+    """Log in through the form as `operator`, with `token`."""
+    found = CSRF_INPUT.search(console.get("/login").text)
+    assert found is not None, "the login page has no CSRF token"
+    form = {CSRF_FIELD: found[1], "operator": operator, "token": token, "next": "/"}
+    assert console.post("/login", data=form).status_code == 303
 
 
 class ConsoleProcess:

@@ -4,7 +4,8 @@ It binds to loopback unless told otherwise; anywhere else it refuses to start
 without a token (OUTBOX_CONSOLE_TOKEN), which every request must then carry.
 A requeue from the page is `outbox dead requeue`'s: the receipt lookup first
 (the destinations read from --config, as the relay reads them), a refusal unless
-forced, an audit row with the operator's name. --read-only hides it.
+confirmed on the page that refused it, an audit row with the operator's name: the
+name given at login, or without a token, --operator. --read-only hides it.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-from outbox.cli.arguments import boolean, positive_int
+from outbox.cli.arguments import boolean, operator_name, positive_int
 from outbox.cli.logs import announce, configure_logging
 from outbox.cli.ports import listening_socket
 from outbox.cli.settings import Option, add_flags
@@ -29,10 +30,13 @@ OPTIONS = (
     Option.of("console", "host", default=LOOPBACK),
     Option.of("console", "port", positive_int, 8080),
     Option.of("console", "read_only", boolean, False),
+    Option.of("console", "operator", operator_name),
 )
 HELP = {
     "host": f"address to listen on (default {LOOPBACK}; elsewhere {TOKEN_ENV} is required)",
     "port": "port to listen on (default 8080)",
+    "operator": "who requeues, for the audit, when no token is set (with one, each operator "
+    "gives a name at login); without either, requeues are refused",
 }
 
 
@@ -45,7 +49,7 @@ def add_parser(commands: Any, db_argument: Callable[[argparse.ArgumentParser], N
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     db_argument(parser)
-    add_flags(parser, OPTIONS[:2], HELP)
+    add_flags(parser, [option for option in OPTIONS if option.dest != "read_only"], HELP)
     parser.add_argument(
         "--read-only",
         action="store_const",
@@ -82,6 +86,10 @@ def run(args: argparse.Namespace) -> int:
     token = console_token(args.host)
     configure_logging("text")
     announce("console", args.db, args.config)
+    if token is not None and args.operator is not None:
+        log.warning(
+            "console: --operator is not used: with a token, each operator names themselves at login"
+        )
     with Operations(args.db) as ops:
         check_config(ops, args.config)
         app = create_app(
@@ -90,6 +98,7 @@ def run(args: argparse.Namespace) -> int:
             token=token,
             read_only=args.read_only,
             host=args.host,
+            operator=args.operator,
             # Before the port opens: the operator's first look does not wait for a day of
             # chart counts to be read.
             warm=True,

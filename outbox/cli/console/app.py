@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import argparse
+import logging
+import time
+
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
@@ -9,10 +13,12 @@ from starlette.requests import Request
 from starlette.responses import PlainTextResponse, RedirectResponse, Response
 from starlette.routing import Route
 
+from outbox.cli.arguments import operator_name
 from outbox.cli.console.pages import HERE, Pages
 from outbox.cli.console.security import (
     SESSION_COOKIE,
     SESSION_SECONDS,
+    Confirmations,
     Guard,
     GuessLimit,
     Sessions,
@@ -28,10 +34,12 @@ from outbox.clock import Clock
 from outbox.operations import Operations
 
 STYLE = (HERE / "static" / "console.css").read_text(encoding="utf-8")
+log = logging.getLogger("outbox.console")
 
 
 class Login:
-    """The login form: the token entered once, remembered in an HttpOnly SameSite cookie."""
+    """The login form: the token and the operator's name entered once, remembered in a
+    server-side session whose cookie is HttpOnly and SameSite."""
 
     def __init__(
         self, pages: Pages, token: str | None, guesses: GuessLimit, sessions: Sessions | None
@@ -47,9 +55,7 @@ class Login:
         """401: the login form for a page, a short text for anything else."""
         headers = {"WWW-Authenticate": "Bearer"}
         if request.method == "GET":
-            response = self.pages.render(
-                request, "login.html", 401, next=_local(request.url.path), wrong=False
-            )
+            response = self.page(request, 401, _local(request.url.path))
             response.headers.update(headers)
             return response
         return PlainTextResponse("401: the console token is required", 401, headers)
@@ -58,12 +64,33 @@ class Login:
         """GET /login: the form (or the overview when already in, or when no token is set)."""
         if authenticated(request, self.token, self.sessions):
             return RedirectResponse(_local(request.query_params.get("next", "/")), 303)
+        return self.page(request, 200, _local(request.query_params.get("next", "/")))
+
+    def page(
+        self,
+        request: Request,
+        status: int,
+        target: str,
+        *,
+        wrong: bool = False,
+        bad_name: str | None = None,
+        given: str = "",
+    ) -> Response:
+        """The login form going on to `target`, saying the token was `wrong` or the name
+        given was bad, the name `given` filled in again."""
         return self.pages.render(
-            request, "login.html", next=_local(request.query_params.get("next", "/")), wrong=False
+            request,
+            "login.html",
+            status,
+            next=target,
+            wrong=wrong,
+            bad_name=bad_name,
+            given_name=given,
         )
 
     async def submit(self, request: Request) -> Response:
-        """POST /login: a right token sets the session cookie; a wrong one answers 401."""
+        """POST /login: a right token and a name open a session (its cookie set); a wrong
+        token answers 401, a missing or unprintable name 400."""
         form = await checked_form(request)
         target = _local(form.get("next", "/"))
         if self.token is None or self.sessions is None:
@@ -71,13 +98,22 @@ class Login:
         client = client_address(request)
         if wait := self.guesses.wait(client):
             return too_many_guesses(wait)
+        given = form.get("operator", "")
+        try:
+            operator = operator_name(given)
+        except argparse.ArgumentTypeError as exc:
+            # Before the token is checked: this answer tells nothing of the token.
+            return self.page(request, 400, target, bad_name=str(exc), given=given)
         if not token_matches(self.token, form.get("token", "")):
             self.guesses.wrong(client)
-            return self.pages.render(request, "login.html", 401, next=target, wrong=True)
+            return self.page(request, 401, target, wrong=True, given=given)
+        # Who gave which name from where: the audit rows hold the name, the log ties it to
+        # an address, as the token alone is shared.
+        log.info("console: %r logged in from %s", operator, client)
         response = RedirectResponse(target, 303)
         response.set_cookie(
             SESSION_COOKIE,
-            self.sessions.new(),
+            self.sessions.new(operator),
             max_age=SESSION_SECONDS,
             httponly=True,
             samesite="strict",
@@ -125,14 +161,18 @@ def create_app(
     host: str,
     warm: bool = False,
     clock: Clock | None = None,
+    operator: str | None = None,
 ) -> Starlette:
     """The console on `ops`, bound to `host`; `token` None means no token is asked
-    (loopback only). With `warm`, what the first overview would read is read now;
-    `clock` times the limit on wrong tokens (a ManualClock in tests)."""
-    pages = Pages(ops, config, read_only, token is not None)
+    (loopback only), and then `operator` is who requeues (no one: requeues are refused).
+    With `warm`, what the first overview would read is read now; `clock` times the limit
+    on wrong tokens and the life of force confirmations (a ManualClock in tests)."""
+    ticking: Clock = time.monotonic if clock is None else clock
+    confirmations = Confirmations(ticking)
+    pages = Pages(ops, config, read_only, token is not None, operator, confirmations)
     if warm:
         pages.warm()
-    guesses = GuessLimit() if clock is None else GuessLimit(clock)
+    guesses = GuessLimit(ticking)
     sessions = None if token is None else Sessions(token)
     login = Login(pages, token, guesses, sessions)
     routes = [

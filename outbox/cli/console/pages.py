@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import time
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -23,7 +24,7 @@ from starlette.templating import Jinja2Templates
 from outbox.cli.arguments import age_text, non_empty, parse_duration, positive_int
 from outbox.cli.console import charts, decide
 from outbox.cli.console.reads import ERROR_LISTED, ConsoleReads, shown_error
-from outbox.cli.console.security import CSRF_FIELD, checked_form
+from outbox.cli.console.security import CSRF_COOKIE, CSRF_FIELD, Confirmations, checked_form
 from outbox.db.operations_sql import DeadFilter
 from outbox.operations import Operations
 from outbox.redaction import shown_value
@@ -37,6 +38,19 @@ LARGEST_STATUS = 2**31 - 1
 not a query the database refuses (500)."""
 LARGEST_ID = 2**63 - 1
 """The largest message id (a bigint)."""
+NOT_CONFIRMED = (
+    "force needs the confirmation this console gave when it refused this requeue, in this "
+    "session, within the last {minutes} minutes, used once: requeue without force to be "
+    "asked again"
+)
+NO_LOGIN_NAME = (
+    "the audit records the name given at login, and this request has none: log in through "
+    "the form (a bearer token names no one)"
+)
+NO_OPERATOR = (
+    "no operator name for the audit: start the console with --operator NAME (or "
+    "OUTBOX_CONSOLE_OPERATOR, or operator in the config file's [console])"
+)
 
 
 def iso(epoch: float | None) -> str:
@@ -62,9 +76,21 @@ def templates() -> Jinja2Templates:
 class Pages:
     """The page handlers, on one Operations (the one `outbox dead` would open)."""
 
-    def __init__(self, ops: Operations, config: str | None, read_only: bool, token: bool) -> None:
-        """`config` names the destinations' receipt lookups; `token`: whether one is required."""
+    def __init__(
+        self,
+        ops: Operations,
+        config: str | None,
+        read_only: bool,
+        token: bool,
+        operator: str | None = None,
+        confirmations: Confirmations | None = None,
+    ) -> None:
+        """`config` names the destinations' receipt lookups; `token`: whether one is required
+        (then each session names its operator), else `operator` requeues (None: no one);
+        `confirmations` holds what a refusal lets be forced."""
         self.ops = ops
+        self.operator = operator
+        self.confirmations = confirmations or Confirmations(time.monotonic)
         self.reads = ConsoleReads(ops)
         self.config = config
         self.read_only = read_only
@@ -81,9 +107,22 @@ class Pages:
             csrf=request.state.csrf,
             read_only=self.read_only,
             token=self.token,
+            operator=self.operator_of(request),
             page=name.removesuffix(".html"),
         )
         return self.templates.TemplateResponse(request, name, context, status_code=status_code)
+
+    def operator_of(self, request: Request) -> str | None:
+        """Who acts through `request`: with a token, the name its session gave at login;
+        without one, the configured operator. None: no one the audit could name."""
+        if not self.token:
+            return self.operator
+        session = request.state.session
+        return None if session is None else str(session.operator)
+
+    def nameless(self) -> str:
+        """Why a request without an operator may not requeue, and how to give one."""
+        return NO_LOGIN_NAME if self.token else NO_OPERATOR
 
     def warm(self) -> None:
         """Do once, before the first request, what would make it slow: compile the
@@ -172,8 +211,9 @@ class Pages:
             message=message,
             dead=message["state"] == MessageState.DEAD,
             done=None,
-            forceable=False,
-            asked={},
+            confirm=None,
+            reason="",
+            nameless=self.nameless(),
             requeued=request.query_params.get("requeued"),
         )
 
@@ -183,15 +223,34 @@ class Pages:
             raise HTTPException(403, "the console is read-only")
         form = await checked_form(request)
         reply_id = form.get("reply_id", "")
-        done = await run_in_threadpool(
-            decide.requeue,
-            self.ops,
-            self.config,
-            reply_id,
-            reason=form.get("reason", ""),
-            by=form.get("by", ""),
-            force=form.get("force") == "yes",
-        )
+        reason = form.get("reason", "")
+        # The name comes from the session (or the console's setting), never from the form:
+        # a field named `by` is ignored.
+        operator = self.operator_of(request)
+        holder = self.holder(request)
+        if operator is None:
+            done = decide.refused(reply_id, self.nameless())
+        elif form.get("force") == "yes":
+            held = self.confirmations.redeem(holder, reply_id, form.get("confirm", ""))
+            if held is None:
+                minutes = round(self.confirmations.seconds / 60)
+                done = decide.refused(reply_id, NOT_CONFIRMED.format(minutes=minutes))
+            else:
+                # The reason confirmed is the one the refusal showed, whatever the form says.
+                reason = held.reason
+                done = await run_in_threadpool(
+                    decide.requeue,
+                    self.ops,
+                    self.config,
+                    reply_id,
+                    reason=reason,
+                    by=operator,
+                    overriding=held.receipt,
+                )
+        else:
+            done = await run_in_threadpool(
+                decide.requeue, self.ops, self.config, reply_id, reason=reason, by=operator
+            )
         if done.outcome == "requeued" and done.audit is not None:
             query = urlencode({"id": reply_id, "requeued": done.audit["id"]})
             return RedirectResponse(f"/reply?{query}", status_code=303)
@@ -205,10 +264,23 @@ class Pages:
             message=message,
             dead=message["state"] == MessageState.DEAD,
             done=done,
-            forceable=decide.forceable(done),
-            asked=form,
+            confirm=(
+                self.confirmations.issue(holder, reply_id, done.receipt, reason.strip())
+                if decide.forceable(done)
+                else None
+            ),
+            reason=reason,
+            nameless=self.nameless(),
             requeued=None,
         )
+
+    def holder(self, request: Request) -> str:
+        """Whose a force confirmation is: the login session's, or without a token the
+        browser's (its CSRF cookie, which a POST has proved it holds)."""
+        session = request.state.session
+        if session is not None:
+            return f"session:{session.nonce}"
+        return f"browser:{request.cookies.get(CSRF_COOKIE, '')}"
 
     def task(self, request: Request) -> Response:
         """One task: payload, state, attempts, owner, fence, deadline, result, its reply."""

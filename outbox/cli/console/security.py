@@ -4,11 +4,13 @@ With a token configured (OUTBOX_CONSOLE_TOKEN; required off loopback), every
 request but the login form's must carry it: as `Authorization: Bearer`, or as
 the session cookie the login form sets: its issue time, a nonce and an HMAC of both
 keyed by the token, so the cookie never holds the token; it opens the console while
-the session is open (Sessions): SESSION_SECONDS at most, until logout. Wrong tokens,
+the session is open (Sessions): SESSION_SECONDS at most, until logout; the session holds
+the name the operator gave at login, which the audit of their requeues records. Wrong tokens,
 at the form or as a bearer, are limited per client address (GuessLimit): after GUESSES,
 429 until one is earned back. Every POST must carry the CSRF token of the
 double-submit cookie in its form: a cross-site form cannot read the cookie,
-and SameSite=Strict keeps the browser from sending it along. Every response
+and SameSite=Strict keeps the browser from sending it along. A forced requeue must
+carry the confirmation the console issued with its refusal (Confirmations). Every response
 carries a Content-Security-Policy that allows no script at all.
 
 A console bound to loopback answers only requests that name it: a Host header of
@@ -33,6 +35,7 @@ import secrets
 import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass
 from urllib.parse import parse_qsl
 
 from starlette.exceptions import HTTPException
@@ -51,6 +54,10 @@ ISSUED = re.compile(r"[0-9]{1,12}")
 NONCE = re.compile(r"[A-Za-z0-9_-]{24}")
 LIVE_SESSIONS = 1_024
 """Open sessions held at most; past that the oldest ends (as if logged out)."""
+CONFIRM_SECONDS = 600.0
+"""How long a forced requeue's confirmation lasts after the refusal that issued it."""
+CONFIRMATIONS = 1_024
+"""Confirmations held at most; past that the oldest is forgotten (its force refused)."""
 CSRF_COOKIE = "outbox_console_csrf"
 CSRF_FIELD = "csrf_token"
 MAX_FORM_BYTES = 65_536
@@ -142,31 +149,42 @@ def session_value(token: str, issued: int, nonce: str) -> str:
     return f"{issued}.{nonce}.{proof.hexdigest()}"
 
 
+@dataclass(frozen=True)
+class Session:
+    """One open session: its nonce, when it was issued, and who logged in."""
+
+    nonce: str
+    issued: int
+    operator: str
+    """The name given at login: what the audit of this session's requeues records."""
+
+
 class Sessions:
     """The sessions the login form opened and logout has not ended, in memory.
 
     A signed cookie alone stayed valid for SESSION_SECONDS after logout, copied or not; a
     session is now also one this process holds, so logout ends it, and a restart, which a
-    new token needs, ends them all. At most LIVE_SESSIONS: past that the oldest ends.
+    new token needs (the token is read once, at start), ends them all. At most
+    LIVE_SESSIONS: past that the oldest ends.
     """
 
     def __init__(self, token: str) -> None:
         """Sessions proving `token`."""
         self.token = token
-        self.live: OrderedDict[str, int] = OrderedDict()
-        """Each open session's nonce and issue time, oldest first."""
+        self.live: OrderedDict[str, Session] = OrderedDict()
+        """Each open session by its nonce, oldest first."""
 
-    def new(self) -> str:
-        """A new session's cookie value, issued now."""
+    def new(self, operator: str) -> str:
+        """A new session of `operator`'s, issued now: its cookie value."""
         issued, nonce = int(now()), secrets.token_urlsafe(18)
-        self.live[nonce] = issued
+        self.live[nonce] = Session(nonce, issued, operator)
         while len(self.live) > LIVE_SESSIONS:
             self.live.popitem(last=False)
         return session_value(self.token, issued, nonce)
 
-    def opened(self, cookie: str) -> str | None:
-        """The nonce of the open session `cookie` proves (issued less than SESSION_SECONDS
-        ago, not ended), or None."""
+    def opened(self, cookie: str) -> Session | None:
+        """The open session `cookie` proves (issued less than SESSION_SECONDS ago, not
+        ended), or None."""
         issued, _, rest = cookie.partition(".")
         nonce, _, _ = rest.partition(".")
         if ISSUED.fullmatch(issued) is None or NONCE.fullmatch(nonce) is None:
@@ -174,15 +192,70 @@ class Sessions:
         expected = session_value(self.token, int(issued), nonce)
         if not hmac.compare_digest(expected.encode(), cookie.encode()):
             return None
-        if self.live.get(nonce) != int(issued) or not 0 <= now() - int(issued) < SESSION_SECONDS:
+        session = self.live.get(nonce)
+        if session is None or session.issued != int(issued):
             return None
-        return nonce
+        if not 0 <= now() - session.issued < SESSION_SECONDS:
+            return None
+        return session
 
     def end(self, cookie: str) -> None:
         """End the session `cookie` proves, if it is open: a copy of it no longer opens."""
-        nonce = self.opened(cookie)
-        if nonce is not None:
-            del self.live[nonce]
+        session = self.opened(cookie)
+        if session is not None:
+            del self.live[session.nonce]
+
+
+@dataclass(frozen=True)
+class Confirmation:
+    """What a refusal offered to override: the lookup's answer it refused on, the reason
+    the operator gave, and the secret that confirms it until `expires`."""
+
+    token: str
+    receipt: str
+    reason: str
+    expires: float
+
+
+class Confirmations:
+    """The confirmations a forced requeue needs, each issued with the refusal it overrides.
+
+    Held by this process, not signed into the form: each is used once, which a signature
+    alone could not promise without a record of the used ones anyway. Each is held under
+    the session that saw the refusal and the reply it names, so a token shown to one
+    session or for one reply confirms nothing else; a newer refusal replaces the older
+    one's confirmation; any attempt to use one consumes it.
+    """
+
+    def __init__(
+        self, clock: Clock, seconds: float = CONFIRM_SECONDS, held: int = CONFIRMATIONS
+    ) -> None:
+        """Confirmations that last `seconds` on `clock`, `held` of them at most."""
+        self.clock = clock
+        self.seconds = seconds
+        self.most = held
+        self.held: OrderedDict[tuple[str, str], Confirmation] = OrderedDict()
+        """Per (session, reply_id) the confirmation issued last, the oldest first."""
+
+    def issue(self, session: str, reply_id: str, receipt: str, reason: str) -> str:
+        """A new confirmation of forcing `reply_id`'s requeue past `receipt`, for `session`."""
+        now = self.clock()
+        for key in [key for key, held in self.held.items() if held.expires <= now]:
+            del self.held[key]
+        token = secrets.token_urlsafe(32)
+        self.held.pop((session, reply_id), None)
+        self.held[(session, reply_id)] = Confirmation(token, receipt, reason, now + self.seconds)
+        while len(self.held) > self.most:
+            self.held.popitem(last=False)
+        return token
+
+    def redeem(self, session: str, reply_id: str, offered: str) -> Confirmation | None:
+        """The confirmation `offered` is, if it was issued to `session` for `reply_id` and has
+        neither expired nor been used; None otherwise. Either way it is used up."""
+        held = self.held.pop((session, reply_id), None)
+        if held is None or not hmac.compare_digest(held.token.encode(), offered.encode()):
+            return None
+        return held if self.clock() < held.expires else None
 
 
 def token_matches(token: str, offered: str) -> bool:
@@ -196,6 +269,13 @@ def bearer(request: Request) -> str:
     return offered.strip() if scheme.lower() == "bearer" else ""
 
 
+def session_of(request: Request, sessions: Sessions | None) -> Session | None:
+    """The open session the request's cookie proves, or None."""
+    if sessions is None:
+        return None
+    return sessions.opened(request.cookies.get(SESSION_COOKIE, ""))
+
+
 def authenticated(request: Request, token: str | None, sessions: Sessions | None) -> bool:
     """Whether the request carries the token (bearer header) or an open session's cookie."""
     if token is None:
@@ -203,8 +283,7 @@ def authenticated(request: Request, token: str | None, sessions: Sessions | None
     offered = bearer(request)
     if offered:
         return token_matches(token, offered)
-    cookie = request.cookies.get(SESSION_COOKIE, "")
-    return sessions is not None and sessions.opened(cookie) is not None
+    return session_of(request, sessions) is not None
 
 
 class GuessLimit:
@@ -310,6 +389,8 @@ class Guard(BaseHTTPMiddleware):
         and the CSRF cookie."""
         known = request.cookies.get(CSRF_COOKIE)
         request.state.csrf = known or secrets.token_urlsafe(32)
+        # Who is signed in, for the pages (their name) and the requeue (its audit).
+        request.state.session = session_of(request, self.sessions)
         given = request.headers.getlist("host")
         # One header: with two, one layer may read the first and another the last.
         named = host_name(given[0]) if len(given) == 1 else None
