@@ -19,6 +19,7 @@ from outbox.signing import ORDERING_KEY_HEADER
 from receiver import ReceiptStore
 from receiver.consume import Consumer, Delivery, lowercased
 from receiver.effects import REPLY_ID_KEY, record_effect
+from receiver.store import LastTry
 
 
 class Refusing:
@@ -204,3 +205,14 @@ def test_max_deliveries_must_be_a_whole_number_of_at_least_one(
 ) -> None:
     with pytest.raises(ConfigError, match="max_deliveries"):
         Consumer(store, unsigned=True, max_deliveries=value)  # type: ignore[arg-type]
+
+
+def test_last_tries_needs_isolate(store: ReceiptStore) -> None:
+    last = {0: LastTry({}, 1)}
+    with pytest.raises(ValueError, match="isolate"):
+        store.accept_many([("l1", b"{}")], record_effect, last_tries=last)
+    # An item on its last try whose effect passes is stored as any other.
+    assert store.accept_many([("l1", b"{}")], record_effect, isolate=True, last_tries=last) == [
+        "stored"
+    ]
+    assert store.dead_letters() == []
