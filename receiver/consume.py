@@ -19,12 +19,18 @@ message:
   message of its ordering key is still to be applied): nothing stored, not
   acknowledged; the broker delivers it again. When a batch settled nothing else, the
   consumer pauses (doubling, capped) before it takes more, so a database that is down
-  is not hammered.
+  is not hammered;
+- ``dead`` (this message's effect raised on each of ``max_deliveries`` deliveries, or
+  it was dead already and came again): kept in ``receiver_dead_letters`` with its
+  reason in the batch's transaction (or already there), logged as an error,
+  acknowledged, never delivered again. Only the effect's own failures count, in this
+  process (a restart gives a message a fresh budget): a ``held`` message, or a batch
+  the database failed whole, is not one.
 
 Order across batches: a key whose message ended ``retry`` is *blocked* by that
 message (by reply_id): a later message of the key that arrives first (the broker may
 hand it over before the redelivery) is ``held``. The block ends when the blocking
-message is stored, a duplicate, a conflict or invalid, or when it has not come back
+message is stored, a duplicate, a conflict, invalid or dead, or when it has not come back
 for ``key_hold`` seconds (it went to another consumer, or the broker gave up on it).
 The blocks live in this process only.
 
@@ -35,6 +41,7 @@ for hours while its consumer is down, and a replayed message is only a duplicate
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import logging
 import math
@@ -57,25 +64,37 @@ from outbox.signing import (
 )
 from receiver.effects import Effect
 from receiver.metrics import ConsumerMetrics
-from receiver.store import BatchItem
+from receiver.store import BatchItem, LastTry, Statuses
 from receiver.strict_json import InvalidJSON, check_strict_json
 
 T = TypeVar("T")
 CANCEL_AGAIN = 0.1
 """Seconds between cancellations of a wait that a stop ends (see unless_stopped)."""
 
-Outcome = Literal["stored", "duplicate", "conflict", "invalid", "retry", "held"]
-ACKNOWLEDGED: frozenset[Outcome] = frozenset({"stored", "duplicate", "conflict"})
+Outcome = Literal["stored", "duplicate", "conflict", "invalid", "retry", "held", "dead"]
+ACKNOWLEDGED: frozenset[Outcome] = frozenset({"stored", "duplicate", "conflict", "dead"})
 """Outcomes the broker is told are done with: they are never delivered again."""
 REDELIVERED: frozenset[Outcome] = frozenset({"retry", "held"})
 """Outcomes left to the broker to deliver again: nothing of them was applied."""
 
-_KNOWN: dict[str, Outcome] = {"stored": "stored", "duplicate": "duplicate", "held": "held"}
+_KNOWN: dict[str, Outcome] = {
+    "stored": "stored",
+    "duplicate": "duplicate",
+    "held": "held",
+    "dead": "dead",
+}
 
 BEFORE_ACK = "receiver.consume.before_ack"
 DEFAULT_BATCH = 100
 DEFAULT_BACKOFF = 0.5
 DEFAULT_BACKOFF_CAP = 30.0
+DEFAULT_MAX_DELIVERIES = 5
+"""Deliveries whose effect raises before a message goes to the dead letters."""
+FAILURES_KEPT = 10_000
+"""Messages whose effect failures a consumer counts at once; past it the oldest count is
+forgotten (that message then gets a fresh budget: more tries, never fewer)."""
+UNKEPT_HEADERS = frozenset({"webhook-signature", "authorization", "proxy-authorization", "cookie"})
+"""Headers a dead letter leaves out: credentials, and a signature nobody needs again."""
 DEFAULT_KEY_HOLD = 300.0
 """Seconds a key stays blocked by a message that failed and has not come back since: far
 longer than the pause before a redelivery (backoff_cap) and JetStream's ack_wait."""
@@ -87,19 +106,35 @@ class BatchStore(Protocol):
     """What a consumer needs from a receipt store: ReceiptStore.accept_many."""
 
     def accept_many(
-        self, items: Sequence[BatchItem], effect: Effect | None = None, *, isolate: bool = False
+        self,
+        items: Sequence[BatchItem],
+        effect: Effect | None = None,
+        *,
+        isolate: bool = False,
+        last_tries: Mapping[int, LastTry] | None = None,
     ) -> list[str]:
-        """Store receipts in one transaction: stored, duplicate, conflict, retry or held."""
+        """Store receipts in one transaction: stored, duplicate, conflict, retry, held, dead."""
+        ...
+
+    def dead_among(self, reply_ids: Sequence[str]) -> set[str]:
+        """Which of `reply_ids` are in the dead letters."""
         ...
 
 
 @dataclass(frozen=True)
 class Delivery:
-    """One broker message: its headers (names lowercased), exact body, broker message id."""
+    """One broker message: its headers (names lowercased), exact body, broker message id;
+    what the broker says of its deliveries, and where it keeps it (for a dead letter)."""
 
     headers: Mapping[str, str]
     body: bytes
     broker_id: str | None = None
+    redelivered: bool = False
+    """The broker delivered it before (a lost ack, a requeue, a nak)."""
+    deliveries: int | None = None
+    """The broker's count of its deliveries, this one included, when it keeps one."""
+    broker_ref: str | None = None
+    """Where the broker keeps it: a stream and sequence, a queue."""
 
 
 class Invalid(ValueError):
@@ -157,6 +192,9 @@ def ordering_key(delivery: Delivery) -> str | None:
 class Consumer:
     """The broker-free part of a consumer: decide on batches, pause after failures, stop."""
 
+    broker: str | None = None
+    """The broker's name in a dead letter: nats, rabbitmq."""
+
     def __init__(
         self,
         store: BatchStore,
@@ -169,11 +207,17 @@ class Consumer:
         backoff_cap: float = DEFAULT_BACKOFF_CAP,
         metrics: ConsumerMetrics | None = None,
         key_hold: float = DEFAULT_KEY_HOLD,
+        max_deliveries: int = DEFAULT_MAX_DELIVERIES,
     ) -> None:
         """Verify with `secrets` (or nothing, unsigned=True); run `effect` per first receipt;
-        `key_hold`: seconds a key waits for its failed message to come back (see above)."""
+        `key_hold`: seconds a key waits for its failed message to come back (see above);
+        `max_deliveries`: deliveries whose effect raises before a message goes dead."""
         if batch < 1:
             raise ConfigError(f"batch must be >= 1, got {batch}")
+        if isinstance(max_deliveries, bool) or not isinstance(max_deliveries, int):
+            raise ConfigError(f"max_deliveries must be a whole number, got {max_deliveries!r}")
+        if max_deliveries < 1:
+            raise ConfigError(f"max_deliveries must be >= 1, got {max_deliveries}")
         if not 0 < backoff <= backoff_cap:
             raise ConfigError("backoff must be > 0 and at most backoff_cap")
         if not key_hold > 0:
@@ -186,6 +230,9 @@ class Consumer:
         self.backoff_cap = backoff_cap
         self.metrics = metrics or ConsumerMetrics()
         self.key_hold = float(key_hold)
+        self.max_deliveries = max_deliveries
+        self._effect_failures: collections.OrderedDict[str, int] = collections.OrderedDict()
+        """reply_id -> deliveries whose effect raised, in this process (see FAILURES_KEPT)."""
         self._blocked: dict[str, tuple[str, float]] = {}
         """Ordering key -> (reply_id of its message to be applied first, monotonic deadline)."""
         self._failures = 0
@@ -217,6 +264,7 @@ class Consumer:
         outcomes: list[Outcome] = ["invalid"] * len(deliveries)
         items: list[BatchItem] = []
         positions: list[int] = []
+        redelivered: list[str] = []
         for index, delivery in enumerate(deliveries):
             try:
                 reply_id = check(delivery, self.keys)
@@ -240,8 +288,12 @@ class Consumer:
                 (reply_id, delivery.body) if key is None else (reply_id, delivery.body, key)
             )
             positions.append(index)
+            if delivery.redelivered:
+                redelivered.append(reply_id)
         if items:
-            for index, item, status in zip(positions, items, self._store(items), strict=True):
+            chosen = [deliveries[index] for index in positions]
+            statuses = self._store(items, chosen, redelivered)
+            for index, item, status in zip(positions, items, statuses, strict=True):
                 outcomes[index] = status
                 if len(item) == 3 and item[2] is not None:
                     self._follow(item[2], item[0], status, now)
@@ -276,10 +328,77 @@ class Consumer:
                     extra={"fields": {"reply_id": reply_id}},
                 )
 
-    def _store(self, items: Sequence[BatchItem]) -> list[Outcome]:
+    def _last_tries(
+        self, items: Sequence[BatchItem], deliveries: Sequence[Delivery]
+    ) -> dict[int, LastTry]:
+        """The items whose effect has raised max_deliveries - 1 times: this try is their last."""
+        last: dict[int, LastTry] = {}
+        for index, (item, delivery) in enumerate(zip(items, deliveries, strict=True)):
+            failures = self._effect_failures.get(item[0], 0) + 1
+            if failures >= self.max_deliveries:
+                last[index] = LastTry(
+                    headers={
+                        name: value
+                        for name, value in delivery.headers.items()
+                        if name not in UNKEPT_HEADERS
+                    },
+                    failures=failures,
+                    deliveries=delivery.deliveries,
+                    broker=self.broker,
+                    broker_ref=delivery.broker_ref,
+                )
+        return last
+
+    def _count_failures(self, items: Sequence[BatchItem], statuses: Statuses | list[str]) -> None:
+        """Count a failure for each item whose effect raised; forget the settled ones."""
+        errors = getattr(statuses, "errors", {})
+        for index, (item, status) in enumerate(zip(items, statuses, strict=True)):
+            reply_id = item[0]
+            if status == "retry" and index in errors:
+                # Only the effect's own failures count: not a held message, nor a batch the
+                # database failed whole (that one raised before any status).
+                self._effect_failures[reply_id] = self._effect_failures.get(reply_id, 0) + 1
+                self._effect_failures.move_to_end(reply_id)
+                while len(self._effect_failures) > FAILURES_KEPT:
+                    self._effect_failures.popitem(last=False)
+            elif status != "held":
+                self._effect_failures.pop(reply_id, None)
+
+    def _store(
+        self,
+        items: Sequence[BatchItem],
+        deliveries: Sequence[Delivery],
+        redelivered: Sequence[str] = (),
+    ) -> list[Outcome]:
         try:
+            # Only a message delivered before can have gone dead (its ack lost after the
+            # commit that buried it): a first delivery costs no read.
+            buried = self.store.dead_among(redelivered) if redelivered else set()
+            fresh = [index for index, item in enumerate(items) if item[0] not in buried]
+            if buried:
+                for item in items:
+                    if item[0] in buried:
+                        log.warning(
+                            "reply_id %s is in the dead letters already: acknowledged, nothing "
+                            "stored (outbox receiver dead retry applies it)",
+                            item[0],
+                            extra={"fields": {"reply_id": item[0]}},
+                        )
+            taken = [items[index] for index in fresh]
+            last_tries = self._last_tries(taken, [deliveries[index] for index in fresh])
             with self.metrics.commit_seconds.time():
-                statuses = self.store.accept_many(items, self.effect, isolate=True)
+                # last_tries only when some item is on its last try: a store of an
+                # application's own written before dead letters still works until then.
+                more = {"last_tries": last_tries} if last_tries else {}
+                stored = (
+                    self.store.accept_many(taken, self.effect, isolate=True, **more)
+                    if taken
+                    else Statuses()
+                )
+            self._count_failures(taken, stored)
+            statuses: list[str] = ["dead"] * len(items)
+            for index, status in zip(fresh, stored, strict=True):
+                statuses[index] = status
         except StoreUnavailable as exc:
             log.warning("receipt store unavailable; the messages will come again: %s", exc)
             return ["retry"] * len(items)

@@ -71,7 +71,7 @@ class ReceiverMetrics:
         return generate_latest(self.registry)
 
 
-CONSUMED_OUTCOMES = ("stored", "duplicate", "conflict", "invalid", "retry", "held")
+CONSUMED_OUTCOMES = ("stored", "duplicate", "conflict", "invalid", "retry", "held", "dead")
 
 
 class ConsumerMetrics:
@@ -84,7 +84,9 @@ class ConsumerMetrics:
             "outbox_receiver_consumed",
             "Broker messages by outcome: stored, duplicate, conflict (acknowledged), "
             "invalid (refused, never redelivered), retry (not acknowledged: delivered again) "
-            "or held (not acknowledged: an earlier message of its ordering key is retry).",
+            "held (not acknowledged: an earlier message of its ordering key is retry) or "
+            "dead (its effect raised on its last allowed delivery, or it was dead already: "
+            "kept in receiver_dead_letters, acknowledged).",
             ["outcome"],
             registry=self.registry,
         )

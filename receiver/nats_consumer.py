@@ -33,6 +33,7 @@ from receiver.consume import (
     DEFAULT_BACKOFF_CAP,
     DEFAULT_BATCH,
     DEFAULT_KEY_HOLD,
+    DEFAULT_MAX_DELIVERIES,
     REDELIVERED,
     BatchStore,
     Consumer,
@@ -64,6 +65,8 @@ def _nats() -> Any:
 class NatsConsumer(Consumer):
     """A JetStream durable pull consumer feeding the receipt store; run() until stop()."""
 
+    broker = "nats"
+
     def __init__(
         self,
         store: BatchStore,
@@ -80,6 +83,7 @@ class NatsConsumer(Consumer):
         backoff_cap: float = DEFAULT_BACKOFF_CAP,
         metrics: ConsumerMetrics | None = None,
         key_hold: float = DEFAULT_KEY_HOLD,
+        max_deliveries: int = DEFAULT_MAX_DELIVERIES,
     ) -> None:
         """Consume `stream` through the durable consumer `durable` at `url` (nats:// or tls://)."""
         _nats()
@@ -99,6 +103,7 @@ class NatsConsumer(Consumer):
             backoff_cap=backoff_cap,
             metrics=metrics,
             key_hold=key_hold,
+            max_deliveries=max_deliveries,
         )
         self.url = url
         self.stream = stream
@@ -193,6 +198,7 @@ class NatsConsumer(Consumer):
                 headers=(headers := lowercased(message.headers)),
                 body=message.data,
                 broker_id=headers.get(MSG_ID_HEADER),
+                **_deliveries(message),
             )
             for message in messages
         ]
@@ -220,3 +226,18 @@ class NatsConsumer(Consumer):
             except nats.errors.Error as exc:
                 # Not acknowledged: JetStream delivers it again after ack_wait, a duplicate.
                 log.warning("settling a message on NATS failed: %s", exc)
+
+
+def _deliveries(message: Msg) -> dict[str, Any]:
+    """What JetStream says of a message's deliveries, and its stream and sequence."""
+    nats = _nats()
+    try:
+        metadata = message.metadata
+    except nats.errors.Error:  # not a JetStream message (its reply subject says so)
+        return {}
+    count = metadata.num_delivered
+    return {
+        "redelivered": count > 1,
+        "deliveries": count,
+        "broker_ref": f"{metadata.stream}/{metadata.sequence.stream}",
+    }

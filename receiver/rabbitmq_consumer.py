@@ -7,8 +7,9 @@
 The queue must exist (declaring it and its bindings is the operator's topology, made
 before the relay publishes). Messages arrive with manual acks and a prefetch of one
 batch; each batch is decided in one transaction (receiver.consume) and then settled:
-``ack`` after its commit, ``reject`` without requeue when invalid (dead-lettered if
-the queue has a dead-letter exchange). A message that was not applied (``retry``: its
+``ack`` after its commit (a ``dead`` message too, once kept in the receiver's dead
+letters), ``reject`` without requeue when invalid (dead-lettered if the queue has a
+dead-letter exchange). A message that was not applied (``retry``: its
 transaction or its effect failed; ``held``: an earlier message of its ordering key is
 still to be applied) is left unacknowledged, and once the others are settled the
 channel is closed: RabbitMQ puts every unacknowledged message back in its place in the
@@ -32,6 +33,7 @@ from receiver.consume import (
     DEFAULT_BACKOFF_CAP,
     DEFAULT_BATCH,
     DEFAULT_KEY_HOLD,
+    DEFAULT_MAX_DELIVERIES,
     REDELIVERED,
     BatchStore,
     Consumer,
@@ -45,6 +47,7 @@ from receiver.metrics import ConsumerMetrics
 if TYPE_CHECKING:
     from aio_pika.abc import AbstractChannel, AbstractConnection, AbstractIncomingMessage
 
+DELIVERY_COUNT_HEADER = "x-delivery-count"
 IDLE_WAIT = 1.0
 """Seconds an idle consumer waits for a message before it looks at its channel again."""
 
@@ -66,6 +69,8 @@ class _ChannelLost(Exception):
 class RabbitMQConsumer(Consumer):
     """A RabbitMQ queue consumer feeding the receipt store; run() until stop()."""
 
+    broker = "rabbitmq"
+
     def __init__(
         self,
         store: BatchStore,
@@ -80,6 +85,7 @@ class RabbitMQConsumer(Consumer):
         backoff_cap: float = DEFAULT_BACKOFF_CAP,
         metrics: ConsumerMetrics | None = None,
         key_hold: float = DEFAULT_KEY_HOLD,
+        max_deliveries: int = DEFAULT_MAX_DELIVERIES,
     ) -> None:
         """Consume `queue` at `url` (amqp:// or amqps://); `batch` is also the prefetch."""
         _aio_pika()
@@ -99,6 +105,7 @@ class RabbitMQConsumer(Consumer):
             backoff_cap=backoff_cap,
             metrics=metrics,
             key_hold=key_hold,
+            max_deliveries=max_deliveries,
         )
         self.url = url
         self.queue = queue
@@ -186,7 +193,8 @@ class RabbitMQConsumer(Consumer):
             while not self.stopping and not retry:
                 batch = await self._gather(inbox, channel)
                 if batch:
-                    outcomes = await self.decide([_delivery(message) for message in batch])
+                    deliveries = [_delivery(message, self.queue) for message in batch]
+                    outcomes = await self.decide(deliveries)
                     retry = await self._settle(batch, outcomes)
         finally:
             if not channel.is_closed:
@@ -251,10 +259,17 @@ async def _close(connection: AbstractConnection) -> None:
         await connection.close()
 
 
-def _delivery(message: AbstractIncomingMessage) -> Delivery:
+def _delivery(message: AbstractIncomingMessage, queue: str) -> Delivery:
     """The broker-free view of an AMQP message."""
+    # Quorum queues count deliveries that came back (x-delivery-count, absent on the
+    # first); classic queues only say whether it came before.
+    returned = (message.headers or {}).get(DELIVERY_COUNT_HEADER)
+    count = returned + 1 if isinstance(returned, int) and not isinstance(returned, bool) else None
     return Delivery(
         headers=lowercased(message.headers),
         body=message.body,
         broker_id=message.message_id,
+        redelivered=bool(message.redelivered) or bool(count and count > 1),
+        deliveries=count,
+        broker_ref=queue,
     )

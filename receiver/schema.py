@@ -1,4 +1,4 @@
-"""The receiver's tables: receipts for dedupe and the reference effect table."""
+"""The receiver's tables: receipts for dedupe, the reference effect table, dead letters."""
 
 from __future__ import annotations
 
@@ -26,4 +26,22 @@ effects = sa.Table(
     sa.Column("reply_id", sa.String(200), nullable=False, index=True),
     sa.Column("body", sa.LargeBinary(), nullable=False),
     sa.Column("created_at", Epoch(), nullable=False),
+)
+
+# Messages a broker consumer gave up on: their effect kept raising. Not a receipt: nothing
+# of them was applied, and `outbox receiver dead retry` may still apply them.
+dead_letters = sa.Table(
+    "receiver_dead_letters",
+    metadata,
+    sa.Column("reply_id", sa.String(200), primary_key=True),
+    sa.Column("content_hash", sa.String(64), nullable=False),
+    sa.Column("body", sa.LargeBinary(), nullable=False),
+    sa.Column("headers", sa.Text(), nullable=False),
+    sa.Column("reason", sa.Text(), nullable=False),
+    sa.Column("failures", sa.Integer(), nullable=False),
+    sa.Column("deliveries", sa.Integer()),
+    sa.Column("broker", sa.String(20)),
+    sa.Column("broker_ref", sa.String(400)),
+    sa.Column("dead_at", Epoch(), nullable=False),
+    sa.Index("ix_receiver_dead_letters_dead_at", "dead_at"),
 )

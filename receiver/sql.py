@@ -1,4 +1,5 @@
-"""The receiver's statements: insert receipts (and the reference effect), read, purge.
+"""The receiver's statements: insert receipts (and the reference effect), read, purge;
+the consumer's dead letters.
 
 On PostgreSQL the inserts are driver SQL with array parameters sent in binary
 (`%(name)b`), or strings the statement splits: one short, cacheable statement
@@ -21,7 +22,7 @@ from outbox.db.dialect import (
     is_postgresql,
     now_expression,
 )
-from receiver.schema import effects, receipts
+from receiver.schema import dead_letters, effects, receipts
 
 INSERT_EFFECTS_POSTGRESQL = (
     "INSERT INTO receiver_effects (reply_id, created_at, body) "
@@ -159,3 +160,48 @@ def delete_oldest(cutoff: sa.ColumnElement[float], batch: int) -> sa.Delete:
         .limit(batch)
     )
     return receipts.delete().where(receipts.c.reply_id.in_(oldest))
+
+
+def insert_dead_letter(conn: sa.Connection, row: dict[str, Any], clock: Clock | None) -> None:
+    """Keep a message given up on; a reply_id already dead (another consumer's copy) stays."""
+    dialect = conn.dialect.name
+    conn.execute(
+        insert_ignoring_conflicts(dead_letters, dialect).values(
+            dead_at=now_expression(clock, dialect), **row
+        )
+    )
+
+
+def select_dead_among(reply_ids: Sequence[str]) -> sa.Select[Any]:
+    """Which of `reply_ids` are dead letters."""
+    return sa.select(dead_letters.c.reply_id).where(dead_letters.c.reply_id.in_(list(reply_ids)))
+
+
+LISTED = (
+    dead_letters.c.reply_id,
+    dead_letters.c.reason,
+    dead_letters.c.failures,
+    dead_letters.c.deliveries,
+    dead_letters.c.broker,
+    dead_letters.c.dead_at,
+)
+
+
+def select_dead_letters(limit: int) -> sa.Select[Any]:
+    """The oldest `limit` dead letters, without their bodies."""
+    return sa.select(*LISTED).order_by(dead_letters.c.dead_at, dead_letters.c.reply_id).limit(limit)
+
+
+def select_dead_letter(reply_id: str) -> sa.Select[Any]:
+    """One dead letter, whole."""
+    return sa.select(dead_letters).where(dead_letters.c.reply_id == reply_id)
+
+
+def delete_dead_letter(reply_id: str) -> sa.Delete:
+    """Forget one dead letter."""
+    return dead_letters.delete().where(dead_letters.c.reply_id == reply_id)
+
+
+def delete_dead_before(cutoff: sa.ColumnElement[float]) -> sa.Delete:
+    """Forget the dead letters given up on before `cutoff`."""
+    return dead_letters.delete().where(dead_letters.c.dead_at < cutoff)

@@ -14,7 +14,10 @@ one writer at a time.
 stored again item by item, each under a SAVEPOINT, in the batch's order; the
 failed item answers ``retry``, and the later items of its ordering key answer
 ``held`` (not applied), so a key's messages are applied in order or not at all.
-A batch that succeeds takes the bulk path alone, with no savepoints.
+A batch that succeeds takes the bulk path alone, with no savepoints. An item named
+in ``last_tries`` (a broker consumer's message on its last allowed delivery) whose
+effect raises is not retried: it is written to ``receiver_dead_letters`` in the same
+transaction and answers ``dead``, and the later items of its key go on.
 
 Errors (outbox.errors): PayloadCollision (same reply_id, other body; nothing
 changed), StoreUnavailable (the database cannot be reached or kept failing
@@ -25,8 +28,9 @@ or too old).
 from __future__ import annotations
 
 import functools
+import json
 import logging
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, NamedTuple, TypeAlias
@@ -44,6 +48,7 @@ from outbox.durations import duration_text
 from outbox.errors import PayloadCollision, StoreUnavailable
 from outbox.messages import are_reply_ids, check_ordering_key, check_reply_id
 from outbox.migrations import RECEIVER_BRANCH
+from outbox.redaction import redact
 from receiver import sql
 from receiver.effects import Effect, record_effect, run_effects
 from receiver.schema import receipts
@@ -53,6 +58,8 @@ PURGE_BATCH = 1000
 # Tries of one transaction: a dropped connection, a serialization failure or a race with
 # purge is resolved by a second try; a third failure means the database is not well.
 _TRIES = 3
+REASON_CHARS = 500
+"""A dead letter's reason keeps this much of the exception's (redacted) text."""
 
 BatchItem: TypeAlias = tuple[str, bytes] | tuple[str, bytes, str | None]
 """One message of a batch: (reply_id, body), or (reply_id, body, ordering_key or None)."""
@@ -125,12 +132,36 @@ def _check_item(item: object, checked_id: bool) -> None:
 
 class Statuses(list[str]):
     """accept_many's answer: one status per item, in order; `errors` gives, by item index,
-    a short reason for each `retry` (an exception's class name, never its text)."""
+    a short reason for each `retry` or `dead` (an exception's class name, never its text)."""
 
     def __init__(self, statuses: Iterable[str] = (), errors: dict[int, str] | None = None) -> None:
-        """The statuses, and the reasons of the `retry` ones."""
+        """The statuses, and the reasons of the `retry` and `dead` ones."""
         super().__init__(statuses)
         self.errors: dict[int, str] = errors or {}
+
+
+@dataclass(frozen=True)
+class LastTry:
+    """What to keep of a message on its last allowed delivery, should its effect raise now."""
+
+    headers: Mapping[str, str]
+    """Headers worth keeping (a consumer leaves the signature out)."""
+    failures: int
+    """Deliveries whose effect raised, this one included."""
+    deliveries: int | None = None
+    """The broker's own count of deliveries, when it gives one."""
+    broker: str | None = None
+    """nats or rabbitmq."""
+    broker_ref: str | None = None
+    """Where the broker kept it: stream and sequence, or queue."""
+
+
+def dead_reason(exc: BaseException) -> str:
+    """A dead letter's reason: the exception's class and the start of its redacted text."""
+    text = redact(str(exc)).replace("\n", " ").strip()
+    if len(text) > REASON_CHARS:
+        text = text[: REASON_CHARS - 1] + "…"
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
 class _Decided(NamedTuple):
@@ -212,6 +243,7 @@ class ReceiptStore(DatabaseHandle):
         effect: Effect | None = None,
         *,
         isolate: bool = False,
+        last_tries: Mapping[int, LastTry] | None = None,
     ) -> Statuses:
         """Store many receipts in ONE transaction, deduped per item: stored|duplicate|conflict.
 
@@ -220,12 +252,20 @@ class ReceiptStore(DatabaseHandle):
         `isolate`: then the batch is stored item by item in one transaction, the
         failed item is `retry` (its reason in the result's `errors`), the later
         items of its ordering key are `held` (not applied), and the rest are stored.
+        An item whose index is in `last_tries` (isolate only) is `dead` instead of
+        `retry`: kept in receiver_dead_letters, and its key's later items go on.
         """
-        decided = self._accept_all(items, effect, isolate)
+        if last_tries and not isolate:
+            raise ValueError("last_tries needs isolate=True")
+        decided = self._accept_all(items, effect, isolate, last_tries or {})
         return Statuses(decided.statuses, decided.errors)
 
     def _accept_all(
-        self, items: Sequence[BatchItem], effect: Effect | None, isolate: bool = False
+        self,
+        items: Sequence[BatchItem],
+        effect: Effect | None,
+        isolate: bool = False,
+        last_tries: Mapping[int, LastTry] | None = None,
     ) -> _Decided:
         reply_ids = [item[0] for item in items]
         # One pass for the usual batch; a bad one is then found and named.
@@ -249,7 +289,9 @@ class ReceiptStore(DatabaseHandle):
         def store_one_by_one(run: Effect) -> _Decided:
             keys = [item[2] if len(item) == 3 else None for item in items]
             with one_statement(self._engine, "receiver.before_commit", single=False) as conn:
-                decided = self._accept_one_by_one(conn, reply_ids, bodies, keys, run)
+                decided = self._accept_one_by_one(
+                    conn, reply_ids, bodies, keys, run, last_tries or {}
+                )
                 if decided.inserted:
                     failpoints.hit("receiver.before_commit")
                 return decided
@@ -279,9 +321,11 @@ class ReceiptStore(DatabaseHandle):
         bodies: list[bytes],
         keys: list[str | None],
         effect: Effect,
+        last_tries: Mapping[int, LastTry],
     ) -> _Decided:
         """Each item under its own SAVEPOINT, in order: an effect that raises rolls back its
-        item alone (`retry`) and holds the later items of its ordering key (`held`)."""
+        item alone (`retry`) and holds the later items of its ordering key (`held`); on an
+        item's last try it goes to the dead letters instead (`dead`), holding nothing."""
         digests = [sha256_hex(body) for body in bodies]
         statuses: list[str] = []
         inserted: dict[str, float] = {}
@@ -311,6 +355,12 @@ class ReceiptStore(DatabaseHandle):
                     raise  # the database, not this item: the whole batch is retried
                 savepoint.rollback()
                 reason = f"effect raised {type(exc).__name__}"
+                last = last_tries.get(index)
+                if last is not None:
+                    self._bury(conn, reply_id, digests[index], body, last, exc)
+                    errors[index] = reason
+                    statuses.append("dead")
+                    continue  # its key is not blocked: a dead message holds nothing back
                 log.error(
                     "the effect of reply_id %s raised; its receipt is rolled back and it is "
                     "to be sent again%s",
@@ -328,6 +378,39 @@ class ReceiptStore(DatabaseHandle):
             inserted[reply_id] = fresh[reply_id]
             statuses.append("stored")
         return _Decided(statuses, digests, inserted, held, errors)
+
+    def _bury(
+        self,
+        conn: sa.Connection,
+        reply_id: str,
+        content_hash: str,
+        body: bytes,
+        last: LastTry,
+        exc: BaseException,
+    ) -> None:
+        """Write a message whose effect raised on its last try to the dead letters; log it."""
+        reason = dead_reason(exc)
+        row = {
+            "reply_id": reply_id,
+            "content_hash": content_hash,
+            "body": body,
+            "headers": json.dumps(dict(sorted(last.headers.items())), ensure_ascii=False),
+            "reason": reason,
+            "failures": last.failures,
+            "deliveries": last.deliveries,
+            "broker": last.broker,
+            "broker_ref": last.broker_ref,
+        }
+        sql.insert_dead_letter(conn, row, self.clock)
+        log.error(
+            "the effect of reply_id %s raised on its last allowed delivery (%d failures): it "
+            "is kept in receiver_dead_letters and acknowledged, and the later messages of its "
+            "ordering key go on",
+            reply_id,
+            last.failures,
+            exc_info=True,
+            extra={"fields": {"reply_id": reply_id, "reason": reason, "failures": last.failures}},
+        )
 
     def _accept_in(
         self,
@@ -391,6 +474,69 @@ class ReceiptStore(DatabaseHandle):
         """The exact body stored for `reply_id`, or None."""
         row = self._read_one(sql.select_body(reply_id))
         return None if row is None else bytes(row.body)
+
+    def dead_among(self, reply_ids: Sequence[str]) -> set[str]:
+        """Which of `reply_ids` are in the dead letters."""
+        if not reply_ids:
+            return set()
+        return {row.reply_id for row in self._read_all(sql.select_dead_among(reply_ids))}
+
+    def dead_letters(self, limit: int = 100) -> list[dict[str, Any]]:
+        """The oldest `limit` dead letters, without their bodies: reply_id, reason, failures,
+        deliveries, broker, dead_at."""
+        return [dict(row._mapping) for row in self._read_all(sql.select_dead_letters(limit))]
+
+    def dead_letter(self, reply_id: str) -> dict[str, Any] | None:
+        """One dead letter, body and headers included (headers as a dict), or None."""
+        row = self._read_one(sql.select_dead_letter(reply_id))
+        if row is None:
+            return None
+        letter = dict(row._mapping)
+        letter["body"] = bytes(letter["body"])
+        letter["headers"] = json.loads(letter["headers"])
+        return letter
+
+    def retry_dead(self, reply_id: str, effect: Effect | None) -> str | None:
+        """Apply a dead letter's body through `effect` as a first receipt, and forget it: the
+        dedupe status (stored, duplicate: applied meanwhile; conflict: kept), or None when
+        there is no such dead letter. An effect that raises leaves it dead and propagates."""
+
+        def store() -> str | None:
+            with self._engine.begin() as conn:
+                row = conn.execute(sql.select_dead_letter(reply_id)).first()
+                if row is None:
+                    return None
+                decided = self._accept_in(conn, [reply_id], [bytes(row.body)], effect, False)
+                [status] = decided.statuses
+                if status != "conflict":
+                    conn.execute(sql.delete_dead_letter(reply_id))
+                return status
+
+        with _unavailable_when_it_fails():
+            return retry.quickly(store, retry_if=self._worth_another_try, tries=_TRIES)
+
+    def purge_dead(self, reply_id: str | None = None, *, older_than: float | None = None) -> int:
+        """Forget one dead letter (`reply_id`), or those dead for over `older_than` seconds."""
+        if (reply_id is None) == (older_than is None):
+            raise ValueError("give a reply_id or older_than, not both")
+        with _unavailable_when_it_fails(), self._engine.begin() as conn:
+            if reply_id is not None:
+                statement = sql.delete_dead_letter(reply_id)
+            else:
+                assert older_than is not None
+                cutoff = now_expression(self.clock, self._dialect) - older_than
+                statement = sql.delete_dead_before(cutoff)
+            return int(conn.execute(statement).rowcount)
+
+    def _read_all(self, query: sa.Select[Any]) -> list[Any]:
+        """Every row of a read; a connection found dropped is replaced."""
+
+        def read() -> list[Any]:
+            with self._engine.connect().execution_options(**{READ_ONLY: True}) as conn:
+                return list(conn.execute(query).all())
+
+        with _unavailable_when_it_fails():
+            return retry.quickly(read, retry_if=self._worth_another_try, tries=_TRIES)
 
     def _read_one(self, query: sa.Select[Any]) -> Any:
         """The first row of a read; a connection found dropped is replaced."""

@@ -30,7 +30,7 @@ OUTBOX_TABLES = {
     "outbox_requeues",
     "outbox_relays",
 }
-RECEIVER_TABLES = {"receiver_receipts", "receiver_effects"}
+RECEIVER_TABLES = {"receiver_receipts", "receiver_effects", "receiver_dead_letters"}
 
 
 @pytest.fixture
@@ -225,6 +225,36 @@ def test_resolved_state_upgrades_and_downgrades_without_losing_a_decision(
                 ("r-0", "requeue", "receiver was down"),
                 ("r-1", "resolve", "resolve (undone by downgrade): seen"),
             ]
+    finally:
+        engine.dispose()
+
+
+def test_dead_letters_upgrade_and_downgrade_keeping_the_receipts(blank_url: str) -> None:
+    # r0002: the consumer's dead letters, a table of its own beside the receipts.
+    receiver.upgrade(blank_url)
+    engine = outbox.create_engine(blank_url)
+    receipt = sa.text(
+        "INSERT INTO receiver_receipts (reply_id, content_hash, body, received_at) "
+        "VALUES ('r-1', 'h', :body, 0)"
+    )
+    letter = sa.text(
+        "INSERT INTO receiver_dead_letters (reply_id, content_hash, body, headers, reason, "
+        "failures, deliveries, broker, broker_ref, dead_at) "
+        "VALUES ('r-2', 'h', :body, '{}', 'RuntimeError: no', 5, 7, 'nats', 'S/3', 1)"
+    )
+    try:
+        with engine.begin() as conn:
+            conn.execute(receipt, {"body": b"{}"})
+            conn.execute(letter, {"body": b"{}"})
+            command.downgrade(alembic_config(conn), "receiver@r0001")
+        assert "receiver_dead_letters" not in table_names(blank_url)
+        with engine.begin() as conn:
+            command.upgrade(alembic_config(conn), "receiver@head")
+        with engine.connect() as conn:
+            kept = conn.execute(sa.text("SELECT reply_id FROM receiver_receipts")).scalars()
+            assert list(kept) == ["r-1"]
+            dead = conn.execute(sa.text("SELECT count(*) FROM receiver_dead_letters"))
+            assert dead.scalar_one() == 0
     finally:
         engine.dispose()
 

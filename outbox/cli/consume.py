@@ -34,6 +34,7 @@ OPTIONS = (
     Option.of("receiver", "queue"),
     Option.of("receiver", "batch", positive_int, 100),
     Option.of("receiver", "ack_wait", positive_float, 60.0),
+    Option.of("receiver", "max_deliveries", positive_int, 5),
     Option.of("receiver", "unsigned", boolean, False),
     Option.of("receiver", "metrics_port", non_negative_int),
     Option.of("receiver", "metrics_host", default=DEFAULT_HOST),
@@ -48,6 +49,8 @@ HELP = {
     "batch": "messages fetched and stored per transaction; RabbitMQ's prefetch (default 100)",
     "ack_wait": "NATS: seconds before an unacknowledged message is delivered again, for a "
     "durable this command creates (default 60)",
+    "max_deliveries": "deliveries whose effect raises before a message goes to the dead "
+    "letters (outbox receiver dead list), acknowledged (default 5)",
     "unsigned": "accept messages without a signature (only on a broker you trust completely)",
     "metrics_port": "serve /metrics, /healthz, /readyz on this port (0: off)",
     "metrics_host": f"address the metrics port binds (default {DEFAULT_HOST})",
@@ -142,6 +145,7 @@ def run(args: argparse.Namespace, secrets_from: Callable[[str | None], list[str]
             "unsigned": args.unsigned,
             "effect": record_effect,
             "batch": args.batch,
+            "max_deliveries": args.max_deliveries,
             "metrics": metrics,
         }
         consumer = _consumer(args, source, store, common)

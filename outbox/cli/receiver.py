@@ -5,6 +5,7 @@
     outbox receiver purge --db URL --older-than 30d [--retention 30d]
     outbox receiver consume --db URL --from nats://HOST:PORT --stream S --durable D
     outbox receiver consume --db URL --from amqp://USER:PASS@HOST:PORT/ --queue Q
+    outbox receiver dead list|show REPLY_ID|retry REPLY_ID|purge (REPLY_ID | --older-than D)
 
 Secrets come from a file (one ``whsec_...`` per line; blank lines and ``#``
 comments ignored) or from ``OUTBOX_RECEIVER_SECRETS`` (comma-separated), never
@@ -21,7 +22,7 @@ import socket
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from outbox.cli import consume, processes, upgrades
+from outbox.cli import consume, processes, receiver_dead, upgrades
 from outbox.cli.arguments import parse_duration, positive_float, positive_int
 from outbox.cli.logs import LOG_HELP, announce, configure_logging, log_options
 from outbox.cli.ports import listening_socket
@@ -111,7 +112,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Register the `receiver` subcommand on the `outbox` command's subparsers."""
     parser: argparse.ArgumentParser = subparsers.add_parser(
         "receiver",
-        help="run the reference receiver (or: receiver upgrade | receiver purge)",
+        help="run the reference receiver (or: receiver upgrade | purge | consume | dead)",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -123,7 +124,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     )
     add_flags(parser, SERVING_OPTIONS, HELP)
     consume.add_early_flags(parser)
-    actions = parser.add_subparsers(dest="receiver_command", metavar="{upgrade,purge,consume}")
+    actions = parser.add_subparsers(dest="receiver_command", metavar="{upgrade,purge,consume,dead}")
     # SUPPRESS: an option given before the action ("receiver --db X purge") must survive.
     upgrade = actions.add_parser("upgrade", help="create or upgrade the receiver tables")
     _db_argument(upgrade, argparse.SUPPRESS)
@@ -141,6 +142,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     purge.add_argument("--batch", type=int, default=1000, help="rows deleted per transaction")
     shared = [o for o in SERVING_OPTIONS if o.dest in ("secret_file", "log_format", "log_level")]
     consume.add_parser(actions, _db_argument, shared, HELP)
+    receiver_dead.add_parser(actions, _db_argument)
     return parser
 
 
@@ -164,6 +166,8 @@ def run(args: argparse.Namespace, *, receipts_only: bool = False) -> int:
         return 0
     if args.receiver_command == "consume":
         return consume.run(args, load_secrets)
+    if args.receiver_command == "dead":
+        return receiver_dead.run(args)
     return _serve(args, Serving(retention, not receipts_only))
 
 

@@ -61,7 +61,8 @@ def test_settings_come_from_the_environment_and_the_config_file(
 ) -> None:
     config = tmp_path / "outbox.toml"
     config.write_text(
-        '[receiver]\nstream = "ORDERS"\ndurable = "billing"\nunsigned = true\nbatch = 50\n',
+        '[receiver]\nstream = "ORDERS"\ndurable = "billing"\nunsigned = true\nbatch = 50\n'
+        "max_deliveries = 8\n",
         encoding="utf-8",
     )
     monkeypatch.setenv("OUTBOX_RECEIVER_FROM", "nats://127.0.0.1:4222")
@@ -71,6 +72,22 @@ def test_settings_come_from_the_environment_and_the_config_file(
     assert getattr(args, "from") == "nats://127.0.0.1:4222"
     assert (args.stream, args.durable, args.unsigned) == ("ORDERS", "billing", True)
     assert (args.batch, args.ack_wait) == (50, 90.0)
+    assert args.max_deliveries == 8
+
+
+def test_max_deliveries_defaults_to_five_and_refuses_less_than_one(
+    db_url: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    args = build_parser().parse_args(["receiver", "consume"])
+    resolve(args, command_options("receiver"))
+    assert args.max_deliveries == 5
+    monkeypatch.setenv("OUTBOX_RECEIVER_MAX_DELIVERIES", "0")
+    argv = ["receiver", "consume", "--db", db_url, "--unsigned", "--from", "amqp://h/"]
+    assert main([*argv, "--queue", "Q"]) == 2
+    assert "OUTBOX_RECEIVER_MAX_DELIVERIES: expected a whole number >= 1" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["receiver", "consume", "--max-deliveries", "0"])
+    assert "--max-deliveries: expected a whole number >= 1" in capsys.readouterr().err
 
 
 def test_a_flag_wins_over_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -227,7 +227,10 @@ def test_a_database_that_refuses_leaves_messages_unacknowledged_until_it_is_back
     async def scenario() -> None:
         for reply_id in ids:
             await publish(nats_stream, reply_id)
-        consumer = nats_consumer(store, nats_stream, backoff=0.05, backoff_cap=0.2)
+        # Dead on the first failure of an effect: a database outage must not count as one.
+        consumer = nats_consumer(
+            store, nats_stream, backoff=0.05, backoff_cap=0.2, max_deliveries=1
+        )
         async with running(consumer):
             with database_down(engine):
 
@@ -243,6 +246,7 @@ def test_a_database_that_refuses_leaves_messages_unacknowledged_until_it_is_back
                 return consumed(consumer.metrics, "stored") == 3 and await settled(nats_stream)
 
             await until(done, WAIT, "the messages stored once the database is back")
+            assert consumed(consumer.metrics, "dead") == 0
 
     try:
         asyncio.run(scenario())
@@ -316,7 +320,10 @@ def test_a_failing_message_holds_back_its_key_alone_until_it_passes(
             await send(reply_id, key)
         for reply_id, key in [("b2", "B"), ("a3", "A")]:
             await send(reply_id, key)
-        consumer = nats_consumer(store, nats_stream, effect=effect, backoff=0.05, backoff_cap=0.2)
+        # a2 fails until the test lets it pass, however often: it must not go dead first.
+        consumer = nats_consumer(
+            store, nats_stream, effect=effect, backoff=0.05, backoff_cap=0.2, max_deliveries=10**6
+        )
         async with running(consumer):
 
             async def others_done() -> bool:
@@ -348,3 +355,46 @@ def test_a_failing_message_holds_back_its_key_alone_until_it_passes(
         store.close()
     assert effect.out_of_order == []
     assert len(stored_receipts(db_url)) == count_effects(db_url) == 8
+
+
+def test_a_message_whose_effect_always_raises_goes_dead_and_its_key_goes_on(
+    db_url: str, nats_stream: Stream
+) -> None:
+    effect = InOrder("a1")  # a1 can never be applied
+    store = ReceiptStore(db_url)
+
+    async def send(reply_id: str, key: str | None) -> None:
+        def keyed(headers: dict[str, str]) -> None:
+            if key is not None:
+                headers[ORDERING_KEY_HEADER] = key
+
+        await publish(nats_stream, reply_id, key=key or "_", spoil=keyed)
+
+    async def scenario() -> None:
+        for reply_id, key in [("a1", "A"), ("b1", "B"), ("a2", "A"), ("u1", None)]:
+            await send(reply_id, key)
+        consumer = nats_consumer(
+            store, nats_stream, effect=effect, backoff=0.05, backoff_cap=0.2, max_deliveries=3
+        )
+        async with running(consumer):
+
+            async def done() -> bool:
+                return consumed(consumer.metrics, "stored") == 3 and await settled(nats_stream)
+
+            await until(done, WAIT, "a1 dead, the others stored, everything acknowledged")
+            assert consumed(consumer.metrics, "dead") == 1
+            assert consumed(consumer.metrics, "retry") == 2
+        state = await consumer_state(nats_stream)
+        assert (state.num_pending, state.num_ack_pending) == (0, 0)
+
+    try:
+        asyncio.run(scenario())
+        letter = store.dead_letter("a1")
+    finally:
+        store.close()
+    assert letter is not None
+    assert (letter["failures"], letter["deliveries"], letter["broker"]) == (3, 3, "nats")
+    assert letter["broker_ref"] == f"{nats_stream.name}/1"
+    assert letter["reason"] == "RuntimeError: a1 cannot be applied yet"
+    assert set(stored_receipts(db_url)) == {"b1", "a2", "u1"}
+    assert effect.out_of_order == ["a2"]  # applied without a1: a dead message holds nothing

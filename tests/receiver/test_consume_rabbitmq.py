@@ -204,7 +204,10 @@ def test_a_database_that_refuses_leaves_messages_in_the_queue_until_it_is_back(
     async def scenario() -> None:
         for reply_id in ids:
             await publish(rabbit_queue, reply_id)
-        consumer = rabbit_consumer(store, rabbit_queue, backoff=0.05, backoff_cap=0.2)
+        # Dead on the first failure of an effect: a database outage must not count as one.
+        consumer = rabbit_consumer(
+            store, rabbit_queue, backoff=0.05, backoff_cap=0.2, max_deliveries=1
+        )
         async with running(consumer):
             with database_down(engine):
 
@@ -218,6 +221,7 @@ def test_a_database_that_refuses_leaves_messages_in_the_queue_until_it_is_back(
                 return consumed(consumer.metrics, "stored") == 3
 
             await until(done, WAIT, "the messages stored once the database is back")
+            assert consumed(consumer.metrics, "dead") == 0
         assert await waiting(rabbit_queue) == 0
 
     try:
@@ -328,8 +332,9 @@ def test_a_failing_message_holds_back_its_key_alone_until_it_passes(
             await send(reply_id, key)
         for reply_id, key in [("b2", "B"), ("a3", "A")]:
             await send(reply_id, key)
+        # a2 fails until the test lets it pass, however often: it must not go dead first.
         consumer = rabbit_consumer(
-            store, rabbit_queue, effect=effect, backoff=0.05, backoff_cap=0.2
+            store, rabbit_queue, effect=effect, backoff=0.05, backoff_cap=0.2, max_deliveries=10**6
         )
         async with running(consumer):
 
@@ -364,3 +369,47 @@ def test_a_failing_message_holds_back_its_key_alone_until_it_passes(
         store.close()
     assert effect.out_of_order == []
     assert len(stored_receipts(db_url)) == count_effects(db_url) == 8
+
+
+def test_a_message_whose_effect_always_raises_goes_dead_and_its_key_goes_on(
+    db_url: str, rabbit_queue: str
+) -> None:
+    effect = InOrder("a1")  # a1 can never be applied
+    store = ReceiptStore(db_url)
+
+    async def send(reply_id: str, key: str | None) -> None:
+        def keyed(headers: dict[str, Any]) -> None:
+            if key is not None:
+                headers[ORDERING_KEY_HEADER] = key
+
+        await publish(rabbit_queue, reply_id, spoil=keyed)
+
+    async def scenario() -> None:
+        for reply_id, key in [("a1", "A"), ("b1", "B"), ("a2", "A"), ("u1", None)]:
+            await send(reply_id, key)
+        consumer = rabbit_consumer(
+            store, rabbit_queue, effect=effect, backoff=0.05, backoff_cap=0.2, max_deliveries=3
+        )
+        async with running(consumer):
+
+            async def done() -> bool:
+                return consumed(consumer.metrics, "stored") == 3 and (
+                    consumed(consumer.metrics, "dead") == 1
+                )
+
+            await until(done, WAIT, "a1 dead, the others stored")
+            assert consumed(consumer.metrics, "retry") == 2
+        # Stopped: whatever was not acknowledged would be back in the queue now.
+        assert await waiting(rabbit_queue) == 0
+
+    try:
+        asyncio.run(scenario())
+        letter = store.dead_letter("a1")
+    finally:
+        store.close()
+    assert letter is not None
+    # A classic queue keeps no delivery count: the consumer's own count of failures.
+    assert (letter["failures"], letter["deliveries"], letter["broker"]) == (3, None, "rabbitmq")
+    assert letter["broker_ref"] == rabbit_queue
+    assert set(stored_receipts(db_url)) == {"b1", "a2", "u1"}
+    assert effect.out_of_order == ["a2"]  # applied without a1: a dead message holds nothing

@@ -18,6 +18,7 @@ ALL_TABLES = (
     "outbox_relays",
     "receiver_receipts",
     "receiver_effects",
+    "receiver_dead_letters",
 )
 """Every table the migrations create, emptied between tests."""
 SERIAL_TABLES = ("outbox_messages", "outbox_requeues", "receiver_effects")
