@@ -6,8 +6,7 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from collections.abc import Callable
 from typing import Any
 
 import nats
@@ -16,10 +15,15 @@ from nats.js.api import ConsumerInfo
 from sqlalchemy.orm import Session
 from support.broker_messages import Stream, consumed, outbox_headers, until
 from support.db_faults import database_down
+from support.keyed_consumers import (
+    KeyedBroker,
+    a_failing_message_holds_back_its_key_alone,
+    a_message_that_always_fails_goes_dead,
+    running,
+)
 from support.receiver_helpers import (
     OTHER_SECRET,
     SECRET,
-    InOrder,
     count_effects,
     stored_receipts,
 )
@@ -73,17 +77,6 @@ async def settled(stream: Stream) -> bool:
     """Nothing waits for delivery and nothing delivered waits for an ack."""
     info = await consumer_state(stream)
     return info.num_pending == 0 and info.num_ack_pending == 0
-
-
-@asynccontextmanager
-async def running(consumer: NatsConsumer) -> AsyncIterator[NatsConsumer]:
-    """The consumer running in a task; stopped and awaited at the end of the block."""
-    task = asyncio.ensure_future(consumer.run())
-    try:
-        yield consumer
-    finally:
-        consumer.stop()
-        await asyncio.wait_for(task, WAIT)
 
 
 def nats_consumer(store: ReceiptStore, stream: Stream, **options: Any) -> NatsConsumer:
@@ -302,99 +295,36 @@ def test_one_consumer_applies_each_keys_messages_in_stream_order(
         assert mine == sorted(mine), f"key{k} applied out of order"
 
 
-def test_a_failing_message_holds_back_its_key_alone_until_it_passes(
-    db_url: str, nats_stream: Stream
-) -> None:
-    effect = InOrder("a2")
-    store = ReceiptStore(db_url)
+def keyed(stream: Stream) -> KeyedBroker:
+    """The test's stream for the keyed scenarios (support.keyed_consumers)."""
 
     async def send(reply_id: str, key: str | None) -> None:
-        def keyed(headers: dict[str, str]) -> None:
+        def with_key(headers: dict[str, str]) -> None:
             if key is not None:
                 headers[ORDERING_KEY_HEADER] = key
 
-        await publish(nats_stream, reply_id, key=key or "_", spoil=keyed)
+        await publish(stream, reply_id, key=key or "_", spoil=with_key)
 
-    async def scenario() -> None:
-        for reply_id, key in [("a1", "A"), ("b1", "B"), ("a2", "A"), ("u1", None)]:
-            await send(reply_id, key)
-        for reply_id, key in [("b2", "B"), ("a3", "A")]:
-            await send(reply_id, key)
-        # a2 fails until the test lets it pass, however often: it must not go dead first.
-        consumer = nats_consumer(
-            store, nats_stream, effect=effect, backoff=0.05, backoff_cap=0.2, max_deliveries=10**6
-        )
-        async with running(consumer):
+    return KeyedBroker(
+        send,
+        lambda store, **options: nats_consumer(store, stream, **options),
+        lambda: settled(stream),
+    )
 
-            async def others_done() -> bool:
-                return consumed(consumer.metrics, "stored") == 4 and (
-                    consumed(consumer.metrics, "retry") >= 2
-                )
 
-            await until(others_done, WAIT, "the other keys stored while a2 fails")
-            # A later message of A arriving meanwhile waits too; B goes on.
-            await send("a4", "A")
-            await send("b3", "B")
-
-            async def b3_done() -> bool:
-                return consumed(consumer.metrics, "stored") == 5
-
-            await until(b3_done, WAIT, "b3 stored while A waits")
-            assert set(stored_receipts(db_url)) == {"a1", "b1", "u1", "b2", "b3"}
-            assert consumed(consumer.metrics, "held") >= 2
-            effect.failing.clear()
-
-            async def done() -> bool:
-                return consumed(consumer.metrics, "stored") == 8 and await settled(nats_stream)
-
-            await until(done, WAIT, "a2, a3 and a4 stored once a2 passes")
-
-    try:
-        asyncio.run(scenario())
-    finally:
-        store.close()
-    assert effect.out_of_order == []
-    assert len(stored_receipts(db_url)) == count_effects(db_url) == 8
+def test_a_failing_message_holds_back_its_key_alone_until_it_passes(
+    db_url: str, nats_stream: Stream
+) -> None:
+    a_failing_message_holds_back_its_key_alone(keyed(nats_stream), db_url)
 
 
 def test_a_message_whose_effect_always_raises_goes_dead_and_its_key_goes_on(
     db_url: str, nats_stream: Stream
 ) -> None:
-    effect = InOrder("a1")  # a1 can never be applied
-    store = ReceiptStore(db_url)
-
-    async def send(reply_id: str, key: str | None) -> None:
-        def keyed(headers: dict[str, str]) -> None:
-            if key is not None:
-                headers[ORDERING_KEY_HEADER] = key
-
-        await publish(nats_stream, reply_id, key=key or "_", spoil=keyed)
-
-    async def scenario() -> None:
-        for reply_id, key in [("a1", "A"), ("b1", "B"), ("a2", "A"), ("u1", None)]:
-            await send(reply_id, key)
-        consumer = nats_consumer(
-            store, nats_stream, effect=effect, backoff=0.05, backoff_cap=0.2, max_deliveries=3
-        )
-        async with running(consumer):
-
-            async def done() -> bool:
-                return consumed(consumer.metrics, "stored") == 3 and await settled(nats_stream)
-
-            await until(done, WAIT, "a1 dead, the others stored, everything acknowledged")
-            assert consumed(consumer.metrics, "dead") == 1
-            assert consumed(consumer.metrics, "retry") == 2
+    async def nothing_left() -> None:
         state = await consumer_state(nats_stream)
         assert (state.num_pending, state.num_ack_pending) == (0, 0)
 
-    try:
-        asyncio.run(scenario())
-        letter = store.dead_letter("a1")
-    finally:
-        store.close()
-    assert letter is not None
-    assert (letter["failures"], letter["deliveries"], letter["broker"]) == (3, 3, "nats")
+    letter = a_message_that_always_fails_goes_dead(keyed(nats_stream), db_url, nothing_left)
+    assert (letter["deliveries"], letter["broker"]) == (3, "nats")
     assert letter["broker_ref"] == f"{nats_stream.name}/1"
-    assert letter["reason"] == "RuntimeError: a1 cannot be applied yet"
-    assert set(stored_receipts(db_url)) == {"b1", "a2", "u1"}
-    assert effect.out_of_order == ["a2"]  # applied without a1: a dead message holds nothing

@@ -6,8 +6,7 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import aio_pika
@@ -16,10 +15,15 @@ from faults.stream_proxy import StreamProxy
 from sqlalchemy.orm import Session
 from support.broker_messages import AMQP_URL, consumed, outbox_headers, until
 from support.db_faults import database_down
+from support.keyed_consumers import (
+    KeyedBroker,
+    a_failing_message_holds_back_its_key_alone,
+    a_message_that_always_fails_goes_dead,
+    running,
+)
 from support.receiver_helpers import (
     OTHER_SECRET,
     SECRET,
-    InOrder,
     count_effects,
     stored_receipts,
 )
@@ -76,17 +80,6 @@ async def waiting(queue: str) -> int:
         return int(declared.declaration_result.message_count or 0)
     finally:
         await connection.close()
-
-
-@asynccontextmanager
-async def running(consumer: RabbitMQConsumer) -> AsyncIterator[RabbitMQConsumer]:
-    """The consumer running in a task; stopped and awaited at the end of the block."""
-    task = asyncio.ensure_future(consumer.run())
-    try:
-        yield consumer
-    finally:
-        consumer.stop()
-        await asyncio.wait_for(task, WAIT)
 
 
 def rabbit_consumer(store: ReceiptStore, queue: str, **options: Any) -> RabbitMQConsumer:
@@ -314,102 +307,38 @@ def test_connections_lost_mid_drain_are_waited_out_and_each_message_applied_once
         assert count_effects(db_url, reply_id) == 1
 
 
-def test_a_failing_message_holds_back_its_key_alone_until_it_passes(
-    db_url: str, rabbit_queue: str
-) -> None:
-    effect = InOrder("a2")
-    store = ReceiptStore(db_url)
+def keyed(queue: str) -> KeyedBroker:
+    """The test's queue for the keyed scenarios (support.keyed_consumers)."""
 
     async def send(reply_id: str, key: str | None) -> None:
-        def keyed(headers: dict[str, Any]) -> None:
+        def with_key(headers: dict[str, Any]) -> None:
             if key is not None:
                 headers[ORDERING_KEY_HEADER] = key
 
-        await publish(rabbit_queue, reply_id, spoil=keyed)
+        await publish(queue, reply_id, spoil=with_key)
 
-    async def scenario() -> None:
-        for reply_id, key in [("a1", "A"), ("b1", "B"), ("a2", "A"), ("u1", None)]:
-            await send(reply_id, key)
-        for reply_id, key in [("b2", "B"), ("a3", "A")]:
-            await send(reply_id, key)
-        # a2 fails until the test lets it pass, however often: it must not go dead first.
-        consumer = rabbit_consumer(
-            store, rabbit_queue, effect=effect, backoff=0.05, backoff_cap=0.2, max_deliveries=10**6
-        )
-        async with running(consumer):
+    async def drained() -> bool:
+        return await waiting(queue) == 0
 
-            async def others_done() -> bool:
-                return consumed(consumer.metrics, "stored") == 4 and (
-                    consumed(consumer.metrics, "retry") >= 2
-                )
+    return KeyedBroker(
+        send, lambda store, **options: rabbit_consumer(store, queue, **options), drained
+    )
 
-            await until(others_done, WAIT, "the other keys stored while a2 fails")
-            # A later message of A arriving meanwhile waits too; B goes on.
-            await send("a4", "A")
-            await send("b3", "B")
 
-            async def b3_done() -> bool:
-                return consumed(consumer.metrics, "stored") == 5
-
-            await until(b3_done, WAIT, "b3 stored while A waits")
-            assert set(stored_receipts(db_url)) == {"a1", "b1", "u1", "b2", "b3"}
-            assert consumed(consumer.metrics, "held") >= 2
-            effect.failing.clear()
-
-            async def done() -> bool:
-                return (
-                    consumed(consumer.metrics, "stored") == 8 and await waiting(rabbit_queue) == 0
-                )
-
-            await until(done, WAIT, "a2, a3 and a4 stored once a2 passes")
-
-    try:
-        asyncio.run(scenario())
-    finally:
-        store.close()
-    assert effect.out_of_order == []
-    assert len(stored_receipts(db_url)) == count_effects(db_url) == 8
+def test_a_failing_message_holds_back_its_key_alone_until_it_passes(
+    db_url: str, rabbit_queue: str
+) -> None:
+    a_failing_message_holds_back_its_key_alone(keyed(rabbit_queue), db_url)
 
 
 def test_a_message_whose_effect_always_raises_goes_dead_and_its_key_goes_on(
     db_url: str, rabbit_queue: str
 ) -> None:
-    effect = InOrder("a1")  # a1 can never be applied
-    store = ReceiptStore(db_url)
-
-    async def send(reply_id: str, key: str | None) -> None:
-        def keyed(headers: dict[str, Any]) -> None:
-            if key is not None:
-                headers[ORDERING_KEY_HEADER] = key
-
-        await publish(rabbit_queue, reply_id, spoil=keyed)
-
-    async def scenario() -> None:
-        for reply_id, key in [("a1", "A"), ("b1", "B"), ("a2", "A"), ("u1", None)]:
-            await send(reply_id, key)
-        consumer = rabbit_consumer(
-            store, rabbit_queue, effect=effect, backoff=0.05, backoff_cap=0.2, max_deliveries=3
-        )
-        async with running(consumer):
-
-            async def done() -> bool:
-                return consumed(consumer.metrics, "stored") == 3 and (
-                    consumed(consumer.metrics, "dead") == 1
-                )
-
-            await until(done, WAIT, "a1 dead, the others stored")
-            assert consumed(consumer.metrics, "retry") == 2
+    async def nothing_left() -> None:
         # Stopped: whatever was not acknowledged would be back in the queue now.
         assert await waiting(rabbit_queue) == 0
 
-    try:
-        asyncio.run(scenario())
-        letter = store.dead_letter("a1")
-    finally:
-        store.close()
-    assert letter is not None
+    letter = a_message_that_always_fails_goes_dead(keyed(rabbit_queue), db_url, nothing_left)
     # A classic queue keeps no delivery count: the consumer's own count of failures.
-    assert (letter["failures"], letter["deliveries"], letter["broker"]) == (3, None, "rabbitmq")
+    assert (letter["deliveries"], letter["broker"]) == (None, "rabbitmq")
     assert letter["broker_ref"] == rabbit_queue
-    assert set(stored_receipts(db_url)) == {"b1", "a2", "u1"}
-    assert effect.out_of_order == ["a2"]  # applied without a1: a dead message holds nothing
