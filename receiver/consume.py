@@ -52,6 +52,7 @@ from outbox.signing import (
     ID_HEADER,
     ORDERING_KEY_HEADER,
     SigningKey,
+    is_broker_message_id,
     parse_secret,
     verify,
 )
@@ -125,8 +126,11 @@ def check(delivery: Delivery, keys: Sequence[SigningKey]) -> str:
     if not is_reply_id(reply_id):
         raise Invalid(f"missing or malformed {ID_HEADER} header")
     assert reply_id is not None
-    if delivery.broker_id is not None and delivery.broker_id != reply_id:
-        raise Invalid(f"the broker's message id differs from {ID_HEADER}")
+    broker_id = delivery.broker_id
+    if broker_id is not None and not is_broker_message_id(
+        broker_id, reply_id, keys, unsigned=not keys
+    ):
+        raise Invalid(f"the broker's message id is neither {ID_HEADER} nor derived from it")
     if keys:
         try:
             # No freshness limit: the broker may have held the message for hours.
