@@ -224,11 +224,14 @@ class Consumer:
         for index, delivery in enumerate(deliveries):
             try:
                 reply_id = check(delivery, self.keys)
-            except Invalid as exc:
+            except Exception as exc:  # noqa: BLE001 - anyone may publish anything: refused
+                # A message the checks themselves trip over is refused like any invalid
+                # one, never left to stop the consumer (and everything behind it).
+                reason = str(exc) if isinstance(exc, Invalid) else f"cannot be checked: {exc!r}"
                 log.error(
                     "refused a broker message (not stored, not redelivered): %s",
-                    exc,
-                    extra={"fields": {"reply_id": _shown(delivery), "reason": str(exc)}},
+                    reason,
+                    extra={"fields": {"reply_id": _shown(delivery), "reason": reason}},
                 )
                 # It will never be applied: it no longer holds its key back.
                 self._unblock(
