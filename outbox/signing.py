@@ -89,6 +89,44 @@ def _padded(key: bytes) -> tuple[hashlib._Hash, hashlib._Hash]:
     return hashlib.sha256(key.translate(_INNER_PAD)), hashlib.sha256(key.translate(_OUTER_PAD))
 
 
+BROKER_ID_PREFIX = "hmac1-"
+"""How a broker message id derived from the destination's secret begins (broker_message_id)."""
+_BROKER_ID_CONTEXT = b"nats-msg-id:"
+# 128 bits of the MAC: far beyond guessing, and a short id in the stream's dedupe table.
+_BROKER_ID_BYTES = 16
+
+
+def broker_message_id(secret: str | bytes | SigningKey, reply_id: str) -> str:
+    """The `Nats-Msg-Id` a signed relay publishes `reply_id` under: only the secret's holders
+    can compute it, so nobody else can take it first and have the stream drop the reply.
+
+    The same for every relay and every attempt with this secret (the stream's duplicate
+    window still drops resends). Domain-separated from signatures: a reply_id holds no
+    '.', while every signed string ``id.timestamp.body`` does.
+    """
+    digest = parse_secret(secret).mac(_BROKER_ID_CONTEXT, reply_id.encode())
+    token = base64.urlsafe_b64encode(digest[:_BROKER_ID_BYTES]).rstrip(b"=").decode("ascii")
+    return BROKER_ID_PREFIX + token
+
+
+def is_broker_message_id(
+    broker_id: str, reply_id: str, keys: Iterable[SigningKey], *, unsigned: bool = False
+) -> bool:
+    """Whether a broker message id fits `reply_id`: the reply_id itself (an unsigned relay,
+    or a relay older than the derived id), or broker_message_id under one of `keys`; with
+    `unsigned` (no key to check with) any id of the derived form."""
+    if broker_id == reply_id:
+        return True
+    if not broker_id.startswith(BROKER_ID_PREFIX):
+        return False
+    if unsigned:
+        return True
+    return any(
+        hmac.compare_digest(broker_id.encode(), broker_message_id(key, reply_id).encode())
+        for key in keys
+    )
+
+
 def parse_secret(secret: str | bytes | SigningKey) -> SigningKey:
     """Decode a ``whsec_<base64>`` secret (raw bytes are taken as the key); ValueError if bad."""
     if isinstance(secret, SigningKey):

@@ -59,6 +59,7 @@ from outbox.signing import (
     ID_HEADER,
     ORDERING_KEY_HEADER,
     SigningKey,
+    is_broker_message_id,
     parse_secret,
     verify,
 )
@@ -160,8 +161,11 @@ def check(delivery: Delivery, keys: Sequence[SigningKey]) -> str:
     if not is_reply_id(reply_id):
         raise Invalid(f"missing or malformed {ID_HEADER} header")
     assert reply_id is not None
-    if delivery.broker_id is not None and delivery.broker_id != reply_id:
-        raise Invalid(f"the broker's message id differs from {ID_HEADER}")
+    broker_id = delivery.broker_id
+    if broker_id is not None and not is_broker_message_id(
+        broker_id, reply_id, keys, unsigned=not keys
+    ):
+        raise Invalid(f"the broker's message id is neither {ID_HEADER} nor derived from it")
     if keys:
         try:
             # No freshness limit: the broker may have held the message for hours.
@@ -268,11 +272,14 @@ class Consumer:
         for index, delivery in enumerate(deliveries):
             try:
                 reply_id = check(delivery, self.keys)
-            except Invalid as exc:
+            except Exception as exc:  # noqa: BLE001 - anyone may publish anything: refused
+                # A message the checks themselves trip over is refused like any invalid
+                # one, never left to stop the consumer (and everything behind it).
+                reason = str(exc) if isinstance(exc, Invalid) else f"cannot be checked: {exc!r}"
                 log.error(
                     "refused a broker message (not stored, not redelivered): %s",
-                    exc,
-                    extra={"fields": {"reply_id": _shown(delivery), "reason": str(exc)}},
+                    reason,
+                    extra={"fields": {"reply_id": _shown(delivery), "reason": reason}},
                 )
                 # It will never be applied: it no longer holds its key back.
                 self._unblock(

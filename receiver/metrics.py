@@ -13,7 +13,7 @@ import collections
 import time
 from collections.abc import Callable, Sequence
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from outbox.observability.database import DatabaseUp
@@ -98,6 +98,25 @@ class ConsumerMetrics:
         )
         for outcome in CONSUMED_OUTCOMES:
             self.consumed.labels(outcome)
+        self.durable_pending = Gauge(
+            "outbox_receiver_durable_pending",
+            "JetStream: messages of the stream the durable has not delivered yet, at its "
+            "last reading (RabbitMQ: 0).",
+            registry=self.registry,
+        )
+        self.durable_ack_pending = Gauge(
+            "outbox_receiver_durable_ack_pending",
+            "JetStream: messages the durable delivered that no consumer has acknowledged "
+            "or terminated yet, at its last reading (RabbitMQ: 0).",
+            registry=self.registry,
+        )
+        self.durable_stalled = Gauge(
+            "outbox_receiver_durable_stalled",
+            "JetStream: 1 while the durable has messages to deliver or unacknowledged and "
+            "its acknowledgement floor has not moved, nor this consumer settled any, for "
+            "the stall time (a warning is logged); else 0 (RabbitMQ: 0).",
+            registry=self.registry,
+        )
 
     def watch(self, database: Callable[[], object | None]) -> None:
         """Add `outbox_receiver_database_up`, read through `database` (a Probe) at scrape time."""

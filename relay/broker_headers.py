@@ -6,9 +6,9 @@ message's own headers (the traceparent among them), the Standard Webhooks id
 exactly as for HTTP, and the body's content hash. A consumer verifies the
 signature to know the message came from this outbox, and dedupes by
 (reply_id, content hash) as the reference receiver does. A message with an ordering
-key carries it too (outbox-ordering-key). The broker's own
-message id (Nats-Msg-Id, AMQP message_id) is the reply_id too; each transport
-sets it in its own way.
+key carries it too (outbox-ordering-key). The broker's own message id is set by each
+transport: AMQP message_id is the reply_id; Nats-Msg-Id, which the stream dedupes by,
+is derived from it with the secret (relay.nats_headers).
 """
 
 from __future__ import annotations

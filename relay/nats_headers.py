@@ -1,7 +1,11 @@
 """The headers of one message published to JetStream, with their block, built from a template.
 
-A message carries `Nats-Msg-Id` (its reply_id, first: nats-server takes the
-first one), `Nats-Expected-Stream`, then the broker headers (relay.broker_headers).
+A message carries `Nats-Msg-Id` (first: nats-server takes the first one),
+`Nats-Expected-Stream`, then the broker headers (relay.broker_headers). A signed
+destination's `Nats-Msg-Id` is derived from the reply_id with its secret
+(outbox.signing.broker_message_id): a publisher without the secret cannot take a
+reply's id first and have the stream drop the reply as a duplicate. An unsigned
+destination's is the reply_id itself.
 Most of the block is the same for every message of a destination: the template
 holds it encoded, and each message adds its id, timestamp, signature and hash
 (values the relay produced or checked itself) and its own headers. A message
@@ -18,6 +22,7 @@ from outbox.signing import (
     ORDERING_KEY_HEADER,
     SIGNATURE_HEADER,
     TIMESTAMP_HEADER,
+    broker_message_id,
     is_webhook_id,
     signature,
 )
@@ -61,7 +66,8 @@ class NatsHeaders:
             or (own and not self._relay_names.isdisjoint(own))
         ):
             return self.general(message, seconds)
-        headers = {MSG_ID_HEADER: reply_id, EXPECTED_STREAM_HEADER: self.stream, **own}
+        msg_id = reply_id if key is None else broker_message_id(key, reply_id)
+        headers = {MSG_ID_HEADER: msg_id, EXPECTED_STREAM_HEADER: self.stream, **own}
         headers.update(FIXED_HEADERS)
         headers[ID_HEADER] = reply_id
         if key is None:
@@ -76,7 +82,7 @@ class NatsHeaders:
             headers[ORDERING_KEY_HEADER] = ordering_key
             keyed = f"{ORDERING_KEY_HEADER}: {ordering_key}\r\n"
         block = (
-            f"{STATUS_LINE}{MSG_ID_HEADER}: {reply_id}{self._after_id}"
+            f"{STATUS_LINE}{MSG_ID_HEADER}: {msg_id}{self._after_id}"
             f"{header_lines(own) if own else ''}{self._fixed}{ID_HEADER}: {reply_id}\r\n"
             f"{signed}{CONTENT_HASH_HEADER}: {content_hash}\r\n{keyed}\r\n"
         )
@@ -84,9 +90,11 @@ class NatsHeaders:
 
     def general(self, message: Message, seconds: int) -> HeaderBlock:
         """The message's headers and block built and encoded header by header."""
+        key = self._key
+        reply_id = message.reply_id
         return HeaderBlock(
             {
-                MSG_ID_HEADER: message.reply_id,
+                MSG_ID_HEADER: reply_id if key is None else broker_message_id(key, reply_id),
                 EXPECTED_STREAM_HEADER: self.stream,
                 **broker_headers(self.destination, message, seconds),
             }

@@ -1,12 +1,14 @@
 """NATS JetStream: each message published to the destination's stream, its PubAck the ACK.
 
 A message goes to the subject its destination's template names, with
-`Nats-Msg-Id` = reply_id, the body bytes unchanged and the broker headers
-(relay.broker_headers). The PubAck is the trusted ACK, a duplicate one too:
-the stream already holds that reply_id. A parcel's messages are published
-together and each is settled by its own PubAck (docs/explanation/contract.md#nats-jetstream),
-except that a key's later messages in a parcel are each published only after the
-PubAck of the one before: a retried message can never be stored behind its key's next.
+`Nats-Msg-Id` = an id derived from the reply_id with the destination's secret (the
+reply_id itself when unsigned: relay.nats_headers), the body bytes unchanged and the
+broker headers (relay.broker_headers). The PubAck is the trusted ACK, a duplicate one
+too: the stream already holds that id, which only holders of the secret can compute.
+A parcel's messages are published together and each is settled by its own PubAck
+(docs/explanation/contract.md#nats-jetstream), except that a key's later messages in a
+parcel are each published only after the PubAck of the one before: a retried message
+can never be stored behind its key's next.
 
 A lost connection ends every publish still waiting as a retry, never as sent:
 the stream may or may not have stored it, and the resend is dropped by the

@@ -99,7 +99,7 @@ def test_relays_killed_at_a_failpoint_deliver_each_reply_once(
         assert deployment.consumed("stored") == total
         assert consumer.stop() == 0, deployment.logs()
         if place.stream is not None:
-            held = Counter(m.headers["Nats-Msg-Id"] for m in place.stream.stored())
+            held = Counter(m.headers["webhook-id"] for m in place.stream.stored())
             assert held == Counter(ids), f"the stream holds {held}"
         if point in RESENDING_POINTS:
             assert most_attempts(db_url) > 1, "no reply was published again"

@@ -73,7 +73,7 @@ def retried(db_url: str) -> bool:
 def assert_held_once(place: Broker, ids: list[str]) -> None:
     """JetStream: the stream holds each reply_id exactly once (nothing to check on RabbitMQ)."""
     if place.stream is not None:
-        held = Counter(m.headers["Nats-Msg-Id"] for m in place.stream.stored())
+        held = Counter(m.headers["webhook-id"] for m in place.stream.stored())
         assert held == Counter(ids), f"the stream holds {held - Counter(ids)} more"
 
 

@@ -107,11 +107,11 @@ def drain_through_a_restart(tmp_path: Path, engine: sa.Engine) -> None:
         finally:
             relay.close()
         stored = stream.stored()
-        ids = Counter(m.headers["Nats-Msg-Id"] for m in stored)
+        ids = Counter(m.headers["webhook-id"] for m in stored)
         assert len(ids) == TOTAL
         assert [i for i, seen in ids.items() if seen > 1] == []
         saved = rows(engine)
         assert any(row["attempts"] > 1 for row in saved.values()), "nothing was resent"
         bodies = {r: bytes(row["body"]) for r, row in saved.items()}
-        assert all(m.data == bodies[m.headers["Nats-Msg-Id"]] for m in stored)
+        assert all(m.data == bodies[m.headers["webhook-id"]] for m in stored)
         stream.delete()

@@ -154,3 +154,49 @@ def test_integrators_verify_what_the_relay_signs() -> None:
         receiver.verify(headers, body, [SECRET], now=now + 301)
     with pytest.raises(TypeError, match="a list of secrets"):
         receiver.verify(headers, body, SECRET, now=now)
+
+
+def test_the_derived_broker_id_is_stable_per_secret_and_unguessable_without_it() -> None:
+    from outbox.signing import BROKER_ID_PREFIX, broker_message_id, parse_secret
+
+    derived = broker_message_id(SECRET, "r-1")
+    # The same for every relay and attempt with the secret: the stream's dedupe holds.
+    assert derived == broker_message_id(parse_secret(SECRET), "r-1")
+    assert derived.startswith(BROKER_ID_PREFIX)
+    assert len(derived) == len(BROKER_ID_PREFIX) + 22
+    assert derived != broker_message_id(OTHER_SECRET, "r-1")
+    assert derived != broker_message_id(SECRET, "r-2")
+
+
+@pytest.mark.parametrize(
+    ("broker_id", "secrets", "accepted"),
+    [
+        (None, [SECRET], True),
+        ("r-1", [SECRET], True),  # an unsigned relay's, or one from before the derived id
+        ("derived", [SECRET], True),
+        ("derived", [OTHER_SECRET, SECRET], True),  # during a rotation
+        ("derived", [OTHER_SECRET], False),
+        ("hmac1-AAAAAAAAAAAAAAAAAAAAAA", [SECRET], False),
+        ("r-2", [SECRET], False),
+        ("derived", None, True),  # unsigned: nothing to check the id with
+        ("r-2", None, False),
+    ],
+)
+def test_the_consumer_takes_the_reply_id_or_the_id_derived_from_it(
+    broker_id: str | None, secrets: list[str] | None, accepted: bool
+) -> None:
+    from outbox.canonical import sha256_hex
+    from outbox.signing import CONTENT_HASH_HEADER, broker_message_id, sign
+    from receiver.consume import Delivery, Invalid, check, signing_keys
+
+    body = b"{}"
+    headers = {**sign(SECRET, "r-1", None, body), CONTENT_HASH_HEADER: sha256_hex(body)}
+    if broker_id == "derived":
+        broker_id = broker_message_id(SECRET, "r-1")
+    keys = signing_keys(secrets, unsigned=secrets is None)
+    delivery = Delivery(headers, body, broker_id)
+    if accepted:
+        assert check(delivery, keys) == "r-1"
+    else:
+        with pytest.raises(Invalid, match="message id"):
+            check(delivery, keys)

@@ -33,7 +33,13 @@ from support.relay_helpers import SECRET, publish_many, rows
 
 import outbox
 from outbox.schema import messages as outbox_messages
-from outbox.signing import CONTENT_HASH_HEADER, ORDERING_KEY_HEADER, parse_secret, verify
+from outbox.signing import (
+    CONTENT_HASH_HEADER,
+    ORDERING_KEY_HEADER,
+    broker_message_id,
+    parse_secret,
+    verify,
+)
 from outbox.testing import ManualClock
 from relay import ConfigError, Destination, Relay
 from relay.nats_transport import NatsTransport, render_subject, subject_matches, subject_token
@@ -132,7 +138,7 @@ def test_each_message_is_stored_once_with_its_exact_body_and_every_header(
     destination = nats_destination(stream)
     with Relay(db_url, {"default": destination}, clock=clock) as relay:
         assert dict(relay.dispatch_once()) == {"r-1": "sent", "r-2": "sent"}
-    stored = {m.headers["Nats-Msg-Id"]: m for m in stream.stored()}
+    stored = {m.headers["webhook-id"]: m for m in stream.stored()}
     assert sorted(stored) == ["r-1", "r-2"]
     saved = rows(engine)
     keys = [parse_secret(SECRET)]
@@ -143,7 +149,8 @@ def test_each_message_is_stored_once_with_its_exact_body_and_every_header(
         assert verify(keys, message.headers, message.data) == reply_id
         digest = hashlib.sha256(message.data).hexdigest()
         expected = {
-            "Nats-Msg-Id": reply_id,
+            # Derived with the secret: nobody without it can take the id first.
+            "Nats-Msg-Id": broker_message_id(SECRET, reply_id),
             "Nats-Expected-Stream": stream.name,
             "webhook-id": reply_id,
             "webhook-timestamp": message.headers["webhook-timestamp"],
@@ -181,7 +188,7 @@ def test_a_republished_reply_id_is_dropped_by_the_stream_and_counts_as_sent(
             await transport.close()
 
     assert asyncio.run(again()) == {row["id"]: Sent(None)}
-    assert [m.headers["Nats-Msg-Id"] for m in stream.stored()] == ["r-1"]
+    assert [m.headers["webhook-id"] for m in stream.stored()] == ["r-1"]
 
 
 def test_a_message_given_twice_in_a_parcel_is_answered_without_waiting_out_the_deadline(
@@ -201,7 +208,7 @@ def test_a_message_given_twice_in_a_parcel_is_answered_without_waiting_out_the_d
             await transport.close()
 
     assert asyncio.run(twice()) == ({7: Sent(None)}, False)
-    assert [m.headers["Nats-Msg-Id"] for m in stream.stored()] == ["r-7"]
+    assert [m.headers["webhook-id"] for m in stream.stored()] == ["r-7"]
 
 
 @pytest.mark.parametrize("client", ["relay", "nats-py"])
@@ -233,7 +240,7 @@ def test_pub_acks_settle_a_parcel_through_either_client(
     outcomes, queued = asyncio.run(publish())
     assert outcomes == dict.fromkeys((1, 2, 3), Sent(None))
     assert queued == (0 if client == "relay" else 3)
-    assert sorted(m.headers["Nats-Msg-Id"] for m in stream.stored()) == ["r-1", "r-2", "r-3"]
+    assert sorted(m.headers["webhook-id"] for m in stream.stored()) == ["r-1", "r-2", "r-3"]
 
 
 def test_a_publish_that_fails_leaves_each_message_of_the_parcel_a_retry(
@@ -282,7 +289,7 @@ def test_messages_of_each_key_are_stored_in_publish_order(
     assert len(stored) == 8 * len(keys)
     for k, key in enumerate(keys):
         of_key = [m for m in stored if m.subject == f"{stream.prefix}.{subject_token(key)}"]
-        assert [m.headers["Nats-Msg-Id"] for m in of_key] == [f"k{k}-{n}" for n in range(8)]
+        assert [m.headers["webhook-id"] for m in of_key] == [f"k{k}-{n}" for n in range(8)]
 
 
 def test_a_duplicate_window_shorter_than_the_retry_window_is_refused_unless_allowed(
@@ -445,7 +452,7 @@ def test_a_message_header_cannot_switch_off_the_streams_dedupe(
     outcomes = asyncio.run(again())
     assert outcomes[row["id"]] == Sent(None)
     assert outcomes[row["id"] + 1] == Dead(None, "header 'Nats-Rollup' is reserved for NATS")
-    assert [m.headers["Nats-Msg-Id"] for m in stream.stored()] == ["r-1"]  # deduped
+    assert [m.headers["webhook-id"] for m in stream.stored()] == ["r-1"]  # deduped
 
 
 def test_publish_refuses_header_names_jetstream_would_act_on(engine: sa.Engine) -> None:
@@ -556,7 +563,7 @@ def test_a_short_window_found_after_the_start_check_failed_stops_publishing_unle
             if allowed:
                 assert verdicts == dict.fromkeys(ids, "sent")
                 assert any("allow_short_retention is set" in r.getMessage() for r in caplog.records)
-                assert sorted(m.headers["Nats-Msg-Id"] for m in short.stored()) == ids
+                assert sorted(m.headers["webhook-id"] for m in short.stored()) == ids
                 return
             assert verdicts == dict.fromkeys(ids, "retry")
             for row in rows(engine).values():
@@ -578,7 +585,7 @@ def test_a_short_window_found_after_the_start_check_failed_stops_publishing_unle
             )
             clock.advance(3600)
             assert dict(relay.dispatch_once()) == dict.fromkeys(ids, "sent")
-            assert sorted(m.headers["Nats-Msg-Id"] for m in short.stored()) == ids
+            assert sorted(m.headers["webhook-id"] for m in short.stored()) == ids
         finally:
             server.kill()
 
@@ -603,7 +610,7 @@ def test_a_keys_messages_are_stored_in_order_and_stop_at_the_first_refused(
         verdicts = dict(relay.dispatch_once())
     assert verdicts == {"k-1": "sent", "k-2": "sent", "k-3": "retry", "k-4": "retry"}
     stored = stream.stored()
-    assert [m.headers["Nats-Msg-Id"] for m in stored] == ["k-1", "k-2"]
+    assert [m.headers["webhook-id"] for m in stored] == ["k-1", "k-2"]
     assert {m.headers["outbox-ordering-key"] for m in stored} == {"K"}
     row = rows(engine)
     assert (row["k-3"]["attempts"], row["k-4"]["attempts"]) == (1, 0)
