@@ -169,11 +169,21 @@ class Relay(DatabaseHandle):
         if install_signal_handlers:
             for signum in (signal.SIGTERM, signal.SIGINT):
                 self._loop.add_signal_handler(signum, self._stopping.set)
-        await self.check_retention()
+        stop = asyncio.ensure_future(self._stopping.wait())
+        try:
+            checked = await self._checked_unless_stopped(stop)
+        except BaseException:
+            stop.cancel()
+            self._remove_signal_handlers(install_signal_handlers)
+            raise
+        if not checked:
+            stop.cancel()
+            self._remove_signal_handlers(install_signal_handlers)
+            log.info("relay %s stopped before it started", self.owner)
+            return
         wakeups = self._wakeups()
         listener = None if wakeups is None else asyncio.ensure_future(wakeups.keep_listening())
         log.info("relay %s started", self.owner)
-        stop = asyncio.ensure_future(self._stopping.wait())
         # A claimed batch is split by destination, and each part is delivered and settled
         # on its own, so a destination that hangs holds up only its own replies. The next
         # claim does not wait for the previous POST: behind a backlog (the last claim was
@@ -242,10 +252,32 @@ class Relay(DatabaseHandle):
             if listener is not None:
                 listener.cancel()
                 await asyncio.gather(listener, return_exceptions=True)
-            if install_signal_handlers:
-                for signum in (signal.SIGTERM, signal.SIGINT):
-                    self._loop.remove_signal_handler(signum)
+            self._remove_signal_handlers(install_signal_handlers)
             log.info("relay %s stopped", self.owner)
+
+    async def _checked_unless_stopped(self, stop: asyncio.Future[Any]) -> bool:
+        """check_retention(), unless a stop comes first (False: it was cancelled).
+
+        A destination that accepts and never answers holds the check for its whole
+        timeout, up to the lease: a stop must not wait for it.
+        """
+        checking = asyncio.ensure_future(self.check_retention())
+        try:
+            await asyncio.wait({checking, stop}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            if not checking.done():
+                checking.cancel()
+                await asyncio.gather(checking, return_exceptions=True)
+        if checking.cancelled():
+            return False
+        checking.result()  # a refusal (ConfigError) is raised as it was
+        return True
+
+    def _remove_signal_handlers(self, installed: bool) -> None:
+        """Give SIGTERM and SIGINT back to their defaults, when run() installed its own."""
+        if installed:
+            for signum in (signal.SIGTERM, signal.SIGINT):
+                self._loop.remove_signal_handler(signum)
 
     def _wakeups(self) -> Wakeups | None:
         """NOTIFY wake-ups on PostgreSQL; SQLite has none and polls."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 from collections.abc import Sequence
 from typing import Any, NoReturn
 
@@ -29,7 +30,8 @@ from outbox.cli import (
 from outbox.cli.config_file import check_document
 from outbox.cli.environment import check_environment
 from outbox.cli.failures import PortUnavailable
-from outbox.cli.logs import report_error
+from outbox.cli.logs import report_error, report_stopped
+from outbox.cli.stopping import StopSignal, runs_until_stopped, stop_signals_raise
 from outbox.db.dialect import missing_sqlite_file
 from outbox.errors import OutboxError, StoreUnavailable
 from outbox.redaction import redact
@@ -122,7 +124,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the exit status."""
     args = build_parser().parse_args(argv)
     try:
-        return _run(args)
+        # A service's normal end is a stop signal, whenever it comes (see stopping.py).
+        with stop_signals_raise(runs_until_stopped(args)):
+            return _run(args)
+    except StopSignal as exc:
+        name = signal.Signals(exc.signum).name
+        report_stopped(f"outbox {_command_name(args)}: stopped by {name}")
+        return failures.DONE
     except PortUnavailable as exc:
         report_error(f"outbox: error: {exc}")
         return failures.PORT
@@ -135,6 +143,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ValueError, OSError, OutboxError) as exc:
         report_error(f"outbox: error: {exc}")
         return failures.USAGE
+
+
+def _command_name(args: argparse.Namespace) -> str:
+    """The command as typed: `receiver consume`, `worker`."""
+    action = getattr(args, "receiver_command", None)
+    return f"{args.command} {action}" if action else str(args.command)
 
 
 def _run(args: argparse.Namespace) -> int:

@@ -116,6 +116,15 @@ def report_error(message: str) -> None:
         print(message, file=sys.stderr)
 
 
+def report_stopped(message: str) -> None:
+    """A command's closing line after a stop signal: an INFO record when logging is set up,
+    else a line on stderr (the signal may come before logging is configured)."""
+    if logging.getLogger().handlers:
+        log.info(message)
+    else:
+        print(message, file=sys.stderr)
+
+
 def _log_uncaught(
     kind: type[BaseException], exc: BaseException, traceback: TracebackType | None
 ) -> None:
