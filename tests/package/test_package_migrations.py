@@ -27,6 +27,7 @@ TABLES = {
     "outbox_relays",
     "receiver_receipts",
     "receiver_effects",
+    "receiver_dead_letters",
     VERSION_TABLE,
 }
 
