@@ -275,12 +275,13 @@ class ReceiptStore(DatabaseHandle):
         bodies = [bytes(item[1]) for item in items]
         run = effect
         # On PostgreSQL the reference effect is written by the receipt insert itself. That
-        # one statement is then the whole transaction: it runs in autocommit (see
-        # one_statement for where "before commit" is then).
+        # one statement is then the whole transaction, as it is with no effect at all: it
+        # runs in autocommit (see one_statement for where "before commit" is then).
         fused = run is record_effect and is_postgresql(self._dialect)
+        single = fused or run is None
 
         def store() -> _Decided:
-            with one_statement(self._engine, "receiver.before_commit", single=fused) as conn:
+            with one_statement(self._engine, "receiver.before_commit", single=single) as conn:
                 decided = self._accept_in(conn, reply_ids, bodies, run, fused)
                 if decided.inserted:
                     failpoints.hit("receiver.before_commit")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import sqlite3
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
@@ -253,3 +254,32 @@ def test_a_batch_decides_repeats_within_it_and_receipts_stored_before(
     )
     with pytest.raises(PayloadCollision, match=sha256_hex(b'{"a":1}')):
         store.accept("a", b'{"a":3}')
+
+
+def _application_effect(session: Session, body: bytes) -> None:
+    """An effect of an application's own: one receiver_effects row."""
+    record_effect(session, body)
+
+
+@pytest.mark.parametrize(
+    ("effect", "transactions"),
+    [(None, 0), (record_effect, 0), (_application_effect, 1)],
+    ids=["no-effect", "reference", "application"],
+)
+def test_a_batch_is_one_statement_in_autocommit_unless_an_effect_needs_a_transaction(
+    db_url: str, backend: str, effect: Any, transactions: int
+) -> None:
+    # The receipt insert alone, or with the reference effect written by it, is the whole
+    # transaction on PostgreSQL: BEGIN and COMMIT would only add round trips.
+    engine = outbox.create_engine(db_url)
+    committed = [0]
+    sa.event.listen(engine, "commit", lambda *args: committed.__setitem__(0, committed[0] + 1))
+    store = ReceiptStore(engine)
+    try:
+        batch = [(f"one-{n}", b'{"n": %d}' % n) for n in range(3)]
+        assert store.accept_many(batch, effect) == ["stored"] * 3
+    finally:
+        store.close()
+        engine.dispose()
+    assert committed[0] == (transactions if backend == "postgresql" else 1)
+    assert count_effects(db_url) == (0 if effect is None else 3)
