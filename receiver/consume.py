@@ -16,7 +16,9 @@ message:
   not strict JSON): nothing stored, logged as an error, refused without requeue so the
   broker does not deliver it forever;
 - ``retry`` (the store, or this message's effect, failed) and ``held`` (an earlier
-  message of its ordering key is still to be applied): nothing stored, not
+  message of its ordering key is still to be applied, or its own effect raised less
+  than its backoff ago: ``backoff``, doubling per failure up to ``backoff_cap``, before
+  the effect runs again): nothing stored, not
   acknowledged; the broker delivers it again. When a batch settled nothing else, the
   consumer pauses (doubling, capped) before it takes more, so a database that is down
   is not hammered;
@@ -24,13 +26,13 @@ message:
   it was dead already and came again): kept in ``receiver_dead_letters`` with its
   reason in the batch's transaction (or already there), logged as an error,
   acknowledged, never delivered again. Only the effect's own failures count, in this
-  process (a restart gives a message a fresh budget): a ``held`` message, or a batch
-  the database failed whole, is not one.
+  process (a restart gives a message a fresh budget), each at least its backoff after
+  the one before: a ``held`` message, or a batch the database failed whole, is not one.
 
 Order across batches: a key whose message ended ``retry`` is *blocked* by that
 message (by reply_id): a later message of the key that arrives first (the broker may
 hand it over before the redelivery) is ``held``. The block ends when the blocking
-message is stored, a duplicate, a conflict, invalid or dead, or when it has not come back
+message is stored, a duplicate, a conflict or dead, or when it has not come back
 for ``key_hold`` seconds (it went to another consumer, or the broker gave up on it).
 The blocks live in this process only.
 
@@ -235,7 +237,10 @@ class Consumer:
         self.metrics = metrics or ConsumerMetrics()
         self.key_hold = float(key_hold)
         self.max_deliveries = max_deliveries
-        self._effect_failures: collections.OrderedDict[str, int] = collections.OrderedDict()
+        self._effect_failures: collections.OrderedDict[str, tuple[int, float]] = (
+            collections.OrderedDict()
+        )
+        """Per reply_id whose effect raised: how often, and when it may be tried again."""
         """reply_id -> deliveries whose effect raised, in this process (see FAILURES_KEPT)."""
         self._blocked: dict[str, tuple[str, float]] = {}
         """Ordering key -> (reply_id of its message to be applied first, monotonic deadline)."""
@@ -281,14 +286,18 @@ class Consumer:
                     reason,
                     extra={"fields": {"reply_id": _shown(delivery), "reason": reason}},
                 )
-                # It will never be applied: it no longer holds its key back.
-                self._unblock(
-                    delivery.headers.get(ORDERING_KEY_HEADER), delivery.headers.get(ID_HEADER)
-                )
+                # It does not release a key its reply_id blocks: the blocking message passed
+                # these checks, so this is another message under its id (a forgery).
                 continue
             key = ordering_key(delivery)
             blocker = None if key is None else self._blocked.get(key)
             if blocker is not None and blocker[0] != reply_id:
+                outcomes[index] = "held"
+                continue
+            failed = self._effect_failures.get(reply_id)
+            if failed is not None and now < failed[1]:
+                # Its effect raised moments ago: not tried again (nor counted) before its
+                # own backoff, so a passing fault does not spend max_deliveries at once.
                 outcomes[index] = "held"
                 continue
             items.append(
@@ -341,7 +350,7 @@ class Consumer:
         """The items whose effect has raised max_deliveries - 1 times: this try is their last."""
         last: dict[int, LastTry] = {}
         for index, (item, delivery) in enumerate(zip(items, deliveries, strict=True)):
-            failures = self._effect_failures.get(item[0], 0) + 1
+            failures = self._effect_failures.get(item[0], (0, 0.0))[0] + 1
             if failures >= self.max_deliveries:
                 last[index] = LastTry(
                     headers={
@@ -357,14 +366,18 @@ class Consumer:
         return last
 
     def _count_failures(self, items: Sequence[BatchItem], statuses: Statuses | list[str]) -> None:
-        """Count a failure for each item whose effect raised; forget the settled ones."""
+        """Count a failure for each item whose effect raised, and when it may be tried
+        again (backoff, doubling per failure, capped); forget the settled ones."""
         errors = getattr(statuses, "errors", {})
+        now = _monotonic()
         for index, (item, status) in enumerate(zip(items, statuses, strict=True)):
             reply_id = item[0]
             if status == "retry" and index in errors:
                 # Only the effect's own failures count: not a held message, nor a batch the
                 # database failed whole (that one raised before any status).
-                self._effect_failures[reply_id] = self._effect_failures.get(reply_id, 0) + 1
+                failures = self._effect_failures.get(reply_id, (0, 0.0))[0] + 1
+                wait = min(self.backoff_cap, self.backoff * 2.0 ** (failures - 1))
+                self._effect_failures[reply_id] = (failures, now + wait)
                 self._effect_failures.move_to_end(reply_id)
                 while len(self._effect_failures) > FAILURES_KEPT:
                     self._effect_failures.popitem(last=False)

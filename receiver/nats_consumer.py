@@ -189,12 +189,25 @@ class NatsConsumer(Consumer):
             )
             while not self.stopping:
                 await self._turn(client, inbox)
+            await self._give_back()
             await client.flush()  # the last acks leave before the connection closes
         finally:
             if watching is not None:
                 watching.cancel()
                 await asyncio.gather(watching, return_exceptions=True)
             await client.close()
+
+    async def _give_back(self) -> None:
+        """Nak what arrived after the last turn took its batch (late answers to a pull cut
+        short by the stop): redelivered at once, in order, rather than after ack_wait,
+        while a restarted consumer would take newer messages of their keys first."""
+        nats = _nats()
+        left, self._arrived = self._arrived, []
+        for message in left:
+            try:
+                await message.nak()
+            except nats.errors.Error as exc:
+                log.warning("giving a message back to NATS failed: %s", exc)
 
     async def _ensure_durable(self, jetstream: JetStreamContext) -> None:
         """Create the durable consumer if missing; refuse one that cannot work as we need."""
@@ -220,6 +233,20 @@ class NatsConsumer(Consumer):
             raise ConfigError(f"durable consumer {self.durable!r} must use explicit acks")
         if info.config.deliver_subject:
             raise ConfigError(f"durable consumer {self.durable!r} is a push consumer; need pull")
+        limit = info.config.max_deliver
+        if limit is not None and limit > 0:
+            # Every nak counts as a delivery, a held message's too: behind a message that
+            # keeps failing, its key's later messages could reach the limit and JetStream
+            # would stop delivering them, unapplied. --max-deliveries is the bound to use.
+            log.warning(
+                "durable consumer %s has max_deliver %d: JetStream stops delivering a message "
+                "after %d deliveries, held ones included; create it without max_deliver and "
+                "bound failing messages with --max-deliveries",
+                self.durable,
+                limit,
+                limit,
+                extra={"fields": {"durable": self.durable, "max_deliver": limit}},
+            )
 
     async def _turn(self, client: Client, inbox: str) -> None:
         """Pull one batch, decide, settle; after a failure, pause before the next pull."""
@@ -400,10 +427,12 @@ class NatsConsumer(Consumer):
 
 def _deliveries(message: Msg) -> dict[str, Any]:
     """What JetStream says of a message's deliveries, and its stream and sequence."""
-    nats = _nats()
     try:
         metadata = message.metadata
-    except nats.errors.Error:  # not a JetStream message (its reply subject says so)
+    except Exception:  # noqa: BLE001 - not a JetStream message, or a reply forged as one
+        # nats-py raises its own error for a reply subject that is not $JS.ACK, and
+        # ValueError for one whose tokens are not numbers: neither may stop the consumer,
+        # and the message's own checks still decide it.
         return {}
     count = metadata.num_delivered
     return {

@@ -113,8 +113,9 @@ class RabbitMQConsumer(Consumer):
     async def run(self) -> None:
         """Connect, check the queue, consume until stop(); reconnect after a lost connection."""
         aio_pika = _aio_pika()
-        # A connect to an address that never answers has no end of its own.
-        connected = await self.unless_stopped(self._connect())
+        # Started before RabbitMQ is up (a sidecar beside it, say), it waits as it does
+        # after a lost connection: a refusal is a warning, not an exit.
+        connected = await self._connecting(self.backoff)
         if connected is None:
             log.info("stopped before RabbitMQ answered")
             return
@@ -152,22 +153,27 @@ class RabbitMQConsumer(Consumer):
             raise ConnectionError(f"cannot connect to RabbitMQ: {exc}") from exc
         return connection
 
-    async def _reconnect(self, closed: AbstractConnection) -> AbstractConnection:
-        """Connect again after a pause (doubling, capped, per failed try); the closed one
-        back if stop() comes first."""
-        delay = self.backoff
-        await self.pause(delay)
+    async def _connecting(self, delay: float) -> AbstractConnection | None:
+        """Connect; after each refusal pause `delay` (doubling, capped) and try again. None
+        if stop() comes first (a connect to an address that never answers has no end of
+        its own)."""
         while not self.stopping:
             try:
                 connection = await self.unless_stopped(self._connect())
             except ConnectionError as exc:
                 log.warning("%s; trying again", exc)
-                delay = min(self.backoff_cap, delay * 2)
                 await self.pause(delay)
+                delay = min(self.backoff_cap, delay * 2)
                 continue
-            if connection is not None:
-                return connection
-        return closed
+            return connection
+        return None
+
+    async def _reconnect(self, closed: AbstractConnection) -> AbstractConnection:
+        """Connect again after a pause (doubling, capped, per failed try); the closed one
+        back if stop() comes first."""
+        await self.pause(self.backoff)
+        connection = await self._connecting(min(self.backoff_cap, self.backoff * 2))
+        return closed if connection is None else connection
 
     async def _check_queue(self, connection: AbstractConnection) -> None:
         """A missing queue is a ConfigError (a passive declare fails on its own channel)."""

@@ -86,7 +86,8 @@ class StreamProxy:
             self._loop = self._thread = None
 
     async def _listen(self) -> None:
-        self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        # The port of a first start (any free one) is kept: a restart listens there again.
+        self._server = await asyncio.start_server(self._serve, "127.0.0.1", self.port)
         self.port = int(self._server.sockets[0].getsockname()[1])
 
     async def _shutdown(self) -> None:

@@ -51,6 +51,11 @@ def message(
     return Delivery(lowercased(headers), body, reply_id, redelivered=redelivered, broker_ref="Q/7")
 
 
+AT_ONCE = {"backoff": 1e-9, "backoff_cap": 1e-9}
+"""A failed message may be tried again at once: these tests are about the count, not its
+pace (test_a_message_is_tried_again_only_after_its_backoff is)."""
+
+
 @pytest.fixture
 def store(db_url: str) -> Iterator[ReceiptStore]:
     """A store on the test database."""
@@ -62,7 +67,7 @@ def store(db_url: str) -> Iterator[ReceiptStore]:
 def test_a_message_whose_effect_keeps_raising_goes_dead_on_its_last_delivery(
     db_url: str, store: ReceiptStore, caplog: pytest.LogCaptureFixture
 ) -> None:
-    consumer = Consumer(store, unsigned=True, effect=Refusing("p1"), max_deliveries=3)
+    consumer = Consumer(store, unsigned=True, effect=Refusing("p1"), max_deliveries=3, **AT_ONCE)
     assert consumer.decide_now([message("p1"), message("u1")]) == ["retry", "stored"]
     assert consumer.decide_now([message("p1", redelivered=True)]) == ["retry"]
     assert store.dead_letters() == []
@@ -92,7 +97,7 @@ def test_a_message_whose_effect_keeps_raising_goes_dead_on_its_last_delivery(
 
 
 def test_a_dead_letter_leaves_the_signature_out(store: ReceiptStore) -> None:
-    consumer = Consumer(store, secrets=[SECRET], effect=Refusing("s1"), max_deliveries=1)
+    consumer = Consumer(store, secrets=[SECRET], effect=Refusing("s1"), max_deliveries=1, **AT_ONCE)
     assert consumer.decide_now([message("s1", signed=True)]) == ["dead"]
     letter = store.dead_letter("s1")
     assert letter is not None
@@ -105,12 +110,12 @@ def test_a_dead_message_releases_its_key_in_its_batch_and_after(
 ) -> None:
     effect = Refusing("a1", "c1")
     # Dead on its first delivery: the later message of its key in the same batch goes on.
-    once = Consumer(store, unsigned=True, effect=effect, max_deliveries=1)
+    once = Consumer(store, unsigned=True, effect=effect, max_deliveries=1, **AT_ONCE)
     first = [message("a1", "A"), message("a2", "A"), message("b1", "B")]
     assert once.decide_now(first) == ["dead", "stored", "stored"]
     # Across batches: the key's later messages wait while the blocker is retried (held,
     # in its batch and after), and go on once it is dead.
-    consumer = Consumer(store, unsigned=True, effect=effect, max_deliveries=2)
+    consumer = Consumer(store, unsigned=True, effect=effect, max_deliveries=2, **AT_ONCE)
     assert consumer.decide_now([message("c1", "C"), message("c2", "C")]) == ["retry", "held"]
     assert consumer.decide_now([message("c3", "C"), message("d1", "D")]) == ["held", "stored"]
     again = [message("c1", "C", redelivered=True), message("c2", "C", redelivered=True)]
@@ -123,7 +128,7 @@ def test_a_dead_message_releases_its_key_in_its_batch_and_after(
 
 def test_a_held_message_never_goes_dead(db_url: str, store: ReceiptStore) -> None:
     effect = Refusing("h1")
-    consumer = Consumer(store, unsigned=True, effect=effect, max_deliveries=2)
+    consumer = Consumer(store, unsigned=True, effect=effect, max_deliveries=2, **AT_ONCE)
     assert consumer.decide_now([message("h1", "H")]) == ["retry"]
     for _ in range(5):  # held far more often than max_deliveries: not a failure of its own
         assert consumer.decide_now([message("h2", "H", redelivered=True)]) == ["held"]
@@ -140,7 +145,7 @@ def test_a_database_outage_does_not_count_towards_the_bound(
 ) -> None:
     engine = outbox.create_engine(db_url)
     store = ReceiptStore(engine)
-    consumer = Consumer(store, unsigned=True, effect=Refusing("o1"), max_deliveries=3)
+    consumer = Consumer(store, unsigned=True, effect=Refusing("o1"), max_deliveries=3, **AT_ONCE)
     try:
         assert consumer.decide_now([message("o1")]) == ["retry"]
         with database_down(engine), caplog.at_level(logging.CRITICAL, "outbox.receiver"):
@@ -158,7 +163,7 @@ def test_a_dead_message_delivered_again_is_acknowledged_and_nothing_is_stored(
     db_url: str, store: ReceiptStore, caplog: pytest.LogCaptureFixture
 ) -> None:
     effect = Refusing("x1")
-    consumer = Consumer(store, unsigned=True, effect=effect, max_deliveries=1)
+    consumer = Consumer(store, unsigned=True, effect=effect, max_deliveries=1, **AT_ONCE)
     assert consumer.decide_now([message("x1")]) == ["dead"]
     effect.failing.clear()  # even an effect that would pass now is not run: retry is explicit
     with caplog.at_level(logging.WARNING, "outbox.receiver.consume"):
@@ -175,7 +180,7 @@ def test_a_dead_message_delivered_again_is_acknowledged_and_nothing_is_stored(
 
 
 def test_retry_of_a_dead_letter_whose_effect_still_raises_keeps_it(store: ReceiptStore) -> None:
-    consumer = Consumer(store, unsigned=True, effect=Refusing("r1"), max_deliveries=1)
+    consumer = Consumer(store, unsigned=True, effect=Refusing("r1"), max_deliveries=1, **AT_ONCE)
     assert consumer.decide_now([message("r1")]) == ["dead"]
     with pytest.raises(RuntimeError):
         store.retry_dead("r1", Refusing("r1"))
@@ -184,7 +189,9 @@ def test_retry_of_a_dead_letter_whose_effect_still_raises_keeps_it(store: Receip
 
 
 def test_purge_forgets_one_dead_letter_or_the_old_ones(db_url: str, store: ReceiptStore) -> None:
-    consumer = Consumer(store, unsigned=True, effect=Refusing("q1", "q2"), max_deliveries=1)
+    consumer = Consumer(
+        store, unsigned=True, effect=Refusing("q1", "q2"), max_deliveries=1, **AT_ONCE
+    )
     assert consumer.decide_now([message("q1"), message("q2")]) == ["dead", "dead"]
     assert store.purge_dead("q1") == 1
     assert store.purge_dead("q1") == 0
@@ -216,3 +223,23 @@ def test_last_tries_needs_isolate(store: ReceiptStore) -> None:
         "stored"
     ]
     assert store.dead_letters() == []
+
+
+def test_a_message_is_tried_again_only_after_its_backoff(
+    store: ReceiptStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    now = [1000.0]
+    monkeypatch.setattr("receiver.consume._monotonic", lambda: now[0])
+    consumer = Consumer(
+        store, unsigned=True, effect=Refusing("b1"), max_deliveries=3, backoff=1, backoff_cap=8
+    )
+    assert consumer.decide_now([message("b1")]) == ["retry"]
+    # Delivered again at once, many times: held, its effect not run, nothing counted.
+    for _ in range(10):
+        assert consumer.decide_now([message("b1", redelivered=True)]) == ["held"]
+    now[0] += 1  # its backoff: 1 s after the first failure
+    assert consumer.decide_now([message("b1", redelivered=True)]) == ["retry"]
+    now[0] += 1.9  # 2 s after the second
+    assert consumer.decide_now([message("b1", redelivered=True)]) == ["held"]
+    now[0] += 0.1
+    assert consumer.decide_now([message("b1", redelivered=True)]) == ["dead"]

