@@ -36,6 +36,8 @@ RESERVED_HEADERS = frozenset(
         "webhook-timestamp",
         "webhook-signature",
         "outbox-content-hash",
+        # A broker consumer orders by it: only the message's own ordering key may set it.
+        "outbox-ordering-key",
     }
 )
 MAX_HEADER_VALUE = 4096

@@ -30,5 +30,12 @@ def broker_headers(
         headers[ORDERING_KEY_HEADER] = message.ordering_key
     if message.headers:
         # The message's own headers first, as HTTP sends them; the relay's win a clash.
-        return {**message.headers, **headers}
+        # An ordering-key header of its own (stored before publish() refused one) is
+        # dropped: a message without a key must not reach a consumer as keyed.
+        own = {
+            name: value
+            for name, value in message.headers.items()
+            if name.lower() != ORDERING_KEY_HEADER
+        }
+        return {**own, **headers}
     return headers

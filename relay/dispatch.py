@@ -35,7 +35,7 @@ from relay.policy import (
     retains,
     truncate,
 )
-from relay.records import Message
+from relay.records import Message, key_chains
 from relay.transport import Parcel, Transport, transport_for
 
 log = logging.getLogger("outbox.relay")
@@ -275,19 +275,7 @@ def _repeats_a_key(messages: Sequence[Message]) -> bool:
 
 def chains_together(messages: Sequence[Message]) -> list[Message]:
     """The messages with each key's ones together, in id order, where its first one was."""
-    parts: list[list[Message]] = []
-    chains: dict[str, list[Message]] = {}
-    for message in messages:
-        key = message.ordering_key
-        if key is None:
-            parts.append([message])
-            continue
-        chain = chains.get(key)
-        if chain is None:
-            chains[key] = chain = []
-            parts.append(chain)
-        chain.append(message)
-    return [m for part in parts for m in sorted(part, key=lambda m: m.id)]
+    return [m for chain in key_chains(messages) for m in sorted(chain, key=lambda m: m.id)]
 
 
 async def _sent(transport: Transport, parcel: Parcel) -> dict[int, Outcome]:

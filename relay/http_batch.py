@@ -22,7 +22,7 @@ from json.encoder import encode_basestring
 from outbox.messages import BATCH_ID_PREFIX
 from relay.http_client import Response
 from relay.policy import Dead, Outcome, Retry, Sent, Unsent, classify, truncate
-from relay.records import Message
+from relay.records import Message, key_chains
 from relay.transport import HttpTransport, Parcel
 from relay.webhooks import post, request_headers, snippet
 
@@ -69,20 +69,12 @@ def pack_batches(
 
 def one_per_key(messages: Sequence[Message]) -> list[Sequence[Message]]:
     """The messages in rounds: the first of each key (and every unkeyed one), then the
-    second of each key, and so on, each round in the order given."""
-    rounds: list[list[Message]] = [[]]
-    seen: dict[str, int] = {}
-    for message in messages:
-        key = message.ordering_key
-        place = 0
-        if key is not None:
-            place = seen.get(key, 0)
-            seen[key] = place + 1
-        if place == len(rounds):
-            rounds.append([])
-        rounds[place].append(message)
-    split: list[Sequence[Message]] = [*rounds]
-    return split if len(split) > 1 else [messages]
+    second of each key, and so on."""
+    chains = key_chains(messages)
+    longest = max((len(chain) for chain in chains), default=0)
+    if longest <= 1:
+        return [messages]
+    return [[chain[rank] for chain in chains if rank < len(chain)] for rank in range(longest)]
 
 
 class HttpBatchTransport(HttpTransport):
@@ -163,4 +155,23 @@ def _per_item(response: Response, batch: Sequence[Message]) -> dict[int, Outcome
             outcomes[message.id] = Retry(
                 status, truncate(f"the destination asked to retry this message: {said}")
             )
+    return _held_only_behind_its_key(outcomes, batch, status)
+
+
+def _held_only_behind_its_key(
+    outcomes: dict[int, Outcome], batch: Sequence[Message], status: int
+) -> dict[int, Outcome]:
+    """`held` gives the attempt back, so it is taken only where the rule allows it: after
+    an earlier item of its key in this batch that ended neither sent nor dead. Anywhere
+    else it is a retry like any other, counted, so a receiver answering `held` to
+    everything cannot keep a message pending for ever."""
+    stopped: set[str] = set()
+    for message in batch:
+        outcome, key = outcomes[message.id], message.ordering_key
+        if outcome is HELD_BY_RECEIVER and (key is None or key not in stopped):
+            outcome = outcomes[message.id] = Retry(
+                status, "held by the destination, with no earlier item of its key to wait for"
+            )
+        if key is not None and not isinstance(outcome, Sent | Dead):
+            stopped.add(key)
     return outcomes

@@ -31,7 +31,7 @@ from relay.dispatch import Dispatcher, Turn, retry_window
 from relay.leases import RelayLeases
 from relay.metrics import RelayMetrics
 from relay.pipeline import Claimed, Pipeline, by_destination
-from relay.policy import Sent, Verdict, verdict
+from relay.policy import Sent, Unsent, Verdict, verdict
 from relay.transport import check_kinds
 from relay.wakeup import Wakeups
 
@@ -413,9 +413,12 @@ class Relay(DatabaseHandle):
                     "status": outcome.status,
                     "reason": outcome.error,
                 }
-                # A message going dead needs someone's decision; a retry is routine.
+                # A message going dead needs someone's decision; a retry is routine; one
+                # never attempted (held behind its key, or no time left in the lease) is
+                # routine and can be a thousand a turn behind one failing message.
+                level = logging.WARNING if said == "dead" else logging.INFO
                 log.log(
-                    logging.WARNING if said == "dead" else logging.INFO,
+                    logging.DEBUG if isinstance(outcome, Unsent) else level,
                     "message %s to %s %s: %s",
                     message.reply_id,
                     message.destination,

@@ -64,6 +64,8 @@ class NatsHeaders:
             or (ordering_key is not None and not sent_as_is(ordering_key))
             or not (is_webhook_id(reply_id) if key is not None else sent_as_is(reply_id))
             or (own and not self._relay_names.isdisjoint(own))
+            # broker_headers drops an ordering-key header of the message's own, any case.
+            or (own and any(name.lower() == ORDERING_KEY_HEADER for name in own))
         ):
             return self.general(message, seconds)
         msg_id = reply_id if key is None else broker_message_id(key, reply_id)

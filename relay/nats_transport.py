@@ -35,7 +35,7 @@ from relay.config import Destination
 from relay.nats_headers import NatsHeaders
 from relay.nats_wire import BadHeaderName, Publish, publish_all, relay_client, subscribe_answers
 from relay.policy import ACKED, HELD, Dead, Outcome, Retry, Sent, retains, truncate
-from relay.records import Message
+from relay.records import Message, key_chains
 from relay.transport import Parcel, Transport, clients
 
 if TYPE_CHECKING:
@@ -543,18 +543,9 @@ def _first_of_each_key(
 ) -> tuple[list[Message], dict[str | None, list[Message]]]:
     """The messages published at once (every unkeyed one and the first of each key), and
     each key's later ones, in order."""
-    first: list[Message] = []
-    later: dict[str | None, list[Message]] = {}
-    seen: set[str] = set()
-    for message in messages:
-        key = message.ordering_key
-        if key is None or key not in seen:
-            if key is not None:
-                seen.add(key)
-            first.append(message)
-        else:
-            later.setdefault(key, []).append(message)
-    return first, later
+    chains = key_chains(messages)
+    later = {chain[0].ordering_key: chain[1:] for chain in chains if len(chain) > 1}
+    return [chain[0] for chain in chains], later
 
 
 def _subjects(subjects: Iterable[str] | None) -> list[str]:

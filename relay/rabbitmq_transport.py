@@ -42,7 +42,7 @@ from outbox.redaction import redact, redact_urls
 from relay.broker_headers import broker_headers
 from relay.config import Destination
 from relay.policy import ACKED, HELD, Dead, Outcome, Retry, Sent, truncate
-from relay.records import Message
+from relay.records import Message, key_chains
 from relay.transport import Parcel, Transport, clients
 
 if TYPE_CHECKING:
@@ -122,7 +122,7 @@ class RabbitMqTransport(Transport):
         published: set[int] = set()
         publishes = [
             asyncio.ensure_future(self._in_order(channel, chain, signed_at, confirmed, published))
-            for chain in _by_key(messages)
+            for chain in key_chains(messages)
         ]
         # One wait for the whole parcel, not a timer per message: past the deadline
         # what is still unconfirmed is a retry, and a key's message not yet published
@@ -153,7 +153,14 @@ class RabbitMqTransport(Transport):
         a dead one (returned, unroutable) does not."""
         for index, message in enumerate(chain):
             published.add(message.id)
-            outcome = confirmed[message.id] = await self._publish(channel, message, signed_at)
+            try:
+                outcome = await self._publish(channel, message, signed_at)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - building it failed: its row is odd
+                # Said here, not left in a task nobody reads as "no publisher confirm".
+                outcome = Retry(None, _failure("could not publish it", exc))
+            confirmed[message.id] = outcome
             if not isinstance(outcome, Sent | Dead):
                 for rest in chain[index + 1 :]:
                     confirmed[rest.id] = HELD
@@ -279,22 +286,6 @@ class RabbitMqTransport(Transport):
         """Close the connection, if one is open."""
         if self._connection is not None:
             await self._forget(self._connection)
-
-
-def _by_key(messages: Sequence[Message]) -> list[list[Message]]:
-    """Each unkeyed message alone, and each key's messages together, in the order given."""
-    chains: list[list[Message]] = []
-    keyed: dict[str, list[Message]] = {}
-    for message in messages:
-        key = message.ordering_key
-        if key is None:
-            chains.append([message])
-        elif key in keyed:
-            keyed[key].append(message)
-        else:
-            keyed[key] = chain = [message]
-            chains.append(chain)
-    return chains
 
 
 def _failure(what: str, exc: BaseException) -> str:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from types import MappingProxyType
 from typing import NamedTuple
 
@@ -40,6 +40,23 @@ class Message(NamedTuple):
             row.fence,
             row.ordering_key,
         )
+
+
+def key_chains(messages: Sequence[Message]) -> list[list[Message]]:
+    """Each unkeyed message alone, and each key's messages together (a chain), in the
+    order given: what every transport keeps in order and stops at its first failure."""
+    chains: list[list[Message]] = []
+    keyed: dict[str, list[Message]] = {}
+    for message in messages:
+        key = message.ordering_key
+        if key is None:
+            chains.append([message])
+        elif key in keyed:
+            keyed[key].append(message)
+        else:
+            keyed[key] = chain = [message]
+            chains.append(chain)
+    return chains
 
 
 class ClaimedRow(NamedTuple):

@@ -260,6 +260,7 @@ def test_headers_are_capped_in_count_and_size(
     ("name", "said"),
     [
         ("Webhook-Signature", "set by the relay"),
+        ("Outbox-Ordering-Key", "set by the relay"),
         ("Nats-Msg-Id", "NATS JetStream's own"),
         ("Status", "read it as a server status"),
         ("DESCRIPTION", "read it as a server status"),

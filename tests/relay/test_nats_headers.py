@@ -69,6 +69,8 @@ def assert_same(headers: NatsHeaders, of: Message) -> None:
         message(headers={"content-type": "text/plain"}),
         message(headers={" webhook-id ": "padded name"}),
         message(headers={"Content-Type": "other case"}),
+        message(headers={"Outbox-Ordering-Key": "not its own", "x": "1"}),
+        message(headers={"outbox-ordering-key": "not its own"}, ordering_key="k"),
         message(headers={"bad name": "x"}),
         message(headers={"": "empty name", "crlf": "a\r\nb", "pad": "  v  "}),
         message(reply_id="r 1"),
@@ -131,3 +133,6 @@ def test_a_keyed_message_carries_its_ordering_key() -> None:
     assert block["outbox-ordering-key"] == "customer.7"
     assert b"\r\noutbox-ordering-key: customer.7\r\n" in block.block
     assert "outbox-ordering-key" not in builder(True).build(message(), SECONDS)
+    # One stored among a message's own headers (before publish() refused it) is dropped.
+    forged = builder(True).build(message(headers={"Outbox-Ordering-Key": "k"}), SECONDS)
+    assert "outbox-ordering-key" not in {name.lower() for name in forged}

@@ -212,3 +212,25 @@ def test_ordered_batches_is_read_from_the_file_and_the_environment() -> None:
             subject="s",
             ordered_batches=True,
         )
+
+
+def test_held_with_nothing_to_wait_for_is_a_counted_retry(
+    db_url: str, engine: sa.Engine, clock: ManualClock
+) -> None:
+    # A receiver answering `held` where no earlier item of the key failed (the first of
+    # its key, after a stored one, or with no key) must not keep a message pending for
+    # ever: only a hold behind its key gives the attempt back.
+    publish_many(engine, ["k-1", "k-2"], ordering_key="K", clock=clock)
+    publish_many(engine, ["free-1"], clock=clock)
+
+    def hold_all(items: list[dict[str, str]]) -> list[dict[str, str]]:
+        return [{"reply_id": i["reply_id"], "status": "held"} for i in items]
+
+    with BatchStub(hold_all) as stub, relay_for(db_url, stub, clock, ordered_batches=True) as relay:
+        verdicts = dict(relay.dispatch_once())
+    assert verdicts == {"k-1": "retry", "k-2": "retry", "free-1": "retry"}
+    stored = rows(engine)
+    # k-1 and free-1 spent an attempt and wait their backoff; k-2, behind k-1, did not.
+    assert [stored[r]["attempts"] for r in ("k-1", "free-1", "k-2")] == [1, 1, 0]
+    assert stored["k-1"]["available_at"] > clock()
+    assert stored["k-2"]["last_error"] == HELD_BY_RECEIVER.error

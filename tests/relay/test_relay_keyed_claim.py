@@ -147,13 +147,16 @@ def test_two_concurrent_claimers_never_split_a_key(
         publish_many(engine, [f"{key}-{n:02d}" for n in range(30)], ordering_key=key, clock=clock)
     relays = [relay_factory(f"relay-{n}", batch=7) for n in range(2)]
     start = threading.Barrier(2, timeout=30)
-    lock = threading.Lock()
+    turn = threading.Condition()
+    claims = [0, 0]
+    done = [False, False]
     holders: dict[str, str] = {}
     parts: dict[str, list[list[str]]] = defaultdict(list)
     faults: list[str] = []
     errors: list[BaseException] = []
 
-    def drain(relay: Relay) -> None:
+    def drain(n: int) -> None:
+        relay, other = relays[n], 1 - n
         try:
             start.wait()
             idle = 0
@@ -163,7 +166,9 @@ def test_two_concurrent_claimers_never_split_a_key(
                 by_key: dict[str, list[str]] = defaultdict(list)
                 for message in sorted(deliver, key=lambda m: m.id):
                     by_key[str(message.ordering_key)].append(message.reply_id)
-                with lock:
+                with turn:
+                    claims[n] += 1
+                    turn.notify_all()
                     for key, ids in by_key.items():
                         if key in holders:
                             faults.append(
@@ -171,15 +176,25 @@ def test_two_concurrent_claimers_never_split_a_key(
                             )
                         holders[key] = relay.owner
                         parts[key].append(ids)
-                # Let go of the keys before the settle frees them for the other claimer.
-                with lock:
+                    # Hold the keys, their messages `sending`, until the other claimer has
+                    # claimed once more: each claim then runs while the other holds keys.
+                    seen = claims[other]
+
+                    def moved(seen: int = seen) -> bool:
+                        return claims[other] > seen or done[other]
+
+                    turn.wait_for(moved, timeout=30)
                     for key in by_key:
                         holders.pop(key, None)
                 relay.leases.settle(deliver, {m.id: Sent(200) for m in deliver})
         except BaseException as exc:
             errors.append(exc)
+        finally:
+            with turn:
+                done[n] = True
+                turn.notify_all()
 
-    threads = [threading.Thread(target=drain, args=(r,)) for r in relays]
+    threads = [threading.Thread(target=drain, args=(n,)) for n in range(2)]
     for thread in threads:
         thread.start()
     for thread in threads:
