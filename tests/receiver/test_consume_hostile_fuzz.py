@@ -22,7 +22,15 @@ import nats
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from support.broker_messages import AMQP_URL, Stream, consumed, outbox_headers, unique, until
+from support.broker_messages import (
+    AMQP_URL,
+    Stream,
+    consumed,
+    outbox_headers,
+    queue_waiting,
+    unique,
+    until,
+)
 from support.receiver_helpers import SECRET, count_effects, stored_receipts
 from test_consume_nats import body_of, nats_consumer, settled
 from test_consume_nats_hostile import raw_publish
@@ -135,17 +143,6 @@ async def publish_both(stream: Stream, queue: str, batch: list[tuple[Any, ...]])
         await connection.close()
 
 
-async def queue_count(queue: str) -> int:
-    """Messages ready in a queue."""
-    connection = await aio_pika.connect(AMQP_URL)
-    try:
-        channel = await connection.channel()
-        declared = await channel.declare_queue(queue, passive=True)
-        return int(declared.declaration_result.message_count or 0)
-    finally:
-        await connection.close()
-
-
 @pytest.fixture
 def dead_lettered_queue() -> Iterator[tuple[str, str]]:
     """A queue whose refused messages go to a dead-letter queue; both deleted after."""
@@ -215,8 +212,8 @@ def test_arbitrary_messages_never_stop_a_consumer_nor_pass_for_replies(
                     return (
                         decided
                         and await settled(nats_stream)
-                        and await queue_count(queue) == 0
-                        and await queue_count(dead) == totals["junk"]
+                        and await queue_waiting(queue) == 0
+                        and await queue_waiting(dead) == totals["junk"]
                     )
 
                 await until(done, WAIT, "every message decided and settled on both brokers")

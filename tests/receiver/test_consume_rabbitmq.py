@@ -13,7 +13,7 @@ import aio_pika
 import pytest
 from faults.stream_proxy import StreamProxy
 from sqlalchemy.orm import Session
-from support.broker_messages import AMQP_URL, consumed, outbox_headers, until
+from support.broker_messages import AMQP_URL, consumed, outbox_headers, queue_waiting, until
 from support.db_faults import database_down
 from support.keyed_consumers import (
     KeyedBroker,
@@ -71,17 +71,6 @@ async def publish(
         await connection.close()
 
 
-async def waiting(queue: str) -> int:
-    """Messages ready in the queue (not counting those a consumer holds)."""
-    connection = await aio_pika.connect(AMQP_URL)
-    try:
-        channel = await connection.channel()
-        declared = await channel.declare_queue(queue, passive=True)
-        return int(declared.declaration_result.message_count or 0)
-    finally:
-        await connection.close()
-
-
 def rabbit_consumer(store: ReceiptStore, queue: str, **options: Any) -> RabbitMQConsumer:
     """A consumer of the test's queue with the reference effect."""
     options.setdefault("secrets", [SECRET])
@@ -111,7 +100,7 @@ def test_messages_are_stored_once_and_a_second_copy_is_a_duplicate(
             await until(done, WAIT, "three messages consumed")
         assert consumed(consumer.metrics, "stored") == 2
         assert consumed(consumer.metrics, "duplicate") == 1
-        assert await waiting(rabbit_queue) == 0  # all acknowledged: nothing came back
+        assert await queue_waiting(rabbit_queue) == 0  # all acknowledged: nothing came back
 
     try:
         asyncio.run(scenario())
@@ -137,7 +126,7 @@ def test_the_same_id_with_another_body_is_acknowledged_as_a_conflict(
 
             await until(done, WAIT, "the conflict")
         assert consumed(consumer.metrics, "stored") == 1
-        assert await waiting(rabbit_queue) == 0
+        assert await queue_waiting(rabbit_queue) == 0
 
     with caplog.at_level(logging.ERROR, "outbox.receiver.consume"):
         try:
@@ -176,7 +165,7 @@ def test_bad_messages_are_rejected_without_requeue(
 
             await until(done, WAIT, "five refusals")
         assert consumed(consumer.metrics, "stored") == 0
-        assert await waiting(rabbit_queue) == 0  # rejected, not requeued
+        assert await queue_waiting(rabbit_queue) == 0  # rejected, not requeued
 
     with caplog.at_level(logging.ERROR, "outbox.receiver.consume"):
         try:
@@ -215,7 +204,7 @@ def test_a_database_that_refuses_leaves_messages_in_the_queue_until_it_is_back(
 
             await until(done, WAIT, "the messages stored once the database is back")
             assert consumed(consumer.metrics, "dead") == 0
-        assert await waiting(rabbit_queue) == 0
+        assert await queue_waiting(rabbit_queue) == 0
 
     try:
         asyncio.run(scenario())
@@ -296,7 +285,7 @@ def test_connections_lost_mid_drain_are_waited_out_and_each_message_applied_once
                 await asyncio.wait_for(task, WAIT)  # stops cleanly: no exception
             assert proxy.cuts == len(marks)
             assert proxy.accepted > len(marks)  # it connected again after each cut
-        assert await waiting(rabbit_queue) == 0
+        assert await queue_waiting(rabbit_queue) == 0
 
     try:
         asyncio.run(scenario())
@@ -367,7 +356,7 @@ def keyed(queue: str) -> KeyedBroker:
         await publish(queue, reply_id, spoil=with_key)
 
     async def drained() -> bool:
-        return await waiting(queue) == 0
+        return await queue_waiting(queue) == 0
 
     return KeyedBroker(
         send, lambda store, **options: rabbit_consumer(store, queue, **options), drained
@@ -385,7 +374,7 @@ def test_a_message_whose_effect_always_raises_goes_dead_and_its_key_goes_on(
 ) -> None:
     async def nothing_left() -> None:
         # Stopped: whatever was not acknowledged would be back in the queue now.
-        assert await waiting(rabbit_queue) == 0
+        assert await queue_waiting(rabbit_queue) == 0
 
     letter = a_message_that_always_fails_goes_dead(keyed(rabbit_queue), db_url, nothing_left)
     # A classic queue keeps no delivery count: the consumer's own count of failures.

@@ -83,3 +83,16 @@ def consumed(metrics: Any, outcome: str) -> int:
         "outbox_receiver_consumed_total", {"outcome": outcome}
     )
     return int(value or 0)
+
+
+async def queue_waiting(queue: str) -> int:
+    """Messages ready in a RabbitMQ queue (not counting those a consumer holds)."""
+    import aio_pika  # only the RabbitMQ tests ask
+
+    connection = await aio_pika.connect(AMQP_URL)
+    try:
+        channel = await connection.channel()
+        declared = await channel.declare_queue(queue, passive=True)
+        return int(declared.declaration_result.message_count or 0)
+    finally:
+        await connection.close()
