@@ -20,11 +20,10 @@ from pathlib import Path
 import httpx
 import nats
 import pytest
-from support.broker_messages import AMQP_URL, Stream
+from support.broker_messages import AMQP_URL, Stream, queue_waiting
 from support.receiver_helpers import ROOT, SECRET, count_effects, free_port, wait_until
 from test_consume_nats import publish as publish_nats
 from test_consume_rabbitmq import publish as publish_rabbitmq
-from test_consume_rabbitmq import waiting
 
 from outbox import failpoints
 from outbox.failpoints import EXIT_CODE
@@ -178,11 +177,11 @@ def test_rabbitmq_requeues_what_a_killed_consumer_committed_and_it_applies_once(
         db_url, command, lambda reply_id: asyncio.run(publish_rabbitmq(rabbit_queue, reply_id))
     )
     assert kills >= ROUNDS
-    assert asyncio.run(waiting(rabbit_queue)) == ROUNDS  # committed, none acknowledged
+    assert asyncio.run(queue_waiting(rabbit_queue)) == ROUNDS  # committed, none acknowledged
     with clean_consumer(command) as count:
         wait_until(lambda: count("duplicate") == ROUNDS, PROCESS_WAIT, "every redelivery")
         assert count("stored") == 0
     # Stopped: whatever it had not acknowledged would be back in the queue.
-    assert asyncio.run(waiting(rabbit_queue)) == 0
+    assert asyncio.run(queue_waiting(rabbit_queue)) == 0
     for round_ in range(ROUNDS):
         assert count_effects(db_url, f"crash-{round_}") == 1
