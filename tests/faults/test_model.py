@@ -716,15 +716,32 @@ class ModelMachine(RuleBasedStateMachine):
         )
 
     def _deliverable(self, now: float) -> list[MessageModel]:
-        """Pending, due, and first of its key (docs/explanation/contract.md#delivery)."""
+        """Pending, due, and first of its key, with the key's next ones chained after it
+        (docs/explanation/contract.md#delivery): while each is pending, due and has
+        attempts left; a head with none left starts no chain."""
         out: list[MessageModel] = []
         busy_keys: set[str] = set()
+        chaining: dict[str, bool] = {}
         for message in sorted(self.messages.values(), key=lambda m: m.seq):
-            blocked = message.ordering_key is not None and message.ordering_key in busy_keys
-            if message.state in UNDELIVERED and message.ordering_key is not None:
-                busy_keys.add(message.ordering_key)
-            if message.state == "pending" and message.available_at <= now and not blocked:
+            key = message.ordering_key
+            due = message.state == "pending" and message.available_at <= now
+            if key is None:
+                if due:
+                    out.append(message)
+                continue
+            if key in chaining:
+                if message.state in UNDELIVERED:
+                    if chaining[key] and due and message.attempts < RELAY_ATTEMPTS:
+                        out.append(message)
+                    else:
+                        chaining[key] = False
+                continue
+            if key in busy_keys or message.state not in UNDELIVERED:
+                continue
+            busy_keys.add(key)
+            if due:
                 out.append(message)
+                chaining[key] = message.attempts < RELAY_ATTEMPTS
         return out
 
     # --- operations, each checked against the model ----------------------------------
