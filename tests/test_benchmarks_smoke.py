@@ -65,6 +65,7 @@ def check_results(document: dict[str, Any], table: str) -> None:
         ("drain vs naive relay", "postgresql"),
         ("drain rate", "postgresql"),
         ("drain vs bare relay", "postgresql"),
+        ("drain into the receiver with its reference effect vs receipts only", "postgresql"),
         ("drain into JetStream vs HTTP batch", "postgresql"),
         ("drain into RabbitMQ vs HTTP batch", "postgresql"),
         ("machine CPU per message, JetStream vs HTTP batch drain", "postgresql"),
