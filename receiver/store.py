@@ -48,6 +48,7 @@ from outbox.durations import duration_text
 from outbox.errors import PayloadCollision, StoreUnavailable
 from outbox.messages import are_reply_ids, check_ordering_key, check_reply_id
 from outbox.migrations import RECEIVER_BRANCH
+from outbox.one_line import one_line
 from outbox.redaction import redact
 from receiver import sql
 from receiver.effects import Effect, record_effect, run_effects
@@ -158,9 +159,7 @@ class LastTry:
 
 def dead_reason(exc: BaseException) -> str:
     """A dead letter's reason: the exception's class and the start of its redacted text."""
-    text = redact(str(exc)).replace("\n", " ").strip()
-    if len(text) > REASON_CHARS:
-        text = text[: REASON_CHARS - 1] + "…"
+    text = one_line(redact(str(exc)), REASON_CHARS)
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Literal
 
+from outbox.one_line import one_line
 from outbox.states import MessageState
 from outbox.tasks import backoff_delay
 
@@ -137,8 +138,7 @@ def retains(kept: float, needed: float) -> bool:
 
 def truncate(text: str, limit: int = MAX_ERROR_CHARS) -> str:
     """Keep stored errors short, on one line, and printable (a peer's body may hold a NUL)."""
-    flat = "".join(c if c.isprintable() else "?" for c in " ".join(text.split()))
-    return flat if len(flat) <= limit else flat[: limit - 1] + "…"
+    return one_line(text, limit)
 
 
 Verdict = Literal["sent", "retry", "dead"]

@@ -9,6 +9,7 @@ import argparse
 import json
 import math
 import re
+from datetime import UTC, datetime
 from typing import Any
 
 from outbox.redaction import shown_value
@@ -109,6 +110,13 @@ def age_text(seconds: float | None) -> str:
         if seconds >= size:
             return f"{seconds / size:.1f}{unit}"
     return f"{seconds:.1f}s"
+
+
+def utc_iso(epoch: float | None) -> str | None:
+    """Epoch seconds as ISO-8601 in UTC (`2026-12-03T21:55:46Z`); None for None."""
+    if epoch is None:
+        return None
+    return datetime.fromtimestamp(epoch, UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
 
 
 def json_flag(parser: argparse.ArgumentParser) -> None:

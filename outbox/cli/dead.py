@@ -11,13 +11,13 @@ from __future__ import annotations
 import argparse
 import json
 from collections.abc import Callable
-from datetime import UTC, datetime
 from typing import Any
 
 from outbox.cli import requeue, resolve
-from outbox.cli.arguments import age_text, json_flag, positive_int, print_json
+from outbox.cli.arguments import age_text, json_flag, positive_int, print_json, utc_iso
 from outbox.cli.decisions import add_decision_arguments, add_filters, chosen_filter, dead_message
 from outbox.db.operations_sql import DeadFilter
+from outbox.one_line import one_line
 from outbox.operations import Operations
 from outbox.redaction import redact
 
@@ -66,18 +66,11 @@ def run(args: argparse.Namespace) -> int:
         return _dead_show(ops, args.reply_id, args.json)
 
 
-def _iso(epoch: float | None) -> str | None:
-    """Epoch seconds as ISO-8601 in UTC."""
-    if epoch is None:
-        return None
-    return datetime.fromtimestamp(epoch, UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
-
-
 def _dead_list(ops: Operations, db: str, limit: int, chosen: DeadFilter, as_json: bool) -> int:
     rows = ops.dead(limit, chosen)
     for row in rows:
         del row["id"]  # the row's key for paging, not part of what the list shows
-        row["created"] = _iso(row["created_at"])
+        row["created"] = utc_iso(row["created_at"])
         row["age"] = round(float(row["age"]), 3)
     if as_json:
         print_json(rows)
@@ -91,9 +84,7 @@ def _dead_list(ops: Operations, db: str, limit: int, chosen: DeadFilter, as_json
         f"{'attempts':>8} {'status':>6}  last error"
     )
     for row in rows:
-        error = (row["last_error"] or "").replace("\n", " ")
-        if len(error) > ERROR_WIDTH:
-            error = error[: ERROR_WIDTH - 1] + "…"
+        error = one_line(row["last_error"] or "", ERROR_WIDTH)
         status = "" if row["last_status"] is None else str(row["last_status"])
         print(
             f"{row['reply_id']:<40} {row['destination']:<16} {row['created']:<20} "
@@ -109,8 +100,8 @@ def _dead_show(ops: Operations, reply_id: str, as_json: bool) -> int:
     if message is None:
         return 1
     body = bytes(message.pop("body"))
-    message["created"] = _iso(message["created_at"])
-    message["sent"] = _iso(message["sent_at"])
+    message["created"] = utc_iso(message["created_at"])
+    message["sent"] = utc_iso(message["sent_at"])
     try:
         message["body"] = json.loads(body.decode("utf-8"))
     except (UnicodeDecodeError, ValueError):

@@ -12,11 +12,11 @@ from __future__ import annotations
 import argparse
 import json
 from collections.abc import Callable
-from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-from outbox.cli.arguments import json_flag, parse_duration, positive_int, print_json
+from outbox.cli.arguments import json_flag, parse_duration, positive_int, print_json, utc_iso
 from outbox.durations import duration_text
+from outbox.one_line import one_line
 from outbox.redaction import redact
 
 if TYPE_CHECKING:
@@ -69,15 +69,10 @@ def run(args: argparse.Namespace) -> int:
         return _purge(store, args.reply_id, args.older_than)
 
 
-def _iso(epoch: float) -> str:
-    """Epoch seconds as ISO-8601 in UTC."""
-    return datetime.fromtimestamp(epoch, UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
-
-
 def _list(store: ReceiptStore, db: str, limit: int, as_json: bool) -> int:
     rows = store.dead_letters(limit)
     for row in rows:
-        row["dead"] = _iso(row.pop("dead_at"))
+        row["dead"] = utc_iso(row.pop("dead_at"))
     if as_json:
         print_json(rows)
         return 0
@@ -87,9 +82,7 @@ def _list(store: ReceiptStore, db: str, limit: int, as_json: bool) -> int:
         return 0
     print(f"{'reply_id':<40} {'dead (UTC)':<20} {'failures':>8} {'deliveries':>10}  reason")
     for row in rows:
-        reason = row["reason"].replace("\n", " ")
-        if len(reason) > REASON_WIDTH:
-            reason = reason[: REASON_WIDTH - 1] + "…"
+        reason = one_line(row["reason"], REASON_WIDTH)
         deliveries = "" if row["deliveries"] is None else str(row["deliveries"])
         print(
             f"{row['reply_id']:<40} {row['dead']:<20} {row['failures']:>8} {deliveries:>10}  "
@@ -106,7 +99,7 @@ def _show(store: ReceiptStore, reply_id: str, as_json: bool) -> int:
         print(f"no dead letter {reply_id!r}")
         return 1
     body: bytes = letter.pop("body")
-    letter["dead"] = _iso(letter.pop("dead_at"))
+    letter["dead"] = utc_iso(letter.pop("dead_at"))
     letter["body_bytes"] = len(body)
     try:
         letter["body"] = json.loads(body.decode("utf-8"))
