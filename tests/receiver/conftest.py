@@ -1,4 +1,5 @@
-"""Broker fixtures of the consumer tests: a stream or a queue of the test's own, deleted after."""
+"""Fixtures of the receiver tests: a receipt store on the test database; a stream or a queue of
+the test's own, deleted after."""
 
 from __future__ import annotations
 
@@ -7,6 +8,16 @@ from collections.abc import Iterator
 
 import pytest
 from support.broker_messages import AMQP_URL, NATS_URL, Stream, unique, unreachable
+
+from receiver import ReceiptStore
+
+
+@pytest.fixture
+def store(db_url: str) -> Iterator[ReceiptStore]:
+    """A store on the test database (a test file may define its own, with a clock)."""
+    opened = ReceiptStore(db_url)
+    yield opened
+    opened.close()
 
 
 @pytest.fixture

@@ -4,20 +4,18 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Iterator
 
 import pytest
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
-from support.broker_messages import consumed, outbox_headers
+from support.broker_messages import consumed, delivery
 from support.db_faults import database_down
 from support.receiver_helpers import SECRET, count_effects, stored_receipts
 
 import outbox
 from outbox.errors import ConfigError
-from outbox.signing import ORDERING_KEY_HEADER
 from receiver import ReceiptStore
-from receiver.consume import Consumer, Delivery, lowercased
+from receiver.consume import Consumer, Delivery
 from receiver.effects import REPLY_ID_KEY, record_effect
 from receiver.store import LastTry
 
@@ -42,26 +40,21 @@ def message(
     redelivered: bool = False,
     signed: bool = False,
 ) -> Delivery:
-    """A broker message as the relay publishes it (unsigned unless `signed`)."""
-    body = json.dumps({"reply": reply_id}).encode()
-    headers = outbox_headers(reply_id, body, SECRET if signed else None)
-    if key is not None:
-        headers[ORDERING_KEY_HEADER] = key
-    headers["traceparent"] = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
-    return Delivery(lowercased(headers), body, reply_id, redelivered=redelivered, broker_ref="Q/7")
+    """A broker message as the relay publishes it (unsigned unless `signed`), with a
+    traceparent of its own, kept in queue Q at 7."""
+    return delivery(
+        reply_id,
+        key,
+        secret=SECRET if signed else None,
+        own={"traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"},
+        redelivered=redelivered,
+        broker_ref="Q/7",
+    )
 
 
 AT_ONCE = {"backoff": 1e-9, "backoff_cap": 1e-9}
 """A failed message may be tried again at once: these tests are about the count, not its
 pace (test_a_message_is_tried_again_only_after_its_backoff is)."""
-
-
-@pytest.fixture
-def store(db_url: str) -> Iterator[ReceiptStore]:
-    """A store on the test database."""
-    opened = ReceiptStore(db_url)
-    yield opened
-    opened.close()
 
 
 def test_a_message_whose_effect_keeps_raising_goes_dead_on_its_last_delivery(

@@ -3,36 +3,24 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
-from collections.abc import Iterator
+from dataclasses import replace
 
 import pytest
-from support.broker_messages import outbox_headers
+from support.broker_messages import delivery
 from support.receiver_helpers import InOrder, count_effects, stored_receipts
 
-from outbox.signing import CONTENT_HASH_HEADER, ORDERING_KEY_HEADER
+from outbox.signing import CONTENT_HASH_HEADER
 from receiver import ReceiptStore
-from receiver.consume import Consumer, Delivery, lowercased
+from receiver.consume import Consumer, Delivery
 
 
 def message(reply_id: str, key: str | None = None, *, spoiled: bool = False) -> Delivery:
     """A broker message as the relay publishes it, unsigned (spoiled: a wrong content hash)."""
-    body = json.dumps({"reply": reply_id}).encode()
-    headers = outbox_headers(reply_id, body, None)
-    if key is not None:
-        headers[ORDERING_KEY_HEADER] = key
+    made = delivery(reply_id, key)
     if spoiled:
-        headers[CONTENT_HASH_HEADER] = "0" * 64
-    return Delivery(lowercased(headers), body, reply_id)
-
-
-@pytest.fixture
-def store(db_url: str) -> Iterator[ReceiptStore]:
-    """A store on the test database."""
-    opened = ReceiptStore(db_url)
-    yield opened
-    opened.close()
+        return replace(made, headers={**made.headers, CONTENT_HASH_HEADER: "0" * 64})
+    return made
 
 
 def test_a_later_message_of_a_blocked_key_is_held_until_the_blocker_is_applied(

@@ -33,14 +33,6 @@ RETENTION = str(30 * 86_400)
 BODY = b'{"kind":"result","task_id":"t-1","status":"done","result":{"n":1}}'
 
 
-@pytest.fixture
-def store(db_url: str) -> Iterator[ReceiptStore]:
-    """A store on the current backend."""
-    s = ReceiptStore(db_url)
-    yield s
-    s.close()
-
-
 def client_for(store: ReceiptStore, secrets: list[str], now: float = NOW) -> AppClient:
     """A test client for an app whose signature clock reads `now`."""
     app = create_app(

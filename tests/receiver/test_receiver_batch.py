@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 
 import pytest
 import sqlalchemy as sa
@@ -26,14 +25,6 @@ from receiver.rules import MAX_BATCH_ITEMS, receiver_rules
 def batch_body(*items: tuple[str, str]) -> bytes:
     """A batch request carrying (reply_id, exact body text) items."""
     return json.dumps({"replies": [{"reply_id": i, "body": b} for i, b in items]}).encode()
-
-
-@pytest.fixture
-def store(db_url: str) -> Iterator[ReceiptStore]:
-    """A store on the test database."""
-    opened = ReceiptStore(db_url)
-    yield opened
-    opened.close()
 
 
 def post(client: AppClient, body: bytes, **overrides: object) -> tuple[int, object]:

@@ -9,6 +9,7 @@ tests need no relay. Under CI=true a broker that cannot be reached fails the tes
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import time
 import uuid
@@ -19,7 +20,8 @@ from typing import Any
 import pytest
 
 from outbox.canonical import sha256_hex
-from outbox.signing import CONTENT_HASH_HEADER, ID_HEADER, sign
+from outbox.signing import CONTENT_HASH_HEADER, ID_HEADER, ORDERING_KEY_HEADER, sign
+from receiver.consume import Delivery, lowercased
 
 NATS_URL = "nats://127.0.0.1:4222"
 AMQP_URL = "amqp://guest:guest@127.0.0.1:5672/"
@@ -54,6 +56,24 @@ def outbox_headers(
         "user-agent": USER_AGENT,
         CONTENT_HASH_HEADER: sha256_hex(body),
     }
+
+
+def delivery(
+    reply_id: str,
+    key: str | None = None,
+    *,
+    secret: str | None = None,
+    own: dict[str, str] | None = None,
+    **broker: Any,
+) -> Delivery:
+    """A broker message as the relay publishes it, JSON body {"reply": reply_id}, with the
+    ordering key `key` (unsigned unless `secret`), as a consumer is handed it; `broker`
+    sets the Delivery's own fields (redelivered, broker_ref, ...)."""
+    body = json.dumps({"reply": reply_id}).encode()
+    headers = outbox_headers(reply_id, body, secret, own=own)
+    if key is not None:
+        headers[ORDERING_KEY_HEADER] = key
+    return Delivery(lowercased(headers), body, reply_id, **broker)
 
 
 def unique(prefix: str) -> str:
