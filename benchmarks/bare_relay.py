@@ -52,6 +52,7 @@ from benchmarks.relay_bench import (
     READY_SECONDS,
     ROOT,
     drain,
+    drain_part,
     free_port,
     fresh_database,
     live,
@@ -223,33 +224,52 @@ def count_receipts(url: str) -> int:
         engine.dispose()
 
 
-def bare_drain(total: int, point: sweep.Point, relays: int = RELAYS) -> float:
+def bare_drain(total: int, point: sweep.Point, relays: int = RELAYS) -> dict[str, Any]:
     """`relays` bare relays at `point` deliver a prefilled backlog of `total`, timed as our
-    drain is; their rate."""
+    drain is; the figures of timed_drain, CPU per part included."""
     with fresh_database() as url:
         log(f"  prefill {total} messages for the bare relay at {point.label}")
         prefill(url, total)
-        result = timed_drain(url, total, lambda: bare_processes(url, relays, point))
+        result = timed_drain(
+            url, total, lambda: bare_processes(url, relays, point), parts=drain_part
+        )
         stored = count_receipts(url)
     if not result["complete"] or stored != total:
         raise RuntimeError(f"the bare relays did not drain (stored {stored}): {result}")
     log(f"  bare at {point.label}: {result}")
-    return float(result["rate"])
+    return result
+
+
+def cpu_parts(name: str, result: dict[str, Any]) -> dict[str, float]:
+    """A drain's CPU per message by part (timed_drain's `cpu_us_<part>`) as `name`_cpu_us_<part>."""
+    return {
+        f"{name}_{key}": float(value) for key, value in result.items() if key.startswith("cpu_us_")
+    }
 
 
 def bare_sweep(total: int, points: Iterable[sweep.Point]) -> dict[str, float]:
-    """The bare relays' drain at each point; the best as `bare`, with the point that won."""
-    return sweep.swept("bare", points, lambda point: bare_drain(total, point))
+    """The bare relays' drain at each point; the best as `bare`, with the point that won and
+    its CPU per part (`bare_cpu_us_<part>`)."""
+    results: dict[sweep.Point, dict[str, Any]] = {}
+
+    def rate(point: sweep.Point) -> float:
+        results[point] = bare_drain(total, point)
+        return float(results[point]["rate"])
+
+    figures = sweep.swept("bare", points, rate)
+    won = sweep.Point(int(figures["bare_batch"]), int(figures["bare_in_flight"]))
+    return figures | cpu_parts("bare", results[won])
 
 
-def ours_drain(total: int) -> float:
-    """Our HTTP batch drain's rate (RELAYS relays, batches of OURS_BATCH), which must finish."""
+def ours_drain(total: int) -> dict[str, Any]:
+    """Our HTTP batch drain (RELAYS relays, batches of OURS_BATCH), which must finish: the
+    figures of timed_drain, CPU per part included."""
     # Into the reference receiver storing receipts only, as the bare receiver does.
     result = drain(total, "batch", RELAYS, OURS_BATCH, reference_effect=False)
     if not result["complete"]:
         raise RuntimeError(f"the relays did not drain: {result}")
     log(f"  ours: {result}")
-    return float(result["rate"])
+    return result
 
 
 def bare_live(duration: float, rate: float = LIVE_RATE) -> dict[str, Any]:
@@ -308,9 +328,10 @@ def run(quick: bool) -> dict[str, float]:
     ours = ours_drain(total)
     bare = bare_sweep(total, sweep.grid(quick))
     return {
-        "ours_drain": ours,
+        "ours_drain": float(ours["rate"]),
+        **cpu_parts("ours", ours),
         **bare,
-        "ours_after_drain": ours_drain(total),
+        "ours_after_drain": float(ours_drain(total)["rate"]),
         **live_pair(seconds),
     }
 

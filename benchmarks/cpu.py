@@ -8,7 +8,7 @@ and the broker. Read from Linux's /proc (the benchmarks run on Linux).
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 TICKS_PER_SECOND = os.sysconf("SC_CLK_TCK")
@@ -60,3 +60,65 @@ def process_tree_cpu_seconds(pid: int) -> float:
                 tree.add(child)
                 grew = True
     return sum(stats[p][1] for p in tree if p in stats)
+
+
+def _argv(pid: int) -> str:
+    """A process's command line, arguments joined by spaces ('' once it has ended)."""
+    try:
+        return (Path("/proc") / str(pid) / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except OSError:
+        return ""
+
+
+def _port_owners(pids: set[int]) -> dict[int, int]:
+    """Local TCP port -> the pid among `pids` holding that socket."""
+    inode_pid: dict[str, int] = {}
+    for pid in pids:
+        try:
+            links = [os.readlink(fd) for fd in (Path("/proc") / str(pid) / "fd").iterdir()]
+        except OSError:
+            continue  # ended, or an fd closed while listed
+        for link in links:
+            if link.startswith("socket:["):
+                inode_pid[link[8:-1]] = pid
+    owners: dict[int, int] = {}
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            fields = line.split()
+            # local_address is HEXADDR:HEXPORT; the socket's inode is the tenth field.
+            owner = inode_pid.get(fields[9])
+            if owner is not None:
+                owners[int(fields[1].rsplit(":", 1)[1], 16)] = owner
+    return owners
+
+
+def part_cpu_seconds(
+    part_of: Callable[[str], str | None], backends: Iterable[tuple[int, int]]
+) -> dict[str, float]:
+    """CPU seconds used so far, summed by part, by this process's descendants and by the
+    database backends serving them.
+
+    `part_of` names the part of a descendant from its command line (None: not counted);
+    `backends` are the database's client backends as (backend pid, client port): a
+    backend counts as part `<part>_db` of the descendant holding its client socket.
+    """
+    stats = {pid: (parent, cpu) for pid, _, parent, cpu in _processes()}
+    tree, grew = {os.getpid()}, True
+    while grew:
+        grew = False
+        for pid, (parent, _) in stats.items():
+            if parent in tree and pid not in tree:
+                tree.add(pid)
+                grew = True
+    parts = {pid: part_of(_argv(pid)) for pid in tree - {os.getpid()}}
+    owners = _port_owners({pid for pid, part in parts.items() if part is not None})
+    seconds: dict[str, float] = {}
+    for pid, part in parts.items():
+        if part is not None and pid in stats:
+            seconds[part] = seconds.get(part, 0.0) + stats[pid][1]
+    for backend, port in backends:
+        owner = owners.get(port)
+        part = parts.get(owner) if owner is not None else None
+        if part is not None and backend in stats:
+            seconds[f"{part}_db"] = seconds.get(f"{part}_db", 0.0) + stats[backend][1]
+    return seconds

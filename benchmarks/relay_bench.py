@@ -36,7 +36,12 @@ from sqlalchemy.orm import Session
 
 import outbox
 import receiver
-from benchmarks.cpu import cpu_between, machine_busy_seconds, process_cpu_seconds
+from benchmarks.cpu import (
+    cpu_between,
+    machine_busy_seconds,
+    part_cpu_seconds,
+    process_cpu_seconds,
+)
 from outbox.canonical import canonical_bytes, sha256_hex
 from outbox.schema import messages
 from receiver.schema import receipts
@@ -428,6 +433,7 @@ def drain_backlog(
             total,
             lambda: relay_processes(url, target, Path(tmp), relays, mode, batch),
             first_id,
+            parts=drain_part,
         )
     return {"scenario": f"drain-{mode}", **result}
 
@@ -439,6 +445,7 @@ def timed_drain(
     first_id: int = 1,
     server: str | None = None,
     window: float | None = None,
+    parts: Callable[[str], str | None] | None = None,
 ) -> dict[str, Any]:
     """Time the relays `start_relays` starts until nothing from id `first_id` on is undelivered.
 
@@ -446,7 +453,9 @@ def timed_drain(
     subtracted) to when no message is pending or sending, or, with `window`, at most
     that many seconds (for a relay too slow to drain the backlog in a run's time).
     Over the same window, the machine's CPU per message sent and, with `server` (a
-    process name: the broker), that process's CPU per message.
+    process name: the broker), that process's CPU per message. With `parts` (see
+    cpu.part_cpu_seconds), the CPU per message of each part and of its database backends,
+    as figures `cpu_us_<part>`.
     """
     engine = outbox.create_engine(url)
     try:
@@ -458,6 +467,7 @@ def timed_drain(
             started = time.monotonic()
             before = sent_since(engine, first_id)
             at_start = machine_busy_seconds(), server_seconds(server)
+            parts_at_start = parts_seconds(engine, parts)
             deadline = started + DRAIN_DEADLINE_SECONDS
             pause = threading.Event()
             closes = None if window is None else started + window
@@ -474,6 +484,7 @@ def timed_drain(
             # Counted before the relays stop, so the window holds all it is credited with.
             sent = sent_since(engine, first_id)
             at_end = machine_busy_seconds(), server_seconds(server)
+            parts_at_end = parts_seconds(engine, parts)
     finally:
         engine.dispose()
     timed_from = "every relay up"
@@ -492,6 +503,9 @@ def timed_drain(
             # A broker restarted meanwhile: its CPU over the window cannot be read.
             raise RuntimeError(f"no {server!r} process ran through the whole drain")
         cpu["server_cpu_us_per_message"] = round(served * 1e6 / moved, 1)
+    for part, seconds in parts_at_end.items():
+        spent = seconds - parts_at_start.get(part, 0.0)
+        cpu[f"cpu_us_{part}"] = round(spent * 1e6 / moved, 1)
     return {
         "messages": total,
         "seconds": round(elapsed, 2),
@@ -596,6 +610,28 @@ def drain_committed(engine: sa.Engine, backlog: Backlog) -> dict[str, Any]:
         "rate": round(sent / seconds),
         "complete": sent == backlog.messages,
     }
+
+
+def drain_part(argv: str) -> str | None:
+    """The part of a drain a process is, from its command line: relay, receiver or None."""
+    words = argv.split()
+    if "relay" in words or "benchmarks.bare_relay" in words:
+        return "relay"
+    if "receiver" in words or any(
+        w.startswith("benchmarks.") and w.endswith("receiver") for w in words
+    ):
+        return "receiver"
+    return None
+
+
+def parts_seconds(engine: sa.Engine, parts: Callable[[str], str | None] | None) -> dict[str, float]:
+    """CPU seconds so far by part (cpu.part_cpu_seconds), none without `parts` or PostgreSQL."""
+    if parts is None or engine.dialect.name != "postgresql":
+        return {}
+    with engine.connect() as conn:
+        query = "SELECT pid, client_port FROM pg_stat_activity WHERE client_port IS NOT NULL"
+        backends = [(int(pid), int(port)) for pid, port in conn.exec_driver_sql(query)]
+    return part_cpu_seconds(parts, backends)
 
 
 def server_seconds(server: str | None) -> dict[int, float]:

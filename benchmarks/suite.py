@@ -338,16 +338,25 @@ def drains(size: Sizes, points: tuple[sweep.Point, ...]) -> Run:
     relays again (`ours_after`: each baseline ran between ours, so each order gives a ratio),
     ours into the receiver running its reference effect (`ours_effect`), then ours on
     SQLite. Every other receiver stores receipts only, as the bare receiver does."""
-    figures = {"ours": bare_relay.ours_drain(size.drain)}
+    first = bare_relay.ours_drain(size.drain)
+    figures = {"ours": float(first["rate"]), **bare_relay.cpu_parts("ours", first)}
     figures["baseline"] = naive_drain(size.drain, size.naive_seconds)
     figures |= bare_relay.bare_sweep(size.drain, points)
-    figures["ours_after"] = bare_relay.ours_drain(size.drain)
+    figures["ours_after"] = float(bare_relay.ours_drain(size.drain)["rate"])
     figures["ours_effect"] = complete_rate(
         drain(size.drain, "batch", bare_relay.RELAYS, bare_relay.OURS_BATCH)
     )
     figures["sqlite_ours"] = sqlite_drain(size.sqlite_drain)
     return figures
 
+
+DRAIN_PARTS = (
+    ("relay", "relay processes"),
+    ("relay_db", "the relays' PostgreSQL backends"),
+    ("receiver", "receiver process"),
+    ("receiver_db", "the receiver's PostgreSQL backends"),
+)
+"""The parts of a drain whose CPU per message is compared (relay_bench.drain_part)."""
 
 BROKERS = (("nats", "JetStream"), ("rabbitmq", "RabbitMQ"))
 
@@ -572,6 +581,17 @@ def measure(runs: int, quick: bool) -> list[Row]:
             swept="bare",
         )
     )
+    for part, label in DRAIN_PARTS:
+        rows.append(
+            median_row(
+                f"CPU per message in the drain, {label}: ours vs the bare relay's best point",
+                "postgresql",
+                "CPU us/message",
+                flows,
+                ours=f"ours_cpu_us_{part}",
+                baseline=f"bare_cpu_us_{part}",
+            )
+        )
     rows.append(
         median_row(
             "drain into the receiver with its reference effect vs receipts only",
@@ -1068,7 +1088,12 @@ BASELINES = (
     "the backlog shrinks. In each run ours drains once before the naive relay and the bare "
     "relays' sweep and once after them, each on a fresh prefill, so both orders give a ratio; "
     "then once more into the receiver running its reference effect (a row with a copy of the "
-    "body per first receipt, in the receipt's statement), against the drain before it.",
+    "body per first receipt, in the receipt's statement), against the drain before it. "
+    "CPU per message by part (ours' first drain against the bare relays' winning point): "
+    "CPU time over the timed window of the relay processes, of the receiver process, and of "
+    "the PostgreSQL backends serving each (a backend belongs to the process holding its "
+    "client socket), divided by the messages sent in it (benchmarks/cpu.py "
+    "part_cpu_seconds).",
     "broker drains: the same 2 relays (same batch settings) into a JetStream stream of the "
     "run's own (PubAck per message) and into a RabbitMQ topic exchange with publisher "
     "confirms and one durable queue bound to it (benchmarks/broker_drain.py). Each run: the "

@@ -14,6 +14,7 @@ import pytest
 import sqlalchemy as sa
 
 from benchmarks import sweep
+from benchmarks.suite import DRAIN_PARTS
 
 ROOT = Path(__file__).resolve().parent.parent
 SUITE_DEADLINE = 1_200
@@ -56,6 +57,11 @@ def test_quick_suite_runs_and_writes_its_table(pg_server: sa.Engine, tmp_path: P
     check_results(json.loads(out.read_text(encoding="utf-8")), stdout)
 
 
+def in_parts(row: dict[str, Any]) -> bool:
+    """Whether a row compares one part's CPU per message in the drain."""
+    return str(row["scenario"]).startswith("CPU per message in the drain, ")
+
+
 def check_results(document: dict[str, Any], table: str) -> None:
     """What a quick run's JSON and printed table must hold: every row, with sane figures."""
     rows = {(row["scenario"].split(" (")[0], row["backend"]): row for row in document["rows"]}
@@ -66,6 +72,13 @@ def check_results(document: dict[str, Any], table: str) -> None:
         ("drain rate", "postgresql"),
         ("drain vs bare relay", "postgresql"),
         ("drain into the receiver with its reference effect vs receipts only", "postgresql"),
+        *(
+            (
+                f"CPU per message in the drain, {label}: ours vs the bare relay's best point",
+                "postgresql",
+            )
+            for _, label in DRAIN_PARTS
+        ),
         ("drain into JetStream vs HTTP batch", "postgresql"),
         ("drain into RabbitMQ vs HTTP batch", "postgresql"),
         ("machine CPU per message, JetStream vs HTTP batch drain", "postgresql"),
@@ -134,9 +147,10 @@ def check_results(document: dict[str, Any], table: str) -> None:
             "entries/message",
             "entries/task",
         ):
-            if row["scenario"].endswith("server's own CPU per message"):
-                # A quick drain may take the broker less than one clock tick (10 ms) of CPU;
-                # that the broker was found at all is checked where it is read.
+            if row["scenario"].endswith("server's own CPU per message") or in_parts(row):
+                # A quick drain may take the broker, or one part of a drain, less than one
+                # clock tick (10 ms) of CPU; that the broker was found at all is checked
+                # where it is read, that every part was found below.
                 assert row["ours"] >= 0, row
             else:
                 assert row["ours"] > 0, row
@@ -144,9 +158,16 @@ def check_results(document: dict[str, Any], table: str) -> None:
             # A share may be none before and after (no ratio then), never more than all.
             assert 0 <= row["baseline"] <= 100, row
             assert row["ratio"] is None or row["ratio"] >= 0, row
+        elif in_parts(row):
+            assert row["baseline"] >= 0, row
         elif row["baseline"] is not None:
             assert row["baseline"] > 0, row
             assert row["ratio"] > 0, row
+    # Each part's CPU was read in both drains, and the parts together spent some.
+    flows = rows[("drain vs bare relay", "postgresql")]["runs"][0]
+    for side in ("ours", "bare"):
+        spent = [flows[f"{side}_cpu_us_{part}"] for part, _ in DRAIN_PARTS]
+        assert sum(spent) > 0, flows
     # The comparisons ran in both orders, and the ceilings are the best of their sweeps.
     ordered = {key for key, row in rows.items() if row["orders"] is not None}
     assert {
