@@ -26,6 +26,7 @@ from outbox.cli.ports import metrics_server
 from outbox.cli.settings import Option, add_flags, config_path
 from outbox.errors import ConfigError
 from outbox.observability.server import DEFAULT_HOST
+from outbox.process_gc import tune_for_long_run
 
 OPTIONS = (
     Option.of("receiver", "from"),
@@ -154,6 +155,7 @@ def run(args: argparse.Namespace, secrets_from: Callable[[str | None], list[str]
         announce("receiver consume", args.db, config_path(args))
         server = _metrics_server(args, store, metrics)
         try:
+            tune_for_long_run()
             asyncio.run(_until_signal(consumer))
         finally:
             if server is not None:

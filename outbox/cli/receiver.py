@@ -29,6 +29,7 @@ from outbox.cli.ports import listening_socket
 from outbox.cli.settings import Option, add_flags, config_path
 from outbox.durations import duration_text
 from outbox.migrations import RECEIVER_BRANCH
+from outbox.process_gc import tune_for_long_run
 from outbox.signing import DEFAULT_TOLERANCE
 from receiver.app import DEFAULT_MAX_BODY
 from receiver.protocol import DEFAULT_HEADER_LIMIT, DEFAULT_REQUEST_TIMEOUT
@@ -202,6 +203,7 @@ def _serve(args: argparse.Namespace, serving: Serving) -> int:
                     kept,
                     extra={"fields": fields},
                 )
+                tune_for_long_run()
                 server.run(sockets=[sock])
             finally:
                 store.close()
@@ -228,6 +230,7 @@ def _worker(sock: socket.socket, settings: tuple[argparse.Namespace, Serving]) -
     configure_logging(args.log_format, args.log_level)
     server, store = _server(args, serving, load_secrets(args.secret_file))
     try:
+        tune_for_long_run()
         server.run(sockets=[sock])
     finally:
         store.close()

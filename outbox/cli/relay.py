@@ -23,6 +23,7 @@ from outbox.cli.logs import LOG_HELP, announce, configure_logging, log_options
 from outbox.cli.ports import metrics_server
 from outbox.cli.settings import Option, add_flags, load
 from outbox.observability.server import DEFAULT_HOST
+from outbox.process_gc import tune_for_long_run
 from outbox.unknown_keys import refuse_unknown
 from relay import Relay
 from relay.config import destinations_from
@@ -116,6 +117,7 @@ def run(args: argparse.Namespace) -> int:
                 ready=relay.readiness,
             ).start()
         try:
+            tune_for_long_run()
             relay.run()
         finally:
             if server is not None:

@@ -17,6 +17,7 @@ from outbox.cli.settings import Option, add_flags, config_path
 from outbox.handlers import WrongHandlerKind, is_async_handler
 from outbox.observability.server import DEFAULT_HOST
 from outbox.observability.worker_metrics import WorkerMetrics
+from outbox.process_gc import tune_for_long_run
 from outbox.tasks import TaskQueue
 from outbox.worker import Handler, Worker
 
@@ -108,6 +109,7 @@ def run(args: argparse.Namespace) -> int:
         )
         with server:
             try:
+                tune_for_long_run()
                 worker.run()
             except WrongHandlerKind as exc:
                 report_error(f"outbox: error: {exc}")
