@@ -41,6 +41,7 @@ from benchmarks.relay_bench import (
     undelivered,
 )
 from benchmarks.task_throughput import CONCURRENCY, noop, prefill_tasks, tasks_left
+from outbox.process_gc import tune_for_long_run
 from outbox.tasks import TaskQueue
 from outbox.worker import Worker
 
@@ -63,6 +64,7 @@ def drain_once(url: str) -> None:
             worker.stop()
 
         threading.Thread(target=stop_when_drained, daemon=True).start()
+        tune_for_long_run()  # as `outbox worker` does before it runs
         started = time.monotonic()
         worker.run(install_signal_handlers=False)
         log(f"drained in {time.monotonic() - started:.1f} s")

@@ -33,6 +33,7 @@ import outbox
 from benchmarks.relay_bench import fresh_database, log, run_alone
 from outbox.canonical import canonical_bytes
 from outbox.intake import AuthContext, Envelope, accept
+from outbox.process_gc import tune_for_long_run
 from outbox.schema import inbox, messages, tasks
 from outbox.tasks import Claim, TaskQueue
 from outbox.worker import Handler, Worker
@@ -255,6 +256,7 @@ def timed_worker(
         )
         with queue.engine.connect():
             pass  # connected before the clock starts
+        tune_for_long_run()  # as `outbox worker` does before it runs
         cpu = signals.start()
         threading.Thread(target=stop_when, args=(signals.stop, worker.stop), daemon=True).start()
         worker.run(install_signal_handlers=False)
