@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import time
 import uuid
 from collections.abc import Awaitable, Callable
@@ -22,10 +21,10 @@ import pytest
 from outbox.canonical import sha256_hex
 from outbox.signing import CONTENT_HASH_HEADER, ID_HEADER, ORDERING_KEY_HEADER, sign
 from receiver.consume import Delivery, lowercased
+from support.environment import IN_CI
+from support.nats_helpers import NATS_URL
+from support.rabbitmq import AMQP_URL
 
-NATS_URL = "nats://127.0.0.1:4222"
-AMQP_URL = "amqp://guest:guest@127.0.0.1:5672/"
-IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 USER_AGENT = "outbox-relay/0.1"
 
 
