@@ -15,14 +15,11 @@ from collections.abc import Callable
 
 import psycopg
 
-from outbox.db.dialect import TASKS_NOTIFY_CHANNEL
+from outbox.db.dialect import CONNECT_TIMEOUT, TASKS_NOTIFY_CHANNEL
 
 log = logging.getLogger("outbox.worker")
 # How often the thread looks up from its connection to see whether it should end.
 CHECK_EVERY = 0.5
-# Seconds a connection attempt may take: close() waits for the thread, and libpq's own
-# default would hold a shutdown for minutes while the database is unreachable.
-CONNECT_TIMEOUT = 5
 
 
 class TaskWakeups:

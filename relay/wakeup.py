@@ -17,7 +17,7 @@ import threading
 
 import psycopg
 
-from outbox.db.dialect import NOTIFY_CHANNEL
+from outbox.db.dialect import CONNECT_TIMEOUT, NOTIFY_CHANNEL
 
 log = logging.getLogger("outbox.relay")
 
@@ -38,7 +38,9 @@ class Wakeups:
         """Connect and LISTEN, and again after each loss; runs until cancelled."""
         while True:
             try:
-                conn = await psycopg.AsyncConnection.connect(self._conninfo, autocommit=True)
+                conn = await psycopg.AsyncConnection.connect(
+                    self._conninfo, autocommit=True, connect_timeout=CONNECT_TIMEOUT
+                )
                 await conn.execute(f"LISTEN {NOTIFY_CHANNEL}")
             except psycopg.Error as exc:
                 log.warning("LISTEN connection failed (%s); polling until it is back", exc)

@@ -19,11 +19,8 @@ from typing import Any
 
 import psycopg
 
+from outbox.db.dialect import CONNECT_TIMEOUT
 from outbox.db.lane import IDLE_SECONDS
-
-# Seconds a connection attempt may take: a claim waiting on an unreachable database
-# would hold up the worker's stop as long as libpq's own default.
-CONNECT_TIMEOUT = 5
 
 
 class AsyncLane:

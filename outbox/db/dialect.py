@@ -25,6 +25,10 @@ from outbox.clock import Clock
 from outbox.db.lane import Lane
 
 SQLITE_BUSY_TIMEOUT_MS = 30_000
+CONNECT_TIMEOUT = 5
+"""Seconds libpq may take to open a PostgreSQL connection. Unbounded, a connect to an
+unreachable server waits out the system's TCP retries (minutes), and so does a stop or a
+health check waiting behind it. A URL's own `connect_timeout` wins."""
 # Migration o0002 installs a trigger that notifies this channel on every insert of messages.
 NOTIFY_CHANNEL = "outbox_messages"
 # Migration o0008 notifies this channel when tasks are inserted or become due again.
@@ -88,6 +92,10 @@ def create_engine(url: str | sa.URL, **kwargs: Any) -> Engine:
         raise ValueError("an in-memory SQLite database is private to one connection: use a file")
     if parsed.get_backend_name() == "postgresql":
         kwargs.setdefault("pool_pre_ping", True)
+        if "connect_timeout" not in parsed.query:
+            kwargs["connect_args"] = {"connect_timeout": CONNECT_TIMEOUT} | kwargs.get(
+                "connect_args", {}
+            )
     return prepare_engine(sa.create_engine(parsed, **kwargs))
 
 
