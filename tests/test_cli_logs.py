@@ -9,7 +9,7 @@ import sys
 import textwrap
 from pathlib import Path
 
-from outbox.cli.logs import JsonFormatter
+from outbox.cli.logs import TEXT_FORMAT, JsonFormatter, TextFormatter
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -31,6 +31,40 @@ def test_a_record_keeps_its_fields_and_its_traceback() -> None:
     )
     assert entry["exception"].startswith("Traceback")
     assert "ValueError: bad value" in entry["exception"]
+
+
+def failed_with_credentials() -> logging.LogRecord:
+    """An error record whose message, field and traceback each quote a credential."""
+    try:
+        raise ConnectionError("cannot reach postgresql://app:hunter2pass@db.internal/orders")
+    except ConnectionError:
+        record = logging.getLogger("t").makeRecord(
+            "t",
+            logging.ERROR,
+            __file__,
+            1,
+            "effect failed for %s",
+            ("https://hooks.example/in?token=tok-abcdef123456",),
+            sys.exc_info(),
+        )
+    record.fields = {"reason": "signed with whsec_c2VjcmV0LXNlY3JldC1zZWNyZXQ="}
+    return record
+
+
+def test_text_lines_hide_credentials_in_message_and_traceback() -> None:
+    line = TextFormatter(TEXT_FORMAT).format(failed_with_credentials())
+    assert "ConnectionError" in line
+    assert "db.internal/orders" in line
+    for secret in ("hunter2pass", "tok-abcdef123456"):
+        assert secret not in line, line
+
+
+def test_json_lines_hide_credentials_in_every_field() -> None:
+    entry = json.loads(JsonFormatter().format(failed_with_credentials()))
+    assert "db.internal/orders" in entry["exception"]
+    text = json.dumps(entry)
+    for secret in ("hunter2pass", "tok-abcdef123456", "c2VjcmV0LXNlY3JldC1zZWNyZXQ="):
+        assert secret not in text, entry
 
 
 def test_uncaught_errors_warnings_and_the_closing_error_are_json_lines() -> None:

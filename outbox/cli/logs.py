@@ -46,8 +46,18 @@ def log_options(command: str) -> tuple[Option, Option]:
 LOG_HELP = {"log_format": "text or json (default text)", "log_level": "default INFO"}
 
 
+class TextFormatter(logging.Formatter):
+    """TEXT_FORMAT lines, credentials hidden (outbox.redaction) in the message and traceback."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        """Render a record as text."""
+        # A traceback quotes what an effect, a driver or a client raised: a URL with its
+        # password, a secret in an argument. Hidden in the line, as in stored errors.
+        return redact(super().format(record))
+
+
 class JsonFormatter(logging.Formatter):
-    """One JSON object per log line, for log shippers."""
+    """One JSON object per log line, for log shippers; credentials hidden as in text lines."""
 
     def format(self, record: logging.LogRecord) -> str:
         """Render a record as JSON."""
@@ -64,7 +74,11 @@ class JsonFormatter(logging.Formatter):
             entry["exception"] = record.exc_text
         if record.stack_info:
             entry["stack"] = self.formatStack(record.stack_info)
-        return json.dumps(entry, separators=(",", ":"), default=str)
+        # Before encoding: the redaction's URL pattern would read JSON's escapes as text.
+        shown = {
+            key: redact(value) if isinstance(value, str) else value for key, value in entry.items()
+        }
+        return json.dumps(shown, separators=(",", ":"), default=str)
 
 
 def configure_logging(log_format: str, level: str = "INFO") -> None:
@@ -74,7 +88,7 @@ def configure_logging(log_format: str, level: str = "INFO") -> None:
     if log_format == "json":
         handler.setFormatter(JsonFormatter())
     else:
-        handler.setFormatter(logging.Formatter(TEXT_FORMAT))
+        handler.setFormatter(TextFormatter(TEXT_FORMAT))
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
