@@ -26,7 +26,8 @@ import json
 import multiprocessing
 import sys
 import time
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -74,8 +75,13 @@ async def in_parcels(first: int, count: int, point: sweep.Point, send: Send) -> 
     await asyncio.gather(*(loop() for _ in range(point.in_flight)))
 
 
-async def nats_lane(place: Place, first: int, count: int, point: sweep.Point, gate: Gate) -> None:
-    """Publish `count` messages to the stream in parcels, each message waiting for its PubAck."""
+Publish = Callable[[Sequence[str], Sequence[bytes]], Awaitable[None]]
+"""Publishes bodies with their message ids as one parcel; returns once all are acknowledged."""
+
+
+@asynccontextmanager
+async def nats_publisher(place: Place) -> AsyncIterator[Publish]:
+    """A client publishing parcels to the place's stream, each message awaiting its PubAck."""
     import nats
 
     client = await nats.connect(place.url, allow_reconnect=False, connect_timeout=10)
@@ -92,31 +98,28 @@ async def nats_lane(place: Place, first: int, count: int, point: sweep.Point, ga
     subject = place.destination["subject"].format(ordering_key="_")
     loop = asyncio.get_running_loop()
 
-    async def send(start: int, end: int) -> None:
+    async def publish(ids: Sequence[str], bodies: Sequence[bytes]) -> None:
         acks = []
-        for n in range(start, end):
-            token = str(n)
+        for message_id, data in zip(ids, bodies, strict=True):
             ack: asyncio.Future[bytes] = loop.create_future()
-            waiting[token] = ack
+            waiting[message_id] = ack
             acks.append(ack)
-            headers = {"Nats-Msg-Id": f"ceiling-{n}"}
-            await client.publish(subject, body(n), reply=f"{inbox}.{token}", headers=headers)
+            headers = {"Nats-Msg-Id": message_id}
+            await client.publish(subject, data, reply=f"{inbox}.{message_id}", headers=headers)
         for answer in await asyncio.gather(*acks):
             if "error" in json.loads(answer):
                 raise RuntimeError(f"JetStream refused a publish: {answer!r}")
 
     try:
-        await gate.open()
-        await in_parcels(first, count, point, send)
-        gate.done.release()
+        yield publish
     finally:
         await client.close()
 
 
-async def rabbitmq_lane(
-    place: Place, first: int, count: int, point: sweep.Point, gate: Gate
-) -> None:
-    """Publish `count` persistent, mandatory messages in parcels, each message confirmed."""
+@asynccontextmanager
+async def rabbitmq_publisher(place: Place) -> AsyncIterator[Publish]:
+    """A channel with publisher confirms publishing persistent, mandatory messages in parcels,
+    each message confirmed."""
     import aio_pika
     import aiormq
 
@@ -126,38 +129,55 @@ async def rabbitmq_lane(
         raw: Any = await channel.get_underlay_channel()
         exchange, key = place.destination["exchange"], place.destination["routing_key"]
 
-        async def send(start: int, end: int) -> None:
+        async def publish(ids: Sequence[str], bodies: Sequence[bytes]) -> None:
             await asyncio.gather(
                 *(
                     raw.basic_publish(
-                        body(n),
+                        data,
                         exchange=exchange,
                         routing_key=key,
                         properties=aiormq.spec.Basic.Properties(
-                            message_id=f"ceiling-{n}", delivery_mode=2
+                            message_id=message_id, delivery_mode=2
                         ),
                         mandatory=True,
                         wait=False,
                     )
-                    for n in range(start, end)
+                    for message_id, data in zip(ids, bodies, strict=True)
                 )
+            )
+
+        yield publish
+    finally:
+        await connection.close()
+
+
+PUBLISHERS: dict[str, Callable[[Place], AbstractAsyncContextManager[Publish]]] = {
+    "nats": nats_publisher,
+    "rabbitmq": rabbitmq_publisher,
+}
+
+
+async def lane(
+    kind: str, place: Place, first: int, count: int, point: sweep.Point, gate: Gate
+) -> None:
+    """Publish `count` messages into the place in parcels, with its broker's acknowledgement."""
+    async with PUBLISHERS[kind](place) as publish:
+
+        async def send(start: int, end: int) -> None:
+            await publish(
+                [f"ceiling-{n}" for n in range(start, end)], [body(n) for n in range(start, end)]
             )
 
         await gate.open()
         await in_parcels(first, count, point, send)
         gate.done.release()
-    finally:
-        await connection.close()
-
-
-LANES = {"nats": nats_lane, "rabbitmq": rabbitmq_lane}
 
 
 def publisher(
     kind: str, place: Place, first: int, count: int, point: sweep.Point, gate: Gate
 ) -> None:
     """A publisher process: connect, say ready, publish its share from `go` on."""
-    asyncio.run(LANES[kind](place, first, count, point, gate))
+    asyncio.run(lane(kind, place, first, count, point, gate))
 
 
 def bare_publish(kind: str, total: int, point: sweep.Point) -> float:

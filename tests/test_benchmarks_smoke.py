@@ -85,6 +85,8 @@ def check_results(document: dict[str, Any], table: str) -> None:
         ("machine CPU per message, RabbitMQ vs HTTP batch drain", "postgresql"),
         ("drain into JetStream vs bare publishers into JetStream", "postgresql"),
         ("drain into RabbitMQ vs bare publishers into RabbitMQ", "postgresql"),
+        ("drain into JetStream vs bare relays into JetStream", "postgresql"),
+        ("drain into RabbitMQ vs bare relays into RabbitMQ", "postgresql"),
         ("JetStream server's own CPU per message", "postgresql"),
         ("RabbitMQ server's own CPU per message", "postgresql"),
         ("consume from JetStream", "postgresql"),
@@ -175,6 +177,7 @@ def check_results(document: dict[str, Any], table: str) -> None:
         ("drain vs bare relay", "postgresql"),
         ("drain into JetStream vs HTTP batch", "postgresql"),
         ("drain into RabbitMQ vs bare publishers into RabbitMQ", "postgresql"),
+        ("drain into RabbitMQ vs bare relays into RabbitMQ", "postgresql"),
         ("live p99 vs bare relay", "postgresql"),
         ("keyed drain vs unkeyed, one key", "postgresql"),
         ("keyed live p50 vs unkeyed", "postgresql"),
@@ -186,6 +189,8 @@ def check_results(document: dict[str, Any], table: str) -> None:
         ("drain vs bare relay", "bare"),
         ("drain into JetStream vs bare publishers into JetStream", "nats_bare"),
         ("drain into RabbitMQ vs bare publishers into RabbitMQ", "rabbitmq_bare"),
+        ("drain into JetStream vs bare relays into JetStream", "nats_bare_relay"),
+        ("drain into RabbitMQ vs bare relays into RabbitMQ", "rabbitmq_bare_relay"),
     ):
         row = rows[(scenario, "postgresql")]
         assert row["swept"] == swept
