@@ -22,6 +22,7 @@ its client, on a machine they share.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import multiprocessing
 import sys
@@ -98,14 +99,19 @@ async def nats_publisher(place: Place) -> AsyncIterator[Publish]:
     subject = place.destination["subject"].format(ordering_key="_")
     loop = asyncio.get_running_loop()
 
+    # Each PubAck comes back on its own reply subject, told apart by a counter: a message id
+    # may hold characters a subject token cannot.
+    tokens = itertools.count()
+
     async def publish(ids: Sequence[str], bodies: Sequence[bytes]) -> None:
         acks = []
         for message_id, data in zip(ids, bodies, strict=True):
+            token = str(next(tokens))
             ack: asyncio.Future[bytes] = loop.create_future()
-            waiting[message_id] = ack
+            waiting[token] = ack
             acks.append(ack)
             headers = {"Nats-Msg-Id": message_id}
-            await client.publish(subject, data, reply=f"{inbox}.{message_id}", headers=headers)
+            await client.publish(subject, data, reply=f"{inbox}.{token}", headers=headers)
         for answer in await asyncio.gather(*acks):
             if "error" in json.loads(answer):
                 raise RuntimeError(f"JetStream refused a publish: {answer!r}")
