@@ -202,6 +202,7 @@ class RelayLeases:
                     None if isinstance(outcome, Sent) else outcome.error,
                     delay,
                     1 if message.id in unattempted else 0,
+                    message.lease_until,
                 )
             )
         # One statement, atomic alone: autocommit on PostgreSQL (see one_statement).

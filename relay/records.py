@@ -23,6 +23,8 @@ class Message(NamedTuple):
     fence: int
     ordering_key: str | None = None
     """Broker transports render it into a subject or routing key template."""
+    lease_until: float | None = None
+    """When the lease this message was claimed under ends (its settle names it)."""
 
     @classmethod
     def from_row(cls, row: ClaimedRow) -> Message:
@@ -39,6 +41,7 @@ class Message(NamedTuple):
             row.attempts,
             row.fence,
             row.ordering_key,
+            row.lease_until,
         )
 
 
@@ -75,6 +78,7 @@ class ClaimedRow(NamedTuple):
     attempts: int
     fence: int
     ordering_key: str | None
+    lease_until: float
     previous_attempts: int
 
 
@@ -90,3 +94,5 @@ class Settlement(NamedTuple):
     """Seconds before the next attempt (pending only)."""
     refund: int
     """Attempts to give back: 1 when the claim counted an attempt that was never made."""
+    lease_until: float | None
+    """The message's lease, as claimed: the settle finds its rows by it."""

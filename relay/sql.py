@@ -41,6 +41,7 @@ CLAIMED = (
     messages.c.attempts,
     messages.c.fence,
     messages.c.ordering_key,
+    messages.c.lease_until,
 )
 """The columns of a claimed row; `previous_attempts` follows them (see ClaimedRow)."""
 # Claimed rows become ClaimedRow records by position, which is cheap per row: the
@@ -453,7 +454,10 @@ SETTLE_POSTGRESQL = (
     + """FROM v
     WHERE"""
     + _SETTLE_WHERE.format(m="m", owner="%(owner)s")
-    + """RETURNING m.id
+    # The leases the turn holds (a claim gives all its rows one lease_until): without them
+    # the lease index would be walked whole, every relay's messages in flight, per settle.
+    + """ AND m.lease_until = ANY(CAST(%(leases)b AS float8[]))
+    RETURNING m.id
     )
     SELECT ARRAY(SELECT id FROM v EXCEPT SELECT id FROM settled)"""
 )
@@ -483,33 +487,38 @@ def settle(
     if not rows:
         return set()
     if is_postgresql(conn.dialect.name):
-        kinds: dict[tuple[str, int | None, str | None, int], int] = {}
-        row_kinds = [
-            kinds.setdefault((row.state, row.status, row.error, row.refund), len(kinds) + 1)
-            for row in rows
-        ]
-        states, statuses, errors, refunds = (list(column) for column in zip(*kinds, strict=True))
-        ids = [row.id for row in rows]
-        params = {
-            "ids": ids,
-            "fences": [row.fence for row in rows],
-            "kinds": row_kinds,
-            "delays": [row.delay for row in rows],
-            "states": states,
-            "statuses": statuses,
-            "errors": errors,
-            "refunds": refunds,
-            "owner": owner,
-            "now": now,
-        }
+        params = settle_parameters(owner, rows, now)
         # Planned per run: a generic plan may rescan the arrays once per row (see UNPREPARED).
         unsettled: list[int] = conn.exec_driver_sql(
             SETTLE_POSTGRESQL, params, execution_options={UNPREPARED: True}
         ).scalar_one()
-        return set(ids).difference(unsettled)
+        return set(params["ids"]).difference(unsettled)
     # Each Settlement is a JSON array in field order: see the json_extract paths above.
     result = conn.execute(SETTLE_SQLITE, {"rows": json.dumps(rows), "owner": owner, "now": now})
     return set(result.scalars().all())
+
+
+def settle_parameters(owner: str, rows: Sequence[Settlement], now: float | None) -> dict[str, Any]:
+    """SETTLE_POSTGRESQL's parameters for `rows`."""
+    kinds: dict[tuple[str, int | None, str | None, int], int] = {}
+    row_kinds = [
+        kinds.setdefault((row.state, row.status, row.error, row.refund), len(kinds) + 1)
+        for row in rows
+    ]
+    states, statuses, errors, refunds = (list(column) for column in zip(*kinds, strict=True))
+    return {
+        "ids": [row.id for row in rows],
+        "fences": [row.fence for row in rows],
+        "kinds": row_kinds,
+        "delays": [row.delay for row in rows],
+        "states": states,
+        "statuses": statuses,
+        "errors": errors,
+        "refunds": refunds,
+        "leases": list({row.lease_until for row in rows}),
+        "owner": owner,
+        "now": now,
+    }
 
 
 def select_states(ids: Sequence[int]) -> sa.Select[Any]:
