@@ -21,12 +21,12 @@ from support.console_helpers import (
 from support.operations_helpers import audit_rows
 from support.receiver_helpers import SECRET, ReceiverProcess
 
-from outbox.cli.console import pages, reads
-from outbox.cli.console.security import CONFIRM_SECONDS, CSRF_COOKIE
-from outbox.cli.requeue import Requeuer
 from outbox.operations import Operations
 from outbox.schema import messages
 from outbox.testing import ManualClock
+from outbox_cli.console import pages, reads
+from outbox_cli.console.security import CONFIRM_SECONDS, CSRF_COOKIE
+from outbox_cli.requeue import Requeuer
 from receiver import ReceiptStore
 
 Client = Callable[..., ConsoleClient]

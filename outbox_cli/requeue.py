@@ -13,12 +13,12 @@ import sys
 from dataclasses import dataclass
 from typing import Any
 
-from outbox.cli.arguments import print_json
-from outbox.cli.decisions import Decided, chosen_many, dead_message, decide_many, operator
-from outbox.cli.relay import CONFIG_ENV as RELAY_CONFIG_ENV
-from outbox.cli.settings import CONFIG_ENV
 from outbox.errors import RequeueRefused
 from outbox.operations import Operations
+from outbox_cli.arguments import print_json
+from outbox_cli.decisions import Decided, chosen_many, dead_message, decide_many, operator
+from outbox_cli.relay import CONFIG_ENV as RELAY_CONFIG_ENV
+from outbox_cli.settings import CONFIG_ENV
 from relay.config import DESTINATION_ENV_PREFIX, Destination, load_destinations
 from relay.receipts import Receipt, ask_receipt, ask_receipts
 

@@ -12,10 +12,10 @@ import argparse
 import sys
 from typing import Any
 
-from outbox.cli.arguments import print_json
-from outbox.cli.decisions import Decided, chosen_many, dead_message, decide_many, operator
 from outbox.errors import ResolveRefused
 from outbox.operations import Operations
+from outbox_cli.arguments import print_json
+from outbox_cli.decisions import Decided, chosen_many, dead_message, decide_many, operator
 
 
 def run(ops: Operations, args: argparse.Namespace) -> int:

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import argparse
 
-from outbox.cli.requeue import REFUSALS, Requeued, Requeuer
 from outbox.operations import Operations
 from outbox.states import MessageState
+from outbox_cli.requeue import REFUSALS, Requeued, Requeuer
 
 
 def requeue(

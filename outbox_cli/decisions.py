@@ -14,10 +14,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from outbox.cli.arguments import json_flag, non_empty, parse_duration, positive_int, print_json
 from outbox.db.operations_sql import DeadFilter
 from outbox.operations import Operations
 from outbox.states import MessageState
+from outbox_cli.arguments import json_flag, non_empty, parse_duration, positive_int, print_json
 
 BULK_LIMIT = 10_000
 
