@@ -78,6 +78,19 @@ class ResolveRefused(OutboxError):
     meanwhile); nothing was changed."""
 
 
+class NotDead(OutboxError):
+    """A decision named a reply_id that is no dead message; nothing was asked or changed.
+
+    `state` is the message's state, or None when there is no such message.
+    """
+
+    def __init__(self, reply_id: str, state: str | None) -> None:
+        found = "no message" if state is None else f"message is {state}, not dead:"
+        super().__init__(f"{found} {reply_id!r}")
+        self.reply_id = reply_id
+        self.state = state
+
+
 class ConfigError(OutboxError, ValueError):
     """A configuration is unusable; the message says which setting and why."""
 

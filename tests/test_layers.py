@@ -95,7 +95,7 @@ def test_the_web_stack_contract_finds_the_consoles_imports(tmp_path: Path) -> No
 def test_importing_the_core_loads_no_web_stack_and_nothing_above_it() -> None:
     program = (
         "import json, sys\n"
-        "import outbox, outbox.operations\n"
+        "import outbox, outbox.decisions, outbox.operations\n"
         "print(json.dumps(sorted(sys.modules)))\n"
     )
     done = subprocess.run(

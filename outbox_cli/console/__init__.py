@@ -91,7 +91,7 @@ def run(args: argparse.Namespace) -> int:
             "console: --operator is not used: with a token, each operator names themselves at login"
         )
     with Operations(args.db) as ops:
-        check_config(ops, args.config)
+        check_config(args.config)
         app = create_app(
             ops,
             config=args.config,
