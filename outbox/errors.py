@@ -11,6 +11,7 @@ OutboxError
 ├── PermanentFailure      raised by a worker's handler: fail the task now, no retry
 ├── RequeueRefused        a requeue found the message missing or not dead
 ├── ResolveRefused        a resolve found the message missing or not dead
+├── NotDead               a decision named a reply_id that is no dead message
 ├── ConfigError           (also ValueError) a configuration (file, variables) is unusable
 ├── TransportError        the relay's request failed below HTTP
 ├── SignatureError        a request is not signed by a current secret in time

@@ -1,9 +1,9 @@
 """`outbox dead list|show|requeue|resolve`: the messages that will not be delivered, and
 decisions about them.
 
-The decisions live in their own modules (outbox_cli.requeue, outbox_cli.resolve);
-what they share, choosing dead messages by REPLY_ID or filters and reporting, in
-outbox_cli.decisions.
+The decisions themselves are outbox.decisions'; their commands live in their own
+modules (outbox_cli.requeue, outbox_cli.resolve); what those share, choosing dead
+messages by REPLY_ID or filters and reporting, in outbox_cli.decisions.
 """
 
 from __future__ import annotations
