@@ -37,7 +37,7 @@ PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
 DISTRIBUTION = PYPROJECT["project"]["name"]
 USER_EXTRAS = ("fast", "nats", "rabbitmq")
 """The extras a user installs; `dev` and `bench` are the project's own."""
-PACKAGES = ("outbox", "relay", "receiver")
+PACKAGES = ("outbox", "relay", "receiver", "outbox_cli")
 MIGRATIONS = ("alembic", "outbox/_alembic")
 """Where the migrations are in the checkout, and where pyproject's force-include puts them."""
 SMOKE_TOOLS = ("pytest", "httpx")
@@ -200,7 +200,7 @@ def wheel_problems(wheel: Path) -> list[str]:
         "Requires-Python: ",
     ]
     problems += [f"METADATA lacks {line!r}" for line in needed if line not in metadata]
-    if "outbox = outbox.cli:main" not in entry_points:
+    if "outbox = outbox_cli:main" not in entry_points:
         problems.append("entry_points.txt lacks the `outbox` command")
     return problems
 

@@ -183,7 +183,7 @@ def consume(url: str, place: Place, total: int, workdir: Path) -> dict[str, Any]
     """One `outbox receiver consume` takes the `total` messages `place` holds; timed."""
     secret_file = workdir / "secret"
     port = free_port()
-    command = [sys.executable, "-m", "outbox.cli", "receiver", "consume", "--db", url]
+    command = [sys.executable, "-m", "outbox_cli", "receiver", "consume", "--db", url]
     command += ["--secret-file", str(secret_file), *place.source]
     command += ["--metrics-port", str(port), "--log-level", "WARNING"]
     # Our interpreter running our CLI, with arguments built here.

@@ -136,7 +136,7 @@ def console_process(url: str, log_file: Path, token: str) -> Iterator[str]:
     env["OUTBOX_CONSOLE_TOKEN"] = token
     with log_file.open("wb") as sink:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "outbox.cli", "console", "--db", url, "--port", str(port)],
+            [sys.executable, "-m", "outbox_cli", "console", "--db", url, "--port", str(port)],
             cwd=ROOT, env=env, stdout=sink, stderr=subprocess.STDOUT,
         )  # fmt: skip
     try:

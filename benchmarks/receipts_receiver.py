@@ -14,7 +14,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Sequence
 
-from outbox.cli import build_parser, command_options, receiver, settings
+from outbox_cli import build_parser, command_options, receiver, settings
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -145,7 +145,7 @@ def receiver_process(url: str, workdir: Path, *, reference_effect: bool = True) 
         [
             sys.executable,
             "-m",
-            "outbox.cli" if reference_effect else "benchmarks.receipts_receiver",
+            "outbox_cli" if reference_effect else "benchmarks.receipts_receiver",
             "receiver",
             "--db",
             url,
@@ -249,7 +249,7 @@ def started_relays(url: str, config: Path, count: int) -> Iterator[None]:
             [
                 sys.executable,
                 "-m",
-                "outbox.cli",
+                "outbox_cli",
                 "relay",
                 "--db",
                 url,
@@ -322,7 +322,7 @@ def ready_processes(*commands: tuple[str, ...]) -> Iterator[None]:
 
 
 def children_running(word: str) -> list[int]:
-    """Pids of this process's children running `outbox.cli <word>` (relay, receiver)."""
+    """Pids of this process's children running `outbox_cli <word>` (relay, receiver)."""
     pids = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
@@ -334,7 +334,7 @@ def children_running(word: str) -> list[int]:
             continue  # ended meanwhile
         # The command name in parentheses may hold spaces: the parent pid follows it.
         parent = int(stat.rsplit(")", 1)[1].split()[1])
-        if parent == os.getpid() and b"outbox.cli" in argv and word.encode() in argv:
+        if parent == os.getpid() and b"outbox_cli" in argv and word.encode() in argv:
             pids.append(int(entry.name))
     return pids
 

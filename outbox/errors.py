@@ -11,6 +11,7 @@ OutboxError
 ├── PermanentFailure      raised by a worker's handler: fail the task now, no retry
 ├── RequeueRefused        a requeue found the message missing or not dead
 ├── ResolveRefused        a resolve found the message missing or not dead
+├── NotDead               a decision named a reply_id that is no dead message
 ├── ConfigError           (also ValueError) a configuration (file, variables) is unusable
 ├── TransportError        the relay's request failed below HTTP
 ├── SignatureError        a request is not signed by a current secret in time
@@ -76,6 +77,19 @@ class RequeueRefused(OutboxError):
 class ResolveRefused(OutboxError):
     """Nothing to resolve: the message is missing or not dead (perhaps requeued or resolved
     meanwhile); nothing was changed."""
+
+
+class NotDead(OutboxError):
+    """A decision named a reply_id that is no dead message; nothing was asked or changed.
+
+    `state` is the message's state, or None when there is no such message.
+    """
+
+    def __init__(self, reply_id: str, state: str | None) -> None:
+        found = "no message" if state is None else f"message is {state}, not dead:"
+        super().__init__(f"{found} {reply_id!r}")
+        self.reply_id = reply_id
+        self.state = state
 
 
 class ConfigError(OutboxError, ValueError):

@@ -88,7 +88,7 @@ class Operations(DatabaseHandle):
         `receipt` is what the destination's lookup said (one of RECEIPT_ANSWERS);
         the caller decides beforehand whether that allows a requeue.
         """
-        _check_decision(reason, by)
+        check_decision(reason, by)
         if receipt not in RECEIPT_ANSWERS:
             raise ValueError(f"receipt must be one of {RECEIPT_ANSWERS}, got {receipt!r}")
         with self._engine.begin() as conn:
@@ -108,7 +108,7 @@ class Operations(DatabaseHandle):
         Nothing is asked of the destination: the operator vouches that the
         message needs no delivery (say, the destination confirmed it some other way).
         """
-        _check_decision(reason, by)
+        check_decision(reason, by)
         with self._engine.begin() as conn:
             kept = conn.execute(sql.resolve_dead(reply_id, self._now())).first()
             if kept is None:
@@ -176,7 +176,7 @@ class Operations(DatabaseHandle):
                 return removed
 
 
-def _check_decision(reason: str, by: str) -> None:
+def check_decision(reason: str, by: str) -> None:
     """A decision names who takes it and why: both are kept in the audit."""
     if not reason.strip():
         raise ValueError("a reason is required: it is kept in the audit table")

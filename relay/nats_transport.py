@@ -52,7 +52,7 @@ _KEEP = frozenset(chr(c) for c in range(0x21, 0x7F)) - set(".*>%")
 # stream than the configured one, a message or its headers over the stream's limit.
 _PERMANENT_CODES = frozenset({400})
 SETUP_HINT = "`outbox broker setup` creates or updates the stream to fit"
-"""How to fix a stream the relay refuses (outbox.cli.broker)."""
+"""How to fix a stream the relay refuses (outbox_cli.broker)."""
 
 
 def subject_token(ordering_key: str | None) -> str:

@@ -20,9 +20,9 @@ import alembic
 import outbox
 import receiver
 from outbox import TaskQueue
-from outbox.cli import main
 from outbox.migrations import required_head
 from outbox.schema import metadata as outbox_metadata
+from outbox_cli import main
 from receiver.schema import metadata as receiver_metadata
 
 pytestmark = pytest.mark.postgresql_only

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from outbox import TaskQueue
-from outbox.cli import main
 from outbox.migrations import required_head
+from outbox_cli import main
 
 
 def test_db_upgrade_then_current(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -1,5 +1,5 @@
 """Every command ends a failure in one line that names what failed, with an exit status
-that says why: 2 setup, 3 database, 4 port (outbox.cli.failures)."""
+that says why: 2 setup, 3 database, 4 port (outbox_cli.failures)."""
 
 from __future__ import annotations
 
@@ -18,9 +18,9 @@ from alembic.script import ScriptDirectory
 from support.relay_helpers import SECRET
 
 from alembic import command
-from outbox.cli import build_parser, logs, main
-from outbox.cli.logs import configure_logging
 from outbox.migrations import alembic_config, required_head
+from outbox_cli import build_parser, logs, main
+from outbox_cli.logs import configure_logging
 
 NATS = "nats://127.0.0.1:4222"
 

@@ -1,4 +1,4 @@
-"""outbox.cli.logs: under JSON logging every stderr line is one JSON object, whatever wrote it."""
+"""outbox_cli.logs: under JSON logging every stderr line is one JSON object, whatever wrote it."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import sys
 import textwrap
 from pathlib import Path
 
-from outbox.cli.logs import TEXT_FORMAT, JsonFormatter, TextFormatter
+from outbox_cli.logs import TEXT_FORMAT, JsonFormatter, TextFormatter
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -71,7 +71,7 @@ def test_uncaught_errors_warnings_and_the_closing_error_are_json_lines() -> None
     script = textwrap.dedent(
         """
         import threading, warnings
-        from outbox.cli.logs import configure_logging, report_error
+        from outbox_cli.logs import configure_logging, report_error
         configure_logging("json", "info")
         thread = threading.Thread(target=lambda: 1 / 0, name="doomed")
         thread.start()

@@ -26,11 +26,11 @@ from support.relay_helpers import publish_many, rows
 
 import outbox
 from outbox import AuthContext, Envelope, TaskQueue
-from outbox.cli import main
 from outbox.db.operations_sql import DeadFilter
 from outbox.operations import Operations
 from outbox.schema import messages, tasks
 from outbox.testing import ManualClock
+from outbox_cli import main
 from receiver import ReceiptStore
 from relay import Destination, Relay
 

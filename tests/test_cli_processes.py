@@ -18,7 +18,7 @@ from support import supervised_workers
 from support.processes import PROCESS_EXIT
 from support.receiver_helpers import ROOT, wait_until
 
-from outbox.cli import processes
+from outbox_cli import processes
 
 SPAWN = multiprocessing.get_context("spawn")
 
@@ -88,7 +88,7 @@ def test_a_worker_failing_as_the_stop_signal_comes_fails_the_service(
 def test_the_fallback_watch_ends_a_process_whose_parent_was_killed() -> None:
     watcher = (
         "import os, signal\n"
-        "from outbox.cli import processes\n"
+        "from outbox_cli import processes\n"
         "processes.watch_parent_in_thread(os.getppid())\n"
         "print('watching', flush=True)\n"
         "signal.pause()\n"

@@ -7,8 +7,8 @@ import base64
 import pytest
 import standardwebhooks
 
-from outbox.cli import main
 from outbox.signing import parse_secret, sign, verify
+from outbox_cli import main
 
 
 def _new_secret(capsys: pytest.CaptureFixture[str]) -> str:

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from outbox.cli import main
 from outbox.errors import ConfigError
 from outbox.unknown_keys import refuse_unknown
+from outbox_cli import main
 from relay.config import destinations_from
 
 

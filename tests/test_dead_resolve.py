@@ -20,11 +20,11 @@ from support.operations_helpers import (
 from support.relay_helpers import publish_many, rows
 
 import outbox
-from outbox.cli import main
 from outbox.errors import RequeueRefused, ResolveRefused
 from outbox.operations import Operations
 from outbox.schema import messages
 from outbox.testing import ManualClock
+from outbox_cli import main
 
 TIMEOUT = 60.0
 

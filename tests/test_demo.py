@@ -12,8 +12,8 @@ import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
 import outbox
-from outbox.cli import main
 from outbox.schema import messages, tasks
+from outbox_cli import main
 from receiver.schema import effects, receipts
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parent.parent
 def run_demo(*argv: str) -> str:
     """`outbox demo ARGV` as a real process; its output, after checking it exited 0."""
     done = subprocess.run(
-        [sys.executable, "-m", "outbox.cli", "demo", *argv],
+        [sys.executable, "-m", "outbox_cli", "demo", *argv],
         cwd=ROOT,
         capture_output=True,
         text=True,

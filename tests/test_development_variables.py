@@ -2,7 +2,7 @@
 
 The project's tests and benchmarks read their own settings under OUTBOXDEV_: a
 development variable named OUTBOX_* would be refused by every command the
-tests start (see outbox.cli.environment), or would have to be allowed there,
+tests start (see outbox_cli.environment), or would have to be allowed there,
 in the product. This reads every environment lookup in tests/ and benchmarks/
 and fails on an OUTBOX_* name that the commands do not know.
 """
@@ -13,8 +13,8 @@ import ast
 from collections.abc import Iterator
 from pathlib import Path
 
-from outbox.cli import known_variables
-from outbox.cli.environment import PREFIX
+from outbox_cli import known_variables
+from outbox_cli.environment import PREFIX
 
 ROOT = Path(__file__).resolve().parents[1]
 DEVELOPMENT_PREFIX = "OUTBOXDEV_"

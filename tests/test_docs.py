@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from outbox.cli import OPTIONS
+from outbox_cli import OPTIONS
 from relay.config import DESTINATION_KEYS
 from tools import docs_reference
 

@@ -14,9 +14,9 @@ from collections.abc import Iterator
 import pytest
 
 from outbox import failpoints
-from outbox.cli import logs
-from outbox.cli.logs import configure_logging
 from outbox.errors import ConfigError
+from outbox_cli import logs
+from outbox_cli.logs import configure_logging
 
 BAD = [
     ({failpoints.SWITCH_VAR: "true"}, "OUTBOX_FAILPOINTS_ENABLED must be 1 or 0, got 'true'"),
@@ -53,7 +53,7 @@ def test_a_bad_failpoint_variable_is_one_line_and_status_2(
     variables: dict[str, str], message: str
 ) -> None:
     done = subprocess.run(
-        [sys.executable, "-m", "outbox.cli", "secret", "new"],
+        [sys.executable, "-m", "outbox_cli", "secret", "new"],
         env=child_env(variables),
         capture_output=True,
         text=True,

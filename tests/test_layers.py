@@ -1,32 +1,53 @@
-"""The layers contract (pyproject's [tool.importlinter]) holds, and it can fail.
+"""The import contracts (pyproject's [tool.importlinter]) hold, and they can fail.
 
-`make test` runs lint-imports on the real contract. Here the same contract
-without its exceptions for the command line must break: outbox.cli lives in
-the outbox package and imports the relay and the receiver, so a contract that
-passes without those exceptions would not be checking anything.
+`make test` runs lint-imports on the real contracts. Here each is shown to check
+something: the same layers with the applications (outbox_cli) put at the bottom
+must break, as outbox_cli imports the relay and the receiver; and the web stack the
+core must not import is found when the command line, which serves the console on
+it, is named in the core's place. `import outbox` is also run in a fresh interpreter:
+what it loads is what a service that only publishes pays for.
 """
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import tomllib
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 LINT_IMPORTS = Path(sys.executable).with_name("lint-imports")
+WEB_STACK = ("starlette", "uvicorn", "jinja2", "aiohttp")
+ABOVE_THE_CORE = ("relay", "receiver", "outbox_cli")
 
 
-def contracts_file(tmp_path: Path, *, keep_exceptions: bool) -> Path:
-    """The project's import-linter settings as a file of their own, optionally stripped."""
-    settings = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]
-    lines = ["[tool.importlinter]", f"root_packages = {settings['root_packages']!r}"]
-    for contract in settings["contracts"]:
+def settings() -> dict[str, Any]:
+    """pyproject's [tool.importlinter]."""
+    found: dict[str, Any] = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"][
+        "importlinter"
+    ]
+    return found
+
+
+def contract(name_starts: str) -> dict[str, Any]:
+    """The one contract whose name starts so."""
+    [found] = [c for c in settings()["contracts"] if c["name"].startswith(name_starts)]
+    return dict(found)
+
+
+def contracts_file(tmp_path: Path, contracts: list[dict[str, Any]]) -> Path:
+    """The project's import-linter settings with these contracts, as a file of their own."""
+    top = settings()
+    lines = [
+        "[tool.importlinter]",
+        f"root_packages = {top['root_packages']!r}",
+        f"include_external_packages = {str(top['include_external_packages']).lower()}",
+    ]
+    for each in contracts:
         lines.append("[[tool.importlinter.contracts]]")
-        for key, value in contract.items():
-            if key == "ignore_imports" and not keep_exceptions:
-                continue
-            lines.append(f"{key} = {value!r}")
+        lines += [f"{key} = {value!r}" for key, value in each.items()]
     path = tmp_path / "contracts.toml"
     path.write_text("\n".join(lines).replace("'", '"') + "\n")
     return path
@@ -43,14 +64,45 @@ def lint(config: Path) -> subprocess.CompletedProcess[str]:
     )
 
 
-def test_the_layers_hold(tmp_path: Path) -> None:
-    result = lint(contracts_file(tmp_path, keep_exceptions=True))
+def test_the_contracts_hold_with_no_exceptions(tmp_path: Path) -> None:
+    assert not any("ignore_imports" in c for c in settings()["contracts"])
+    result = lint(contracts_file(tmp_path, settings()["contracts"]))
     assert result.returncode == 0, result.stdout + result.stderr
     assert "0 broken" in result.stdout
 
 
-def test_without_the_command_lines_exceptions_the_layers_break(tmp_path: Path) -> None:
-    result = lint(contracts_file(tmp_path, keep_exceptions=False))
+def test_the_layers_break_with_the_applications_at_the_bottom(tmp_path: Path) -> None:
+    layers = contract("layers")
+    assert layers["layers"][0] == "outbox_cli"
+    layers["layers"] = [*layers["layers"][1:], "outbox_cli"]
+    result = lint(contracts_file(tmp_path, [layers]))
     assert result.returncode != 0, result.stdout
     assert "BROKEN" in result.stdout
-    assert "outbox.cli" in result.stdout
+    assert "outbox_cli" in result.stdout
+
+
+def test_the_web_stack_contract_finds_the_consoles_imports(tmp_path: Path) -> None:
+    web = contract("the core imports no web stack")
+    assert web["source_modules"] == ["outbox"]
+    assert sorted(web["forbidden_modules"]) == sorted(WEB_STACK)
+    web["source_modules"] = ["outbox_cli"]
+    result = lint(contracts_file(tmp_path, [web]))
+    assert result.returncode != 0, result.stdout
+    assert "outbox_cli.console" in result.stdout
+    assert "starlette" in result.stdout
+
+
+def test_importing_the_core_loads_no_web_stack_and_nothing_above_it() -> None:
+    program = (
+        "import json, sys\n"
+        "import outbox, outbox.decisions, outbox.operations\n"
+        "print(json.dumps(sorted(sys.modules)))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", program], cwd=ROOT, capture_output=True, text=True, check=True
+    )
+    loaded = json.loads(done.stdout)
+    # The probe sees what it must: the core itself, and its database layer.
+    assert {"outbox", "outbox.operations", "sqlalchemy"} <= set(loaded)
+    roots = {name.split(".", 1)[0] for name in loaded}
+    assert not roots & {*WEB_STACK, *ABOVE_THE_CORE}, sorted(roots & {*WEB_STACK, *ABOVE_THE_CORE})

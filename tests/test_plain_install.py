@@ -32,7 +32,7 @@ from support.receiver_helpers import (
 from support.relay_helpers import publish_many, rows
 
 import outbox
-from outbox.cli import build_parser
+from outbox_cli import build_parser
 from receiver import strict_json
 
 EXTRA_MODULES = ("httptools", "uvloop", "orjson", "nats", "aio_pika", "aiormq")
@@ -51,7 +51,7 @@ def plain(monkeypatch: pytest.MonkeyPatch) -> None:
 def outbox_command(*argv: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
     """`outbox ARGV` as a real process, in the current environment; it must end in time."""
     return subprocess.run(
-        [sys.executable, "-m", "outbox.cli", *argv],
+        [sys.executable, "-m", "outbox_cli", *argv],
         cwd=cwd,
         capture_output=True,
         text=True,
@@ -134,7 +134,7 @@ def test_every_command_answers_help(plain: None) -> None:
     # One process walks the rest: every command module is imported before any --help.
     walk = (
         "import json, sys\n"
-        "from outbox.cli import main\n"
+        "from outbox_cli import main\n"
         "for argv in json.loads(sys.argv[1]):\n"
         "    try:\n"
         "        main([*argv, '--help'])\n"
@@ -199,7 +199,7 @@ def test_a_message_goes_from_the_relay_to_the_receiver(
         try:
             publish_many(engine, ["plain-1", "plain-2"])
             relay = subprocess.Popen(
-                [sys.executable, "-m", "outbox.cli", "relay", "--db", outbox_url,
+                [sys.executable, "-m", "outbox_cli", "relay", "--db", outbox_url,
                  "--config", str(config)],
                 cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
             )  # fmt: skip

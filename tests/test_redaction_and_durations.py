@@ -6,9 +6,9 @@ from urllib.parse import quote
 
 import pytest
 
-from outbox.cli.arguments import parse_duration
 from outbox.durations import duration_text
 from outbox.redaction import redact, redact_quoted, url_credentials
+from outbox_cli.arguments import parse_duration
 
 
 @pytest.mark.parametrize(

@@ -11,9 +11,9 @@ import pytest
 from support.cli_helpers import one_line_error
 
 import outbox
-from outbox.cli import build_parser, command_options, main
-from outbox.cli.settings import DB, DEFAULT_DB, resolve
-from outbox.cli.worker import OPTIONS
+from outbox_cli import build_parser, command_options, main
+from outbox_cli.settings import DB, DEFAULT_DB, resolve
+from outbox_cli.worker import OPTIONS
 
 
 def worker_args(**given: object) -> argparse.Namespace:

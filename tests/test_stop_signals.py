@@ -144,11 +144,11 @@ class Child:
 
 @contextmanager
 def outbox_process(tmp_path: Path, *argv: str, **env: str) -> Iterator[Child]:
-    """`python -m outbox.cli *argv` from this tree, killed and reaped on the way out."""
+    """`python -m outbox_cli *argv` from this tree, killed and reaped on the way out."""
     log = tmp_path / f"{argv[0]}.log"
     environment = {k: v for k, v in os.environ.items() if not k.startswith("OUTBOX")}
     environment.update(PYTHONPATH=str(ROOT / "tests"), **env)
-    command = [sys.executable, "-m", "outbox.cli", *argv]
+    command = [sys.executable, "-m", "outbox_cli", *argv]
     with (
         log.open("wb") as sink,
         spawned(command, cwd=ROOT, env=environment, stdout=sink, stderr=subprocess.STDOUT) as proc,

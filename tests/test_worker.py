@@ -239,7 +239,7 @@ def test_sigterm_lets_the_running_task_finish_and_claims_nothing_more(
 ) -> None:
     first, second = submit(queue, 2)
     command = [
-        *(sys.executable, "-m", "outbox.cli", "worker", "--db", db_url),
+        *(sys.executable, "-m", "outbox_cli", "worker", "--db", db_url),
         *("--handler", f"support.worker_handlers:{handler}", "--poll-interval", "0.05"),
     ]
     signal_once_started(command, tmp_path, first, signal.SIGTERM)

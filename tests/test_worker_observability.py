@@ -156,7 +156,7 @@ def json_lines(err: bytes) -> list[dict[str, Any]]:
 def worker_command(db_url: str, *extra: str) -> list[str]:
     """`outbox worker` over the test handlers."""
     return [
-        *(sys.executable, "-m", "outbox.cli", "worker", "--db", db_url),
+        *(sys.executable, "-m", "outbox_cli", "worker", "--db", db_url),
         *("--handler", "support.worker_handlers:double_or_fail", "--poll-interval", "0.05"),
         *extra,
     ]

@@ -4,7 +4,7 @@
     python -m tools.docs_reference --check  # exit 1 naming each page that is out of date
 
 Each page is made from what the program itself uses: the settings from the commands'
-Option lists (outbox.cli.OPTIONS, outbox.cli.settings.DB) and the relay's destination
+Option lists (outbox_cli.OPTIONS, outbox_cli.settings.DB) and the relay's destination
 keys (relay.config); the commands from the `outbox` argument parser; the metrics from
 the Prometheus registries of the relay, the worker, the receiver and the consumer.
 tests/test_docs_reference.py fails when a committed page differs from what this makes.
@@ -33,7 +33,7 @@ HELP_WIDTH = "100"
 
 HEADER = "<!-- Written by `{command}` from the code; do not edit by hand: run it again. -->\n\n"
 
-# What each argument type accepts, by the parse function's name (outbox.cli.arguments).
+# What each argument type accepts, by the parse function's name (outbox_cli.arguments).
 VALUE_KINDS = {
     "str": "text",
     "int": "whole number",
@@ -128,7 +128,7 @@ def _shown(value: object) -> str:
 
 def _setting_rows(command: str, parser: argparse.ArgumentParser) -> list[str]:
     """One table row per setting of `command`, with its real default."""
-    from outbox.cli import command_options
+    from outbox_cli import command_options
     from relay import Relay
 
     relay_defaults = {
@@ -187,8 +187,8 @@ def destination_rows() -> list[str]:
 
 def config_page() -> str:
     """docs/reference/config.md."""
-    from outbox.cli import OPTIONS, build_parser
-    from outbox.cli.settings import CONFIG_ENV, DB
+    from outbox_cli import OPTIONS, build_parser
+    from outbox_cli.settings import CONFIG_ENV, DB
 
     parser = build_parser()
     columns = "| flag | environment | config file | value | default | what |"
@@ -248,7 +248,7 @@ def _command_parsers(
 
 def commands_page() -> str:
     """docs/reference/commands.md."""
-    from outbox.cli import build_parser
+    from outbox_cli import build_parser
 
     previous = os.environ.get("COLUMNS")
     os.environ["COLUMNS"] = HELP_WIDTH

@@ -107,7 +107,7 @@ class Service:
 
 def services(plan: Plan) -> dict[str, Service]:
     """The four processes, in the order they start."""
-    command = [sys.executable, "-m", "outbox.cli"]
+    command = [sys.executable, "-m", "outbox_cli"]
     service_db = {settings.DB_ENV: plan.db_url}
     listing = [
         Service(

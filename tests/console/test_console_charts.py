@@ -9,11 +9,11 @@ import sqlalchemy as sa
 from support.console_helpers import ConsoleClient
 from support.operations_helpers import mark_sent
 
-from outbox.cli.console import charts
-from outbox.cli.console.pages import Pages
 from outbox.operations import Operations
 from outbox.schema import messages
 from outbox.testing import ManualClock
+from outbox_cli.console import charts
+from outbox_cli.console.pages import Pages
 
 
 def totals(page: str, minutes: int) -> dict[str, int]:

@@ -12,11 +12,11 @@ import pytest
 import sqlalchemy as sa
 from support.console_helpers import ConsoleClient
 
-from outbox.cli.console import reads
-from outbox.cli.console.reads import CUT, ERROR_LISTED, ERROR_SHOWN, TEXT_SHOWN
-from outbox.cli.console.security import CSRF_COOKIE
 from outbox.operations import Operations
 from outbox.schema import messages, tasks
+from outbox_cli.console import reads
+from outbox_cli.console.reads import CUT, ERROR_LISTED, ERROR_SHOWN, TEXT_SHOWN
+from outbox_cli.console.security import CSRF_COOKIE
 
 Client = Callable[..., ConsoleClient]
 

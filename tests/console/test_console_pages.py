@@ -21,12 +21,12 @@ from support.console_helpers import (
 from support.operations_helpers import audit_rows
 from support.receiver_helpers import SECRET, ReceiverProcess
 
-from outbox.cli.console import pages, reads
-from outbox.cli.console.security import CONFIRM_SECONDS, CSRF_COOKIE
-from outbox.cli.requeue import Requeuer
 from outbox.operations import Operations
 from outbox.schema import messages
 from outbox.testing import ManualClock
+from outbox_cli.console import pages, reads
+from outbox_cli.console.security import CONFIRM_SECONDS, CSRF_COOKIE
+from outbox_cli.requeue import DestinationLookups
 from receiver import ReceiptStore
 
 Client = Callable[..., ConsoleClient]
@@ -352,7 +352,9 @@ def test_a_confirmation_forces_only_the_answer_it_was_issued_for(
     # Confirmed past a lookup that did not answer, then the destination says it holds the
     # message: forcing on would send a duplicate no one confirmed.
     answers = iter(["unknown", "received", "received"])
-    monkeypatch.setattr(Requeuer, "_ask", lambda self, message: next(answers))
+    monkeypatch.setattr(
+        DestinationLookups, "__call__", lambda self, chosen: [next(answers) for _ in chosen]
+    )
     console = make_client(operator=OPERATOR)
     first = requeue(console, "b-1", reason="lookup was down")
     assert 'id="receipt">unknown<' in first.text

@@ -20,10 +20,12 @@ from support.console_helpers import (
     csrf_of,
 )
 
-from outbox.cli import console as console_command
-from outbox.cli import main
-from outbox.cli.console import console_token, security
-from outbox.cli.console.security import (
+from outbox.operations import Operations
+from outbox.testing import ManualClock
+from outbox_cli import console as console_command
+from outbox_cli import main
+from outbox_cli.console import console_token, security
+from outbox_cli.console.security import (
     CONTENT_SECURITY_POLICY,
     CSRF_COOKIE,
     GUESS_SECONDS,
@@ -35,8 +37,6 @@ from outbox.cli.console.security import (
     form_body,
     is_loopback,
 )
-from outbox.operations import Operations
-from outbox.testing import ManualClock
 
 
 @pytest.mark.parametrize(

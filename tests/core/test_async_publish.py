@@ -31,8 +31,8 @@ from outbox import (
     TaskQueue,
     Unauthorized,
 )
-from outbox.cli import main
 from outbox.db.dialect import make_url as outbox_make_url
+from outbox_cli import main
 
 
 @pytest.fixture

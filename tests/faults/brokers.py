@@ -155,7 +155,7 @@ class Deployment:
             node.stop()
 
     def relay(self, failpoint: str | None = None, action: str = "exit") -> Node:
-        """Start a relay process (`python -m outbox.cli relay --config ...` in a fork)."""
+        """Start a relay process (`python -m outbox_cli relay --config ...` in a fork)."""
         name = f"relay-{len(self.nodes) + 1}"
         argv = ["relay", "--config", str(self.config), "--owner", name]
         return self._launch(name, argv, failpoint, action)

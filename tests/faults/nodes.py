@@ -26,12 +26,12 @@ from outbox.db.dialect import SQLITE_BUSY_TIMEOUT_MS
 # environment may not write bytecode, so a module imported after the fork is
 # compiled again in every node.
 PRELOAD = [
-    "outbox.cli",
-    "outbox.cli.demo",
+    "outbox_cli",
+    "outbox_cli.demo",
     "outbox.worker",
-    "outbox.cli.relay",
+    "outbox_cli.relay",
     "relay.loop",
-    "outbox.cli.receiver",
+    "outbox_cli.receiver",
     "receiver.app",
     "uvicorn",
     "faults.work",
@@ -41,7 +41,7 @@ PRELOAD = [
     "aio_pika",
     "relay.nats_transport",
     "relay.rabbitmq_transport",
-    "outbox.cli.consume",
+    "outbox_cli.consume",
     "receiver.nats_consumer",
     "receiver.rabbitmq_consumer",
 ]

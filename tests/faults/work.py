@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from outbox import AuthContext, Claim, Envelope, TaskQueue
-from outbox.cli import main as cli
+from outbox_cli import main as cli
 
 SENDER = "agent-a"
 MAX_ATTEMPTS = 10

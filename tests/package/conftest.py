@@ -28,8 +28,8 @@ def pytest_report_header() -> str:
 
 @pytest.fixture(scope="session")
 def expected_home() -> Path:
-    """Where outbox, relay and receiver must be imported from: the site-packages the check
-    names, or else the checkout this file sits in (an editable install)."""
+    """Where outbox, relay, receiver and outbox_cli must be imported from: the site-packages
+    the check names, or else the checkout this file sits in (an editable install)."""
     named = os.environ.get(INSTALLED_ENV)
     if named:
         return Path(named).resolve()

@@ -11,10 +11,10 @@ import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
 import outbox
-from outbox.cli.console import app as console_app
-from outbox.cli.console.app import create_app
 from outbox.operations import Operations
 from outbox.schema import messages
+from outbox_cli.console import app as console_app
+from outbox_cli.console.app import create_app
 
 BODY = {"note": "<script>document.title='ran'</script>"}
 

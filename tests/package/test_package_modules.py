@@ -18,18 +18,19 @@ from subprocess import CompletedProcess
 import pytest
 
 import outbox
+import outbox_cli
 import receiver
 import relay
 from outbox.clients import optional_client
 from outbox.errors import ConfigError
 
-PACKAGES = (outbox, relay, receiver)
+PACKAGES = (outbox, relay, receiver, outbox_cli)
 DISTRIBUTION = "outbox-relay"
 
 
 def all_modules() -> list[str]:
-    """The dotted name of every module and subpackage of outbox, relay and receiver, but
-    `__main__` modules, which run the command when imported."""
+    """The dotted name of every module and subpackage of outbox, relay, receiver and
+    outbox_cli, but `__main__` modules, which run the command when imported."""
     names = []
     for package in PACKAGES:
         names.append(package.__name__)
@@ -54,7 +55,7 @@ ADAPTERS = {"receiver.protocol_httptools": "httptools"}
 def test_every_module_imports() -> None:
     names = all_modules()
     # A walk that found nothing would pass below: these stand for each layer and the data.
-    assert {"outbox.cli.console.app", "relay.nats_transport", "receiver.protocol"} <= set(names)
+    assert {"outbox_cli.console.app", "relay.nats_transport", "receiver.protocol"} <= set(names)
     assert set(ADAPTERS) <= set(names), "an adapter listed here no longer exists"
     failed = {}
     for name in names:

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 from support.receiver_helpers import SECRET
 
-from outbox.cli import build_parser, command_options, main
-from outbox.cli.settings import resolve
 from outbox.errors import ConfigError
+from outbox_cli import build_parser, command_options, main
+from outbox_cli.settings import resolve
 from receiver import NatsConsumer, RabbitMQConsumer, ReceiptStore
 
 
@@ -134,7 +134,7 @@ def test_the_receiver_imports_no_broker_library_until_a_consumer_is_built() -> N
     import subprocess
 
     code = (
-        "import sys, receiver, outbox.cli\n"
+        "import sys, receiver, outbox_cli\n"
         "loaded = {'nats', 'aio_pika'} & set(sys.modules)\n"
         "assert not loaded, loaded\n"
     )

@@ -38,7 +38,7 @@ def consume_command(db_url: str, secret_file: Path, source: list[str]) -> list[s
     return [
         sys.executable,
         "-m",
-        "outbox.cli",
+        "outbox_cli",
         "receiver",
         "consume",
         "--db",

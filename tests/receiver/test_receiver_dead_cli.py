@@ -8,7 +8,7 @@ import pytest
 from sqlalchemy.orm import Session
 from support.receiver_helpers import count_effects, stored_receipts
 
-from outbox.cli import main
+from outbox_cli import main
 from receiver import ReceiptStore
 from receiver.store import LastTry
 

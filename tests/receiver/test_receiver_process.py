@@ -26,10 +26,10 @@ from support.receiver_helpers import (
 )
 
 from outbox import failpoints
-from outbox.cli import main, processes
-from outbox.cli.receiver import load_secrets, parse_duration
 from outbox.signing import sign
 from outbox.testing import ManualClock
+from outbox_cli import main, processes
+from outbox_cli.receiver import load_secrets, parse_duration
 from receiver import ReceiptStore
 from receiver.effects import record_effect
 from receiver.rules import RETENTION_HEADER
@@ -129,7 +129,7 @@ def test_served_limits_hold_over_real_http(db_url: str, secret_file: Path) -> No
 def test_serve_refuses_to_start_without_secrets(db_url: str, tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if k != "OUTBOX_RECEIVER_SECRETS"}
     result = subprocess.run(
-        [sys.executable, "-m", "outbox.cli", "receiver", "--db", db_url, "--port", "1"],
+        [sys.executable, "-m", "outbox_cli", "receiver", "--db", db_url, "--port", "1"],
         cwd=ROOT,
         env=env,
         capture_output=True,

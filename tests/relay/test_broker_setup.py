@@ -31,7 +31,7 @@ from support.rabbitmq import (
 )
 from support.relay_helpers import publish_many
 
-from outbox.cli import main
+from outbox_cli import main
 from relay import ConfigError, Relay
 from relay.broker_setup import (
     Change,
@@ -587,7 +587,7 @@ def test_an_unreachable_broker_is_one_line_and_status_1(
     # A process of its own: the clients' log records would reach stderr only without the
     # test runner's log capture.
     done = subprocess.run(
-        [sys.executable, "-m", "outbox.cli", "broker", "setup", "--config", str(path)],
+        [sys.executable, "-m", "outbox_cli", "broker", "setup", "--config", str(path)],
         capture_output=True,
         text=True,
         timeout=60,

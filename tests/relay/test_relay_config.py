@@ -17,8 +17,8 @@ from support.receiver_helpers import ROOT, wait_until
 from support.relay_helpers import SECRET, publish_many, rows
 from support.scripted_server import ScriptedServer
 
-from outbox.cli import main
 from outbox.errors import ConfigError
+from outbox_cli import main
 from relay.config import Destination, destination_variable, destinations_from
 
 OTHER_SECRET = "whsec_" + base64.b64encode(b"the file names this one").decode()
@@ -222,7 +222,7 @@ def test_a_sidecar_runs_from_the_environment_alone(
     )
     publish_many(engine, ["env-1", "env-2"])
     proc = subprocess.Popen(
-        [sys.executable, "-m", "outbox.cli", "relay"],
+        [sys.executable, "-m", "outbox_cli", "relay"],
         cwd=ROOT,
         env=env,
         stdout=subprocess.PIPE,

@@ -55,7 +55,7 @@ def start_relay(
         [
             sys.executable,
             "-m",
-            "outbox.cli",
+            "outbox_cli",
             "relay",
             "--db",
             db_url,

@@ -20,10 +20,10 @@ from support.rabbitmq import AMQP_URL, delete_exchange, take_all, topology, uniq
 from support.relay_helpers import SECRET, publish_many, rows
 
 from outbox import publish
-from outbox.cli import main
 from outbox.schema import messages
 from outbox.signing import CONTENT_HASH_HEADER, ORDERING_KEY_HEADER, parse_secret, verify
 from outbox.testing import ManualClock
+from outbox_cli import main
 from relay import ConfigError, Destination, Relay
 from relay.rabbitmq_transport import MAX_ROUTING_KEY_BYTES, NO_ORDERING_KEY, RabbitMqTransport
 from relay.webhooks import USER_AGENT

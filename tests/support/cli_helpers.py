@@ -9,7 +9,7 @@ from typing import Protocol
 
 import pytest
 
-from outbox.cli import main
+from outbox_cli import main
 
 
 def one_line_error(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:

@@ -16,12 +16,12 @@ from sqlalchemy.orm import Session
 
 import outbox
 from outbox import AuthContext, Envelope, TaskQueue
-from outbox.cli.console.app import create_app
-from outbox.cli.console.security import CSRF_FIELD
 from outbox.clock import Clock
 from outbox.operations import Operations
 from outbox.schema import messages
 from outbox.testing import ManualClock
+from outbox_cli.console.app import create_app
+from outbox_cli.console.security import CSRF_FIELD
 from support.processes import PROCESS_EXIT, PROCESS_START, reap
 from support.receiver_helpers import ROOT, free_port, wait_until
 
@@ -160,7 +160,7 @@ class ConsoleProcess:
         self.log = log
         with log.open("wb") as sink:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "outbox.cli", "console", "--db", db_url,
+                [sys.executable, "-m", "outbox_cli", "console", "--db", db_url,
                  "--port", str(self.port), *extra],
                 cwd=ROOT, env=env, stdout=sink, stderr=subprocess.STDOUT,
             )  # fmt: skip

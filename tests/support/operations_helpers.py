@@ -9,9 +9,9 @@ import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
 import outbox
-from outbox.cli import main
 from outbox.schema import messages, requeues
 from outbox.testing import ManualClock
+from outbox_cli import main
 
 
 def run_json(capsys: pytest.CaptureFixture[str], *argv: str) -> object:

@@ -214,7 +214,7 @@ class ReceiverProcess:
             [
                 sys.executable,
                 "-m",
-                "outbox.cli",
+                "outbox_cli",
                 "receiver",
                 "--db",
                 db_url,

@@ -1,9 +1,9 @@
 """`outbox dead list|show|requeue|resolve`: the messages that will not be delivered, and
 decisions about them.
 
-The decisions live in their own modules (outbox.cli.requeue, outbox.cli.resolve);
-what they share, choosing dead messages by REPLY_ID or filters and reporting, in
-outbox.cli.decisions.
+The decisions themselves are outbox.decisions'; their commands live in their own
+modules (outbox_cli.requeue, outbox_cli.resolve); what those share, choosing dead
+messages by REPLY_ID or filters and reporting, in outbox_cli.decisions.
 """
 
 from __future__ import annotations
@@ -13,13 +13,13 @@ import json
 from collections.abc import Callable
 from typing import Any
 
-from outbox.cli import requeue, resolve
-from outbox.cli.arguments import age_text, json_flag, positive_int, print_json, utc_iso
-from outbox.cli.decisions import add_decision_arguments, add_filters, chosen_filter, dead_message
 from outbox.db.operations_sql import DeadFilter
 from outbox.one_line import one_line
 from outbox.operations import Operations
 from outbox.redaction import redact
+from outbox_cli import requeue, resolve
+from outbox_cli.arguments import age_text, json_flag, positive_int, print_json, utc_iso
+from outbox_cli.decisions import add_decision_arguments, add_filters, chosen_filter, dead_message
 
 ERROR_WIDTH = 60
 

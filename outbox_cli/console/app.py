@@ -13,9 +13,11 @@ from starlette.requests import Request
 from starlette.responses import PlainTextResponse, RedirectResponse, Response
 from starlette.routing import Route
 
-from outbox.cli.arguments import operator_name
-from outbox.cli.console.pages import HERE, Pages
-from outbox.cli.console.security import (
+from outbox.clock import Clock
+from outbox.operations import Operations
+from outbox_cli.arguments import operator_name
+from outbox_cli.console.pages import HERE, Pages
+from outbox_cli.console.security import (
     SESSION_COOKIE,
     SESSION_SECONDS,
     Confirmations,
@@ -30,8 +32,6 @@ from outbox.cli.console.security import (
     token_matches,
     too_many_guesses,
 )
-from outbox.clock import Clock
-from outbox.operations import Operations
 
 STYLE = (HERE / "static" / "console.css").read_text(encoding="utf-8")
 log = logging.getLogger("outbox.console")

@@ -14,10 +14,10 @@ import json
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from outbox.cli.arguments import json_flag, parse_duration, positive_int, print_json, utc_iso
 from outbox.durations import duration_text
 from outbox.one_line import one_line
 from outbox.redaction import redact
+from outbox_cli.arguments import json_flag, parse_duration, positive_int, print_json, utc_iso
 
 if TYPE_CHECKING:
     from receiver.store import ReceiptStore

@@ -6,9 +6,9 @@ import argparse
 import socket
 from typing import Any
 
-from outbox.cli import processes
-from outbox.cli.failures import port_unavailable
 from outbox.observability.server import MetricsServer
+from outbox_cli import processes
+from outbox_cli.failures import port_unavailable
 
 
 def listening_socket(host: str, port: int, flag: str = "--port") -> socket.socket:

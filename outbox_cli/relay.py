@@ -12,19 +12,19 @@ import argparse
 import os
 from typing import Any
 
-from outbox.cli.arguments import (
+from outbox.observability.server import DEFAULT_HOST
+from outbox.process_gc import tune_for_long_run
+from outbox.unknown_keys import refuse_unknown
+from outbox_cli.arguments import (
     non_negative_float,
     non_negative_int,
     positive_float,
     positive_int,
 )
-from outbox.cli.config_file import RENAMED
-from outbox.cli.logs import LOG_HELP, announce, configure_logging, log_options
-from outbox.cli.ports import metrics_server
-from outbox.cli.settings import Option, add_flags, load
-from outbox.observability.server import DEFAULT_HOST
-from outbox.process_gc import tune_for_long_run
-from outbox.unknown_keys import refuse_unknown
+from outbox_cli.config_file import RENAMED
+from outbox_cli.logs import LOG_HELP, announce, configure_logging, log_options
+from outbox_cli.ports import metrics_server
+from outbox_cli.settings import Option, add_flags, load
 from relay import Relay
 from relay.config import destinations_from
 
@@ -71,7 +71,7 @@ RELAY_KEYS = frozenset(option.dest for option in OPTIONS)
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
-    """Register `outbox relay`; its settings are filled in later (see outbox.cli.settings)."""
+    """Register `outbox relay`; its settings are filled in later (see outbox_cli.settings)."""
     parser: argparse.ArgumentParser = subparsers.add_parser(
         "relay", help="deliver outbox messages over signed HTTP until SIGTERM"
     )
@@ -91,7 +91,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 def check_relay_table(document: dict[str, Any], path: str | None) -> None:
     """ConfigError naming any key of the file's [relay] table that is not a relay setting
-    (outbox.cli.config_file checks the whole file so for every command)."""
+    (outbox_cli.config_file checks the whole file so for every command)."""
     refuse_unknown(f"{path}: [relay]", document.get("relay", {}), RELAY_KEYS, RENAMED["relay"])
 
 

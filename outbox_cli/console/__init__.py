@@ -16,10 +16,10 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-from outbox.cli.arguments import boolean, operator_name, positive_int
-from outbox.cli.logs import announce, configure_logging
-from outbox.cli.ports import listening_socket
-from outbox.cli.settings import Option, add_flags
+from outbox_cli.arguments import boolean, operator_name, positive_int
+from outbox_cli.logs import announce, configure_logging
+from outbox_cli.ports import listening_socket
+from outbox_cli.settings import Option, add_flags
 
 log = logging.getLogger("outbox.console")
 
@@ -61,7 +61,7 @@ def add_parser(commands: Any, db_argument: Callable[[argparse.ArgumentParser], N
 
 def console_token(host: str) -> str | None:
     """The token every request must carry: required off loopback, optional on it."""
-    from outbox.cli.console.security import is_loopback
+    from outbox_cli.console.security import is_loopback
 
     token = os.environ.get(TOKEN_ENV) or None
     if token is None and not is_loopback(host):
@@ -78,9 +78,9 @@ def run(args: argparse.Namespace) -> int:
     """Serve the console until interrupted; returns the exit status."""
     import uvicorn
 
-    from outbox.cli.console.app import create_app
-    from outbox.cli.console.decide import check_config
     from outbox.operations import Operations
+    from outbox_cli.console.app import create_app
+    from outbox_cli.console.decide import check_config
     from receiver.protocol import DEFAULT_HEADER_LIMIT, http_settings
 
     token = console_token(args.host)
@@ -91,7 +91,7 @@ def run(args: argparse.Namespace) -> int:
             "console: --operator is not used: with a token, each operator names themselves at login"
         )
     with Operations(args.db) as ops:
-        check_config(ops, args.config)
+        check_config(args.config)
         app = create_app(
             ops,
             config=args.config,

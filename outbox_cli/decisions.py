@@ -1,8 +1,10 @@
-"""What the decisions on dead messages share: choosing them, and reporting what was done.
+"""What the decisions on dead messages share on the command line: choosing them, and
+reporting what was done.
 
 An operator decides about one REPLY_ID, or about every dead message the `dead list`
-filters choose; each message gets its own audited decision, and a bulk run reports
-one line per message and exits 1 when any was refused.
+filters choose; each message gets its own audited decision (outbox.decisions, which
+the console takes too), and a bulk run reports one line per message and exits 1 when
+any was refused.
 """
 
 from __future__ import annotations
@@ -10,16 +12,16 @@ from __future__ import annotations
 import argparse
 import getpass
 import sys
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 from typing import Any
 
-from outbox.cli.arguments import json_flag, non_empty, parse_duration, positive_int, print_json
+from outbox import decisions
 from outbox.db.operations_sql import DeadFilter
+from outbox.decisions import BULK_LIMIT, Decision, Progress, RequeueDecision
+from outbox.errors import NotDead
 from outbox.operations import Operations
 from outbox.states import MessageState
-
-BULK_LIMIT = 10_000
+from outbox_cli.arguments import json_flag, non_empty, parse_duration, positive_int, print_json
 
 
 def add_filters(parser: argparse.ArgumentParser) -> None:
@@ -88,64 +90,56 @@ def chosen_many(args: argparse.Namespace, verb: str) -> DeadFilter | None:
     return chosen
 
 
-def dead_message(ops: Operations, reply_id: str) -> dict[str, Any] | None:
-    """The dead message, or None after saying on stderr why there is none."""
-    message = ops.message(reply_id)
-    if message is not None and message["state"] == MessageState.DEAD:
-        return message
-    if message is None:
+def say_not_dead(exc: NotDead) -> None:
+    """Say on stderr why a REPLY_ID names no dead message."""
+    if exc.state is None:
         found = "no message"
-    elif message["state"] == MessageState.RESOLVED:
+    elif exc.state == MessageState.RESOLVED:
         found = "message is resolved, which is final (it needs no delivery):"
     else:
-        found = f"message is {message['state']}, not dead:"
-    print(f"outbox: {found} {reply_id!r}", file=sys.stderr)
-    return None
+        found = f"message is {exc.state}, not dead:"
+    print(f"outbox: {found} {exc.reply_id!r}", file=sys.stderr)
 
 
-@dataclass
-class Decided:
-    """What a decision did with one message."""
-
-    reply_id: str
-    outcome: str  # the verb's past tense, "would" and the verb, or refused
-    why: str | None = None
-    audit: dict[str, Any] | None = None
-
-    def detail(self) -> str:
-        """What the report adds after the reply_id (nothing, unless a decision says more)."""
-        return ""
-
-    def line(self) -> str:
-        """One line of a bulk run's report."""
-        why = f": {self.why}" if self.why else ""
-        return f"{self.outcome:<13} {self.reply_id}{self.detail()}{why}"
+def dead_message(ops: Operations, reply_id: str) -> dict[str, Any] | None:
+    """The dead message, or None after saying on stderr why there is none."""
+    try:
+        return decisions.dead_message(ops, reply_id)
+    except NotDead as exc:
+        say_not_dead(exc)
+        return None
 
 
-def decide_many(
-    messages: Sequence[dict[str, Any]],
-    decide: Callable[[dict[str, Any]], Decided],
-    args: argparse.Namespace,
-    verb: str,
-    done: str,
-) -> int:
-    """Decide each chosen message in turn, then report; exit status 1 when any was refused."""
-    results: list[Decided] = []
-    progress = sys.stderr.isatty() and not args.json
-    for index, message in enumerate(messages, start=1):
-        results.append(decide(message))
-        if progress:
-            print(f"\r{index}/{len(messages)}", end="", file=sys.stderr, flush=True)
-    if progress and messages:
-        print(file=sys.stderr)
+def progress(args: argparse.Namespace) -> Progress | None:
+    """A bulk run's counter on a terminal's stderr (none under --json or off a terminal)."""
+    if not sys.stderr.isatty() or args.json:
+        return None
+
+    def show(done: int, chosen: int) -> None:
+        print(f"\r{done}/{chosen}", end="", file=sys.stderr, flush=True)
+        if done == chosen:
+            print(file=sys.stderr)
+
+    return show
+
+
+def line(decided: Decision) -> str:
+    """One line of a bulk run's report; a requeue's says what its receipt lookup answered."""
+    detail = f" (receipt: {decided.receipt})" if isinstance(decided, RequeueDecision) else ""
+    why = f": {decided.why}" if decided.why else ""
+    return f"{decided.outcome:<13} {decided.reply_id}{detail}{why}"
+
+
+def report_many(results: Sequence[Decision], args: argparse.Namespace, verb: str, done: str) -> int:
+    """Report a bulk run's decisions; exit status 1 when any was refused."""
     refused = [r for r in results if r.outcome == "refused"]
     if args.json:
         print_json([vars(r) for r in results])
     else:
         for result in results:
-            print(result.line())
+            print(line(result))
         counted = f"would {verb}" if args.dry_run else done
         print(f"{counted} {len(results) - len(refused)}, refused {len(refused)}")
-        if len(messages) == args.limit:
+        if len(results) == args.limit:
             print(f"(first {args.limit}; --limit chooses more)")
     return 1 if refused else 0

@@ -21,14 +21,14 @@ from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 from starlette.templating import Jinja2Templates
 
-from outbox.cli.arguments import age_text, non_empty, parse_duration, positive_int
-from outbox.cli.console import charts, decide
-from outbox.cli.console.reads import ERROR_LISTED, ConsoleReads, shown_error
-from outbox.cli.console.security import CSRF_COOKIE, CSRF_FIELD, Confirmations, checked_form
 from outbox.db.operations_sql import DeadFilter
 from outbox.operations import Operations
 from outbox.redaction import shown_value
 from outbox.states import MessageState
+from outbox_cli.arguments import age_text, non_empty, parse_duration, positive_int
+from outbox_cli.console import charts, decide
+from outbox_cli.console.reads import ERROR_LISTED, ConsoleReads, shown_error
+from outbox_cli.console.security import CSRF_COOKIE, CSRF_FIELD, Confirmations, checked_form
 
 HERE = Path(__file__).parent
 PAGE_SIZE = 50

@@ -19,8 +19,8 @@ from types import TracebackType
 from typing import Any
 
 from outbox import failpoints
-from outbox.cli.settings import Option
 from outbox.redaction import redact
+from outbox_cli.settings import Option
 
 FORMATS = ("text", "json")
 TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s %(message)s"

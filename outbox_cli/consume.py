@@ -20,13 +20,13 @@ import signal
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from outbox.cli.arguments import boolean, non_negative_int, positive_float, positive_int
-from outbox.cli.logs import announce, configure_logging
-from outbox.cli.ports import metrics_server
-from outbox.cli.settings import Option, add_flags, config_path
 from outbox.errors import ConfigError
 from outbox.observability.server import DEFAULT_HOST
 from outbox.process_gc import tune_for_long_run
+from outbox_cli.arguments import boolean, non_negative_int, positive_float, positive_int
+from outbox_cli.logs import announce, configure_logging
+from outbox_cli.ports import metrics_server
+from outbox_cli.settings import Option, add_flags, config_path
 
 OPTIONS = (
     Option.of("receiver", "from"),

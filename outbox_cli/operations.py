@@ -7,9 +7,9 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from outbox.cli.arguments import age_text, json_flag, parse_duration, positive_int, print_json
 from outbox.operations import PURGE_BATCH, Operations
 from outbox.redaction import redact
+from outbox_cli.arguments import age_text, json_flag, parse_duration, positive_int, print_json
 
 ERROR_WIDTH = 60
 

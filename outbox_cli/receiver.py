@@ -22,15 +22,15 @@ import socket
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from outbox.cli import consume, processes, receiver_dead, upgrades
-from outbox.cli.arguments import parse_duration, positive_float, positive_int
-from outbox.cli.logs import LOG_HELP, announce, configure_logging, log_options
-from outbox.cli.ports import listening_socket
-from outbox.cli.settings import Option, add_flags, config_path
 from outbox.durations import duration_text
 from outbox.migrations import RECEIVER_BRANCH
 from outbox.process_gc import tune_for_long_run
 from outbox.signing import DEFAULT_TOLERANCE
+from outbox_cli import consume, processes, receiver_dead, upgrades
+from outbox_cli.arguments import parse_duration, positive_float, positive_int
+from outbox_cli.logs import LOG_HELP, announce, configure_logging, log_options
+from outbox_cli.ports import listening_socket
+from outbox_cli.settings import Option, add_flags, config_path
 from receiver.app import DEFAULT_MAX_BODY
 from receiver.protocol import DEFAULT_HEADER_LIMIT, DEFAULT_REQUEST_TIMEOUT
 

@@ -31,9 +31,9 @@ from sqlalchemy.orm import Session
 
 import outbox
 from outbox import AuthContext, Claim, Envelope, Fenced, TaskQueue, failpoints, publish
-from outbox.cli import demo_reads as reads
 from outbox.redaction import redact
 from outbox.worker import Worker
+from outbox_cli import demo_reads as reads
 
 SOURCE = "agent-a"
 LEASE = 1.0  # seconds: short, so the crashed worker's lease runs out quickly
@@ -91,7 +91,7 @@ def child(*argv: str, failpoint: str | None = None) -> subprocess.Popen[bytes]:
         env.update(failpoints.environment(failpoint))
     # Our own interpreter and entry point, with arguments the demo built.
     return subprocess.Popen(  # noqa: S603
-        [sys.executable, "-m", "outbox.cli", *argv],
+        [sys.executable, "-m", "outbox_cli", *argv],
         env=env,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
@@ -183,7 +183,7 @@ def crash_a_worker(queue: TaskQueue, setting: Setting) -> dict[str, Any]:
     """worker-1, a real process, dies inside its commit; returns what it held."""
     print("2. worker-1 (a process) computes a result and dies before its commit")
     proc = child(
-        *("worker", "--db", setting.outbox_url, "--handler", "outbox.cli.demo:compute"),
+        *("worker", "--db", setting.outbox_url, "--handler", "outbox_cli.demo:compute"),
         *("--owner", f"{setting.run}-worker-1", "--lease", str(LEASE), "--poll-interval", "0.05"),
         failpoint="finish.before_commit",
     )

@@ -10,16 +10,16 @@ from collections.abc import Callable
 from contextlib import nullcontext
 from typing import Any
 
-from outbox.cli.arguments import non_negative_int, positive_float, positive_int
-from outbox.cli.logs import LOG_HELP, announce, configure_logging, log_options, report_error
-from outbox.cli.ports import metrics_server
-from outbox.cli.settings import Option, add_flags, config_path
 from outbox.handlers import WrongHandlerKind, is_async_handler
 from outbox.observability.server import DEFAULT_HOST
 from outbox.observability.worker_metrics import WorkerMetrics
 from outbox.process_gc import tune_for_long_run
 from outbox.tasks import TaskQueue
 from outbox.worker import Handler, Worker
+from outbox_cli.arguments import non_negative_int, positive_float, positive_int
+from outbox_cli.logs import LOG_HELP, announce, configure_logging, log_options, report_error
+from outbox_cli.ports import metrics_server
+from outbox_cli.settings import Option, add_flags, config_path
 
 
 def load_handler(spec: str) -> Handler:
@@ -76,7 +76,7 @@ HELP = {
 
 
 def add_parser(commands: Any, db_argument: Callable[[argparse.ArgumentParser], None]) -> None:
-    """Register `outbox worker`; defaults are filled in later (see outbox.cli.settings)."""
+    """Register `outbox worker`; defaults are filled in later (see outbox_cli.settings)."""
     parser = commands.add_parser("worker", help="run a handler over claimed tasks")
     db_argument(parser)
     add_flags(parser, OPTIONS, HELP)

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
-from outbox.cli.settings import load
 from outbox.errors import ConfigError
 from outbox.unknown_keys import did_you_mean
+from outbox_cli.settings import load
 from relay.config import DESTINATION_ENV_PREFIX, destination_variable, referenced_variables
 
 PREFIX = "OUTBOX_"

@@ -10,9 +10,9 @@ from __future__ import annotations
 from collections.abc import Collection, Iterable, Mapping
 from typing import Any
 
-from outbox.cli.settings import Option
 from outbox.errors import ConfigError
 from outbox.unknown_keys import did_you_mean, refuse_unknown
+from outbox_cli.settings import Option
 from relay.config import DESTINATION_KEYS
 
 DESTINATIONS = "destinations"

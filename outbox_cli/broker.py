@@ -18,10 +18,10 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-from outbox.cli import relay
-from outbox.cli.logs import report_error
-from outbox.cli.settings import CONFIG_ENV, add_flags, load, resolve
 from outbox.errors import ConfigError, TransportError
+from outbox_cli import relay
+from outbox_cli.logs import report_error
+from outbox_cli.settings import CONFIG_ENV, add_flags, load, resolve
 from relay import Relay
 from relay.broker_setup import (
     DEFAULT_EXCHANGE_TYPE,

@@ -12,7 +12,10 @@ from typing import Any, NoReturn
 import sqlalchemy as sa
 
 from outbox import __version__, failpoints, migrations
-from outbox.cli import (
+from outbox.db.dialect import missing_sqlite_file
+from outbox.errors import OutboxError, StoreUnavailable
+from outbox.redaction import redact
+from outbox_cli import (
     broker,
     console,
     consume,
@@ -27,14 +30,11 @@ from outbox.cli import (
     upgrades,
     worker,
 )
-from outbox.cli.config_file import check_document
-from outbox.cli.environment import check_environment
-from outbox.cli.failures import PortUnavailable
-from outbox.cli.logs import report_error, report_stopped
-from outbox.cli.stopping import StopSignal, runs_until_stopped, stop_signals_raise
-from outbox.db.dialect import missing_sqlite_file
-from outbox.errors import OutboxError, StoreUnavailable
-from outbox.redaction import redact
+from outbox_cli.config_file import check_document
+from outbox_cli.environment import check_environment
+from outbox_cli.failures import PortUnavailable
+from outbox_cli.logs import report_error, report_stopped
+from outbox_cli.stopping import StopSignal, runs_until_stopped, stop_signals_raise
 
 DEFAULT_DB = settings.DEFAULT_DB
 # Settings each command resolves from flag, environment, config file and default.
