@@ -71,8 +71,15 @@ def add_decision_arguments(parser: argparse.ArgumentParser, done: str) -> None:
 
 
 def operator(args: argparse.Namespace) -> str:
-    """Who decides: --by, or the login name."""
-    return str(args.by or getpass.getuser())
+    """Who decides: --by, or the login name; a dry run, which decides nothing, needs neither."""
+    if args.by:
+        return str(args.by)
+    try:
+        return getpass.getuser()
+    except (OSError, KeyError):  # no login name (a container's uid without a passwd entry)
+        if getattr(args, "dry_run", False):
+            return "(dry run)"
+        raise
 
 
 def chosen_many(args: argparse.Namespace, verb: str) -> DeadFilter | None:

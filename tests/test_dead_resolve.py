@@ -264,3 +264,24 @@ def test_resolve_needs_one_reply_id_or_filters(
     assert "not both" in capsys.readouterr().err
     assert set(states(engine).values()) == {"dead"}
     assert audit_rows(engine) == []
+
+
+def test_a_dry_run_needs_no_login_name(
+    db_url: str,
+    engine: sa.Engine,
+    clock: ManualClock,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    dead_messages(engine, clock)
+
+    def no_login_name() -> str:
+        raise OSError("No username set in the environment")
+
+    # A container's uid with no passwd entry and no LOGNAME or USER: getpass cannot name it.
+    monkeypatch.setattr("getpass.getuser", no_login_name)
+    argv = ["dead", "resolve", "b-2", "--reason", "billing has it", "--db", db_url]
+    assert main([*argv, "--dry-run"]) == 0
+    assert capsys.readouterr().out == "would resolve 'b-2'\n"
+    assert main([*argv, "--by", "ops-anna"]) == 0
+    assert [row["requested_by"] for row in audit_rows(engine)] == ["ops-anna"]
