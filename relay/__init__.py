@@ -1,7 +1,7 @@
 """The relay sidecar: leases outbox messages and delivers them through their transports.
 
 relay.loop runs the turns; relay.leases is the database work; relay.dispatch
-fans a turn out to relay.transport implementations (HTTP single and batch).
+fans a turn out to relay.transports (HTTP, NATS JetStream, RabbitMQ).
 """
 
 from __future__ import annotations

@@ -23,8 +23,8 @@ from outbox.clients import optional_client
 from outbox.errors import ConfigError, OutboxError, TransportError
 from outbox.redaction import redact, redact_urls
 from relay.config import Destination
-from relay.nats_transport import render_subject, subject_matches
 from relay.policy import retains
+from relay.transports.nats_wire import render_subject, subject_matches
 
 if TYPE_CHECKING:
     from aio_pika.abc import AbstractChannel, AbstractConnection
@@ -75,7 +75,7 @@ def _with_wildcards(template: str, wildcard: str) -> str:
 def stream_subject(template: str) -> str:
     """The subject filter that captures every subject a NATS subject template publishes on.
 
-    An ordering key fills exactly one token (relay.nats_transport.subject_token
+    An ordering key fills exactly one token (relay.transports.nats_wire.subject_token
     percent-encodes its dots), so each token holding {ordering_key} becomes `*`.
     """
     wanted = _with_wildcards(template, "*")

@@ -61,7 +61,7 @@ class Destination:
     require_retention: bool = False
     """Refuse to start when the destination publishes no receipt retention."""
     kind: str = "http"
-    """Which transport delivers here (relay.transport.TRANSPORTS); `mode` chooses within HTTP."""
+    """Which transport delivers here (relay.transports.KINDS); `mode` chooses within HTTP."""
     unsigned: bool = False
     """Send without signatures: only when said, never because the secret was left out."""
     allow_short_retention: bool = False

@@ -36,7 +36,8 @@ from relay.policy import (
     truncate,
 )
 from relay.records import Message, key_chains
-from relay.transport import Parcel, Transport, transport_for
+from relay.transports import transport_for
+from relay.transports.base import Parcel, Transport
 
 log = logging.getLogger("outbox.relay")
 

@@ -16,9 +16,9 @@ from hypothesis import strategies as st
 from support.relay_helpers import SECRET
 
 from relay import Destination
-from relay.nats_headers import NatsHeaders
-from relay.nats_wire import HeaderBlock, header_block
 from relay.records import Message
+from relay.transports.nats_headers import NatsHeaders
+from relay.transports.nats_wire import HeaderBlock, header_block
 
 BODY = b'{"n":1}'
 HASH = hashlib.sha256(BODY).hexdigest()

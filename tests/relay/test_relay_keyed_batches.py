@@ -17,8 +17,8 @@ from outbox.errors import ConfigError
 from outbox.testing import ManualClock
 from relay import Destination, Relay
 from relay.config import destinations_from
-from relay.http_batch import HELD_BY_RECEIVER, pack_batches
 from relay.records import Message
+from relay.transports.http import HELD_BY_RECEIVER, pack_batches
 
 Decide = Callable[[list[dict[str, str]]], list[dict[str, str]]]
 

@@ -42,10 +42,11 @@ from outbox.signing import (
 )
 from outbox.testing import ManualClock
 from relay import ConfigError, Destination, Relay
-from relay.nats_transport import NatsTransport, render_subject, subject_matches, subject_token
 from relay.policy import Dead, Retry, Sent
 from relay.records import Message
-from relay.transport import Parcel
+from relay.transports.base import Parcel
+from relay.transports.nats import NatsTransport
+from relay.transports.nats_wire import render_subject, subject_matches, subject_token
 
 TRACEPARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
 
@@ -220,7 +221,7 @@ def test_pub_acks_settle_a_parcel_through_either_client(
     import nats
 
     if client == "nats-py":
-        monkeypatch.setattr("relay.nats_transport.relay_client", lambda _: nats.aio.client.Client)
+        monkeypatch.setattr("relay.transports.nats.relay_client", lambda _: nats.aio.client.Client)
     messages = [
         Message(n, f"r-{n}", "default", b"{}", hashlib.sha256(b"{}").hexdigest(), {}, 1, 1)
         for n in range(1, 4)
@@ -251,7 +252,7 @@ def test_a_publish_that_fails_leaves_each_message_of_the_parcel_a_retry(
     async def refuse(client: Any, publishes: Any) -> None:
         raise nats.errors.ConnectionClosedError
 
-    monkeypatch.setattr("relay.nats_transport.publish_all", refuse)
+    monkeypatch.setattr("relay.transports.nats.publish_all", refuse)
     messages = [
         Message(n, f"r-{n}", "default", b"{}", hashlib.sha256(b"{}").hexdigest(), {}, 1, 1)
         for n in (1, 2)

@@ -25,7 +25,7 @@ from outbox.schema import messages
 from outbox.signing import CONTENT_HASH_HEADER, ORDERING_KEY_HEADER, parse_secret, verify
 from outbox.testing import ManualClock
 from relay import ConfigError, Destination, Relay
-from relay.rabbitmq_transport import MAX_ROUTING_KEY_BYTES, NO_ORDERING_KEY, RabbitMqTransport
+from relay.transports.rabbitmq import MAX_ROUTING_KEY_BYTES, NO_ORDERING_KEY, RabbitMqTransport
 from relay.webhooks import USER_AGENT
 
 # The transport does not depend on the store: one backend is enough here.

@@ -16,8 +16,8 @@ from outbox.redaction import redact_urls
 from outbox.testing import ManualClock
 from relay import Destination, Relay
 from relay import http_client as relay_http
-from relay.http_batch import pack_batches
 from relay.records import Message
+from relay.transports.http import pack_batches
 
 
 def test_no_attempt_starts_that_could_outlive_the_lease(

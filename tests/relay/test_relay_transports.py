@@ -18,12 +18,12 @@ from support.relay_helpers import SECRET, publish_many, rows
 
 from outbox.errors import ConfigError
 from outbox.testing import ManualClock
-from relay import Destination, Relay
-from relay import transport as transports
+from relay import Destination, Relay, transports
 from relay.policy import Outcome, Retry, Sent
 from relay.receipts import ask_receipt
 from relay.records import Message
-from relay.transport import Parcel, Transport, health_url
+from relay.transports.base import Parcel, Transport
+from relay.transports.http import health_url
 
 
 class InMemoryTransport(Transport):
@@ -63,7 +63,7 @@ class InMemoryTransport(Transport):
 def test_a_transport_of_a_new_kind_delivers_and_its_outcomes_settle(
     db_url: str, engine: sa.Engine, clock: ManualClock, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setitem(transports.TRANSPORTS, "memory", InMemoryTransport)
+    monkeypatch.setitem(transports.KINDS, "memory", transports.Kind(InMemoryTransport))
     monkeypatch.setattr(InMemoryTransport, "delivered", [])
     monkeypatch.setattr(InMemoryTransport, "parcel_sizes", [])
     publish_many(engine, ["m-1", "m-2", "m-3", "refuse-4"], clock=clock)

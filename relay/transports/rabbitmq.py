@@ -2,7 +2,7 @@
 
 A message is published with its stored body bytes unchanged, `message_id` = its
 reply_id, content type application/json, delivery mode persistent, and as AMQP
-headers the broker headers every broker transport sends (relay.broker_headers:
+headers the broker headers every broker transport sends (relay.transports.broker_headers:
 signature, content hash, traceparent). The routing key is the destination's
 template with {ordering_key} filled in.
 
@@ -39,16 +39,18 @@ from typing import TYPE_CHECKING, cast
 
 from outbox.errors import ConfigError, TransportError
 from outbox.redaction import redact, redact_urls
-from relay.broker_headers import broker_headers
 from relay.config import Destination
 from relay.policy import ACKED, HELD, Dead, Outcome, Retry, Sent, truncate
 from relay.records import Message, key_chains
-from relay.transport import Parcel, Transport, clients
+from relay.transports.base import Parcel, Transport, clients
+from relay.transports.broker_headers import broker_headers
 
 if TYPE_CHECKING:
     from aio_pika.abc import AbstractChannel, AbstractConnection
     from aiormq.channel import Channel
 
+CLIENT_MODULES = ("aio_pika", "aiormq")
+"""The client the rabbitmq extra installs (pyproject.toml): aio-pika, and aiormq under it."""
 MAX_ROUTING_KEY_BYTES = 255
 """AMQP 0-9-1 carries a routing key as a short string."""
 NACKED = "the broker nacked the message"
@@ -77,7 +79,7 @@ class RabbitMqTransport(Transport):
         super().__init__(destination)
         # aiormq, aio-pika's own dependency: its channel publishes without aio-pika's
         # per-message wrapping, and without waiting for each frame to be flushed.
-        aio_pika, aiormq = clients("rabbitmq")
+        aio_pika, aiormq = clients("rabbitmq", CLIENT_MODULES)
         self._properties = aiormq.spec.Basic.Properties
         assert destination.exchange is not None, "config requires an exchange"
         assert destination.routing_key is not None, "config requires a routing key"
