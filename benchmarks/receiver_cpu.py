@@ -37,7 +37,7 @@ from benchmarks.relay_bench import (
 )
 from outbox.canonical import canonical_bytes, sha256_hex
 from outbox.messages import BATCH_ID_PREFIX
-from relay.config import Destination
+from relay.config import make_destination
 from relay.records import Message
 from relay.transports.http import pack_batches
 from relay.webhooks import request_headers
@@ -66,7 +66,7 @@ def bodies(first: int, count: int) -> list[tuple[str, bytes]]:
 
 def post_all(url: str, batches: Iterable[tuple[str, bytes]], clients: int) -> int:
     """POST every batch from `clients` threads; the replies answered stored."""
-    destination = Destination(url=url, secret=SECRET, mode="batch")
+    destination = make_destination(url=url, secret=SECRET, mode="batch")
     work: Iterator[tuple[str, bytes]] = iter(list(batches))
     lock = threading.Lock()
     stored = [0] * clients

@@ -7,7 +7,7 @@ fans a turn out to relay.transports (HTTP, NATS JetStream, RabbitMQ).
 from __future__ import annotations
 
 from outbox.errors import ConfigError
-from relay.config import Destination
+from relay.config import Destination, make_destination
 from relay.loop import Relay
 
-__all__ = ["ConfigError", "Destination", "Relay"]
+__all__ = ["ConfigError", "Destination", "Relay", "make_destination"]

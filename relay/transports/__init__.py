@@ -3,8 +3,9 @@
 relay.transports.base holds the interface every kind implements; relay.transports.http,
 .nats and .rabbitmq are the kinds (the broker ones import their client only when a
 destination of theirs is built). This registry is the only module that imports them all,
-and only the relay's assembly (relay.config, relay.dispatch, relay.loop) imports it: a
-new kind is one module and its line in KINDS.
+and only the relay's assembly (relay.config, relay.dispatch, relay.loop, and the command
+line's checks) imports it: a new kind is one module (its Transport and its KindOptions)
+and its line in KINDS.
 """
 
 from __future__ import annotations
@@ -13,10 +14,10 @@ from collections.abc import Callable, Mapping
 from typing import NamedTuple
 
 from outbox.errors import ConfigError
-from relay.config import Destination
+from relay.destination import Destination, KindOptions
 from relay.transports import nats, rabbitmq
 from relay.transports.base import Transport, clients
-from relay.transports.http import http_transport
+from relay.transports.http import HttpOptions, http_transport
 
 
 class Kind(NamedTuple):
@@ -24,15 +25,17 @@ class Kind(NamedTuple):
 
     transport: Callable[[Destination], Transport]
     """Builds the transport of one destination of this kind."""
+    options: type[KindOptions]
+    """Its options: the keys of its config tables besides the common ones, checked."""
     clients: tuple[str, ...] = ()
     """The broker client modules its transport imports; the extra named as the kind
     installs them (pyproject.toml)."""
 
 
 KINDS: dict[str, Kind] = {
-    "http": Kind(http_transport),
-    "nats": Kind(nats.NatsTransport, nats.CLIENT_MODULES),
-    "rabbitmq": Kind(rabbitmq.RabbitMqTransport, rabbitmq.CLIENT_MODULES),
+    "http": Kind(http_transport, HttpOptions),
+    "nats": Kind(nats.NatsTransport, nats.NatsOptions, nats.CLIENT_MODULES),
+    "rabbitmq": Kind(rabbitmq.RabbitMqTransport, rabbitmq.RabbitMqOptions, rabbitmq.CLIENT_MODULES),
 }
 """Each destination kind (the `kind` key of its config table) and what delivers to it."""
 

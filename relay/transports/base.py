@@ -10,13 +10,17 @@ tables name.
 
 from __future__ import annotations
 
+import math
+import string
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
 from types import ModuleType
 
 from outbox.clients import optional_client
-from relay.config import Destination
+from outbox.durations import duration_text
+from outbox.errors import ConfigError
+from relay.destination import Destination
 from relay.policy import Outcome
 from relay.records import Message
 
@@ -38,8 +42,8 @@ class Transport(ABC):
 
     @property
     def mode(self) -> str:
-        """The label of this transport in metrics."""
-        return self.destination.mode
+        """The label of this transport in metrics: its kind, unless the kind says more."""
+        return self.destination.kind
 
     @abstractmethod
     def parcels(self, messages: Sequence[Message]) -> list[Parcel]:
@@ -72,6 +76,18 @@ class Transport(ABC):
         duplicate window); the others keep the start check's warning alone.
         """
 
+    def too_short(self, name: str, kept: float, longest: float) -> str:
+        """Why destination `name` is refused for keeping receipts `kept` seconds, shorter
+        than the `longest` retry window, and the two fixes: keep longer (the value needed),
+        or run regardless."""
+        needed = duration_text(math.ceil(longest))
+        return (
+            f"destination {name!r} keeps receipts for {duration_text(kept)}, shorter than the "
+            f"longest retry window ({duration_text(longest)}): a late resend could apply twice. "
+            f"Raise the receiver's retention to at least {needed} (outbox receiver --retention "
+            f"{needed}), or set allow_short_retention = true to run regardless"
+        )
+
     @abstractmethod
     async def close(self) -> None:
         """Release connections."""
@@ -82,3 +98,20 @@ def clients(kind: str, modules: Sequence[str]) -> list[ModuleType]:
     install (the one named as the kind, pyproject.toml) when one is missing."""
     needed_for = f"a destination of kind {kind}"
     return [optional_client(kind, needed_for, module) for module in modules]
+
+
+TEMPLATE_FIELDS = ("ordering_key",)
+"""What a subject or routing key template may name, as {ordering_key}."""
+
+
+def check_template(key: str, template: str) -> None:
+    """ConfigError unless `template` is text naming at most {ordering_key}."""
+    try:
+        fields = [field for _, field, _, _ in string.Formatter().parse(template) if field]
+    except ValueError as exc:
+        raise ConfigError(f"{key} {template!r}: {exc}") from None
+    unknown = sorted(set(fields) - set(TEMPLATE_FIELDS))
+    if unknown:
+        raise ConfigError(f"{key} {template!r} names {unknown}; only {{ordering_key}} is known")
+    if not template:
+        raise ConfigError(f"{key} must not be empty")

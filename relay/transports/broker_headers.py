@@ -14,7 +14,7 @@ is derived from it with the secret (relay.transports.nats_headers).
 from __future__ import annotations
 
 from outbox.signing import CONTENT_HASH_HEADER, ORDERING_KEY_HEADER
-from relay.config import Destination
+from relay.destination import Destination
 from relay.records import Message
 from relay.webhooks import request_headers
 

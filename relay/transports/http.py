@@ -21,14 +21,16 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from json.encoder import encode_basestring
+from typing import ClassVar, Literal
 from urllib.parse import urlsplit, urlunsplit
 
-from outbox.errors import TransportError
+from outbox.errors import ConfigError, TransportError
 from outbox.messages import BATCH_ID_PREFIX
-from outbox.redaction import redact_urls
-from relay.config import Destination
+from outbox.redaction import redact_urls, shown_value
+from relay.destination import Destination, KindOptions, Reader, flag, text
 from relay.http_client import HttpClient, Response
 from relay.policy import Dead, Outcome, Retry, Sent, Unsent, classify, truncate
 from relay.receipts import receipt_matches
@@ -39,6 +41,49 @@ from relay.webhooks import post, request_headers, snippet
 _BATCH_HEAD = b'{"replies":['
 _BATCH_TAIL = b"]}"
 
+Mode = Literal["single", "batch"]
+
+
+@dataclass(frozen=True)
+class HttpOptions(KindOptions):
+    """What an HTTP destination has besides the common keys (docs/reference/config.md)."""
+
+    KIND: ClassVar[str] = "http"
+    URL_SCHEMES: ClassVar[tuple[str, ...]] = ("http", "https")
+    KEYS: ClassVar[Mapping[str, Reader]] = {
+        "mode": text,
+        "receipt_lookup": flag,
+        "batch_url": text,
+        "ordered_batches": flag,
+    }
+
+    mode: Mode = "single"
+    """One POST per message (single), or many messages per POST (batch)."""
+    receipt_lookup: bool = False
+    """GET <url>/<reply_id> settles an unknown outcome and guards requeues."""
+    batch_url: str | None = None
+    ordered_batches: bool = False
+    """Batch mode: the receiver applies a batch's items of one ordering key in order and
+    answers `held` after one it did not apply, so a batch may hold several of them."""
+
+    def __post_init__(self) -> None:
+        if self.mode not in ("single", "batch"):
+            raise ConfigError(
+                f"destination mode must be 'single' or 'batch', got {shown_value(self.mode)}"
+            )
+
+    def other_urls(self) -> tuple[str, ...]:
+        """The batch endpoint, when it is configured."""
+        return () if self.batch_url is None else (self.batch_url,)
+
+    def asks_receipts(self) -> bool:
+        """As receipt_lookup says."""
+        return self.receipt_lookup
+
+    def post_batch_url(self, url: str) -> str:
+        """The batch endpoint: configured, or `<url>/batch` for the reference receiver."""
+        return self.batch_url or url.rstrip("/") + "/batch"
+
 
 class HttpTransport(Transport):
     """The common part of HTTP transports: one pooled client, receipt lookup, retention."""
@@ -48,7 +93,16 @@ class HttpTransport(Transport):
     def __init__(self, destination: Destination) -> None:
         """One keep-alive client per destination, at most `concurrency` connections."""
         super().__init__(destination)
+        options = destination.options
+        if not isinstance(options, HttpOptions):
+            raise ConfigError(f"an http destination has HttpOptions, not {options!r}")
+        self.options = options
         self.client = HttpClient(destination.concurrency)
+
+    @property
+    def mode(self) -> str:
+        """The label of this transport in metrics: single or batch."""
+        return self.options.mode
 
     async def holds(self, message: Message) -> bool | None:
         """GET <url>/<reply_id> and compare the content hash."""
@@ -164,7 +218,7 @@ class HttpBatchTransport(HttpTransport):
         """Messages packed into batch bodies; without ordered_batches, at most one message
         of a key per batch (a key's next one in a later batch, sent after it)."""
         destination = self.destination
-        rounds = [messages] if destination.ordered_batches else one_per_key(messages)
+        rounds = [messages] if self.options.ordered_batches else one_per_key(messages)
         return [
             Parcel(group, body)
             for part in rounds
@@ -180,7 +234,8 @@ class HttpBatchTransport(HttpTransport):
         destination = self.destination
         batch_id = f"{BATCH_ID_PREFIX}{batch[0].id}-{batch[-1].id}-{len(batch)}"
         headers = request_headers(destination, batch_id, body)
-        response = await post(self.client, destination, destination.post_batch_url, headers, body)
+        url = self.options.post_batch_url(destination.url)
+        response = await post(self.client, destination, url, headers, body)
         if isinstance(response, Retry):
             return dict.fromkeys((m.id for m in batch), response)
         whole = classify(response.status, response.headers.get("retry-after"), snippet(response))
@@ -259,6 +314,6 @@ def _held_only_behind_its_key(
 
 def http_transport(destination: Destination) -> Transport:
     """The HTTP transport of `destination`'s mode: batch, or single."""
-    if destination.mode == "batch":
+    if isinstance(destination.options, HttpOptions) and destination.options.mode == "batch":
         return HttpBatchTransport(destination)
     return HttpSingleTransport(destination)

@@ -2,9 +2,10 @@
 
 A message goes to the subject its destination's template names, with
 `Nats-Msg-Id` = an id derived from the reply_id with the destination's secret (the
-reply_id itself when unsigned: relay.transports.nats_headers), the body bytes unchanged and the
-broker headers (relay.transports.broker_headers). The PubAck is the trusted ACK, a duplicate one
-too: the stream already holds that id, which only holders of the secret can compute.
+reply_id itself when unsigned: relay.transports.nats_headers), the body bytes unchanged
+and the broker headers (relay.transports.broker_headers). The PubAck is the trusted ACK,
+a duplicate one too: the stream already holds that id, which only holders of the secret
+can compute.
 A parcel's messages are published together and each is settled by its own PubAck
 (docs/explanation/contract.md#nats-jetstream), except that a key's later messages in a
 parcel are each published only after the PubAck of the one before: a retried message
@@ -13,45 +14,77 @@ can never be stored behind its key's next.
 A lost connection ends every publish still waiting as a retry, never as sent:
 the stream may or may not have stored it, and the resend is dropped by the
 stream's duplicate window if it had. The next parcel connects anew.
+
+The destination's options (NatsOptions) choose the client: the relay's fast one
+(relay.transports.nats_client), or nats-py's own with `fast_client = false`; both
+publish the same bytes and settle each message by its own PubAck.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import math
 import time
 from collections.abc import Mapping, Sequence
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, ClassVar
 
 from outbox.durations import duration_text
 from outbox.errors import ConfigError, TransportError
 from outbox.messages import NATS_STATUS_HEADERS, RESERVED_HEADER_PREFIX
-from relay.config import Destination
-from relay.policy import ACKED, HELD, Dead, Outcome, Retry, Sent, retains, truncate
-from relay.records import Message, key_chains
-from relay.transports.base import Parcel, Transport, clients
+from relay.destination import Destination, KindOptions, Reader, flag, text
+from relay.policy import HELD, Dead, Outcome, Retry, Sent, retains, truncate
+from relay.records import Message, first_of_each_key
+from relay.transports.base import Parcel, Transport, check_template, clients
 from relay.transports.nats_client import relay_client
 from relay.transports.nats_connection import (
     SETUP_HINT,
     Answers,
     Link,
+    PubAckReader,
     connect,
     describe,
     duplicate_window,
+    short_window,
 )
 from relay.transports.nats_headers import NatsHeaders
-from relay.transports.nats_wire import BadHeaderName, Publish, publish_all, render_subject
+from relay.transports.nats_wire import (
+    BadHeaderName,
+    Publish,
+    check_stream_name,
+    publish_all,
+    render_subject,
+)
 
 log = logging.getLogger("outbox.relay")
 
 CLIENT_MODULES = ("nats",)
 """The client the nats extra installs (pyproject.toml)."""
 
-# JetStream answers 400 to what no resend can change: the subject bound to another
-# stream than the configured one, a message or its headers over the stream's limit.
-_PERMANENT_CODES = frozenset({400})
+
+@dataclass(frozen=True)
+class NatsOptions(KindOptions):
+    """What a NATS destination has besides the common keys (docs/reference/config.md)."""
+
+    KIND: ClassVar[str] = "nats"
+    URL_SCHEMES: ClassVar[tuple[str, ...]] = ("nats", "tls")
+    KEYS: ClassVar[Mapping[str, Reader]] = {"stream": text, "subject": text, "fast_client": flag}
+
+    stream: str
+    """The JetStream stream the subject belongs to (checked at start)."""
+    subject: str
+    """The subject to publish on; a template that may name {ordering_key}."""
+    fast_client: bool = True
+    """Publish through the relay's fast client (relay.transports.nats_client), which
+    overrides nats-py internals; false: through nats-py's own publish, slower."""
+
+    def __post_init__(self) -> None:
+        check_stream_name(self.stream)
+        check_template("subject", self.subject)
+        if any(c in self.subject for c in " \t\r\n"):
+            # The relay publishes without the client's per-message subject check.
+            raise ConfigError(f"subject {self.subject!r} must not hold spaces, tabs or line breaks")
 
 
 class NatsTransport(Transport):
@@ -66,27 +99,22 @@ class NatsTransport(Transport):
         """Nothing connects until the first publish or retention check."""
         super().__init__(destination)
         [self._nats] = clients("nats", CLIENT_MODULES)
-        if destination.stream is None or destination.subject is None:
-            raise ConfigError("a destination of kind nats needs stream and subject")
-        self.stream = destination.stream
-        self.subject = destination.subject
+        options = destination.options
+        if not isinstance(options, NatsOptions):
+            raise ConfigError(f"a nats destination has NatsOptions, not {options!r}")
+        self.options = options
+        self.stream = options.stream
+        self.subject = options.subject
         self._keyless_subject = render_subject(self.subject, None)
         """The subject of a message without an ordering key, and of every message when the
         template names none."""
         self._keyed = "{" in self.subject
         self._headers = NatsHeaders(destination, self.stream)
-        self._pub_ack_prefix = b'{"stream":%s,' % json.dumps(self.stream).encode()
-        """How nats-server starts a PubAck of this stream when JSON and Go quote its name
-        alike (printable ASCII); an error answer never starts so. Other acks parse in full."""
+        self._answer = PubAckReader(self.stream)
         self._link: Link | None = None
         self._connecting = asyncio.Lock()
         self._required_window: float | None = None
         """A duplicate window to check for before publishing: the start check could not."""
-
-    @property
-    def mode(self) -> str:
-        """Metrics label this transport "nats"."""
-        return "nats"
 
     def parcels(self, messages: Sequence[Message]) -> list[Parcel]:
         """Up to max_batch_items messages per parcel, published together."""
@@ -120,7 +148,7 @@ class NatsTransport(Transport):
         expired = False
         signed_at = int(time.time())  # one reading of the clock for the parcel's signatures
         # A key's later messages wait for the PubAck of the one before (see _follow).
-        first, later = _first_of_each_key(parcel.messages)
+        first, later = first_of_each_key(parcel.messages)
         held_back = {m.id for chain in later.values() for m in chain}
         try:
             async with asyncio.timeout_at(deadline):
@@ -275,31 +303,6 @@ class NatsTransport(Transport):
             return Retry(None, "connection to NATS lost before the PubAck")
         return Retry(None, f"no PubAck within {self.destination.timeout:g}s")
 
-    def _answer(self, data: bytes, headers: Mapping[str, str] | None) -> Outcome:
-        """JetStream's answer to one publish: PubAck sent; transient retry; permanent dead."""
-        if headers and headers.get("Status") == "503":
-            # No stream listens on the subject now: in a cluster while a stream leader is
-            # elected, or while a server restarts; a stream deleted for good goes dead
-            # when the retry budget is spent, with this reason.
-            return Retry(None, "no JetStream stream answered on the subject (missing or not ready)")
-        if data.startswith(self._pub_ack_prefix):
-            # A PubAck of this stream, duplicate or not: an error answer starts with
-            # {"error", so one that starts so carries none. Anything else is read in full.
-            return ACKED
-        try:
-            answer = json.loads(data)
-            error = answer.get("error")
-        except (ValueError, AttributeError):
-            return Retry(None, truncate(f"unreadable JetStream answer: {data[:200]!r}"))
-        if error is None:
-            if answer.get("stream") != self.stream:
-                return Retry(None, truncate(f"unreadable JetStream answer: {data[:200]!r}"))
-            return ACKED  # a PubAck, duplicate or not: the stream holds the reply_id
-        code = error.get("code") if isinstance(error, dict) else None
-        said = truncate(f"JetStream refused the message: {error}")
-        permanent = isinstance(code, int) and code in _PERMANENT_CODES
-        return Dead(None, said) if permanent else Retry(None, said)
-
     async def _connection(self) -> Link:
         """The open connection, or a new one when there is none or it was lost."""
         async with self._connecting:
@@ -312,7 +315,10 @@ class NatsTransport(Transport):
             return link
 
     async def _connect(self) -> Link:
-        client_class = relay_client(self._nats)
+        # The fast client checks nats-py's internals at first use, and falls back to
+        # nats-py's own client when they are not the ones it knows.
+        fast = self.options.fast_client
+        client_class = relay_client(self._nats) if fast else self._nats.aio.client.Client
         destination = self.destination
         return await connect(client_class, destination.url, destination.timeout, self._answer)
 
@@ -377,6 +383,10 @@ class NatsTransport(Transport):
         url = self.destination.url
         return await duplicate_window(self._nats, link, self.stream, self.subject, url)
 
+    def too_short(self, name: str, kept: float, longest: float) -> str:
+        """The stream's duplicate window is what keeps receipts: raise it, or run regardless."""
+        return short_window(name, self.stream, kept, longest)
+
     async def close(self) -> None:
         """Close the connection, if one is open."""
         link, self._link = self._link, None
@@ -384,13 +394,3 @@ class NatsTransport(Transport):
             link.lost.set()  # ours to close: not a lost connection to warn of
             if not link.client.is_closed:
                 await link.client.close()
-
-
-def _first_of_each_key(
-    messages: Sequence[Message],
-) -> tuple[list[Message], dict[str | None, list[Message]]]:
-    """The messages published at once (every unkeyed one and the first of each key), and
-    each key's later ones, in order."""
-    chains = key_chains(messages)
-    later = {chain[0].ordering_key: chain[1:] for chain in chains if len(chain) > 1}
-    return [chain[0] for chain in chains], later

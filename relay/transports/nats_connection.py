@@ -10,13 +10,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import json
 import logging
+import math
 from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
+from outbox.durations import duration_text
 from outbox.errors import ConfigError, TransportError
 from outbox.redaction import redact, redact_urls
-from relay.policy import Outcome, Retry, truncate
+from relay.policy import ACKED, Dead, Outcome, Retry, truncate
 from relay.transports.nats_wire import render_subject, subject_matches, subscribe_answers
 
 if TYPE_CHECKING:
@@ -25,8 +28,25 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("outbox.relay")
 
+# JetStream answers 400 to what no resend can change: the subject bound to another
+# stream than the configured one, a message or its headers over the stream's limit.
+_PERMANENT_CODES = frozenset({400})
+
 SETUP_HINT = "`outbox broker setup` creates or updates the stream to fit"
 """How to fix a stream the relay refuses (outbox.cli.broker)."""
+
+
+def short_window(name: str, stream: str, kept: float, longest: float) -> str:
+    """Why destination `name` is refused for its stream's duplicate window of `kept`
+    seconds, shorter than the `longest` retry window, and the two fixes."""
+    needed = duration_text(math.ceil(longest))
+    return (
+        f"destination {name!r}: stream {stream!r} keeps a duplicate window of "
+        f"{duration_text(kept)}, shorter than the longest retry window "
+        f"({duration_text(longest)}): a late resend could be stored twice. Raise the "
+        f"stream's duplicate_window to at least {needed} (`outbox broker setup` does), or "
+        "set allow_short_retention = true to run regardless"
+    )
 
 
 class Answers:
@@ -75,6 +95,42 @@ class Link:
         """By reply token: the parcel waiting for that PubAck, and the message's id."""
         self.lost = asyncio.Event()
         self.tokens = itertools.count()
+
+
+class PubAckReader:
+    """Reads JetStream's answers to publishes into one stream."""
+
+    def __init__(self, stream: str) -> None:
+        """The reader of `stream`'s PubAcks."""
+        self.stream = stream
+        self.prefix = b'{"stream":%s,' % json.dumps(stream).encode()
+        """How nats-server starts a PubAck of this stream when JSON and Go quote its name
+        alike (printable ASCII); an error answer never starts so. Other acks parse in full."""
+
+    def __call__(self, data: bytes, headers: Mapping[str, str] | None) -> Outcome:
+        """JetStream's answer to one publish: PubAck sent; transient retry; permanent dead."""
+        if headers and headers.get("Status") == "503":
+            # No stream listens on the subject now: in a cluster while a stream leader is
+            # elected, or while a server restarts; a stream deleted for good goes dead
+            # when the retry budget is spent, with this reason.
+            return Retry(None, "no JetStream stream answered on the subject (missing or not ready)")
+        if data.startswith(self.prefix):
+            # A PubAck of this stream, duplicate or not: an error answer starts with
+            # {"error", so one that starts so carries none. Anything else is read in full.
+            return ACKED
+        try:
+            answer = json.loads(data)
+            error = answer.get("error")
+        except (ValueError, AttributeError):
+            return Retry(None, truncate(f"unreadable JetStream answer: {data[:200]!r}"))
+        if error is None:
+            if answer.get("stream") != self.stream:
+                return Retry(None, truncate(f"unreadable JetStream answer: {data[:200]!r}"))
+            return ACKED  # a PubAck, duplicate or not: the stream holds the reply_id
+        code = error.get("code") if isinstance(error, dict) else None
+        said = truncate(f"JetStream refused the message: {error}")
+        permanent = isinstance(code, int) and code in _PERMANENT_CODES
+        return Dead(None, said) if permanent else Retry(None, said)
 
 
 AnswerReader = Callable[[bytes, Mapping[str, str] | None], Outcome]

@@ -26,7 +26,7 @@ from outbox.signing import (
     is_webhook_id,
     signature,
 )
-from relay.config import Destination
+from relay.destination import Destination
 from relay.records import Message
 from relay.transports.broker_headers import broker_headers
 from relay.transports.nats_wire import STATUS_LINE, HeaderBlock, header_lines, sent_as_is

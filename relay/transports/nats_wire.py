@@ -17,6 +17,8 @@ import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple
 
+from outbox.errors import ConfigError
+
 NO_KEY_TOKEN = "_"  # noqa: S105 - a subject token, not a password
 """The subject token of a message without an ordering key."""
 _KEEP = frozenset(chr(c) for c in range(0x21, 0x7F)) - set(".*>%")
@@ -36,8 +38,8 @@ class Publish(NamedTuple):
 
 
 async def publish_all(client: Any, publishes: Sequence[Publish]) -> None:
-    """Publish each in order: queued together on the relay's client (relay_client), one by
-    one through nats-py's publish on its own."""
+    """Publish each in order: queued together on the relay's fast client
+    (relay.transports.nats_client), one by one through nats-py's own publish otherwise."""
     many = getattr(client, "publish_many", None)
     if many is not None:
         await many(publishes)
@@ -156,3 +158,16 @@ def subject_matches(filter_subject: str, subject: str) -> bool:
         if index >= len(tokens) or (part != "*" and part != tokens[index]):
             return False
     return len(tokens) == len(wanted)
+
+
+_STREAM_NAME_REFUSED = frozenset(" \t.*>/\\")
+
+
+def check_stream_name(name: str) -> None:
+    """ConfigError unless `name` is a JetStream stream name: printable, without whitespace,
+    '.', '*', '>', '/' or '\\' (names NATS refuses, or whose PubAcks could not be read)."""
+    if not name or any(c in _STREAM_NAME_REFUSED or not c.isprintable() for c in name):
+        raise ConfigError(
+            f"stream {name!r} is not a JetStream stream name: printable characters "
+            "without whitespace, '.', '*', '>', '/' or '\\'"
+        )

@@ -17,7 +17,7 @@ from nats.aio.client import Client
 from nats.protocol.parser import Parser
 from support.relay_helpers import SECRET
 
-from relay import Destination
+from relay import make_destination
 from relay.policy import Dead, Retry, Sent
 from relay.records import Message
 from relay.transports.nats import NatsTransport
@@ -222,7 +222,7 @@ def test_a_nats_py_that_hands_messages_on_otherwise_keeps_its_own_subscriptions(
 def transport(stream: str) -> NatsTransport:
     """A transport for `stream` (nothing connects)."""
     return NatsTransport(
-        Destination(
+        make_destination(
             "nats://127.0.0.1:4222",
             kind="nats",
             stream=stream,
@@ -265,13 +265,13 @@ def test_a_pub_ack_of_the_stream_is_read_without_parsing_it(
     def refuse(text: bytes) -> Any:
         raise AssertionError("parsed in full")
 
-    monkeypatch.setattr("relay.transports.nats.json.loads", refuse)
+    monkeypatch.setattr("relay.transports.nats_connection.json.loads", refuse)
     assert type(reader._answer(answer, None)) is Sent
 
 
 def prepared(message_id: int, reply_id: str, headers: dict[str, Any]) -> Any:
     """What a signed transport makes of one message before publishing it (no server)."""
-    destination = Destination(
+    destination = make_destination(
         "nats://127.0.0.1:4222", kind="nats", stream="S", subject="s.x", secret=SECRET
     )
     link = types.SimpleNamespace(client=types.SimpleNamespace(max_payload=1 << 20), inbox="_I")

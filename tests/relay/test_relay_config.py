@@ -19,7 +19,7 @@ from support.scripted_server import ScriptedServer
 
 from outbox.cli import main
 from outbox.errors import ConfigError
-from relay.config import Destination, destination_variable, destinations_from
+from relay.config import destination_variable, destinations_from, make_destination
 
 OTHER_SECRET = "whsec_" + base64.b64encode(b"the file names this one").decode()
 FILE = {
@@ -44,7 +44,7 @@ def test_a_destination_defined_only_by_the_environment() -> None:
     }
     found = destinations_from({}, None, env)
     assert found == {
-        "billing": Destination(
+        "billing": make_destination(
             "https://billing.example/hooks",
             secret=SECRET,
             mode="batch",
@@ -54,7 +54,7 @@ def test_a_destination_defined_only_by_the_environment() -> None:
             receipt_lookup=True,
             require_retention=False,
         ),
-        "eu_orders": Destination("http://orders.eu.example/in", secret=SECRET),
+        "eu_orders": make_destination("http://orders.eu.example/in", secret=SECRET),
     }
     assert found["billing"].secret == SECRET  # repr hides it, equality does not
 
@@ -274,7 +274,7 @@ def test_unsigned_delivery_only_when_the_config_says_so() -> None:
     )
     assert (found["b"].secret, found["b"].unsigned) == (None, True)
     with pytest.raises(ConfigError, match="a secret and unsigned = true"):
-        Destination("http://b.example", secret=SECRET, unsigned=True)
+        make_destination("http://b.example", secret=SECRET, unsigned=True)
 
 
 def test_a_variable_that_could_set_two_destinations_is_refused() -> None:
@@ -345,14 +345,14 @@ def test_broker_destinations_from_the_file_and_the_environment() -> None:
     env.pop("OUTBOX_DESTINATION_AUDIT_EXCHANGE")
     document["destinations"]["audit"] = {"exchange": ""}
     found = destinations_from(document, "relay.toml", env)
-    assert found["events"] == Destination(
+    assert found["events"] == make_destination(
         "nats://127.0.0.1:4222",
         secret=SECRET,
         kind="nats",
         stream="ORDERS",
         subject="orders.{ordering_key}",
     )
-    assert found["audit"] == Destination(
+    assert found["audit"] == make_destination(
         "amqp://guest:guest@127.0.0.1:5672/",
         secret=SECRET,
         kind="rabbitmq",

@@ -41,7 +41,7 @@ from outbox.signing import (
     verify,
 )
 from outbox.testing import ManualClock
-from relay import ConfigError, Destination, Relay
+from relay import ConfigError, Destination, Relay, make_destination
 from relay.policy import Dead, Retry, Sent
 from relay.records import Message
 from relay.transports.base import Parcel
@@ -61,7 +61,7 @@ def stream() -> Iterator[Stream]:
 
 def nats_destination(stream: Stream, subject: str | None = None, **options: Any) -> Destination:
     """A signed destination publishing into `stream`, on `<prefix>.{ordering_key}` by default."""
-    return Destination(
+    return make_destination(
         NATS_URL,
         kind="nats",
         stream=stream.name,
@@ -321,7 +321,7 @@ def test_a_duplicate_window_shorter_than_the_retry_window_is_refused_unless_allo
 def test_a_missing_stream_or_a_subject_it_does_not_capture_is_refused_at_start(
     db_url: str, stream: Stream
 ) -> None:
-    missing = Destination(
+    missing = make_destination(
         NATS_URL, kind="nats", stream=stream.name + "_NONE", subject="x.y", secret=SECRET
     )
     with (
@@ -381,7 +381,7 @@ def test_an_unreachable_server_is_a_retry(
     db_url: str, engine: sa.Engine, clock: ManualClock
 ) -> None:
     publish_many(engine, ["r-1"], clock=clock)
-    nowhere = Destination(
+    nowhere = make_destination(
         f"nats://127.0.0.1:{free_port()}",
         kind="nats",
         stream="S",
@@ -400,7 +400,7 @@ def test_a_publish_nobody_acknowledges_is_a_retry_for_each_message_of_its_parcel
 
     # A plain subscriber takes the subject and never answers: no PubAck ever comes.
     silent = f"silent{uuid.uuid4().hex[:12]}"
-    destination = Destination(
+    destination = make_destination(
         NATS_URL, kind="nats", stream="NONE", subject=f"{silent}.x", unsigned=True, timeout=0.5
     )
     messages = [Message(n, f"r-{n}", "default", b"{}", "0" * 64, {}, 1, 1) for n in (1, 2)]
@@ -505,7 +505,7 @@ def test_an_attempt_ends_within_its_timeout_however_slow_the_server(
 
     async def scenario() -> tuple[dict[int, Any], float]:
         async with slow_nats(info_after) as url:
-            destination = Destination(
+            destination = make_destination(
                 url, kind="nats", stream="S", subject="s.x", unsigned=True, timeout=timeout
             )
             transport = NatsTransport(destination)
@@ -536,7 +536,7 @@ def test_a_short_window_found_after_the_start_check_failed_stops_publishing_unle
 ) -> None:
     server = NatsServer(tmp_path)  # not started: the start check cannot reach it
     short = new_stream(server.url, duplicate_window=60)
-    destination = Destination(
+    destination = make_destination(
         server.url,
         kind="nats",
         stream=short.name,
