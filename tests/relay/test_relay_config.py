@@ -20,6 +20,7 @@ from support.scripted_server import ScriptedServer
 from outbox.cli import main
 from outbox.errors import ConfigError
 from relay.config import destination_variable, destinations_from, make_destination
+from relay.transports.nats import NatsOptions
 
 OTHER_SECRET = "whsec_" + base64.b64encode(b"the file names this one").decode()
 FILE = {
@@ -415,3 +416,23 @@ def test_broker_keys_are_checked_for_their_kind(table: dict[str, object], said: 
     document = {"destinations": {"events": {**table, "unsigned": True}}}
     with pytest.raises(ConfigError, match=said):
         destinations_from(document, "relay.toml", {})
+
+
+def test_a_nats_destination_uses_the_fast_client_unless_it_says_not_to() -> None:
+    table = {"kind": "nats", "url": "nats://h", "stream": "S", "subject": "s", "unsigned": True}
+    document = {"destinations": {"events": table, "slow": {**table, "fast_client": False}}}
+    env = {
+        "OUTBOX_DESTINATION_SLOW_FAST_CLIENT": "true",
+        "OUTBOX_DESTINATION_EVENTS_FAST_CLIENT": "no",
+    }
+    found = destinations_from(document, "relay.toml", {})
+    assert (found["events"].options, found["slow"].options) == (
+        NatsOptions("S", "s", fast_client=True),
+        NatsOptions("S", "s", fast_client=False),
+    )
+    found = destinations_from(document, "relay.toml", env)
+    assert [found[name].options.fast_client for name in ("events", "slow")] == [False, True]
+    with pytest.raises(ConfigError, match="fast_client is a key of nats destinations, not of http"):
+        destinations_from(
+            {"destinations": {"b": {"url": "http://b/", "fast_client": False}}}, None, {}
+        )

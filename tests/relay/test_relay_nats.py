@@ -59,6 +59,13 @@ def stream() -> Iterator[Stream]:
         yield created
 
 
+@pytest.fixture(params=[True, False], ids=["fast-client", "nats-py-client"])
+def fast_client(request: pytest.FixtureRequest) -> bool:
+    """The destination's fast_client: the relay's own client, or nats-py's public publish;
+    each gives the same stored messages, PubAcks and order."""
+    return bool(request.param)
+
+
 def nats_destination(stream: Stream, subject: str | None = None, **options: Any) -> Destination:
     """A signed destination publishing into `stream`, on `<prefix>.{ordering_key}` by default."""
     return make_destination(
@@ -129,14 +136,14 @@ def test_a_stream_filter_captures_subjects_as_nats_does(
 
 
 def test_each_message_is_stored_once_with_its_exact_body_and_every_header(
-    db_url: str, engine: sa.Engine, clock: ManualClock, stream: Stream
+    db_url: str, engine: sa.Engine, clock: ManualClock, stream: Stream, fast_client: bool
 ) -> None:
     with Session(engine) as session, session.begin():
         outbox.publish(
             session, "default", "r-1", {"n": 1, "text": "é"}, ordering_key="k.1", clock=clock
         )
         outbox.publish(session, "default", "r-2", [1, 2], traceparent=TRACEPARENT, clock=clock)
-    destination = nats_destination(stream)
+    destination = nats_destination(stream, fast_client=fast_client)
     with Relay(db_url, {"default": destination}, clock=clock) as relay:
         assert dict(relay.dispatch_once()) == {"r-1": "sent", "r-2": "sent"}
     stored = {m.headers["webhook-id"]: m for m in stream.stored()}
@@ -170,10 +177,10 @@ def test_each_message_is_stored_once_with_its_exact_body_and_every_header(
 
 
 def test_a_republished_reply_id_is_dropped_by_the_stream_and_counts_as_sent(
-    db_url: str, engine: sa.Engine, clock: ManualClock, stream: Stream
+    db_url: str, engine: sa.Engine, clock: ManualClock, stream: Stream, fast_client: bool
 ) -> None:
     publish_many(engine, ["r-1"], clock=clock)
-    destination = nats_destination(stream)
+    destination = nats_destination(stream, fast_client=fast_client)
     with Relay(db_url, {"default": destination}, clock=clock) as relay:
         assert relay.dispatch_once() == [("r-1", "sent")]
     row = rows(engine)["r-1"]
@@ -212,21 +219,22 @@ def test_a_message_given_twice_in_a_parcel_is_answered_without_waiting_out_the_d
     assert [m.headers["webhook-id"] for m in stream.stored()] == ["r-7"]
 
 
-@pytest.mark.parametrize("client", ["relay", "nats-py"])
+@pytest.mark.parametrize("client", ["relay", "nats-py", "fallback"])
 def test_pub_acks_settle_a_parcel_through_either_client(
     stream: Stream, client: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # nats-py's own client, as a nats-py release the relay does not know would give:
-    # PubAcks then come through its subscription queue instead of straight from its parser.
+    # nats-py's own client, chosen (fast_client = false) or as a nats-py release the relay
+    # does not know would give (the fast client's check falls back to it): PubAcks then
+    # come through its subscription queue instead of straight from its parser.
     import nats
 
-    if client == "nats-py":
+    if client == "fallback":
         monkeypatch.setattr("relay.transports.nats.relay_client", lambda _: nats.aio.client.Client)
     messages = [
         Message(n, f"r-{n}", "default", b"{}", hashlib.sha256(b"{}").hexdigest(), {}, 1, 1)
         for n in range(1, 4)
     ]
-    transport = NatsTransport(nats_destination(stream))
+    transport = NatsTransport(nats_destination(stream, fast_client=client != "nats-py"))
 
     async def publish() -> tuple[dict[int, Any], int]:
         try:
@@ -274,7 +282,7 @@ def test_a_publish_that_fails_leaves_each_message_of_the_parcel_a_retry(
 
 
 def test_messages_of_each_key_are_stored_in_publish_order(
-    db_url: str, engine: sa.Engine, clock: ManualClock, stream: Stream
+    db_url: str, engine: sa.Engine, clock: ManualClock, stream: Stream, fast_client: bool
 ) -> None:
     keys = ["a", "b.c", "d e"]
     with Session(engine) as session, session.begin():
@@ -283,7 +291,12 @@ def test_messages_of_each_key_are_stored_in_publish_order(
                 outbox.publish(
                     session, "default", f"k{k}-{n}", {"n": n}, ordering_key=key, clock=clock
                 )
-    with Relay(db_url, {"default": nats_destination(stream)}, clock=clock, batch=100) as relay:
+    with Relay(
+        db_url,
+        {"default": nats_destination(stream, fast_client=fast_client)},
+        clock=clock,
+        batch=100,
+    ) as relay:
         verdicts = drain(relay)
     assert set(verdicts.values()) == {"sent"}
     stored = stream.stored()
@@ -592,7 +605,7 @@ def test_a_short_window_found_after_the_start_check_failed_stops_publishing_unle
 
 
 def test_a_keys_messages_are_stored_in_order_and_stop_at_the_first_refused(
-    db_url: str, engine: sa.Engine, clock: ManualClock, stream: Stream
+    db_url: str, engine: sa.Engine, clock: ManualClock, stream: Stream, fast_client: bool
 ) -> None:
     from nats.js.api import DiscardPolicy
 
@@ -607,7 +620,9 @@ def test_a_keys_messages_are_stored_in_order_and_stop_at_the_first_refused(
 
     with_jetstream(stream.url, limit)
     publish_many(engine, [f"k-{n}" for n in range(1, 5)], ordering_key="K", clock=clock)
-    with Relay(db_url, {"default": nats_destination(stream)}, clock=clock) as relay:
+    with Relay(
+        db_url, {"default": nats_destination(stream, fast_client=fast_client)}, clock=clock
+    ) as relay:
         verdicts = dict(relay.dispatch_once())
     assert verdicts == {"k-1": "sent", "k-2": "sent", "k-3": "retry", "k-4": "retry"}
     stored = stream.stored()
