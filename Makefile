@@ -8,7 +8,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-faults test-long lint docs package-check faults-report screenshots clean
+.PHONY: demo test test-faults test-long lint docs package-check test-nats-newest faults-report screenshots clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -24,7 +24,7 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 	$(BIN)/lint-imports
-	$(BIN)/mypy .ci/package_check.py
+	$(BIN)/mypy .ci/package_check.py .ci/nats_newest.py
 
 # The documentation site, into site/ (ignored by git): --strict makes a broken link,
 # anchor or nav entry an error. The reference pages it shows are checked against the
@@ -53,6 +53,12 @@ test-long: $(STAMP)
 # extra, the lowest versions pyproject's bounds allow). .ci/run runs it after `make test`.
 package-check: $(STAMP)
 	$(BIN)/python .ci/package_check.py
+
+# The NATS tests on the newest nats-py the nats extra allows (the suite runs on the dev
+# extra's pin): the relay's fast client overrides nats-py internals. In a clean venv of its
+# own; .ci/run runs it after package-check.
+test-nats-newest: $(STAMP)
+	$(BIN)/python .ci/nats_newest.py $(PYTEST_ARGS)
 
 # Runs tests/faults and writes docs/explanation/faults.md from the figures of that run.
 faults-report: $(STAMP)

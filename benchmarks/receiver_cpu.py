@@ -4,7 +4,7 @@ Run: .venv/bin/python -m benchmarks.receiver_cpu [--quick]
 
 A real receiver process (`outbox receiver`, one worker) on a fresh PostgreSQL
 database takes batch POSTs of 1,000 replies each, packed and signed as the
-relay's batch mode packs and signs them (relay.http_batch.pack_batches,
+relay's batch mode packs and signs them (relay.transports.http.pack_batches,
 relay.webhooks.request_headers), from a few client threads in this process.
 The bodies are built before the clock starts, so the client's work is mostly
 off the figure's machine time; the figure itself is the receiver process's own
@@ -37,9 +37,9 @@ from benchmarks.relay_bench import (
 )
 from outbox.canonical import canonical_bytes, sha256_hex
 from outbox.messages import BATCH_ID_PREFIX
-from relay.config import Destination
-from relay.http_batch import pack_batches
+from relay.config import make_destination
 from relay.records import Message
+from relay.transports.http import pack_batches
 from relay.webhooks import request_headers
 
 CLIENTS = 4
@@ -66,7 +66,7 @@ def bodies(first: int, count: int) -> list[tuple[str, bytes]]:
 
 def post_all(url: str, batches: Iterable[tuple[str, bytes]], clients: int) -> int:
     """POST every batch from `clients` threads; the replies answered stored."""
-    destination = Destination(url=url, secret=SECRET, mode="batch")
+    destination = make_destination(url=url, secret=SECRET, mode="batch")
     work: Iterator[tuple[str, bytes]] = iter(list(batches))
     lock = threading.Lock()
     stored = [0] * clients

@@ -34,7 +34,7 @@ from relay.broker_setup import (
 )
 from relay.config import Destination, destinations_from
 from relay.dispatch import retry_window
-from relay.transport import check_kinds
+from relay.transports import check_kinds
 
 WINDOW_OPTIONS = tuple(
     option

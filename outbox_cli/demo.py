@@ -244,13 +244,14 @@ def replies_of(queue: TaskQueue, task_ids: list[str], run: str) -> list[str]:
 
 def deliver(setting: Setting, reply_ids: list[str]) -> None:
     """The relay posts to a receiver that dies after committing; the resend is a duplicate."""
-    from relay import Destination, Relay
+    from relay import Relay
+    from relay.config import make_destination
 
     secret = "whsec_" + base64.b64encode(secrets.token_bytes(24)).decode()
     secret_file = setting.folder / "receiver-secret"
     secret_file.write_text(secret + "\n", encoding="utf-8")
     port = free_port()
-    destination = Destination(
+    destination = make_destination(
         f"http://127.0.0.1:{port}/replies", secret=secret, timeout=2, mode="batch"
     )
     relay = Relay(

@@ -22,9 +22,11 @@ from typing import TYPE_CHECKING, Any, Literal
 from outbox.clients import optional_client
 from outbox.errors import ConfigError, OutboxError, TransportError
 from outbox.redaction import redact, redact_urls
-from relay.config import Destination
-from relay.nats_transport import render_subject, subject_matches
+from relay.destination import Destination
 from relay.policy import retains
+from relay.transports.nats import NatsOptions
+from relay.transports.nats_wire import render_subject, subject_matches
+from relay.transports.rabbitmq import RabbitMqOptions
 
 if TYPE_CHECKING:
     from aio_pika.abc import AbstractChannel, AbstractConnection
@@ -75,7 +77,7 @@ def _with_wildcards(template: str, wildcard: str) -> str:
 def stream_subject(template: str) -> str:
     """The subject filter that captures every subject a NATS subject template publishes on.
 
-    An ordering key fills exactly one token (relay.nats_transport.subject_token
+    An ordering key fills exactly one token (relay.transports.nats_wire.subject_token
     percent-encodes its dots), so each token holding {ordering_key} becomes `*`.
     """
     wanted = _with_wildcards(template, "*")
@@ -162,10 +164,10 @@ def whole_seconds(window: float) -> int:
 async def set_up_stream(destination: Destination, window: float, dry_run: bool) -> Change:
     """Create or update the JetStream stream of a NATS destination (see the module doc)."""
     nats: Any = optional_client("nats", "a destination of kind nats", "nats", "nats.js")
-    assert destination.stream is not None, "config requires a stream"
-    assert destination.subject is not None, "config requires a subject"
-    name = destination.stream
-    wanted = stream_subject(destination.subject)
+    options = destination.options
+    assert isinstance(options, NatsOptions), "set up for NATS destinations only"
+    name = options.stream
+    wanted = stream_subject(options.subject)
     thing = f"NATS stream {name}"
     client = await _connect_nats(nats, destination)
     try:
@@ -285,8 +287,9 @@ class QueueBinding:
 
 def exchange_binding(destination: Destination, exchange_type: str, given: str | None) -> str:
     """The binding key for a queue on this destination's exchange; ConfigError when none fits."""
-    assert destination.routing_key is not None, "config requires a routing key"
-    template = destination.routing_key
+    options = destination.options
+    assert isinstance(options, RabbitMqOptions), "bindings for RabbitMQ destinations only"
+    template = options.routing_key
     if given is not None:
         return given
     if exchange_type == "direct" and _with_wildcards(template, "#") != template:
@@ -307,9 +310,9 @@ async def set_up_exchange(
 ) -> list[Change]:
     """Declare the exchange of a RabbitMQ destination and, when asked, a queue bound to it."""
     aio_pika: Any = optional_client("rabbitmq", "a destination of kind rabbitmq", "aio_pika")
-    assert destination.exchange is not None, "config requires an exchange"
-    assert destination.routing_key is not None, "config requires a routing key"
-    name, template = destination.exchange, destination.routing_key
+    options = destination.options
+    assert isinstance(options, RabbitMqOptions), "set up for RabbitMQ destinations only"
+    name, template = options.exchange, options.routing_key
     if not name:
         return _default_exchange(template, queue)
     key = None if queue is None else exchange_binding(destination, exchange_type, queue.binding)

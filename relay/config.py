@@ -2,192 +2,28 @@
 
 Destinations come only from configuration; a message names one, never a URL.
 Secrets are read from files or the environment, never from flag values that
-would show up in `ps`.
+would show up in `ps`. A table's keys every kind has go to Destination, its kind's
+own to the options class the registry (relay.transports.KINDS) names for it.
 """
 
 from __future__ import annotations
 
-import functools
+import dataclasses
 import os
 import secrets
 import socket
-import string
 import tomllib
-from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any, Literal, TypeVar
-from urllib.parse import quote, urlsplit
+from typing import Any
 
 from outbox.errors import ConfigError
 from outbox.messages import check_destination
-from outbox.redaction import redact_urls, shown_value, url_credentials
-from outbox.signing import SigningKey, parse_secret
+from outbox.redaction import shown_value
 from outbox.unknown_keys import refuse_unknown
-
-Mode = Literal["single", "batch"]
-
-URL_SCHEMES: dict[str, tuple[str, ...]] = {
-    "http": ("http", "https"),
-    "nats": ("nats", "tls"),
-    "rabbitmq": ("amqp", "amqps"),
-}
-"""The URL schemes each kind of destination takes."""
-KIND_KEYS: dict[str, tuple[str, ...]] = {
-    "nats": ("stream", "subject"),
-    "rabbitmq": ("exchange", "routing_key"),
-}
-"""The keys a kind of destination requires besides url; no other kind may set them."""
-TEMPLATE_FIELDS = ("ordering_key",)
-"""What a subject or routing key template may name, as {ordering_key}."""
-
-
-@dataclass(frozen=True)
-class Destination:
-    """Where messages for one destination name go, and how."""
-
-    url: str
-    secret: str | None = field(default=None, repr=False)
-    timeout: float = 10.0
-    mode: Mode = "single"
-    concurrency: int = 8
-    receipt_lookup: bool = False
-    batch_url: str | None = None
-    max_batch_items: int = 500
-    max_batch_bytes: int = 1_000_000
-    ordered_batches: bool = False
-    """HTTP batch mode: the receiver applies a batch's items of one ordering key in order
-    and answers `held` after one it did not apply, so a batch may hold several of them."""
-    require_retention: bool = False
-    """Refuse to start when the destination publishes no receipt retention."""
-    kind: str = "http"
-    """Which transport delivers here (relay.transport.TRANSPORTS); `mode` chooses within HTTP."""
-    unsigned: bool = False
-    """Send without signatures: only when said, never because the secret was left out."""
-    allow_short_retention: bool = False
-    """Run even when the destination keeps receipts (or a broker its duplicate window)
-    shorter than the retry window: a late resend could then apply twice (a warning)."""
-    stream: str | None = None
-    """NATS: the JetStream stream the subject belongs to (checked at start)."""
-    subject: str | None = None
-    """NATS: the subject to publish on; a template that may name {ordering_key}."""
-    exchange: str | None = None
-    """RabbitMQ: the exchange to publish to ("" is the default exchange)."""
-    routing_key: str | None = None
-    """RabbitMQ: the routing key; a template that may name {ordering_key}."""
-
-    @functools.cached_property
-    def credentials(self) -> tuple[str, ...]:
-        """What this destination's stored and logged errors must never quote: its URLs'
-        query strings and userinfo, and its secret (whole and without its prefix)."""
-        found = url_credentials(self.url)
-        if self.batch_url is not None:
-            found += url_credentials(self.batch_url)
-        if self.secret is not None:
-            found += [self.secret, self.secret.removeprefix("whsec_")]
-        return tuple(found)
-
-    @functools.cached_property
-    def signing_key(self) -> SigningKey | None:
-        """The secret decoded once: a broker delivery signs every message on its own."""
-        return None if self.secret is None else parse_secret(self.secret)
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.kind, str):
-            raise ConfigError(f"destination kind must be a name, got {shown_value(self.kind)}")
-        parts = urlsplit(self.url)
-        schemes = URL_SCHEMES.get(self.kind)
-        if schemes is not None and (parts.scheme not in schemes or not parts.netloc):
-            shown = "|".join(schemes)
-            raise ConfigError(
-                f"destination url of kind {self.kind} must be {shown}://host..., "
-                f"got {redact_urls(self.url)!r}"
-            )
-        self._check_kind_keys()
-        if not self.timeout > 0:
-            raise ConfigError(f"destination timeout must be > 0, got {self.timeout!r}")
-        if self.mode not in ("single", "batch"):
-            raise ConfigError(
-                f"destination mode must be 'single' or 'batch', got {shown_value(self.mode)}"
-            )
-        if self.concurrency < 1:
-            raise ConfigError(f"destination concurrency must be >= 1, got {self.concurrency!r}")
-        if self.max_batch_items < 1 or self.max_batch_bytes < 1024:
-            raise ConfigError("max_batch_items must be >= 1 and max_batch_bytes >= 1024")
-        if self.secret is None and not self.unsigned:
-            raise ConfigError(
-                "destination has no secret: give secret_file or secret_env (or "
-                "OUTBOX_DESTINATION_<NAME>_SECRET), or unsigned = true to send unsigned"
-            )
-        if self.secret is not None and self.unsigned:
-            raise ConfigError("destination has a secret and unsigned = true: choose one")
-        if self.secret is not None:
-            try:
-                parse_secret(self.secret)
-            except (TypeError, ValueError) as exc:
-                # The message never holds the value: it may be almost the real secret.
-                raise ConfigError(f"destination secret: {exc}") from None
-
-    def _check_kind_keys(self) -> None:
-        """Each kind's own keys given, no other kind's; HTTP's options only on HTTP."""
-        for kind, keys in KIND_KEYS.items():
-            for key in keys:
-                value = getattr(self, key)
-                if kind == self.kind and value is None:
-                    raise ConfigError(f"a destination of kind {kind} needs {key}")
-                if kind != self.kind and value is not None:
-                    raise ConfigError(f"{key} is a key of {kind} destinations, not of {self.kind}")
-                if key in ("subject", "routing_key") and value is not None:
-                    check_template(key, value)
-                if key == "stream" and value is not None:
-                    check_stream_name(value)
-        if self.kind != "http":
-            for key, value, default in (
-                ("mode", self.mode, "single"),
-                ("batch_url", self.batch_url, None),
-                ("receipt_lookup", self.receipt_lookup, False),
-                ("ordered_batches", self.ordered_batches, False),
-            ):
-                if value != default:
-                    raise ConfigError(f"{key} is a key of http destinations, not of {self.kind}")
-
-    @property
-    def post_batch_url(self) -> str:
-        """The batch endpoint: configured, or `<url>/batch` for the reference receiver."""
-        return self.batch_url or self.url.rstrip("/") + "/batch"
-
-    def lookup_url(self, reply_id: str) -> str:
-        """The receipt lookup for one message: GET `<url>/<reply_id>` (the id percent-encoded)."""
-        return f"{self.url.rstrip('/')}/{quote(reply_id, safe='')}"
-
-
-_STREAM_NAME_REFUSED = frozenset(" \t.*>/\\")
-
-
-def check_stream_name(name: str) -> None:
-    """ConfigError unless `name` is a JetStream stream name: printable, without whitespace,
-    '.', '*', '>', '/' or '\\' (names NATS refuses, or whose PubAcks could not be read)."""
-    if not name or any(c in _STREAM_NAME_REFUSED or not c.isprintable() for c in name):
-        raise ConfigError(
-            f"stream {name!r} is not a JetStream stream name: printable characters "
-            "without whitespace, '.', '*', '>', '/' or '\\'"
-        )
-
-
-def check_template(key: str, template: str) -> None:
-    """ConfigError unless `template` is text naming at most {ordering_key}."""
-    try:
-        fields = [field for _, field, _, _ in string.Formatter().parse(template) if field]
-    except ValueError as exc:
-        raise ConfigError(f"{key} {template!r}: {exc}") from None
-    unknown = sorted(set(fields) - set(TEMPLATE_FIELDS))
-    if unknown:
-        raise ConfigError(f"{key} {template!r} names {unknown}; only {{ordering_key}} is known")
-    if not template:
-        raise ConfigError(f"{key} must not be empty")
-    if key == "subject" and any(c in template for c in " \t\r\n"):
-        # The relay publishes without the client's per-message subject check.
-        raise ConfigError(f"{key} {template!r} must not hold spaces, tabs or line breaks")
+from relay.destination import COMMON_KEYS, KindOptions, Reader
+from relay.destination import Destination as Destination  # still importable from here
+from relay.transports import KINDS
 
 
 def check_destinations(destinations: Mapping[str, Destination]) -> dict[str, Destination]:
@@ -227,66 +63,13 @@ def load_destinations(
     return destinations_from(document, path, environ)
 
 
-def _text(value: object) -> str:
-    if not isinstance(value, str):
-        raise ValueError(f"expected a string, got {shown_value(value)}")
-    return value
-
-
-N = TypeVar("N", int, float)
-
-
-def _numeric(value: object, read: Callable[[Any], N], kinds: Any, wanted: str) -> N:
-    """`read(value)` for text (the environment's) or a value of `kinds` (TOML's); else a
-    ValueError that shows the value as shown_value() allows."""
-    try:
-        if isinstance(value, str) or (not isinstance(value, bool) and isinstance(value, kinds)):
-            return read(value)
-    except ValueError:
-        pass  # int()'s and float()'s own messages quote the whole value
-    raise ValueError(f"expected {wanted}, got {shown_value(value)}")
-
-
-def _number(value: object) -> float:
-    return _numeric(value, float, int | float, "a number")
-
-
-def _count(value: object) -> int:
-    return _numeric(value, int, int, "a whole number")
-
-
-def _flag(value: object) -> bool:
-    if isinstance(value, bool):
-        return value
-    if isinstance(value, str) and value.lower() in ("true", "1", "yes", "false", "0", "no"):
-        return value.lower() in ("true", "1", "yes")
-    raise ValueError(f"expected true or false, got {shown_value(value)}")
-
-
 # Each key of a [destinations.NAME] table (or OUTBOX_DESTINATION_NAME_KEY variable) and
 # how its value is read: TOML gives typed values, the environment gives text.
-DESTINATION_KEYS: dict[str, Callable[[object], Any]] = {
-    "kind": _text,
-    "url": _text,
-    "secret": _text,
-    "secret_file": _text,
-    "secret_env": _text,
-    "timeout": _number,
-    "mode": _text,
-    "concurrency": _count,
-    "receipt_lookup": _flag,
-    "batch_url": _text,
-    "max_batch_items": _count,
-    "max_batch_bytes": _count,
-    "ordered_batches": _flag,
-    "require_retention": _flag,
-    "unsigned": _flag,
-    "allow_short_retention": _flag,
-    "stream": _text,
-    "subject": _text,
-    "exchange": _text,
-    "routing_key": _text,
+DESTINATION_KEYS: dict[str, Reader] = {
+    **COMMON_KEYS,
+    **{key: read for kind in KINDS.values() for key, read in kind.options.KEYS.items()},
 }
+DEFAULT_KIND = "http"
 SECRET_KEYS = ("secret", "secret_file", "secret_env")
 DESTINATION_ENV_PREFIX = "OUTBOX_DESTINATION_"
 # Longest first, so that OUTBOX_DESTINATION_BILLING_BATCH_URL is billing's batch_url.
@@ -397,11 +180,13 @@ def destinations_from(
             f"file, or {DESTINATION_ENV_PREFIX}<NAME>_URL and its other variables"
         )
     return check_destinations(
-        {name: _destination(where, table, environ) for name, (where, table) in merged.items()}
+        {name: _destination(name, where, table, environ) for name, (where, table) in merged.items()}
     )
 
 
-def _destination(where: str, table: Mapping[str, Any], environ: Mapping[str, str]) -> Destination:
+def _destination(
+    name: str, where: str, table: Mapping[str, Any], environ: Mapping[str, str]
+) -> Destination:
     """One destination from its merged table; ConfigError names `where` it came from."""
     refuse_unknown(where, table, DESTINATION_KEYS)
     if "url" not in table:
@@ -422,10 +207,42 @@ def _destination(where: str, table: Mapping[str, Any], environ: Mapping[str, str
         values["secret"] = environ.get(variable)
         if not values["secret"]:
             raise ConfigError(f"{where}: secret_env: ${variable} is not set")
+    kind = values.pop("kind", DEFAULT_KIND)
+    if kind not in KINDS:
+        # As the relay refused it at start before kinds were read with their keys.
+        raise ConfigError(f"destination {name!r}: kind {kind!r} is not one of {sorted(KINDS)}")
     try:
-        return Destination(**values)
+        return make_destination(values.pop("url"), kind=kind, **values)
     except ConfigError as exc:
         raise ConfigError(f"{where}: {exc}") from None
+
+
+def make_destination(url: str, *, kind: str = DEFAULT_KIND, **keys: Any) -> Destination:
+    """The destination a [destinations.NAME] table describes, from its keys' typed values
+    (the secret itself, not where to read it): the keys every kind has go to Destination,
+    the kind's own to its options class (relay.transports.KINDS). A key of another kind is
+    refused unless it holds that kind's default; ConfigError names what is wrong."""
+    if not isinstance(kind, str):
+        raise ConfigError(f"destination kind must be a name, got {shown_value(kind)}")
+    if kind not in KINDS:
+        raise ConfigError(f"kind {kind!r} is not one of {sorted(KINDS)}")
+    options_class = KINDS[kind].options
+    own = {key: keys.pop(key) for key in list(keys) if key in options_class.KEYS}
+    for field in dataclasses.fields(options_class):
+        if field.name not in own and field.default is dataclasses.MISSING:
+            raise ConfigError(f"a destination of kind {kind} needs {field.name}")
+    for key in [key for key in keys if key not in COMMON_KEYS]:
+        owner = next((other for other in KINDS.values() if key in other.options.KEYS), None)
+        if owner is None:
+            continue  # not a destination key at all: Destination refuses it
+        if keys.pop(key) != _default(owner.options, key):
+            raise ConfigError(f"{key} is a key of {owner.options.KIND} destinations, not of {kind}")
+    return Destination(url, options_class(**own), **keys)
+
+
+def _default(options_class: type[KindOptions], key: str) -> object:
+    """The default of one of a kind's keys; MISSING when the kind requires it."""
+    return {f.name: f.default for f in dataclasses.fields(options_class)}[key]
 
 
 def check_relay_settings(

@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-import math
 import time
 from collections import defaultdict
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -22,7 +21,7 @@ from outbox import failpoints
 from outbox.durations import duration_text
 from outbox.errors import ConfigError, TransportError
 from outbox.redaction import redact, redact_quoted
-from relay.config import Destination
+from relay.destination import Destination
 from relay.metrics import RelayMetrics
 from relay.policy import (
     HELD,
@@ -36,7 +35,8 @@ from relay.policy import (
     truncate,
 )
 from relay.records import Message, key_chains
-from relay.transport import Parcel, Transport, transport_for
+from relay.transports import transport_for
+from relay.transports.base import Parcel, Transport
 
 log = logging.getLogger("outbox.relay")
 
@@ -112,7 +112,7 @@ class Dispatcher:
                 log.warning("%s", why)
                 continue
             if not retains(answer, longest):
-                why = short_retention(name, destination, answer, longest)
+                why = self.transport(name).too_short(name, answer, longest)
                 if not destination.allow_short_retention:
                     raise ConfigError(why)
                 log.warning("%s (allow_short_retention is set)", why)
@@ -341,24 +341,4 @@ def retry_window(
     """The longest retry window of a destination under these settings (see policy)."""
     return lambda destination: longest_retry_window(
         max_attempts, backoff, backoff_cap, destination.timeout, lease
-    )
-
-
-def short_retention(name: str, destination: Destination, kept: float, longest: float) -> str:
-    """Why a destination that forgets before the last resend is refused, and the two fixes:
-    keep longer (the value needed), or run regardless."""
-    needed = duration_text(math.ceil(longest))
-    if destination.kind == "nats":
-        return (
-            f"destination {name!r}: stream {destination.stream!r} keeps a duplicate window of "
-            f"{duration_text(kept)}, shorter than the longest retry window "
-            f"({duration_text(longest)}): a late resend could be stored twice. Raise the "
-            f"stream's duplicate_window to at least {needed} (`outbox broker setup` does), or "
-            "set allow_short_retention = true to run regardless"
-        )
-    return (
-        f"destination {name!r} keeps receipts for {duration_text(kept)}, shorter than the "
-        f"longest retry window ({duration_text(longest)}): a late resend could apply twice. "
-        f"Raise the receiver's retention to at least {needed} (outbox receiver --retention "
-        f"{needed}), or set allow_short_retention = true to run regardless"
     )

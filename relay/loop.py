@@ -32,7 +32,7 @@ from relay.leases import RelayLeases
 from relay.metrics import RelayMetrics
 from relay.pipeline import Claimed, Pipeline, by_destination
 from relay.policy import Sent, Unsent, Verdict, verdict
-from relay.transport import check_kinds
+from relay.transports import check_kinds
 from relay.wakeup import Wakeups
 
 log = logging.getLogger("outbox.relay")

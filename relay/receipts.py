@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from typing import Literal
 
 from outbox.errors import TransportError
-from relay.config import Destination
+from relay.destination import Destination
 from relay.http_client import HttpClient
 from relay.webhooks import request_headers
 

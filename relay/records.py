@@ -62,6 +62,16 @@ def key_chains(messages: Sequence[Message]) -> list[list[Message]]:
     return chains
 
 
+def first_of_each_key(
+    messages: Sequence[Message],
+) -> tuple[list[Message], dict[str | None, list[Message]]]:
+    """The messages published at once (every unkeyed one and the first of each key), and
+    each key's later ones, in order."""
+    chains = key_chains(messages)
+    later = {chain[0].ordering_key: chain[1:] for chain in chains if len(chain) > 1}
+    return [chain[0] for chain in chains], later
+
+
 class ClaimedRow(NamedTuple):
     """A row as a claim returns it: the message's columns and its attempts before the claim.
 

@@ -11,7 +11,7 @@ from types import MappingProxyType
 
 from outbox.errors import TransportError
 from outbox.signing import sign
-from relay.config import Destination
+from relay.destination import Destination
 from relay.http_client import HttpClient, Response
 from relay.policy import Retry, truncate
 

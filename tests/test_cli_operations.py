@@ -32,7 +32,7 @@ from outbox.schema import messages, tasks
 from outbox.testing import ManualClock
 from outbox_cli import main
 from receiver import ReceiptStore
-from relay import Destination, Relay
+from relay import Relay, make_destination
 
 SOURCE = AuthContext("agent-a")
 DAY = 86400.0
@@ -63,7 +63,7 @@ def seeded(db_url: str, engine: sa.Engine, clock: ManualClock) -> str:
     # The task's reply fails to connect and waits for a retry; the message for "nowhere"
     # was refused for good by a destination (410) and is dead.
     with Relay(
-        db_url, {"default": Destination(NOWHERE, timeout=2, unsigned=True)}, clock=clock
+        db_url, {"default": make_destination(NOWHERE, timeout=2, unsigned=True)}, clock=clock
     ) as relay:
         assert relay.dispatch_once() == [(f"reply:{done.task_id}", "retry")]
     with engine.begin() as conn:

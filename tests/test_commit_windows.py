@@ -26,7 +26,7 @@ from outbox import AuthContext, Envelope, TaskQueue, failpoints
 from outbox.testing import ManualClock
 from receiver import ReceiptStore
 from receiver.effects import record_effect
-from relay import Destination, Relay
+from relay import Relay, make_destination
 
 A = AuthContext("agent-a")
 COMMIT_WINDOWS = {point for point in failpoints.POINTS if "before_" in point and "commit" in point}
@@ -116,7 +116,7 @@ def test_relay_settle(
 ) -> None:
     queue = TaskQueue(db_url, clock=clock)
     publish_many(queue.engine, ["r-1"], clock=clock)
-    destination = Destination(server.url, secret=SECRET, timeout=5)
+    destination = make_destination(server.url, secret=SECRET, timeout=5)
     try:
         with Relay(db_url, {"default": destination}, clock=clock) as relay:
             found = crash_looking(queue.engine, "relay.before_sent_commit", relay.dispatch_once)

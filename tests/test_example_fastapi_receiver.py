@@ -31,7 +31,7 @@ from outbox.errors import ConfigError
 from outbox.signing import sign
 from outbox.testing import Crash, ManualClock, arm
 from receiver import ReceiptStore
-from relay import Destination, Relay
+from relay import Destination, Relay, make_destination
 
 OTHER_SECRET = "whsec_" + base64.b64encode(b"a-secret-the-example-never-saw").decode()
 
@@ -99,7 +99,7 @@ def engine(db_url: str) -> Iterator[sa.Engine]:
 
 def destination(example: Example, secret: str = SECRET) -> Destination:
     """The example as a relay destination, as its docstring says to configure it."""
-    return Destination(
+    return make_destination(
         example.url, secret=secret, timeout=5, receipt_lookup=True, require_retention=True
     )
 

@@ -26,7 +26,7 @@ from outbox import AuthContext, Claim, Envelope, Fenced, PayloadCollision, TaskQ
 from outbox.db.dialect import NOTIFY_CHANNEL
 from receiver import ReceiptStore
 from receiver.effects import record_effect
-from relay import Destination, Relay
+from relay import Relay, make_destination
 
 # The longest a notification may take to arrive after its commit before the test fails.
 DEADLINE = 10.0
@@ -201,7 +201,7 @@ def test_the_toolkit_opens_any_postgresql_url_with_psycopg(db_url: str, engine: 
     with ReceiptStore(url) as store, TaskQueue(url) as queue:
         assert {store.engine.driver, queue.engine.driver} == {"psycopg"}
         assert not store.accept("r-1", b'{"n":1}', record_effect).duplicate
-    nobody = Destination(f"http://127.0.0.1:{free_port()}/replies", unsigned=True, timeout=2)
+    nobody = make_destination(f"http://127.0.0.1:{free_port()}/replies", unsigned=True, timeout=2)
     with Relay(url, {"default": nobody}) as relay:
         assert relay.engine.driver == "psycopg"
         assert relay.dispatch_once() == [("from-psycopg2", "retry")]

@@ -39,8 +39,8 @@ PRELOAD = [
     # the fork server skips a preload that fails to import.
     "nats",
     "aio_pika",
-    "relay.nats_transport",
-    "relay.rabbitmq_transport",
+    "relay.transports.nats",
+    "relay.transports.rabbitmq",
     "outbox_cli.consume",
     "receiver.nats_consumer",
     "receiver.rabbitmq_consumer",

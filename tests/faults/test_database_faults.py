@@ -60,7 +60,7 @@ from faults.pg_cluster import PgCluster, find_bin
 from faults.system import System
 from faults.work import SENDER, envelope
 from outbox import AuthContext, TaskQueue
-from relay import Destination, Relay
+from relay import Relay, make_destination
 
 pytestmark = pytest.mark.postgresql_only
 
@@ -350,7 +350,7 @@ def test_a_claim_retried_after_a_lost_connection_leaves_turns_in_flight_alone(
             publish_many(engine, ["held-1"])
             relay = Relay(
                 relay_url,
-                {"default": Destination(server.url, secret=SECRET, timeout=HELD_FOR + 2)},
+                {"default": make_destination(server.url, secret=SECRET, timeout=HELD_FOR + 2)},
                 owner=name,
                 lease=HELD_FOR + 5,
                 poll_interval=0.05,

@@ -83,7 +83,7 @@ from outbox.failpoints import Crash, arm
 from outbox.testing import ManualClock
 from receiver import ReceiptStore, create_app
 from receiver.effects import record_effect
-from relay import Destination, Relay
+from relay import Destination, Relay, make_destination
 
 START = 1_000_000.0
 # Each example starts this long after the last one ended: nothing a reused relay
@@ -475,7 +475,7 @@ class Harness:
 
     def destination(self, mode: str) -> Destination:
         """The receiver as the relay's "default" destination, with its receipt lookup."""
-        return Destination(
+        return make_destination(
             self.base + "/replies",
             secret=SECRET,
             # Generous: on a loaded machine a slow answer must not turn into a retry.

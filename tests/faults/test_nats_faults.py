@@ -23,7 +23,7 @@ from support.relay_helpers import SECRET, rows
 
 import outbox
 from outbox.schema import messages
-from relay import Destination, Relay
+from relay import Relay, make_destination
 
 TOTAL = 3000
 
@@ -75,7 +75,7 @@ def drain_through_a_restart(tmp_path: Path, engine: sa.Engine) -> None:
         with Session(engine) as session, session.begin():
             for n in range(TOTAL):
                 outbox.publish(session, "default", f"r-{n}", {"n": n})
-        destination = Destination(
+        destination = make_destination(
             server.url,
             kind="nats",
             stream=stream.name,

@@ -36,7 +36,7 @@ from faults.invariants import Tally, drain
 from faults.proxy import Connection, Exchange, FaultProxy, Mode
 from outbox.testing import ManualClock
 from receiver.schema import effects, receipts
-from relay import Destination, Relay
+from relay import Destination, Relay, make_destination
 
 TIMEOUT = 1.0  # each destination's whole-attempt timeout
 BACKOFF, BACKOFF_CAP = 0.1, 0.3
@@ -117,7 +117,7 @@ def proxy(receiver: Receiver) -> Iterator[FaultProxy]:
 
 def to(base: str, timeout: float = TIMEOUT) -> Destination:
     """A signed destination at `base`, by default with the short attempt timeout."""
-    return Destination(base + "/replies", secret=SECRET, timeout=timeout)
+    return make_destination(base + "/replies", secret=SECRET, timeout=timeout)
 
 
 def turn_by_turn(
@@ -357,7 +357,7 @@ def test_a_slow_or_silent_receiver_costs_one_bounded_attempt_then_a_retry(
 
 def beside_a_hung_one(db_url: str, proxy: FaultProxy, receiver: Receiver) -> Relay:
     """A relay (real clock) for two destinations: "hung" through the proxy, "healthy" direct."""
-    hung = Destination(proxy.url + "/replies", secret=SECRET, timeout=HUNG_TIMEOUT)
+    hung = make_destination(proxy.url + "/replies", secret=SECRET, timeout=HUNG_TIMEOUT)
     return Relay(
         db_url,
         {"hung": hung, "healthy": to(receiver.process.base)},
@@ -461,7 +461,7 @@ def test_an_answer_that_arrives_in_pieces_is_read_whole(
     with FaultProxy(
         "127.0.0.1", receiver.process.port, "trickle", trickle_interval=0.001
     ) as pieces:
-        target = Destination(pieces.url + "/replies", secret=SECRET, timeout=5, mode="batch")
+        target = make_destination(pieces.url + "/replies", secret=SECRET, timeout=5, mode="batch")
         with Relay(
             db_url, {"default": target}, clock=clock, lease=10, max_attempts=ATTEMPTS
         ) as relay:

@@ -26,7 +26,7 @@ import outbox
 from faults.nodes import Node
 from faults.stream_proxy import StreamProxy
 from outbox.schema import messages
-from relay import Destination, Relay
+from relay import Relay, make_destination
 
 sqlite_only = pytest.mark.parametrize("backend", ["sqlite"], indirect=True)
 
@@ -67,7 +67,7 @@ def test_connections_cut_mid_drain_lose_nothing(
     publish_many(engine, ids, ordering_key=None)
     host, port = "127.0.0.1", int(AMQP_URL.rsplit(":", 1)[1].strip("/"))
     with topology() as made, StreamProxy(host, port) as proxy:
-        destination = Destination(
+        destination = make_destination(
             f"amqp://guest:guest@127.0.0.1:{proxy.port}/",
             kind="rabbitmq",
             exchange=made.exchange,

@@ -17,7 +17,7 @@ import outbox
 import receiver
 from outbox.schema import messages
 from receiver.schema import effects, receipts
-from relay import Destination, Relay
+from relay import Relay, make_destination
 
 SECRET = "whsec_" + base64.b64encode(b"package-test-secret-32-bytes-abc").decode()
 Start = Callable[[Sequence[str]], subprocess.Popen[bytes]]
@@ -55,7 +55,9 @@ def test_published_replies_arrive_once_with_their_exact_bytes(
         for n, reply_id in enumerate(ids):
             with Session(engine) as session, session.begin():
                 outbox.publish(session, "billing", reply_id, {"order": n, "text": "é <&>"})
-        target = {"billing": Destination(base + "/replies", secret=SECRET, receipt_lookup=True)}
+        target = {
+            "billing": make_destination(base + "/replies", secret=SECRET, receipt_lookup=True)
+        }
         verdicts: list[tuple[str, str]] = []
         with Relay(url, target) as relay:
             while turn := relay.dispatch_once():

@@ -14,7 +14,7 @@ from test_consume_nats import WAIT, body_of, nats_consumer, running, settled
 
 import outbox
 from receiver import ReceiptStore
-from relay import Destination, Relay
+from relay import Relay, make_destination
 
 
 def test_a_forged_msg_id_published_first_does_not_swallow_the_reply(
@@ -25,7 +25,7 @@ def test_a_forged_msg_id_published_first_does_not_swallow_the_reply(
     with Session(engine) as session, session.begin():
         outbox.publish(session, "default", "r-1", {"real": True})
     engine.dispose()
-    destination = Destination(
+    destination = make_destination(
         nats_stream.url,
         kind="nats",
         stream=nats_stream.name,

@@ -14,7 +14,7 @@ from support.receiver_helpers import OTHER_SECRET, SECRET
 import receiver
 from outbox.errors import SignatureError
 from outbox.signing import SigningKey, parse_secret, sign, signature, verify
-from relay.config import Destination
+from relay.config import make_destination
 from relay.webhooks import request_headers
 
 # The published Standard Webhooks / Svix example: computed by someone else's code.
@@ -141,7 +141,7 @@ def test_a_signing_key_never_shows_its_bytes() -> None:
 
 
 def test_integrators_verify_what_the_relay_signs() -> None:
-    destination = Destination("http://billing.invalid/replies", secret=SECRET)
+    destination = make_destination("http://billing.invalid/replies", secret=SECRET)
     body = b'{"order":17}'
     headers = request_headers(destination, "order-17:paid", body)
     now = float(headers["webhook-timestamp"])

@@ -15,10 +15,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from support.relay_helpers import SECRET
 
-from relay import Destination
-from relay.nats_headers import NatsHeaders
-from relay.nats_wire import HeaderBlock, header_block
+from relay import make_destination
 from relay.records import Message
+from relay.transports.nats_headers import NatsHeaders
+from relay.transports.nats_wire import HeaderBlock, header_block
 
 BODY = b'{"n":1}'
 HASH = hashlib.sha256(BODY).hexdigest()
@@ -29,7 +29,9 @@ def builder(signed: bool, stream: str = "ORDERS") -> NatsHeaders:
     """The headers of a destination publishing to `stream`, signed or not."""
     options: dict[str, Any] = {"secret": SECRET} if signed else {"unsigned": True}
     return NatsHeaders(
-        Destination("nats://127.0.0.1:4222", kind="nats", stream=stream, subject="s", **options),
+        make_destination(
+            "nats://127.0.0.1:4222", kind="nats", stream=stream, subject="s", **options
+        ),
         stream,
     )
 

@@ -17,19 +17,12 @@ from nats.aio.client import Client
 from nats.protocol.parser import Parser
 from support.relay_helpers import SECRET
 
-from relay import Destination
-from relay.nats_transport import NatsTransport
-from relay.nats_wire import (
-    CHUNK_BYTES,
-    BadHeaderName,
-    HeaderBlock,
-    Publish,
-    header_block,
-    queued_command,
-    relay_client,
-)
+from relay import make_destination
 from relay.policy import Dead, Retry, Sent
 from relay.records import Message
+from relay.transports.nats import NatsTransport
+from relay.transports.nats_client import CHUNK_BYTES, queued_command, relay_client
+from relay.transports.nats_wire import BadHeaderName, HeaderBlock, Publish, header_block
 
 HEADER_SETS: list[dict[str, str]] = [
     {"Nats-Msg-Id": "r-1", "webhook-signature": "v1,K5oZfzN95Z9UVu1EsfQmfVNQhnkZ2pj9o9ND/H+pI4="},
@@ -52,7 +45,7 @@ def test_the_relay_sends_the_bytes_nats_py_would(headers: dict[str, str]) -> Non
 
 def test_the_installed_nats_py_takes_the_relays_encoding() -> None:
     # Fails when a nats-py upgrade changes the internals the relay's client overrides:
-    # the relay would still publish the same bytes, only slower (see relay.nats_wire).
+    # the relay would still publish the same bytes, only slower (see relay.transports.nats_client).
     assert relay_client(nats) is not Client
     assert issubclass(relay_client(nats), Client)
 
@@ -229,7 +222,7 @@ def test_a_nats_py_that_hands_messages_on_otherwise_keeps_its_own_subscriptions(
 def transport(stream: str) -> NatsTransport:
     """A transport for `stream` (nothing connects)."""
     return NatsTransport(
-        Destination(
+        make_destination(
             "nats://127.0.0.1:4222",
             kind="nats",
             stream=stream,
@@ -272,13 +265,13 @@ def test_a_pub_ack_of_the_stream_is_read_without_parsing_it(
     def refuse(text: bytes) -> Any:
         raise AssertionError("parsed in full")
 
-    monkeypatch.setattr("relay.nats_transport.json.loads", refuse)
+    monkeypatch.setattr("relay.transports.nats_connection.json.loads", refuse)
     assert type(reader._answer(answer, None)) is Sent
 
 
 def prepared(message_id: int, reply_id: str, headers: dict[str, Any]) -> Any:
     """What a signed transport makes of one message before publishing it (no server)."""
-    destination = Destination(
+    destination = make_destination(
         "nats://127.0.0.1:4222", kind="nats", stream="S", subject="s.x", secret=SECRET
     )
     link = types.SimpleNamespace(client=types.SimpleNamespace(max_payload=1 << 20), inbox="_I")

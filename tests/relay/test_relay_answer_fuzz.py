@@ -19,7 +19,7 @@ from support.relay_helpers import SECRET, publish_many, rows
 
 from outbox.schema import messages
 from outbox.testing import ManualClock
-from relay import Destination, Relay
+from relay import Relay, make_destination
 from relay.policy import parse_retry_after
 
 LEASE = 10.0
@@ -125,7 +125,9 @@ def _answer(data: st.DataObject, ids: list[str]) -> bytes:
 def test_no_answer_can_leave_a_claimed_message_unsettled(
     db_url: str, engine: sa.Engine, peer: RawPeer, clock: ManualClock, mode: str
 ) -> None:
-    destination = Destination(peer.url, secret=SECRET, timeout=2, mode=mode, receipt_lookup=True)
+    destination = make_destination(
+        peer.url, secret=SECRET, timeout=2, mode=mode, receipt_lookup=True
+    )
     options: dict[str, Any] = {"clock": clock, "lease": LEASE, "max_attempts": 1}
     with (
         Relay(db_url, {"default": destination}, owner="crashed", **options) as crashed,

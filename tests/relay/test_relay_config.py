@@ -19,7 +19,8 @@ from support.scripted_server import ScriptedServer
 
 from outbox.errors import ConfigError
 from outbox_cli import main
-from relay.config import Destination, destination_variable, destinations_from
+from relay.config import destination_variable, destinations_from, make_destination
+from relay.transports.nats import NatsOptions
 
 OTHER_SECRET = "whsec_" + base64.b64encode(b"the file names this one").decode()
 FILE = {
@@ -44,7 +45,7 @@ def test_a_destination_defined_only_by_the_environment() -> None:
     }
     found = destinations_from({}, None, env)
     assert found == {
-        "billing": Destination(
+        "billing": make_destination(
             "https://billing.example/hooks",
             secret=SECRET,
             mode="batch",
@@ -54,7 +55,7 @@ def test_a_destination_defined_only_by_the_environment() -> None:
             receipt_lookup=True,
             require_retention=False,
         ),
-        "eu_orders": Destination("http://orders.eu.example/in", secret=SECRET),
+        "eu_orders": make_destination("http://orders.eu.example/in", secret=SECRET),
     }
     assert found["billing"].secret == SECRET  # repr hides it, equality does not
 
@@ -274,7 +275,7 @@ def test_unsigned_delivery_only_when_the_config_says_so() -> None:
     )
     assert (found["b"].secret, found["b"].unsigned) == (None, True)
     with pytest.raises(ConfigError, match="a secret and unsigned = true"):
-        Destination("http://b.example", secret=SECRET, unsigned=True)
+        make_destination("http://b.example", secret=SECRET, unsigned=True)
 
 
 def test_a_variable_that_could_set_two_destinations_is_refused() -> None:
@@ -345,14 +346,14 @@ def test_broker_destinations_from_the_file_and_the_environment() -> None:
     env.pop("OUTBOX_DESTINATION_AUDIT_EXCHANGE")
     document["destinations"]["audit"] = {"exchange": ""}
     found = destinations_from(document, "relay.toml", env)
-    assert found["events"] == Destination(
+    assert found["events"] == make_destination(
         "nats://127.0.0.1:4222",
         secret=SECRET,
         kind="nats",
         stream="ORDERS",
         subject="orders.{ordering_key}",
     )
-    assert found["audit"] == Destination(
+    assert found["audit"] == make_destination(
         "amqp://guest:guest@127.0.0.1:5672/",
         secret=SECRET,
         kind="rabbitmq",
@@ -415,3 +416,23 @@ def test_broker_keys_are_checked_for_their_kind(table: dict[str, object], said: 
     document = {"destinations": {"events": {**table, "unsigned": True}}}
     with pytest.raises(ConfigError, match=said):
         destinations_from(document, "relay.toml", {})
+
+
+def test_a_nats_destination_uses_the_fast_client_unless_it_says_not_to() -> None:
+    table = {"kind": "nats", "url": "nats://h", "stream": "S", "subject": "s", "unsigned": True}
+    document = {"destinations": {"events": table, "slow": {**table, "fast_client": False}}}
+    env = {
+        "OUTBOX_DESTINATION_SLOW_FAST_CLIENT": "true",
+        "OUTBOX_DESTINATION_EVENTS_FAST_CLIENT": "no",
+    }
+    found = destinations_from(document, "relay.toml", {})
+    assert (found["events"].options, found["slow"].options) == (
+        NatsOptions("S", "s", fast_client=True),
+        NatsOptions("S", "s", fast_client=False),
+    )
+    found = destinations_from(document, "relay.toml", env)
+    assert [found[name].options.fast_client for name in ("events", "slow")] == [False, True]
+    with pytest.raises(ConfigError, match="fast_client is a key of nats destinations, not of http"):
+        destinations_from(
+            {"destinations": {"b": {"url": "http://b/", "fast_client": False}}}, None, {}
+        )

@@ -12,7 +12,7 @@ from support.relay_helpers import SECRET, publish_many, rows
 from support.scripted_server import Answer, ScriptedServer
 
 from outbox.testing import ManualClock
-from relay import Destination, Relay
+from relay import Relay, make_destination
 
 
 def test_each_destinations_part_settles_without_waiting_for_the_others(
@@ -24,8 +24,8 @@ def test_each_destinations_part_settles_without_waiting_for_the_others(
     with ScriptedServer() as slow, ScriptedServer() as fast:
         slow.script("slow-1", Answer(stall=5.0))
         destinations = {
-            "slow": Destination(slow.url, secret=SECRET, timeout=8),
-            "fast": Destination(fast.url, secret=SECRET, timeout=8),
+            "slow": make_destination(slow.url, secret=SECRET, timeout=8),
+            "fast": make_destination(fast.url, secret=SECRET, timeout=8),
         }
         with Relay(db_url, destinations, clock=clock, lease=10) as relay:
             verdicts: list[tuple[str, str]] = []
@@ -48,7 +48,9 @@ def test_a_relay_used_through_dispatch_once_leaves_no_http_session_open(
     publish_many(engine, ["s-1"], clock=clock)
     with warnings.catch_warnings(record=True) as caught, ScriptedServer() as server:
         warnings.simplefilter("always")
-        with Relay(db_url, {"default": Destination(server.url, secret=SECRET)}, clock=clock) as r:
+        with Relay(
+            db_url, {"default": make_destination(server.url, secret=SECRET)}, clock=clock
+        ) as r:
             assert r.dispatch_once() == [("s-1", "sent")]
         del r
         gc.collect()

@@ -15,10 +15,10 @@ from support.scripted_server import Received, ScriptedServer
 
 from outbox.errors import ConfigError
 from outbox.testing import ManualClock
-from relay import Destination, Relay
+from relay import Relay, make_destination
 from relay.config import destinations_from
-from relay.http_batch import HELD_BY_RECEIVER, pack_batches
 from relay.records import Message
+from relay.transports.http import HELD_BY_RECEIVER, pack_batches
 
 Decide = Callable[[list[dict[str, str]]], list[dict[str, str]]]
 
@@ -51,7 +51,7 @@ class BatchStub(ScriptedServer):
 
 
 def relay_for(db_url: str, stub: BatchStub, clock: ManualClock, **options: object) -> Relay:
-    destination = Destination(
+    destination = make_destination(
         stub.url,
         secret=SECRET,
         timeout=5,
@@ -184,7 +184,7 @@ def test_ordered_batches_is_read_from_the_file_and_the_environment() -> None:
         "OUTBOX_DESTINATION_BILLING_MODE": "batch",
         "OUTBOX_DESTINATION_BILLING_ORDERED_BATCHES": "true",
     }
-    assert destinations_from({}, None, env)["billing"].ordered_batches is True
+    assert destinations_from({}, None, env)["billing"].options.ordered_batches is True
     document = {
         "destinations": {
             "orders": {
@@ -195,8 +195,8 @@ def test_ordered_batches_is_read_from_the_file_and_the_environment() -> None:
             }
         }
     }
-    assert destinations_from(document, "relay.toml", {})["orders"].ordered_batches is True
-    assert Destination("https://x.example/", secret=SECRET).ordered_batches is False
+    assert destinations_from(document, "relay.toml", {})["orders"].options.ordered_batches is True
+    assert make_destination("https://x.example/", secret=SECRET).options.ordered_batches is False
     with pytest.raises(ConfigError, match="ordered_batches: expected true or false"):
         destinations_from(
             {"destinations": {"o": {**document["destinations"]["orders"], "ordered_batches": 1}}},
@@ -204,7 +204,7 @@ def test_ordered_batches_is_read_from_the_file_and_the_environment() -> None:
             {},
         )
     with pytest.raises(ConfigError, match="ordered_batches is a key of http destinations"):
-        Destination(
+        make_destination(
             "nats://127.0.0.1:4222",
             secret=SECRET,
             kind="nats",

@@ -12,7 +12,7 @@ from support.relay_helpers import SECRET, publish_many, rows
 
 from outbox.schema import messages
 from outbox.testing import ManualClock
-from relay import Destination, Relay
+from relay import Relay, make_destination
 from relay.policy import Sent
 
 NOWHERE = "http://127.0.0.1:9/replies"  # claims only: nothing is posted
@@ -26,7 +26,7 @@ def relay_factory(db_url: str, clock: ManualClock) -> Iterator[Callable[..., Rel
     def make(owner: str = "relay-1", **options: object) -> Relay:
         relay = Relay(
             db_url,
-            {"default": Destination(NOWHERE, secret=SECRET)},
+            {"default": make_destination(NOWHERE, secret=SECRET)},
             owner=owner,
             clock=clock,
             **options,  # type: ignore[arg-type]

@@ -11,12 +11,12 @@ from support.relay_helpers import SECRET, publish_many, rows
 from support.scripted_server import Answer, ScriptedServer
 
 from outbox.testing import ManualClock
-from relay import Destination, Relay
+from relay import Relay, make_destination
 from relay.policy import HELD
 
 
 def relay_for(db_url: str, server: ScriptedServer, clock: ManualClock, **options: object) -> Relay:
-    destination = Destination(server.url, secret=SECRET, timeout=5)
+    destination = make_destination(server.url, secret=SECRET, timeout=5)
     return Relay(db_url, {"default": destination}, owner="relay-1", clock=clock, **options)  # type: ignore[arg-type]
 
 

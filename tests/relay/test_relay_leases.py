@@ -13,14 +13,14 @@ from support.scripted_server import Answer, ScriptedServer
 from outbox import TaskQueue
 from outbox.operations import Operations
 from outbox.testing import ManualClock
-from relay import Destination, Relay
+from relay import Relay, make_destination
 from relay.policy import Sent
 
 
 def relay_for(
     db_url: str, server: ScriptedServer, clock: ManualClock, owner: str, **options: object
 ) -> Relay:
-    destination = Destination(server.url, secret=SECRET, timeout=2)
+    destination = make_destination(server.url, secret=SECRET, timeout=2)
     return Relay(db_url, {"default": destination}, owner=owner, clock=clock, **options)  # type: ignore[arg-type]
 
 

@@ -15,7 +15,7 @@ from support.scripted_server import Answer, ScriptedServer
 import outbox
 from outbox.schema import messages
 from outbox.testing import ManualClock
-from relay import Destination, Relay
+from relay import Relay, make_destination
 from relay import sql as relay_sql
 from relay.figures import DestinationFigures, figures_from
 
@@ -56,7 +56,7 @@ def by_destination(scrape: dict[Any, float], name: str) -> dict[str, float]:
 
 def make_relay(db_url: str, server: ScriptedServer, clock: ManualClock) -> Relay:
     """A relay delivering only `default`."""
-    destination = Destination(server.url, secret=SECRET, timeout=2)
+    destination = make_destination(server.url, secret=SECRET, timeout=2)
     return Relay(db_url, {"default": destination}, clock=clock)
 
 

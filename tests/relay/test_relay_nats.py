@@ -41,11 +41,12 @@ from outbox.signing import (
     verify,
 )
 from outbox.testing import ManualClock
-from relay import ConfigError, Destination, Relay
-from relay.nats_transport import NatsTransport, render_subject, subject_matches, subject_token
+from relay import ConfigError, Destination, Relay, make_destination
 from relay.policy import Dead, Retry, Sent
 from relay.records import Message
-from relay.transport import Parcel
+from relay.transports.base import Parcel
+from relay.transports.nats import NatsTransport
+from relay.transports.nats_wire import render_subject, subject_matches, subject_token
 
 TRACEPARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
 
@@ -58,9 +59,16 @@ def stream() -> Iterator[Stream]:
         yield created
 
 
+@pytest.fixture(params=[True, False], ids=["fast-client", "nats-py-client"])
+def fast_client(request: pytest.FixtureRequest) -> bool:
+    """The destination's fast_client: the relay's own client, or nats-py's public publish;
+    each gives the same stored messages, PubAcks and order."""
+    return bool(request.param)
+
+
 def nats_destination(stream: Stream, subject: str | None = None, **options: Any) -> Destination:
     """A signed destination publishing into `stream`, on `<prefix>.{ordering_key}` by default."""
-    return Destination(
+    return make_destination(
         NATS_URL,
         kind="nats",
         stream=stream.name,
@@ -128,14 +136,14 @@ def test_a_stream_filter_captures_subjects_as_nats_does(
 
 
 def test_each_message_is_stored_once_with_its_exact_body_and_every_header(
-    db_url: str, engine: sa.Engine, clock: ManualClock, stream: Stream
+    db_url: str, engine: sa.Engine, clock: ManualClock, stream: Stream, fast_client: bool
 ) -> None:
     with Session(engine) as session, session.begin():
         outbox.publish(
             session, "default", "r-1", {"n": 1, "text": "é"}, ordering_key="k.1", clock=clock
         )
         outbox.publish(session, "default", "r-2", [1, 2], traceparent=TRACEPARENT, clock=clock)
-    destination = nats_destination(stream)
+    destination = nats_destination(stream, fast_client=fast_client)
     with Relay(db_url, {"default": destination}, clock=clock) as relay:
         assert dict(relay.dispatch_once()) == {"r-1": "sent", "r-2": "sent"}
     stored = {m.headers["webhook-id"]: m for m in stream.stored()}
@@ -169,10 +177,10 @@ def test_each_message_is_stored_once_with_its_exact_body_and_every_header(
 
 
 def test_a_republished_reply_id_is_dropped_by_the_stream_and_counts_as_sent(
-    db_url: str, engine: sa.Engine, clock: ManualClock, stream: Stream
+    db_url: str, engine: sa.Engine, clock: ManualClock, stream: Stream, fast_client: bool
 ) -> None:
     publish_many(engine, ["r-1"], clock=clock)
-    destination = nats_destination(stream)
+    destination = nats_destination(stream, fast_client=fast_client)
     with Relay(db_url, {"default": destination}, clock=clock) as relay:
         assert relay.dispatch_once() == [("r-1", "sent")]
     row = rows(engine)["r-1"]
@@ -211,21 +219,22 @@ def test_a_message_given_twice_in_a_parcel_is_answered_without_waiting_out_the_d
     assert [m.headers["webhook-id"] for m in stream.stored()] == ["r-7"]
 
 
-@pytest.mark.parametrize("client", ["relay", "nats-py"])
+@pytest.mark.parametrize("client", ["relay", "nats-py", "fallback"])
 def test_pub_acks_settle_a_parcel_through_either_client(
     stream: Stream, client: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # nats-py's own client, as a nats-py release the relay does not know would give:
-    # PubAcks then come through its subscription queue instead of straight from its parser.
+    # nats-py's own client, chosen (fast_client = false) or as a nats-py release the relay
+    # does not know would give (the fast client's check falls back to it): PubAcks then
+    # come through its subscription queue instead of straight from its parser.
     import nats
 
-    if client == "nats-py":
-        monkeypatch.setattr("relay.nats_transport.relay_client", lambda _: nats.aio.client.Client)
+    if client == "fallback":
+        monkeypatch.setattr("relay.transports.nats.relay_client", lambda _: nats.aio.client.Client)
     messages = [
         Message(n, f"r-{n}", "default", b"{}", hashlib.sha256(b"{}").hexdigest(), {}, 1, 1)
         for n in range(1, 4)
     ]
-    transport = NatsTransport(nats_destination(stream))
+    transport = NatsTransport(nats_destination(stream, fast_client=client != "nats-py"))
 
     async def publish() -> tuple[dict[int, Any], int]:
         try:
@@ -251,7 +260,7 @@ def test_a_publish_that_fails_leaves_each_message_of_the_parcel_a_retry(
     async def refuse(client: Any, publishes: Any) -> None:
         raise nats.errors.ConnectionClosedError
 
-    monkeypatch.setattr("relay.nats_transport.publish_all", refuse)
+    monkeypatch.setattr("relay.transports.nats.publish_all", refuse)
     messages = [
         Message(n, f"r-{n}", "default", b"{}", hashlib.sha256(b"{}").hexdigest(), {}, 1, 1)
         for n in (1, 2)
@@ -273,7 +282,7 @@ def test_a_publish_that_fails_leaves_each_message_of_the_parcel_a_retry(
 
 
 def test_messages_of_each_key_are_stored_in_publish_order(
-    db_url: str, engine: sa.Engine, clock: ManualClock, stream: Stream
+    db_url: str, engine: sa.Engine, clock: ManualClock, stream: Stream, fast_client: bool
 ) -> None:
     keys = ["a", "b.c", "d e"]
     with Session(engine) as session, session.begin():
@@ -282,7 +291,12 @@ def test_messages_of_each_key_are_stored_in_publish_order(
                 outbox.publish(
                     session, "default", f"k{k}-{n}", {"n": n}, ordering_key=key, clock=clock
                 )
-    with Relay(db_url, {"default": nats_destination(stream)}, clock=clock, batch=100) as relay:
+    with Relay(
+        db_url,
+        {"default": nats_destination(stream, fast_client=fast_client)},
+        clock=clock,
+        batch=100,
+    ) as relay:
         verdicts = drain(relay)
     assert set(verdicts.values()) == {"sent"}
     stored = stream.stored()
@@ -320,7 +334,7 @@ def test_a_duplicate_window_shorter_than_the_retry_window_is_refused_unless_allo
 def test_a_missing_stream_or_a_subject_it_does_not_capture_is_refused_at_start(
     db_url: str, stream: Stream
 ) -> None:
-    missing = Destination(
+    missing = make_destination(
         NATS_URL, kind="nats", stream=stream.name + "_NONE", subject="x.y", secret=SECRET
     )
     with (
@@ -380,7 +394,7 @@ def test_an_unreachable_server_is_a_retry(
     db_url: str, engine: sa.Engine, clock: ManualClock
 ) -> None:
     publish_many(engine, ["r-1"], clock=clock)
-    nowhere = Destination(
+    nowhere = make_destination(
         f"nats://127.0.0.1:{free_port()}",
         kind="nats",
         stream="S",
@@ -399,7 +413,7 @@ def test_a_publish_nobody_acknowledges_is_a_retry_for_each_message_of_its_parcel
 
     # A plain subscriber takes the subject and never answers: no PubAck ever comes.
     silent = f"silent{uuid.uuid4().hex[:12]}"
-    destination = Destination(
+    destination = make_destination(
         NATS_URL, kind="nats", stream="NONE", subject=f"{silent}.x", unsigned=True, timeout=0.5
     )
     messages = [Message(n, f"r-{n}", "default", b"{}", "0" * 64, {}, 1, 1) for n in (1, 2)]
@@ -504,7 +518,7 @@ def test_an_attempt_ends_within_its_timeout_however_slow_the_server(
 
     async def scenario() -> tuple[dict[int, Any], float]:
         async with slow_nats(info_after) as url:
-            destination = Destination(
+            destination = make_destination(
                 url, kind="nats", stream="S", subject="s.x", unsigned=True, timeout=timeout
             )
             transport = NatsTransport(destination)
@@ -535,7 +549,7 @@ def test_a_short_window_found_after_the_start_check_failed_stops_publishing_unle
 ) -> None:
     server = NatsServer(tmp_path)  # not started: the start check cannot reach it
     short = new_stream(server.url, duplicate_window=60)
-    destination = Destination(
+    destination = make_destination(
         server.url,
         kind="nats",
         stream=short.name,
@@ -591,7 +605,7 @@ def test_a_short_window_found_after_the_start_check_failed_stops_publishing_unle
 
 
 def test_a_keys_messages_are_stored_in_order_and_stop_at_the_first_refused(
-    db_url: str, engine: sa.Engine, clock: ManualClock, stream: Stream
+    db_url: str, engine: sa.Engine, clock: ManualClock, stream: Stream, fast_client: bool
 ) -> None:
     from nats.js.api import DiscardPolicy
 
@@ -606,7 +620,9 @@ def test_a_keys_messages_are_stored_in_order_and_stop_at_the_first_refused(
 
     with_jetstream(stream.url, limit)
     publish_many(engine, [f"k-{n}" for n in range(1, 5)], ordering_key="K", clock=clock)
-    with Relay(db_url, {"default": nats_destination(stream)}, clock=clock) as relay:
+    with Relay(
+        db_url, {"default": nats_destination(stream, fast_client=fast_client)}, clock=clock
+    ) as relay:
         verdicts = dict(relay.dispatch_once())
     assert verdicts == {"k-1": "sent", "k-2": "sent", "k-3": "retry", "k-4": "retry"}
     stored = stream.stored()

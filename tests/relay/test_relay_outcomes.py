@@ -17,14 +17,14 @@ from outbox import InvalidMessage, publish
 from outbox.operations import Operations
 from outbox.signing import parse_secret, verify
 from outbox.testing import ManualClock
-from relay import ConfigError, Destination, Relay
+from relay import ConfigError, Relay, make_destination
 
 
 def make_relay(db_url: str, server: ScriptedServer, clock: ManualClock, **options: object) -> Relay:
     destination_options = {
         key: options.pop(key) for key in ("timeout", "receipt_lookup") if key in options
     }
-    destination = Destination(
+    destination = make_destination(
         server.url,
         secret=SECRET,
         **{"timeout": 2.0, **destination_options},  # type: ignore[arg-type]
@@ -76,7 +76,7 @@ def test_an_answer_that_echoes_the_url_token_or_secret_stores_and_logs_neither(
     echo = f"refused POST /hooks?api_key={token} (key {SECRET[6:]}; token {token})"
     publish_many(engine, ["e-1"], clock=clock)
     server.script("e-1", Answer(status=status, body=echo.encode()))
-    destination = Destination(f"{server.url}?api_key={token}", secret=SECRET, timeout=2.0)
+    destination = make_destination(f"{server.url}?api_key={token}", secret=SECRET, timeout=2.0)
     with caplog.at_level("INFO"), Relay(db_url, {"default": destination}, clock=clock) as relay:
         assert relay.dispatch_once() == [("e-1", state)]
     error = rows(engine)["e-1"]["last_error"]
@@ -148,7 +148,7 @@ def test_connection_refused_retries(db_url: str, engine: sa.Engine, clock: Manua
     publish_many(engine, ["c-1"], clock=clock)
     closed = ScriptedServer()  # never started: its port refuses connections
     with Relay(
-        db_url, {"default": Destination(closed.url, secret=SECRET, timeout=2)}, clock=clock
+        db_url, {"default": make_destination(closed.url, secret=SECRET, timeout=2)}, clock=clock
     ) as relay:
         assert relay.dispatch_once() == [("c-1", "retry")]
     row = rows(engine)["c-1"]
@@ -182,7 +182,7 @@ def test_a_second_relay_delivers_what_the_first_does_not_know(
     db_url: str, engine: sa.Engine, server: ScriptedServer, clock: ManualClock
 ) -> None:
     publish_many(engine, ["b-1"], destination="billing", clock=clock)
-    billing = {"billing": Destination(server.url, secret=SECRET, timeout=2)}
+    billing = {"billing": make_destination(server.url, secret=SECRET, timeout=2)}
     with make_relay(db_url, server, clock) as other, Relay(db_url, billing, clock=clock) as mine:
         assert other.dispatch_once() == []
         with Operations(db_url, clock=clock) as ops:
@@ -210,7 +210,9 @@ def test_an_announcement_lapses_when_its_relay_is_gone(
 
 def test_lease_must_outlast_the_attempt_timeout(db_url: str, server: ScriptedServer) -> None:
     with pytest.raises(ConfigError, match="lease"):
-        Relay(db_url, {"default": Destination(server.url, timeout=10, unsigned=True)}, lease=10)
+        Relay(
+            db_url, {"default": make_destination(server.url, timeout=10, unsigned=True)}, lease=10
+        )
 
 
 @pytest.mark.parametrize("mode", ["single", "batch"])
@@ -228,7 +230,7 @@ def test_traceparent_and_headers_captured_at_publish_are_forwarded(
             traceparent=trace,
             headers={"x-tenant": "acme"},
         )
-    destination = Destination(
+    destination = make_destination(
         server.url,
         secret=SECRET,
         timeout=2,

@@ -20,7 +20,7 @@ from support.scripted_server import Answer, ScriptedServer
 
 from outbox import failpoints
 from outbox.testing import ManualClock
-from relay import Destination, Relay
+from relay import Relay, make_destination
 
 RELAY_POINTS = [
     "relay.after_claim",
@@ -158,7 +158,7 @@ def test_a_relay_killed_at_a_failpoint_loses_nothing(
     # A survivor whose clock is past the dead relay's lease takes over and finishes.
     later = ManualClock(time.time() + 60)
     survivor = Relay(
-        db_url, {"default": Destination(server.url, secret=SECRET, timeout=5)}, clock=later
+        db_url, {"default": make_destination(server.url, secret=SECRET, timeout=5)}, clock=later
     )
     with survivor:
         survivor.dispatch_once()

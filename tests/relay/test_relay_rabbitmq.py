@@ -24,8 +24,8 @@ from outbox.schema import messages
 from outbox.signing import CONTENT_HASH_HEADER, ORDERING_KEY_HEADER, parse_secret, verify
 from outbox.testing import ManualClock
 from outbox_cli import main
-from relay import ConfigError, Destination, Relay
-from relay.rabbitmq_transport import MAX_ROUTING_KEY_BYTES, NO_ORDERING_KEY, RabbitMqTransport
+from relay import ConfigError, Destination, Relay, make_destination
+from relay.transports.rabbitmq import MAX_ROUTING_KEY_BYTES, NO_ORDERING_KEY, RabbitMqTransport
 from relay.webhooks import USER_AGENT
 
 # The transport does not depend on the store: one backend is enough here.
@@ -38,7 +38,7 @@ def rabbit(
     exchange: str, routing_key: str = "orders.{ordering_key}", **options: object
 ) -> Destination:
     """A signed rabbitmq destination on the local broker."""
-    return Destination(
+    return make_destination(
         AMQP_URL,
         kind="rabbitmq",
         exchange=exchange,
@@ -206,7 +206,7 @@ def test_an_unreachable_broker_is_a_retry(
     db_url: str, engine: sa.Engine, clock: ManualClock
 ) -> None:
     publish_many(engine, ["down-1"], clock=clock)
-    closed = Destination(
+    closed = make_destination(
         "amqp://guest:guest@127.0.0.1:1/",
         kind="rabbitmq",
         exchange="x",

@@ -15,7 +15,7 @@ from outbox import failpoints
 from outbox.testing import ManualClock
 from receiver import ReceiptStore
 from receiver.effects import record_effect
-from relay import Destination, Relay
+from relay import Destination, Relay, make_destination
 
 
 @pytest.fixture
@@ -36,7 +36,7 @@ def receiver_process(db_url: str, secret_file: Path) -> Iterator[ReceiverProcess
 
 def destination(process: ReceiverProcess, mode: str) -> Destination:
     """The receiver as a relay destination, with its receipt lookup."""
-    return Destination(
+    return make_destination(
         process.base + "/replies",
         secret=SECRET,
         timeout=5,

@@ -14,10 +14,10 @@ from support.scripted_server import Answer, ScriptedServer
 
 from outbox.redaction import redact_urls
 from outbox.testing import ManualClock
-from relay import Destination, Relay
+from relay import Relay, make_destination
 from relay import http_client as relay_http
-from relay.http_batch import pack_batches
 from relay.records import Message
+from relay.transports.http import pack_batches
 
 
 def test_no_attempt_starts_that_could_outlive_the_lease(
@@ -30,7 +30,7 @@ def test_no_attempt_starts_that_could_outlive_the_lease(
     # most, and a slow machine only makes that fewer. The 1 s left in each attempt's
     # timeout is room for that slowness: every attempt started is answered.
     server.default = Answer(stall=1.0)
-    one_at_a_time = Destination(server.url, secret=SECRET, timeout=2, concurrency=1)
+    one_at_a_time = make_destination(server.url, secret=SECRET, timeout=2, concurrency=1)
     with Relay(db_url, {"default": one_at_a_time}, clock=clock, lease=5) as relay:
         verdicts = dict(relay.dispatch_once())
     sent = [i for i, v in verdicts.items() if v == "sent"]
@@ -63,7 +63,9 @@ def test_a_refused_whole_batch_retries_but_a_refused_single_reply_is_dead(
 ) -> None:
     publish_many(engine, ["b-1", "b-2", "b-3"], clock=clock)
     server.default = Answer(status=413)
-    batched = Destination(server.url, secret=SECRET, timeout=2, mode="batch", batch_url=server.url)
+    batched = make_destination(
+        server.url, secret=SECRET, timeout=2, mode="batch", batch_url=server.url
+    )
     with Relay(db_url, {"default": batched}, clock=clock, backoff=1) as relay:
         assert sorted(relay.dispatch_once()) == [
             ("b-1", "retry"),
@@ -72,7 +74,7 @@ def test_a_refused_whole_batch_retries_but_a_refused_single_reply_is_dead(
         ]
     assert "whole batch of 3 refused" in rows(engine)["b-1"]["last_error"]
     clock.advance(1)
-    alone = Destination(
+    alone = make_destination(
         server.url, secret=SECRET, timeout=2, mode="batch", batch_url=server.url, max_batch_items=1
     )
     with Relay(db_url, {"default": alone}, clock=clock) as relay:
@@ -84,7 +86,7 @@ def test_a_hostile_error_body_is_stored_printable(
 ) -> None:
     publish_many(engine, ["h-1", "h-2"], clock=clock)
     server.script("h-1", Answer(status=500, body=b"bad\x00\x1b[31mred\x07"))
-    destination = Destination(server.url, secret=SECRET, timeout=2)
+    destination = make_destination(server.url, secret=SECRET, timeout=2)
     with Relay(db_url, {"default": destination}, clock=clock) as relay:
         assert sorted(relay.dispatch_once()) == [("h-1", "retry"), ("h-2", "sent")]
     error = rows(engine)["h-1"]["last_error"]
@@ -100,7 +102,7 @@ def test_outcomes_survive_a_failed_settle_and_are_recorded_next_turn(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     publish_many(engine, ["s-1"], clock=clock)
-    destination = Destination(server.url, secret=SECRET, timeout=2)
+    destination = make_destination(server.url, secret=SECRET, timeout=2)
     with Relay(db_url, {"default": destination}, clock=clock) as relay:
         real_settle = relay.leases._settle
 
@@ -126,7 +128,9 @@ def test_rows_a_failed_looking_claim_leased_are_adopted_not_left_to_expire(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     publish_many(engine, ["o-1", "o-2"], clock=clock)
-    with Relay(db_url, {"default": Destination(server.url, secret=SECRET)}, clock=clock) as relay:
+    with Relay(
+        db_url, {"default": make_destination(server.url, secret=SECRET)}, clock=clock
+    ) as relay:
         real_claim_rows = relay.leases._claim_rows
 
         def commit_then_lose_the_answer(busy: Collection[str], may_adopt: bool) -> list[object]:
@@ -144,7 +148,7 @@ def test_rows_a_failed_looking_claim_leased_are_adopted_not_left_to_expire(
 def test_relays_without_an_owner_name_get_distinct_ones(
     db_url: str, server: ScriptedServer
 ) -> None:
-    destination = {"default": Destination(server.url, secret=SECRET)}
+    destination = {"default": make_destination(server.url, secret=SECRET)}
     with Relay(db_url, destination) as first, Relay(db_url, destination) as second:
         assert first.owner != second.owner
         assert first.owner.startswith("relay-")
@@ -161,7 +165,7 @@ def test_an_answer_over_the_size_limit_is_a_transport_error(
     publish_many(engine, ["small", "huge"], clock=clock)
     server.script("small", Answer(body=b"x" * 4096))
     server.script("huge", Answer(body=b"x" * 4097))
-    target = Destination(server.url, secret=SECRET, timeout=5)
+    target = make_destination(server.url, secret=SECRET, timeout=5)
     with Relay(db_url, {"default": target}, clock=clock) as relay:
         verdicts = dict(relay.dispatch_once())
     assert verdicts == {"small": "sent", "huge": "retry"}
@@ -178,7 +182,7 @@ def test_a_token_in_the_destination_url_never_reaches_stored_errors_or_logs(
     publish_many(engine, ["t-1"], clock=clock)
     peer.answers = {"POST": b"garbage\r\n\r\n"}
     secret_url = peer.url + "?token=s3cret-token"
-    destination = Destination(secret_url, secret=SECRET, timeout=2)
+    destination = make_destination(secret_url, secret=SECRET, timeout=2)
     with (
         caplog.at_level(logging.DEBUG),
         Relay(db_url, {"default": destination}, clock=clock) as relay,

@@ -17,7 +17,7 @@ from outbox.canonical import sha256_hex
 from outbox.operations import Operations
 from outbox.schema import messages
 from outbox.testing import ManualClock
-from relay import ConfigError, Destination, Relay
+from relay import ConfigError, Relay, make_destination
 
 EVENT_DEADLINE = 30.0
 """Seconds a test waits for what the relay does next: generous, as a busy machine needs."""
@@ -53,7 +53,7 @@ def notify_only_relay(db_url: str, server: ScriptedServer) -> Relay:
     """A relay whose poll is an hour away: within a test, only NOTIFY wakes it."""
     return Relay(
         db_url,
-        {"default": Destination(server.url, secret=SECRET, timeout=2)},
+        {"default": make_destination(server.url, secret=SECRET, timeout=2)},
         poll_interval=POLL_INTERVAL,
     )
 
@@ -159,7 +159,7 @@ def test_stop_drains_then_abandons_stalled_work_to_lease_expiry(
 ) -> None:
     publish_many(engine, ["d-1"], clock=clock)
     server.script("d-1", Answer(stall=10))
-    destination = Destination(server.url, secret=SECRET, timeout=8)
+    destination = make_destination(server.url, secret=SECRET, timeout=8)
     relay = Relay(
         db_url, {"default": destination}, clock=clock, lease=10, grace=0.2, poll_interval=60
     )
@@ -186,7 +186,7 @@ def test_refuses_to_start_when_receipts_expire_before_the_last_retry(
     with ScriptedServer(extra_headers={"outbox-receipt-retention": "10"}) as short:
         relay = Relay(
             db_url,
-            {"default": Destination(short.url, secret=SECRET, timeout=2)},
+            {"default": make_destination(short.url, secret=SECRET, timeout=2)},
             clock=clock,
             max_attempts=3,
             backoff=2,
@@ -198,7 +198,7 @@ def test_refuses_to_start_when_receipts_expire_before_the_last_retry(
             relay.close()
     with ScriptedServer(extra_headers={"outbox-receipt-retention": "2592000"}) as long:
         relay = Relay(
-            db_url, {"default": Destination(long.url, secret=SECRET, timeout=2)}, clock=clock
+            db_url, {"default": make_destination(long.url, secret=SECRET, timeout=2)}, clock=clock
         )
         try:
             relay._loop.run_until_complete(relay.check_retention())  # accepted: no error
@@ -211,7 +211,9 @@ def test_run_settles_every_turn_while_the_next_one_claims(
 ) -> None:
     ids = [f"t-{n}" for n in range(9)]
     publish_many(engine, ids, clock=clock)
-    relay = Relay(db_url, {"default": Destination(server.url, secret=SECRET)}, clock=clock, batch=2)
+    relay = Relay(
+        db_url, {"default": make_destination(server.url, secret=SECRET)}, clock=clock, batch=2
+    )
     with running(relay) as runner:
         assert wait_until(lambda: len(server.received) == len(ids), 10)
     assert not runner.is_alive()
@@ -230,7 +232,7 @@ def test_run_records_a_failed_settles_outcomes_on_a_later_turn(
     publish_many(engine, ["f-1", "f-2", "f-3"], clock=clock)
     relay = Relay(
         db_url,
-        {"default": Destination(server.url, secret=SECRET)},
+        {"default": make_destination(server.url, secret=SECRET)},
         clock=clock,
         batch=1,
         poll_interval=0.01,
@@ -286,7 +288,7 @@ def test_without_a_backlog_a_woken_relay_claims_while_a_post_is_out(
     publish_many(engine, ["slow-1"], clock=clock)
     relay = Relay(
         db_url,
-        {"default": Destination(server.url, secret=SECRET, timeout=HELD)},
+        {"default": make_destination(server.url, secret=SECRET, timeout=HELD)},
         clock=clock,
         lease=2 * HELD,
         grace=1,  # on a failure, a held POST is abandoned at once
@@ -310,7 +312,7 @@ def test_behind_a_backlog_the_next_claim_does_not_wait_for_a_slow_post(
     publish_many(engine, ["slow-1", "quick-2"], clock=clock)
     relay = Relay(
         db_url,
-        {"default": Destination(server.url, secret=SECRET, timeout=HELD)},
+        {"default": make_destination(server.url, secret=SECRET, timeout=HELD)},
         clock=clock,
         lease=2 * HELD,
         grace=1,  # on a failure, a held POST is abandoned at once
@@ -335,8 +337,8 @@ def test_a_destination_with_a_full_pipeline_does_not_stop_claims_for_the_others(
     relay = Relay(
         db_url,
         {
-            "stuck": Destination(server.url, secret=SECRET, timeout=HELD),
-            "ok": Destination(server.url, secret=SECRET, timeout=HELD),
+            "stuck": make_destination(server.url, secret=SECRET, timeout=HELD),
+            "ok": make_destination(server.url, secret=SECRET, timeout=HELD),
         },
         clock=clock,
         lease=2 * HELD,
@@ -366,8 +368,8 @@ def test_a_destination_without_a_published_retention_is_a_warning_or_an_error(
         ScriptedServer(extra_headers={"outbox-receipt-retention": "2592000"}) as long,
     ):
         destinations = {
-            "quiet": Destination(silent.url, secret=SECRET, timeout=2),
-            "loud": Destination(long.url, secret=SECRET, timeout=2),
+            "quiet": make_destination(silent.url, secret=SECRET, timeout=2),
+            "loud": make_destination(long.url, secret=SECRET, timeout=2),
         }
         with Relay(db_url, destinations, clock=clock) as relay:
             relay._loop.run_until_complete(relay.check_retention())
@@ -375,7 +377,7 @@ def test_a_destination_without_a_published_retention_is_a_warning_or_an_error(
         assert any("'quiet' publishes no receipt retention" in text for text in warned)
         assert not any("'loud'" in text for text in warned)
         strict = {
-            "quiet": Destination(silent.url, secret=SECRET, timeout=2, require_retention=True)
+            "quiet": make_destination(silent.url, secret=SECRET, timeout=2, require_retention=True)
         }
         with (
             Relay(db_url, strict, clock=clock) as relay,
@@ -391,7 +393,7 @@ def test_a_retention_shorter_than_the_retry_window_stops_the_relay_unless_allowe
 ) -> None:
     with ScriptedServer(extra_headers={"outbox-receipt-retention": "60"}) as short:
         for allowed in (False, True):
-            destination = Destination(
+            destination = make_destination(
                 short.url, secret=SECRET, timeout=2, allow_short_retention=allowed
             )
             with Relay(db_url, {"short": destination}, clock=clock) as relay:
@@ -428,8 +430,8 @@ def test_retention_checks_ask_every_destination_at_once(
         opener = threading.Thread(target=open_when_both_asked)
         opener.start()
         destinations = {
-            "first": Destination(first.url, secret=SECRET, timeout=2),
-            "second": Destination(second.url, secret=SECRET, timeout=2),
+            "first": make_destination(first.url, secret=SECRET, timeout=2),
+            "second": make_destination(second.url, secret=SECRET, timeout=2),
         }
         try:
             with Relay(db_url, destinations, clock=clock) as relay:

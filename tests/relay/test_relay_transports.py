@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import ClassVar
 
 import pytest
@@ -18,12 +19,20 @@ from support.relay_helpers import SECRET, publish_many, rows
 
 from outbox.errors import ConfigError
 from outbox.testing import ManualClock
-from relay import Destination, Relay
-from relay import transport as transports
+from relay import Destination, Relay, make_destination, transports
+from relay.destination import KindOptions
 from relay.policy import Outcome, Retry, Sent
 from relay.receipts import ask_receipt
 from relay.records import Message
-from relay.transport import Parcel, Transport, health_url
+from relay.transports.base import Parcel, Transport
+from relay.transports.http import health_url
+
+
+@dataclass(frozen=True)
+class MemoryOptions(KindOptions):
+    """A kind with no keys of its own."""
+
+    KIND: ClassVar[str] = "memory"
 
 
 class InMemoryTransport(Transport):
@@ -63,11 +72,13 @@ class InMemoryTransport(Transport):
 def test_a_transport_of_a_new_kind_delivers_and_its_outcomes_settle(
     db_url: str, engine: sa.Engine, clock: ManualClock, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setitem(transports.TRANSPORTS, "memory", InMemoryTransport)
+    monkeypatch.setitem(
+        transports.KINDS, "memory", transports.Kind(InMemoryTransport, MemoryOptions)
+    )
     monkeypatch.setattr(InMemoryTransport, "delivered", [])
     monkeypatch.setattr(InMemoryTransport, "parcel_sizes", [])
     publish_many(engine, ["m-1", "m-2", "m-3", "refuse-4"], clock=clock)
-    memory = Destination("http://unused.invalid/", kind="memory", unsigned=True)
+    memory = make_destination("http://unused.invalid/", kind="memory", unsigned=True)
     with Relay(db_url, {"default": memory}, clock=clock, batch=10) as relay:
         verdicts = dict(relay.dispatch_once())
     assert verdicts == {"m-1": "sent", "m-2": "sent", "m-3": "sent", "refuse-4": "retry"}
@@ -82,8 +93,14 @@ def test_a_transport_of_a_new_kind_delivers_and_its_outcomes_settle(
     ]
 
 
-def test_an_unknown_kind_is_refused_at_start(db_url: str, engine: sa.Engine) -> None:
-    kafka = Destination("http://unused.invalid/", kind="kafka", unsigned=True)
+def test_an_unknown_kind_is_refused(
+    db_url: str, engine: sa.Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with pytest.raises(ConfigError, match=r"kind 'kafka' is not one of \[.*'http'.*\]"):
+        make_destination("http://unused.invalid/", kind="kafka", unsigned=True)
+    # Options of a kind the registry does not hold: refused when the relay starts.
+    monkeypatch.setattr(MemoryOptions, "KIND", "kafka")
+    kafka = Destination("http://unused.invalid/", MemoryOptions(), unsigned=True)
     with pytest.raises(ConfigError, match=r"kind 'kafka' is not one of \[.*'http'.*\]"):
         Relay(db_url, {"default": kafka})
 
@@ -117,5 +134,5 @@ def test_a_lookup_answer_without_a_hash_says_nothing(
     digest = hashlib.sha256(b"{}").hexdigest()
     body = answer.replace(b"%s", digest.encode())
     peer.answers = {"GET": b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)}
-    destination = Destination(peer.url, secret=SECRET, timeout=2)
+    destination = make_destination(peer.url, secret=SECRET, timeout=2)
     assert ask_receipt(destination, "r-1", digest) == said

@@ -1,6 +1,6 @@
 """Broker messages as the relay publishes them, and the brokers' test fixtures' plumbing.
 
-`outbox_headers` builds exactly the header set of relay/broker_headers.py (the
+`outbox_headers` builds exactly the header set of relay/transports/broker_headers.py (the
 message's own headers, Standard Webhooks id/timestamp/signature via
 outbox.signing.sign, content-type, user-agent, outbox-content-hash), so the consumer
 tests need no relay. Under CI=true a broker that cannot be reached fails the test.

@@ -1,7 +1,7 @@
 """The headers of one message published to JetStream, with their block, built from a template.
 
 A message carries `Nats-Msg-Id` (first: nats-server takes the first one),
-`Nats-Expected-Stream`, then the broker headers (relay.broker_headers). A signed
+`Nats-Expected-Stream`, then the broker headers (relay.transports.broker_headers). A signed
 destination's `Nats-Msg-Id` is derived from the reply_id with its secret
 (outbox.signing.broker_message_id): a publisher without the secret cannot take a
 reply's id first and have the stream drop the reply as a duplicate. An unsigned
@@ -26,10 +26,10 @@ from outbox.signing import (
     is_webhook_id,
     signature,
 )
-from relay.broker_headers import broker_headers
-from relay.config import Destination
-from relay.nats_wire import STATUS_LINE, HeaderBlock, header_lines, sent_as_is
+from relay.destination import Destination
 from relay.records import Message
+from relay.transports.broker_headers import broker_headers
+from relay.transports.nats_wire import STATUS_LINE, HeaderBlock, header_lines, sent_as_is
 from relay.webhooks import FIXED_HEADERS
 
 MSG_ID_HEADER = "Nats-Msg-Id"

@@ -2,7 +2,7 @@
 
 A message is published with its stored body bytes unchanged, `message_id` = its
 reply_id, content type application/json, delivery mode persistent, and as AMQP
-headers the broker headers every broker transport sends (relay.broker_headers:
+headers the broker headers every broker transport sends (relay.transports.broker_headers:
 signature, content hash, traceparent). The routing key is the destination's
 template with {ordering_key} filled in.
 
@@ -34,21 +34,24 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, cast
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, ClassVar, cast
 
 from outbox.errors import ConfigError, TransportError
 from outbox.redaction import redact, redact_urls
-from relay.broker_headers import broker_headers
-from relay.config import Destination
+from relay.destination import Destination, KindOptions, Reader, text
 from relay.policy import ACKED, HELD, Dead, Outcome, Retry, Sent, truncate
 from relay.records import Message, key_chains
-from relay.transport import Parcel, Transport, clients
+from relay.transports.base import Parcel, Transport, check_template, clients
+from relay.transports.broker_headers import broker_headers
 
 if TYPE_CHECKING:
     from aio_pika.abc import AbstractChannel, AbstractConnection
     from aiormq.channel import Channel
 
+CLIENT_MODULES = ("aio_pika", "aiormq")
+"""The client the rabbitmq extra installs (pyproject.toml): aio-pika, and aiormq under it."""
 MAX_ROUTING_KEY_BYTES = 255
 """AMQP 0-9-1 carries a routing key as a short string."""
 NACKED = "the broker nacked the message"
@@ -57,6 +60,23 @@ PERSISTENT = 2
 NO_ORDERING_KEY = "_"
 """What {ordering_key} becomes for a message without one: a word of its own, so that
 `orders.{ordering_key}` still matches a binding on `orders.*`."""
+
+
+@dataclass(frozen=True)
+class RabbitMqOptions(KindOptions):
+    """What a RabbitMQ destination has besides the common keys (docs/reference/config.md)."""
+
+    KIND: ClassVar[str] = "rabbitmq"
+    URL_SCHEMES: ClassVar[tuple[str, ...]] = ("amqp", "amqps")
+    KEYS: ClassVar[Mapping[str, Reader]] = {"exchange": text, "routing_key": text}
+
+    exchange: str
+    """The exchange to publish to ("" is the default exchange)."""
+    routing_key: str
+    """The routing key; a template that may name {ordering_key}."""
+
+    def __post_init__(self) -> None:
+        check_template("routing_key", self.routing_key)
 
 
 class ExchangeMissing(Exception):
@@ -77,23 +97,21 @@ class RabbitMqTransport(Transport):
         super().__init__(destination)
         # aiormq, aio-pika's own dependency: its channel publishes without aio-pika's
         # per-message wrapping, and without waiting for each frame to be flushed.
-        aio_pika, aiormq = clients("rabbitmq")
+        aio_pika, aiormq = clients("rabbitmq", CLIENT_MODULES)
         self._properties = aiormq.spec.Basic.Properties
-        assert destination.exchange is not None, "config requires an exchange"
-        assert destination.routing_key is not None, "config requires a routing key"
+        options = destination.options
+        if not isinstance(options, RabbitMqOptions):
+            raise ConfigError(
+                f"a destination of kind rabbitmq has RabbitMqOptions, not {options!r}"
+            )
         self._pika = aio_pika
-        self.exchange_name = destination.exchange
-        self.template = destination.routing_key
+        self.exchange_name = options.exchange
+        self.template = options.routing_key
         self._connection: AbstractConnection | None = None
         self._channel: AbstractChannel | None = None
         self._publisher: Channel | None = None
         """The channel under `_channel`, which publishes."""
         self._opening = asyncio.Lock()
-
-    @property
-    def mode(self) -> str:
-        """The label of this transport in metrics."""
-        return "rabbitmq"
 
     def parcels(self, messages: Sequence[Message]) -> list[Parcel]:
         """Up to max_batch_items messages per parcel: their confirms are awaited together."""

@@ -8,13 +8,13 @@ signature to know the message came from this outbox, and dedupes by
 (reply_id, content hash) as the reference receiver does. A message with an ordering
 key carries it too (outbox-ordering-key). The broker's own message id is set by each
 transport: AMQP message_id is the reply_id; Nats-Msg-Id, which the stream dedupes by,
-is derived from it with the secret (relay.nats_headers).
+is derived from it with the secret (relay.transports.nats_headers).
 """
 
 from __future__ import annotations
 
 from outbox.signing import CONTENT_HASH_HEADER, ORDERING_KEY_HEADER
-from relay.config import Destination
+from relay.destination import Destination
 from relay.records import Message
 from relay.webhooks import request_headers
 

@@ -1,17 +1,11 @@
-"""The relay's NATS client: header blocks encoded once, parcels queued at once, PubAcks read
-straight from the protocol parser.
+"""The relay's fast NATS client: parcels queued at once, header blocks sent as they are,
+PubAcks read straight from the protocol parser.
 
-nats-py encodes headers on every publish with a per-character translation of
-each value that costs about 2 us per header here: with the nine headers a relay
-sends, a third of its CPU per published message. The relay encodes the block
-itself (`header_block`, relay.nats_headers), checks the message's whole size
-against the server's limit with it, and its client (`relay_client`) sends the
-block as it is. The bytes are the ones nats-py's own encoding gives
-(tests/relay/test_nats_wire.py holds the two side by side), so a consumer sees
-no difference. The client also queues a parcel's publishes as a few commands
-(`publish_many`), and hands each answer to the relay's inbox to a plain function
-(`subscribe_answers`) rather than through a message object, a subscription queue
-and a callback task.
+A destination uses it unless it sets `fast_client = false`. The client sends a
+HeaderBlock's bytes (relay.transports.nats_wire) without nats-py's per-publish
+encoding, queues a parcel's publishes as a few commands (`publish_many`), and hands
+each answer to the relay's inbox to a plain function (`subscribe_answers`) rather
+than through a message object, a subscription queue and a callback task.
 
 The client overrides two internal methods of nats-py's Client (`_send_publish`,
 `_process_msg`) and calls others. At first use they are checked against nats-py's
@@ -26,14 +20,13 @@ from __future__ import annotations
 import functools
 import inspect
 import logging
-import re
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any, NamedTuple
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from relay.transports.nats_wire import AnswerHandler, HeaderBlock, Publish, hpub_command
 
 log = logging.getLogger("outbox.relay")
 
-_NAME = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
-"""A header name NATS accepts: HTTP token characters (nats-py's rule)."""
 _SIGNATURES = (
     ("_send_publish", ["self", "subject", "reply", "payload", "payload_size", "headers"]),
     ("_process_msg", ["self", "sid", "subject", "reply", "data", "headers"]),
@@ -45,94 +38,6 @@ _SIGNATURES = (
 CHUNK_BYTES = 256 * 1024
 """The relay's client queues a parcel's publishes in commands of about this size: one per
 message costs more, one per parcel of large bodies would copy them all at once."""
-
-
-class Publish(NamedTuple):
-    """One message to publish with its header block, and the id of the message it carries."""
-
-    subject: str
-    reply: str
-    payload: bytes
-    headers: HeaderBlock
-    message_id: int
-
-
-async def publish_all(client: Any, publishes: Sequence[Publish]) -> None:
-    """Publish each in order: queued together on the relay's client (relay_client), one by
-    one through nats-py's publish on its own."""
-    many = getattr(client, "publish_many", None)
-    if many is not None:
-        await many(publishes)
-        return
-    for subject, reply, payload, headers, _ in publishes:
-        await client.publish(subject, payload, reply=reply, headers=headers)
-
-
-AnswerHandler = Callable[[str, bytes, Mapping[str, str] | None], None]
-"""Called with each answer to the relay's inbox: the subject's last token (the reply
-token of the publish it answers), the data, and the headers (a status among them)."""
-
-
-class BadHeaderName(ValueError):
-    """A header name with other than HTTP token characters: NATS would refuse it."""
-
-
-class HeaderBlock(dict[str, str]):
-    """Headers with their encoded block: the relay's client sends `block` unchanged.
-
-    Built once per message and never changed after: `block` would not follow a change.
-    """
-
-    __slots__ = ("block",)
-
-    def __init__(self, headers: Mapping[str, str], block: bytes | None = None) -> None:
-        """The headers, and `block` = header_block(headers) unless the caller built it."""
-        super().__init__(headers)
-        self.block = header_block(headers) if block is None else block
-
-
-_known_names: set[str] = set()
-"""Names already checked: a relay sends the same few names on every message."""
-
-
-STATUS_LINE = "NATS/1.0\r\n"
-
-
-def header_block(headers: Mapping[str, str]) -> bytes:
-    """The NATS/1.0 header block nats-py sends for `headers` (see header_lines)."""
-    return f"{STATUS_LINE}{header_lines(headers)}\r\n".encode()
-
-
-def header_lines(headers: Mapping[str, str]) -> str:
-    """The block's line for each header as nats-py writes it: names and values stripped,
-    empty names left out, CR and LF in a value sent as spaces; BadHeaderName otherwise."""
-    lines = []
-    for raw_name, raw_value in headers.items():
-        name = raw_name.strip()
-        if not name:
-            continue
-        if name not in _known_names:
-            if not _NAME.fullmatch(name):
-                raise BadHeaderName(f"header name {name!r} is not a NATS header name")
-            if len(_known_names) < 1024:
-                _known_names.add(name)
-        value = raw_value.strip()
-        if "\r" in value or "\n" in value:
-            value = value.replace("\r", " ").replace("\n", " ")
-        lines.append(f"{name}: {value}\r\n")
-    return "".join(lines)
-
-
-def sent_as_is(value: str) -> bool:
-    """Whether header_lines writes `value` unchanged: nothing to strip, no CR or LF."""
-    return value.isprintable() and value[:1] != " " and value[-1:] != " "
-
-
-def hpub_command(subject: str, reply: str, block: bytes, payload: bytes) -> bytes:
-    """The HPUB protocol command publishing `payload` with the header `block`."""
-    head = f"HPUB {subject} {reply} {len(block)} {len(block) + len(payload)}\r\n".encode()
-    return b"".join((head, block, payload, b"\r\n"))
-
 
 _SAMPLE_HEADERS = {
     "Nats-Msg-Id": "r-1",
@@ -153,20 +58,6 @@ def _overridable(base: type) -> bool:
     needed = ["_flush_queue", "_process_headers", "_ps", "stats"]
     needed += ["is_closed", "is_connected", "is_draining_pubs", "max_payload"]
     return all(hasattr(base(), name) for name in needed)
-
-
-async def subscribe_answers(client: Any, inbox: str, handler: AnswerHandler) -> None:
-    """Subscribe `handler` to `<inbox>.*`: called from the protocol parser on the relay's
-    client (relay_client), through nats-py's subscription queue on its own."""
-    prefix = len(inbox) + 1
-
-    async def queued(msg: Any) -> None:
-        handler(msg.subject[prefix:], msg.data, msg.headers)
-
-    await client.subscribe(f"{inbox}.*", cb=queued)
-    take = getattr(client, "take_answers", None)
-    if take is not None:
-        take(inbox, handler)
 
 
 def queued_command(client: Any, subject: str, headers: Mapping[str, str]) -> bytes | None:

@@ -1,4 +1,8 @@
-"""HTTP batch: many messages in one signed POST, each settled by the per-item answer.
+"""HTTP: Standard Webhooks POSTs to the destination's url, one per message or in batches.
+
+Single mode sends each message as its own signed request; the status decides its
+outcome. Batch mode sends many messages in one signed POST, each settled by the
+per-item answer:
 
 The body is `{"replies": [{"reply_id": str, "body": str, "ordering_key": str,
 "headers": {...}}, ...]}`, each body the exact stored text of one message,
@@ -16,18 +20,148 @@ earlier item of its key that was not (a resend would not undo it).
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from json.encoder import encode_basestring
+from typing import ClassVar, Literal
+from urllib.parse import urlsplit, urlunsplit
 
+from outbox.errors import ConfigError, TransportError
 from outbox.messages import BATCH_ID_PREFIX
-from relay.http_client import Response
+from outbox.redaction import redact_urls, shown_value
+from relay.destination import Destination, KindOptions, Reader, flag, text
+from relay.http_client import HttpClient, Response
 from relay.policy import Dead, Outcome, Retry, Sent, Unsent, classify, truncate
+from relay.receipts import receipt_matches
 from relay.records import Message, key_chains
-from relay.transport import HttpTransport, Parcel
+from relay.transports.base import Parcel, Transport
 from relay.webhooks import post, request_headers, snippet
 
 _BATCH_HEAD = b'{"replies":['
 _BATCH_TAIL = b"]}"
+
+Mode = Literal["single", "batch"]
+
+
+@dataclass(frozen=True)
+class HttpOptions(KindOptions):
+    """What an HTTP destination has besides the common keys (docs/reference/config.md)."""
+
+    KIND: ClassVar[str] = "http"
+    URL_SCHEMES: ClassVar[tuple[str, ...]] = ("http", "https")
+    KEYS: ClassVar[Mapping[str, Reader]] = {
+        "mode": text,
+        "receipt_lookup": flag,
+        "batch_url": text,
+        "ordered_batches": flag,
+    }
+
+    mode: Mode = "single"
+    """One POST per message (single), or many messages per POST (batch)."""
+    receipt_lookup: bool = False
+    """GET <url>/<reply_id> settles an unknown outcome and guards requeues."""
+    batch_url: str | None = None
+    ordered_batches: bool = False
+    """Batch mode: the receiver applies a batch's items of one ordering key in order and
+    answers `held` after one it did not apply, so a batch may hold several of them."""
+
+    def __post_init__(self) -> None:
+        if self.mode not in ("single", "batch"):
+            raise ConfigError(
+                f"destination mode must be 'single' or 'batch', got {shown_value(self.mode)}"
+            )
+
+    def other_urls(self) -> tuple[str, ...]:
+        """The batch endpoint, when it is configured."""
+        return () if self.batch_url is None else (self.batch_url,)
+
+    def asks_receipts(self) -> bool:
+        """As receipt_lookup says."""
+        return self.receipt_lookup
+
+    def post_batch_url(self, url: str) -> str:
+        """The batch endpoint: configured, or `<url>/batch` for the reference receiver."""
+        return self.batch_url or url.rstrip("/") + "/batch"
+
+
+class HttpTransport(Transport):
+    """The common part of HTTP transports: one pooled client, receipt lookup, retention."""
+
+    RETENTION_HEADER = "outbox-receipt-retention"
+
+    def __init__(self, destination: Destination) -> None:
+        """One keep-alive client per destination, at most `concurrency` connections."""
+        super().__init__(destination)
+        options = destination.options
+        if not isinstance(options, HttpOptions):
+            raise ConfigError(f"an http destination has HttpOptions, not {options!r}")
+        self.options = options
+        self.client = HttpClient(destination.concurrency)
+
+    @property
+    def mode(self) -> str:
+        """The label of this transport in metrics: single or batch."""
+        return self.options.mode
+
+    async def holds(self, message: Message) -> bool | None:
+        """GET <url>/<reply_id> and compare the content hash."""
+        return await receipt_matches(
+            self.client, self.destination, message.reply_id, message.content_hash
+        )
+
+    async def retention(self) -> float | None:
+        """The Outbox-Receipt-Retention header of the destination's /healthz, if any.
+
+        Unreachable now is a delivery problem, retried like any other: the caller
+        is told by TimeoutError or TransportError that it could not be checked.
+        """
+        health = health_url(self.destination.url)
+        response = await self.client.request(
+            "GET", health, headers={}, seconds=self.destination.timeout
+        )
+        if not 200 <= response.status < 300:
+            raise TransportError(f"{redact_urls(health)} answered {response.status}")
+        advertised = response.headers.get(self.RETENTION_HEADER)
+        try:
+            retention = float(advertised) if advertised is not None else math.nan
+        except ValueError:
+            retention = math.nan
+        # Absent or unreadable (not a number, NaN, negative): published as none.
+        return retention if math.isfinite(retention) and retention >= 0 else None
+
+    async def close(self) -> None:
+        """Close the pooled connections."""
+        await self.client.close()
+
+
+def health_url(url: str) -> str:
+    """The /healthz next to a destination url: a sibling of its last path segment."""
+    parts = urlsplit(url)
+    path = parts.path.rstrip("/").rsplit("/", 1)[0] if "/" in parts.path.strip("/") else ""
+    return urlunsplit((parts.scheme, parts.netloc, path + "/healthz", "", ""))
+
+
+class HttpSingleTransport(HttpTransport):
+    """Each message its own signed request; the status decides its outcome."""
+
+    def parcels(self, messages: Sequence[Message]) -> list[Parcel]:
+        """One parcel per message."""
+        return [Parcel((message,)) for message in messages]
+
+    async def send(self, parcel: Parcel) -> dict[int, Outcome]:
+        """POST the message with its own headers and the signature headers."""
+        (message,) = parcel.messages
+        destination = self.destination
+        headers = {
+            **message.headers,
+            **request_headers(destination, message.reply_id, message.body),
+        }
+        response = await post(self.client, destination, destination.url, headers, message.body)
+        if isinstance(response, Retry):
+            return {message.id: response}
+        retry_after = response.headers.get("retry-after")
+        return {message.id: classify(response.status, retry_after, snippet(response))}
 
 
 def pack_batches(
@@ -84,7 +218,7 @@ class HttpBatchTransport(HttpTransport):
         """Messages packed into batch bodies; without ordered_batches, at most one message
         of a key per batch (a key's next one in a later batch, sent after it)."""
         destination = self.destination
-        rounds = [messages] if destination.ordered_batches else one_per_key(messages)
+        rounds = [messages] if self.options.ordered_batches else one_per_key(messages)
         return [
             Parcel(group, body)
             for part in rounds
@@ -100,7 +234,8 @@ class HttpBatchTransport(HttpTransport):
         destination = self.destination
         batch_id = f"{BATCH_ID_PREFIX}{batch[0].id}-{batch[-1].id}-{len(batch)}"
         headers = request_headers(destination, batch_id, body)
-        response = await post(self.client, destination, destination.post_batch_url, headers, body)
+        url = self.options.post_batch_url(destination.url)
+        response = await post(self.client, destination, url, headers, body)
         if isinstance(response, Retry):
             return dict.fromkeys((m.id for m in batch), response)
         whole = classify(response.status, response.headers.get("retry-after"), snippet(response))
@@ -175,3 +310,10 @@ def _held_only_behind_its_key(
         if key is not None and not isinstance(outcome, Sent | Dead):
             stopped.add(key)
     return outcomes
+
+
+def http_transport(destination: Destination) -> Transport:
+    """The HTTP transport of `destination`'s mode: batch, or single."""
+    if isinstance(destination.options, HttpOptions) and destination.options.mode == "batch":
+        return HttpBatchTransport(destination)
+    return HttpSingleTransport(destination)
