@@ -21,7 +21,7 @@ from outbox.errors import ConfigError
 from outbox.messages import check_destination
 from outbox.redaction import shown_value
 from outbox.unknown_keys import refuse_unknown
-from relay.destination import COMMON_KEYS, KindOptions, Reader
+from relay.destination import COMMON_KEYS, KindOptions, Reader, check_url
 from relay.destination import Destination as Destination  # still importable from here
 from relay.transports import KINDS
 
@@ -221,12 +221,14 @@ def make_destination(url: str, *, kind: str = DEFAULT_KIND, **keys: Any) -> Dest
     """The destination a [destinations.NAME] table describes, from its keys' typed values
     (the secret itself, not where to read it): the keys every kind has go to Destination,
     the kind's own to its options class (relay.transports.KINDS). A key of another kind is
-    refused unless it holds that kind's default; ConfigError names what is wrong."""
+    refused, but HTTP's at their defaults; ConfigError names what is wrong."""
     if not isinstance(kind, str):
         raise ConfigError(f"destination kind must be a name, got {shown_value(kind)}")
     if kind not in KINDS:
         raise ConfigError(f"kind {kind!r} is not one of {sorted(KINDS)}")
     options_class = KINDS[kind].options
+    # The URL first, as before kinds had options of their own: the first error stays the same.
+    check_url(url, options_class)
     own = {key: keys.pop(key) for key in list(keys) if key in options_class.KEYS}
     for field in dataclasses.fields(options_class):
         if field.name not in own and field.default is dataclasses.MISSING:
@@ -235,7 +237,11 @@ def make_destination(url: str, *, kind: str = DEFAULT_KIND, **keys: Any) -> Dest
         owner = next((other for other in KINDS.values() if key in other.options.KEYS), None)
         if owner is None:
             continue  # not a destination key at all: Destination refuses it
-        if keys.pop(key) != _default(owner.options, key):
+        value = keys.pop(key)
+        # HTTP's options at their defaults passed on any kind before kinds had options of
+        # their own (one flat table could not tell them from absent): still tolerated.
+        # Any other kind's key given at all is refused.
+        if owner.options.KIND != "http" or value != _default(owner.options, key):
             raise ConfigError(f"{key} is a key of {owner.options.KIND} destinations, not of {kind}")
     return Destination(url, options_class(**own), **keys)
 

@@ -107,6 +107,18 @@ class KindOptions:
         return False
 
 
+def check_url(url: str, options_class: type[KindOptions]) -> None:
+    """Refuse a URL whose scheme the kind does not take (ConfigError)."""
+    schemes = options_class.URL_SCHEMES
+    parts = urlsplit(url)
+    if schemes and (parts.scheme not in schemes or not parts.netloc):
+        shown = "|".join(schemes)
+        raise ConfigError(
+            f"destination url of kind {options_class.KIND} must be {shown}://host..., "
+            f"got {redact_urls(url)!r}"
+        )
+
+
 @dataclass(frozen=True)
 class Destination:
     """Where messages for one destination name go, and how."""
@@ -157,14 +169,7 @@ class Destination:
     def __post_init__(self) -> None:
         if not isinstance(self.options, KindOptions):
             raise ConfigError(f"destination options must be KindOptions, got {self.options!r}")
-        parts = urlsplit(self.url)
-        schemes = self.options.URL_SCHEMES
-        if schemes and (parts.scheme not in schemes or not parts.netloc):
-            shown = "|".join(schemes)
-            raise ConfigError(
-                f"destination url of kind {self.kind} must be {shown}://host..., "
-                f"got {redact_urls(self.url)!r}"
-            )
+        check_url(self.url, type(self.options))
         if not self.timeout > 0:
             raise ConfigError(f"destination timeout must be > 0, got {self.timeout!r}")
         if self.concurrency < 1:

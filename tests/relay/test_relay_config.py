@@ -436,3 +436,20 @@ def test_a_nats_destination_uses_the_fast_client_unless_it_says_not_to() -> None
         destinations_from(
             {"destinations": {"b": {"url": "http://b/", "fast_client": False}}}, None, {}
         )
+
+
+def test_a_nats_key_is_refused_on_an_http_destination_even_at_its_default() -> None:
+    with pytest.raises(ConfigError, match="fast_client is a key of nats destinations, not of http"):
+        make_destination("https://hooks.example/in", unsigned=True, fast_client=True)
+
+
+def test_an_http_option_at_its_default_is_still_tolerated_elsewhere() -> None:
+    made = make_destination(
+        "nats://127.0.0.1:4222", kind="nats", stream="S", subject="s", unsigned=True, mode="single"
+    )
+    assert made.kind == "nats"
+
+
+def test_a_bad_url_is_named_before_a_missing_key_of_the_kind() -> None:
+    with pytest.raises(ConfigError, match=r"destination url of kind nats must be nats\|tls://host"):
+        make_destination("http://not-nats:4222", kind="nats", stream="S", unsigned=True)
