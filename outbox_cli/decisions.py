@@ -79,7 +79,7 @@ def operator(args: argparse.Namespace) -> str:
     except (OSError, KeyError):  # no login name (a container's uid without a passwd entry)
         if getattr(args, "dry_run", False):
             return "(dry run)"
-        raise
+        raise ValueError("no login name to keep in the audit: give --by NAME") from None
 
 
 def chosen_many(args: argparse.Namespace, verb: str) -> DeadFilter | None:

@@ -499,7 +499,11 @@ def settle(
 
 
 def settle_parameters(owner: str, rows: Sequence[Settlement], now: float | None) -> dict[str, Any]:
-    """SETTLE_POSTGRESQL's parameters for `rows`."""
+    """SETTLE_POSTGRESQL's parameters for `rows`, which name the leases they were claimed under."""
+    leases = {row.lease_until for row in rows}
+    if None in leases:
+        # NULL matches no lease: the row would stay sending, be taken for lost and sent again.
+        raise ValueError("a settlement without the lease it was claimed under")
     kinds: dict[tuple[str, int | None, str | None, int], int] = {}
     row_kinds = [
         kinds.setdefault((row.state, row.status, row.error, row.refund), len(kinds) + 1)
@@ -515,7 +519,7 @@ def settle_parameters(owner: str, rows: Sequence[Settlement], now: float | None)
         "statuses": statuses,
         "errors": errors,
         "refunds": refunds,
-        "leases": list({row.lease_until for row in rows}),
+        "leases": list(leases),
         "owner": owner,
         "now": now,
     }

@@ -285,3 +285,25 @@ def test_a_dry_run_needs_no_login_name(
     assert capsys.readouterr().out == "would resolve 'b-2'\n"
     assert main([*argv, "--by", "ops-anna"]) == 0
     assert [row["requested_by"] for row in audit_rows(engine)] == ["ops-anna"]
+
+
+def test_a_decision_with_no_login_name_asks_for_by_in_one_line(
+    db_url: str,
+    engine: sa.Engine,
+    clock: ManualClock,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    dead_messages(engine, clock)
+
+    def no_passwd_entry() -> str:
+        raise KeyError("getpwuid(): uid not found: 10001")
+
+    monkeypatch.setattr("getpass.getuser", no_passwd_entry)
+    argv = ["dead", "resolve", "b-2", "--reason", "billing has it", "--db", db_url]
+    assert main(argv) == 2
+    assert (
+        capsys.readouterr().err
+        == "outbox: error: no login name to keep in the audit: give --by NAME\n"
+    )
+    assert states(engine)["b-2"] == "dead"

@@ -133,3 +133,18 @@ def test_a_settle_reads_its_own_turns_rows_not_every_message_in_flight(
         conn.rollback()
     plan = (json.loads(explained) if isinstance(explained, str) else explained)[0]["Plan"]
     assert scanned_rows(plan) <= 3 * len(mine), json.dumps(plan, indent=1)
+
+
+def test_a_settlement_without_its_lease_is_refused_not_left_sending(engine: sa.Engine) -> None:
+    publish_many(engine, ["l-1"])
+    with engine.begin() as conn:
+        [claimed] = claim_messages(
+            conn, owner="o", now=None, lease=30, limit=1, budget=3, destinations=["default"]
+        )
+    lost = Settlement(claimed.id, claimed.fence, "sent", 200, None, 0.0, 0, None)
+    if engine.dialect.name == "postgresql":
+        with pytest.raises(ValueError, match="without the lease"), engine.begin() as conn:
+            settle(conn, "o", [lost], None)
+    found = Settlement(claimed.id, claimed.fence, "sent", 200, None, 0.0, 0, claimed.lease_until)
+    with engine.begin() as conn:
+        assert settle(conn, "o", [found], None) == {claimed.id}
