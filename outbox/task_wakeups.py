@@ -15,7 +15,7 @@ from collections.abc import Callable
 
 import psycopg
 
-from outbox.db.dialect import CONNECT_TIMEOUT, TASKS_NOTIFY_CHANNEL
+from outbox.db.dialect import CONNECT_TIMEOUT, TASKS_NOTIFY_CHANNEL, bounded_conninfo
 
 log = logging.getLogger("outbox.worker")
 # How often the thread looks up from its connection to see whether it should end.
@@ -54,9 +54,7 @@ class TaskWakeups:
     def _run(self) -> None:
         while not self._closed.is_set():
             try:
-                with psycopg.connect(
-                    self._conninfo, autocommit=True, connect_timeout=CONNECT_TIMEOUT
-                ) as conn:
+                with psycopg.connect(bounded_conninfo(self._conninfo), autocommit=True) as conn:
                     conn.execute(f"LISTEN {TASKS_NOTIFY_CHANNEL}")
                     self.listening.set()
                     self._wake()  # what arrived while we were not listening

@@ -17,7 +17,7 @@ import threading
 
 import psycopg
 
-from outbox.db.dialect import CONNECT_TIMEOUT, NOTIFY_CHANNEL
+from outbox.db.dialect import NOTIFY_CHANNEL, bounded_conninfo
 
 log = logging.getLogger("outbox.relay")
 
@@ -39,7 +39,7 @@ class Wakeups:
         while True:
             try:
                 conn = await psycopg.AsyncConnection.connect(
-                    self._conninfo, autocommit=True, connect_timeout=CONNECT_TIMEOUT
+                    bounded_conninfo(self._conninfo), autocommit=True
                 )
                 await conn.execute(f"LISTEN {NOTIFY_CHANNEL}")
             except psycopg.Error as exc:

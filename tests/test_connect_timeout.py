@@ -6,10 +6,11 @@ from typing import Any
 
 import pytest
 import sqlalchemy as sa
+from psycopg.conninfo import conninfo_to_dict
 from sqlalchemy import event
 
 import outbox
-from outbox.db.dialect import CONNECT_TIMEOUT
+from outbox.db.dialect import CONNECT_TIMEOUT, bounded_conninfo
 
 
 def connect_parameters(url: str, **kwargs: Any) -> dict[str, Any]:
@@ -56,3 +57,19 @@ def test_sqlite_engines_get_no_connect_timeout(tmp_path: Any) -> None:
             assert conn.execute(sa.text("SELECT 1")).scalar_one() == 1
     finally:
         engine.dispose()
+
+
+def test_a_listen_connection_keeps_the_urls_own_bound() -> None:
+    assert conninfo_to_dict(bounded_conninfo("host=db dbname=outbox")) == {
+        "host": "db",
+        "dbname": "outbox",
+        "connect_timeout": str(CONNECT_TIMEOUT),
+    }
+    for given in ("postgresql://db/outbox?connect_timeout=30", "host=db connect_timeout=30"):
+        assert bounded_conninfo(given) == given
+
+
+def test_pgconnect_timeout_in_the_environment_wins(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PGCONNECT_TIMEOUT", "40")
+    assert bounded_conninfo("host=db dbname=outbox") == "host=db dbname=outbox"
+    assert "connect_timeout" not in connect_parameters("postgresql+psycopg://postgres@192.0.2.1/o")

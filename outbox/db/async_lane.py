@@ -19,7 +19,7 @@ from typing import Any
 
 import psycopg
 
-from outbox.db.dialect import CONNECT_TIMEOUT
+from outbox.db.dialect import bounded_conninfo
 from outbox.db.lane import IDLE_SECONDS
 
 
@@ -63,7 +63,7 @@ class AsyncLane:
             held = None
         if held is None:
             held = self._held = await psycopg.AsyncConnection.connect(
-                self._conninfo, autocommit=True, connect_timeout=CONNECT_TIMEOUT
+                bounded_conninfo(self._conninfo), autocommit=True
             )
         return held
 

@@ -8,6 +8,7 @@ PostgreSQL: psycopg 3, FOR UPDATE SKIP LOCKED, NOTIFY on new messages.
 
 from __future__ import annotations
 
+import os
 import sqlite3
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -15,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import sqlalchemy as sa
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from sqlalchemy import event
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection, Engine
@@ -85,6 +87,18 @@ def _libpq_options(url: sa.URL) -> sa.URL:
     return url.set(query=query)
 
 
+def _bounded(conninfo: str) -> bool:
+    """Whether the connection string or PGCONNECT_TIMEOUT already bounds a connect."""
+    return "PGCONNECT_TIMEOUT" in os.environ or "connect_timeout" in conninfo_to_dict(conninfo)
+
+
+def bounded_conninfo(conninfo: str) -> str:
+    """`conninfo` with connect_timeout CONNECT_TIMEOUT, unless a bound is already given."""
+    if _bounded(conninfo):
+        return conninfo
+    return make_conninfo(conninfo, connect_timeout=CONNECT_TIMEOUT)
+
+
 def create_engine(url: str | sa.URL, **kwargs: Any) -> Engine:
     """An engine for the outbox: psycopg 3 on PostgreSQL; WAL and BEGIN IMMEDIATE on SQLite."""
     parsed = make_url(url)
@@ -92,10 +106,9 @@ def create_engine(url: str | sa.URL, **kwargs: Any) -> Engine:
         raise ValueError("an in-memory SQLite database is private to one connection: use a file")
     if parsed.get_backend_name() == "postgresql":
         kwargs.setdefault("pool_pre_ping", True)
-        if "connect_timeout" not in parsed.query:
-            kwargs["connect_args"] = {"connect_timeout": CONNECT_TIMEOUT} | kwargs.get(
-                "connect_args", {}
-            )
+        if "connect_timeout" not in parsed.query and not _bounded(""):
+            bound = {"connect_timeout": CONNECT_TIMEOUT}
+            kwargs["connect_args"] = bound | kwargs.get("connect_args", {})
     return prepare_engine(sa.create_engine(parsed, **kwargs))
 
 
