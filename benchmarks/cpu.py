@@ -48,9 +48,8 @@ def cpu_between(before: dict[int, float], after: dict[int, float]) -> float:
     return sum(after[pid] - before[pid] for pid in before.keys() & after.keys())
 
 
-def process_tree_cpu_seconds(pid: int) -> float:
-    """CPU seconds (user and system) used so far by process `pid` and its live descendants."""
-    stats = {child: (parent, cpu) for child, _, parent, cpu in _processes()}
+def _tree(pid: int, stats: dict[int, tuple[int, float]]) -> set[int]:
+    """`pid` and its descendants among `stats` (pid -> (parent pid, CPU seconds))."""
     tree = {pid}
     grew = True
     while grew:
@@ -59,7 +58,13 @@ def process_tree_cpu_seconds(pid: int) -> float:
             if parent in tree and child not in tree:
                 tree.add(child)
                 grew = True
-    return sum(stats[p][1] for p in tree if p in stats)
+    return tree
+
+
+def process_tree_cpu_seconds(pid: int) -> float:
+    """CPU seconds (user and system) used so far by process `pid` and its live descendants."""
+    stats = {child: (parent, cpu) for child, _, parent, cpu in _processes()}
+    return sum(stats[p][1] for p in _tree(pid, stats) if p in stats)
 
 
 def _argv(pid: int) -> str:
@@ -92,33 +97,42 @@ def _port_owners(pids: set[int]) -> dict[int, int]:
     return owners
 
 
+PartSeconds = dict[int, tuple[str, float]]
+"""A reading of part_cpu_seconds: pid -> (its part, CPU seconds it used so far)."""
+
+
 def part_cpu_seconds(
     part_of: Callable[[str], str | None], backends: Iterable[tuple[int, int]]
-) -> dict[str, float]:
-    """CPU seconds used so far, summed by part, by this process's descendants and by the
-    database backends serving them.
+) -> PartSeconds:
+    """CPU seconds used so far by this process's descendants and by the database backends
+    serving them, each with its part (parts_between sums two readings' difference).
 
     `part_of` names the part of a descendant from its command line (None: not counted);
     `backends` are the database's client backends as (backend pid, client port): a
     backend counts as part `<part>_db` of the descendant holding its client socket.
     """
     stats = {pid: (parent, cpu) for pid, _, parent, cpu in _processes()}
-    tree, grew = {os.getpid()}, True
-    while grew:
-        grew = False
-        for pid, (parent, _) in stats.items():
-            if parent in tree and pid not in tree:
-                tree.add(pid)
-                grew = True
-    parts = {pid: part_of(_argv(pid)) for pid in tree - {os.getpid()}}
+    parts = {pid: part_of(_argv(pid)) for pid in _tree(os.getpid(), stats) - {os.getpid()}}
     owners = _port_owners({pid for pid, part in parts.items() if part is not None})
-    seconds: dict[str, float] = {}
+    reading: PartSeconds = {}
     for pid, part in parts.items():
         if part is not None and pid in stats:
-            seconds[part] = seconds.get(part, 0.0) + stats[pid][1]
+            reading[pid] = (part, stats[pid][1])
     for backend, port in backends:
         owner = owners.get(port)
         part = parts.get(owner) if owner is not None else None
         if part is not None and backend in stats:
-            seconds[f"{part}_db"] = seconds.get(f"{part}_db", 0.0) + stats[backend][1]
-    return seconds
+            reading[backend] = (f"{part}_db", stats[backend][1])
+    return reading
+
+
+def parts_between(before: PartSeconds, after: PartSeconds) -> dict[str, float]:
+    """CPU seconds each part spent between two readings: a process in both counts its
+    difference, one that started meanwhile its whole life, one that ended meanwhile
+    nothing (its last figures are gone with it: an understatement, never a negative)."""
+    spent: dict[str, float] = {}
+    for pid, (part, seconds) in after.items():
+        earlier = before.get(pid)
+        start = earlier[1] if earlier is not None and earlier[0] == part else 0.0
+        spent[part] = spent.get(part, 0.0) + seconds - start
+    return spent

@@ -37,9 +37,11 @@ from sqlalchemy.orm import Session
 import outbox
 import receiver
 from benchmarks.cpu import (
+    PartSeconds,
     cpu_between,
     machine_busy_seconds,
     part_cpu_seconds,
+    parts_between,
     process_cpu_seconds,
 )
 from outbox.canonical import canonical_bytes, sha256_hex
@@ -503,8 +505,7 @@ def timed_drain(
             # A broker restarted meanwhile: its CPU over the window cannot be read.
             raise RuntimeError(f"no {server!r} process ran through the whole drain")
         cpu["server_cpu_us_per_message"] = round(served * 1e6 / moved, 1)
-    for part, seconds in parts_at_end.items():
-        spent = seconds - parts_at_start.get(part, 0.0)
+    for part, spent in parts_between(parts_at_start, parts_at_end).items():
         cpu[f"cpu_us_{part}"] = round(spent * 1e6 / moved, 1)
     return {
         "messages": total,
@@ -624,7 +625,7 @@ def drain_part(argv: str) -> str | None:
     return None
 
 
-def parts_seconds(engine: sa.Engine, parts: Callable[[str], str | None] | None) -> dict[str, float]:
+def parts_seconds(engine: sa.Engine, parts: Callable[[str], str | None] | None) -> PartSeconds:
     """CPU seconds so far by part (cpu.part_cpu_seconds), none without `parts` or PostgreSQL."""
     if parts is None or engine.dialect.name != "postgresql":
         return {}
