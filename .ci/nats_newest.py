@@ -14,7 +14,6 @@ consumer tests there against the local NATS server. The exit status is pytest's.
 from __future__ import annotations
 
 import argparse
-import os
 import re
 import shutil
 import subprocess
@@ -23,6 +22,7 @@ import tempfile
 import tomllib
 from pathlib import Path
 
+from package_check import clean_env  # beside this file: the same clean environment
 from uv import find_uv_bin
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -49,21 +49,6 @@ def requirements() -> list[str]:
     """The checkout with its fast and nats extras, and the dev extra but its nats-py pin."""
     dev = PYPROJECT["project"]["optional-dependencies"]["dev"]
     return ["-e", f"{ROOT}[fast,nats]", *(s for s in dev if requirement_name(s) != "nats-py")]
-
-
-def clean_env(venv: Path) -> dict[str, str]:
-    """The environment without this venv, Python paths or OUTBOX_* settings; with `venv`'s
-    scripts first on PATH."""
-    dropped = ("VIRTUAL_ENV", "PYTHONPATH", "PYTHONHOME", "PYTHONSTARTUP", "UV_PROJECT")
-    env = {
-        name: value
-        for name, value in os.environ.items()
-        if name not in dropped and not name.startswith("OUTBOX_")
-    }
-    path = [p for p in env.get("PATH", "").split(os.pathsep) if Path(p) != Path(sys.prefix) / "bin"]
-    env["VIRTUAL_ENV"] = str(venv)
-    env["PATH"] = os.pathsep.join([str(venv / "bin"), *path])
-    return env
 
 
 def main() -> int:
