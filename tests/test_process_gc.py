@@ -10,7 +10,7 @@ from outbox.process_gc import YOUNG_THRESHOLD
 
 CHILD = """
 import gc, json, weakref
-from outbox.process_gc import tune_for_long_run
+from outbox.process_gc import YOUNG_THRESHOLD, tune_for_long_run
 
 before = gc.get_threshold()
 tune_for_long_run()
@@ -18,16 +18,28 @@ tune_for_long_run()
 class Node:
     pass
 
-# A cycle made after the tuning is still found and freed by the collector.
+collections = []
+
+def count(phase, info):
+    if phase == "stop":
+        collections.append(info["generation"])
+
+gc.callbacks.append(count)
+
+# A cycle made after the tuning is still found and freed by the collector on its own.
 a, b = Node(), Node()
 a.other, b.other = b, a
 alive = weakref.ref(a)
 del a, b
-gc.collect()
+# Below the young threshold the collector leaves it; past it, a young collection frees it.
+kept = [[] for _ in range(YOUNG_THRESHOLD // 2)]
+early = {"collections": len(collections), "cycle_alive": alive() is not None}
+kept += [[] for _ in range(YOUNG_THRESHOLD)]
 print(json.dumps({
     "frozen": gc.get_freeze_count(),
     "before": before,
     "after": gc.get_threshold(),
+    "early": early,
     "cycle_freed": alive() is None,
 }))
 """
@@ -41,4 +53,7 @@ def test_tuning_freezes_start_up_and_collects_young_objects_less_often() -> None
     figures = json.loads(done.stdout)
     assert figures["frozen"] > 1000, figures
     assert figures["after"] == [YOUNG_THRESHOLD, *figures["before"][1:]], figures
+    # Half the threshold of new objects ran no collection (700 would have run several)...
+    assert figures["early"] == {"collections": 0, "cycle_alive": True}, figures
+    # ...and past the threshold a young collection freed the cycle, with no gc.collect().
     assert figures["cycle_freed"] is True, figures
