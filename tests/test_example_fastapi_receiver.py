@@ -97,10 +97,18 @@ def engine(db_url: str) -> Iterator[sa.Engine]:
     created.dispose()
 
 
+TIMEOUT = 8
+"""Seconds a request to the example may take: its first answer comes from a cold app, on
+a machine that may be busy; under the relays' default lease (10 s), as the relay requires."""
+LEASE = TIMEOUT + 4
+"""The relays' lease, longer than a request as the relay requires; only the manual clock
+runs it out."""
+
+
 def destination(example: Example, secret: str = SECRET) -> Destination:
     """The example as a relay destination, as its docstring says to configure it."""
     return make_destination(
-        example.url, secret=secret, timeout=5, receipt_lookup=True, require_retention=True
+        example.url, secret=secret, timeout=TIMEOUT, receipt_lookup=True, require_retention=True
     )
 
 
@@ -183,14 +191,14 @@ def test_a_resend_after_a_lost_answer_is_a_duplicate_applied_once(
     publish_many(engine, ids, clock=clock)
     target = {"default": destination(example)}
     with (
-        Relay(db_url, target, clock=clock, owner="relay-a", lease=6) as crashed,
-        Relay(db_url, target, clock=clock, owner="relay-b", lease=6) as survivor,
+        Relay(db_url, target, clock=clock, owner="relay-a", lease=LEASE) as crashed,
+        Relay(db_url, target, clock=clock, owner="relay-b", lease=LEASE) as survivor,
     ):
         # The example committed both; the relay died before recording the answers.
         with arm("relay.after_remote_commit"), pytest.raises(Crash):
             crashed.dispatch_once()
         assert applied(example) == Counter(ids)
-        clock.advance(7)  # relay-a's lease runs out: relay-b sends the same bytes again
+        clock.advance(LEASE + 1)  # relay-a's lease runs out: relay-b sends the same bytes again
         assert sorted(survivor.dispatch_once()) == [("r-1", "sent"), ("r-2", "sent")]
     assert [row["attempts"] for row in rows(engine).values()] == [2, 2]
     assert stored_receipts(db_url) == bodies(engine, ids)
@@ -204,14 +212,16 @@ def test_the_receipt_lookup_settles_a_send_whose_outcome_was_lost(
     publish_many(engine, [held], clock=clock)
     target = {"default": destination(example)}
     with (
-        Relay(db_url, target, clock=clock, owner="relay-a", lease=6, max_attempts=1) as crashed,
-        Relay(db_url, target, clock=clock, owner="relay-b", lease=6, max_attempts=1) as survivor,
+        Relay(db_url, target, clock=clock, owner="relay-a", lease=LEASE, max_attempts=1) as crashed,
+        Relay(
+            db_url, target, clock=clock, owner="relay-b", lease=LEASE, max_attempts=1
+        ) as survivor,
     ):
         with arm("relay.after_remote_commit"), pytest.raises(Crash):
             crashed.dispatch_once()  # posted and stored, then the relay died
         publish_many(engine, [never_sent], clock=clock)
         assert len(crashed.leases.claim()[0]) == 1  # claimed, then died before posting
-        clock.advance(7)
+        clock.advance(LEASE + 1)
         # No attempts left for either: the lookup decides, and only the example's 200
         # with the matching content_hash makes a message sent.
         assert sorted(survivor.dispatch_once()) == [(never_sent, "dead"), (held, "sent")]
