@@ -166,17 +166,19 @@ requeues = sa.Table(
     sa.Index("ix_outbox_requeues_reply_id", "reply_id"),
 )
 
-POSTGRESQL_ONLY_INDEXES = frozenset({"ix_outbox_messages_routable"})
+POSTGRESQL_ONLY_INDEXES = frozenset({"ix_outbox_messages_unkeyed"})
 """Indexes only PostgreSQL has (created with ddl_if); migrations create them there alone."""
 
-# PostgreSQL relays claim per destination (relay.sql), each walking only its own pending
-# messages; SQLite's one relay walks ix_outbox_messages_deliverable instead.
+# PostgreSQL relays claim per destination (relay.sql): unkeyed messages along this index,
+# each key's first undelivered message along ix_outbox_messages_ordering, so a claim never
+# walks messages held back behind their key. SQLite's one relay walks
+# ix_outbox_messages_deliverable instead.
 sa.Index(
-    "ix_outbox_messages_routable",
+    "ix_outbox_messages_unkeyed",
     messages.c.destination,
     messages.c.available_at,
     messages.c.id,
-    postgresql_where=sa.text("state = 'pending'"),
+    postgresql_where=sa.text("state = 'pending' AND ordering_key IS NULL"),
 ).ddl_if(dialect="postgresql")
 
 # Dead messages per destination, for the relay's metrics at every scrape and `outbox dead
