@@ -127,6 +127,42 @@ def test_the_relay_claim_walks_only_its_own_destinations(db_url: str) -> None:
 
 
 @pytest.mark.parametrize("backend", ["postgresql"], indirect=True)
+def test_the_relay_claim_walks_keys_one_probe_each_and_unkeyed_messages_apart(
+    db_url: str,
+) -> None:
+    # Every pending message keyed, over 50 keys: the claim reaches each key by one probe
+    # of the ordering index (a loose index scan), and walks unkeyed messages along an
+    # index that holds none of them, never the pending messages held behind their key.
+    engine = with_history(db_url, pending_every=1)
+    with engine.begin() as conn:
+        conn.exec_driver_sql("UPDATE outbox_messages SET ordering_key = 'k' || mod(id, 50)")
+    with engine.connect() as conn:
+        conn.execution_options(isolation_level="AUTOCOMMIT").exec_driver_sql(
+            "ANALYZE outbox_messages"
+        )
+    try:
+        with engine.connect() as conn:
+            _, claim = relay_sql._claim_statements("postgresql")
+            values = claim_values(
+                100, ["default"], skip_destinations=[], key_cursors=["k20"], key_cap=200
+            )
+            plan = generic_plan(conn, claim, values)
+    finally:
+        engine.dispose()
+    assert "Recursive Union" in plan, plan
+    assert "Seq Scan on outbox_messages" not in plan, plan
+    assert "ix_outbox_messages_deliverable" not in plan, plan
+    assert "ix_outbox_messages_unkeyed" in plan, plan
+    lines = plan.splitlines()
+    probes = [n for n, line in enumerate(lines) if "ix_outbox_messages_ordering" in line]
+    assert probes, plan
+    for n in probes:
+        # Each probe starts after the previous key, and stops at its first entry.
+        assert "ordering_key)::text >" in lines[n + 1], plan
+        assert any("Limit" in line for line in lines[n - 3 : n]), plan
+
+
+@pytest.mark.parametrize("backend", ["postgresql"], indirect=True)
 @pytest.mark.parametrize("mode", ["force_generic_plan", "force_custom_plan"])
 def test_the_relay_claim_finds_its_picks_by_primary_key(db_url: str, mode: str) -> None:
     # A backlog of a few tens of thousands of pending rows made a hash join, building its
