@@ -71,7 +71,7 @@ class RelayLeases:
         # key that sorts last is reached as soon as one that sorts first, however many
         # keys there are. Kept here, not in the database: each relay walks on its own,
         # and after a restart a walk starts from the first key again, which costs nothing.
-        self._key_cursors: dict[str, str] = {}
+        self._keys = sql.KeyWalk()
         # Claims and settles come many times a second: each stream keeps a connection
         # rather than checking one out of the pool each time (see outbox.db.lane).
         self._claims = autocommit_lane(engine, sql.claim_session(self._dialect))
@@ -126,7 +126,7 @@ class RelayLeases:
                 budget=self.max_attempts,
                 destinations=self.destinations,
                 skip_destinations=sorted(busy),
-                key_cursors=self._key_cursors,
+                keys=self._keys,
             )
         if adopting:
             self.claim_in_doubt = False

@@ -7,9 +7,10 @@ write touches nothing.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
-from collections.abc import MutableMapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import sqlalchemy as sa
@@ -162,6 +163,35 @@ KEY_WALK = 2
 # so every key is reached within a bounded number of claims, whatever its name: keys
 # that sort first and keep receiving messages cannot hold back one that sorts last.
 
+
+@dataclasses.dataclass
+class KeyWalk:
+    """Where a relay's claims walk a destination's keys (PostgreSQL), from claim to claim.
+
+    `cursors`: per destination, the last key the previous walk reached; the next walk
+    goes on after it. `heads`: how many first messages a walk may take, None for the
+    claim's limit. A claim whose keys' chains alone filled the room its first messages
+    left halves it: the keys are long, and fewer of them a claim leave the others to the
+    next claim, of this relay's pipeline or of another relay, so that several turns
+    deliver keyed messages at once instead of one turn holding every key. A claim left
+    short doubles it again (up to the limit).
+    """
+
+    cursors: dict[str, str] = dataclasses.field(default_factory=dict)
+    heads: int | None = None
+
+    def after_claim(self, limit: int, heads: Sequence[ClaimedRow], chained: int) -> None:
+        """Adjust `heads` to a claim of `limit` that took `heads` and `chained` successors."""
+        if not any(h.ordering_key is not None for h in heads):
+            return
+        taking = min(self.heads or limit, limit)
+        room = limit - len(heads)
+        if room > 0 and chained >= room:
+            self.heads = max(1, taking // 2)
+        elif len(heads) + chained < limit:
+            self.heads = min(limit, taking * 2)
+
+
 ONE = sa.literal_column("1", sa.Integer())
 """LIMIT 1 written out: a generic plan guesses a bound LIMIT to keep a tenth of the rows."""
 
@@ -176,7 +206,7 @@ def _ordering_entries(o: Any, destination: Any) -> list[Any]:
     ]
 
 
-def _key_walk(dialect_name: str, names: Any, skipped: Any, limit: Any) -> Any:
+def _key_walk(dialect_name: str, names: Any, skipped: Any) -> Any:
     """The recursive CTE of each destination's keys, as one row per key reached.
 
     Columns: destination, ordering_key, id (the key's first undelivered message; NULL on
@@ -236,7 +266,7 @@ def _key_walk(dialect_name: str, names: Any, skipped: Any, limit: Any) -> Any:
         .select_from(w.join(step, sa.true()))
         .where(
             w.c.visited < sa.bindparam("key_cap", type_=sa.Integer()),
-            w.c.found < limit,
+            w.c.found < sa.bindparam("key_heads", type_=sa.Integer()),
             sa.or_(step.c.lap == 0, step.c.ordering_key <= w.c.start),
         )
     )
@@ -281,7 +311,7 @@ def _claim_statements(dialect_name: str) -> tuple[Any, Any]:
             .with_for_update(skip_locked=True)
             .lateral("unkeyed")
         )
-        walk = _key_walk(dialect_name, names, skipped, limit)
+        walk = _key_walk(dialect_name, names, skipped)
         k = messages.alias("k")
         heads = sa.select(walk.c.id).where(walk.c.ok).scalar_subquery()
         keyed = (
@@ -517,14 +547,14 @@ def claim_messages(
     budget: int,
     destinations: Sequence[str],
     skip_destinations: Sequence[str] = (),
-    key_cursors: MutableMapping[str, str] | None = None,
+    keys: KeyWalk | None = None,
 ) -> list[ClaimedRow]:
     """Lease up to `limit` due messages: the oldest first, the first undelivered of each
     key, and after each such first its key's next messages (see KEY_CHAIN).
 
-    `now` is a manual clock's time, or None for the database's clock. `key_cursors` holds,
-    per destination, the key where the previous claim's walk of its keys stopped
-    (PostgreSQL, see KEY_WALK): this claim's walk goes on after it, and moves it.
+    `now` is a manual clock's time, or None for the database's clock. `keys` is where
+    this relay's claims walk ordering keys (PostgreSQL, see KEY_WALK): this claim's walk
+    goes on from it, and moves it.
     """
     pick, update = _claim_statements(conn.dialect.name)
     params = {
@@ -537,27 +567,30 @@ def claim_messages(
         "skip_destinations": list(skip_destinations),
     }
     if pick is None:
-        cursors = {} if key_cursors is None else key_cursors
+        walk = KeyWalk() if keys is None else keys
         walked = {
             **params,
-            "key_cursors": [cursors.get(d) for d in destinations],
+            "key_cursors": [walk.cursors.get(d) for d in destinations],
             "key_cap": KEY_WALK * limit,
+            "key_heads": min(walk.heads or limit, limit),
         }
         heads = []
         # Fetched at once: iterating the result would fetch row by row.
         for row in conn.execute(update, walked).all():
             if row[0] is None:
-                cursors[row.destination] = row.ordering_key
+                walk.cursors[row.destination] = row.ordering_key
             else:
                 heads.append(ClaimedRow._make(row))
-    else:
-        # SQLite: the transaction holds the write lock (BEGIN IMMEDIATE), so reading the
-        # candidates first cannot race; its RETURNING cannot name the FROM table's columns.
-        previous: dict[int, int] = {row[0]: row[1] for row in conn.execute(pick, params)}
-        if not previous:
-            return []
-        updated = conn.execute(update, {**params, "ids": list(previous)})
-        heads = [ClaimedRow._make((*row, previous[row.id])) for row in updated]
+        chained = _claim_chains(conn, heads, params)
+        walk.after_claim(limit, heads, len(chained))
+        return heads + chained
+    # SQLite: the transaction holds the write lock (BEGIN IMMEDIATE), so reading the
+    # candidates first cannot race; its RETURNING cannot name the FROM table's columns.
+    previous: dict[int, int] = {row[0]: row[1] for row in conn.execute(pick, params)}
+    if not previous:
+        return []
+    updated = conn.execute(update, {**params, "ids": list(previous)})
+    heads = [ClaimedRow._make((*row, previous[row.id])) for row in updated]
     return heads + _claim_chains(conn, heads, params)
 
 

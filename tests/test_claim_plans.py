@@ -144,7 +144,12 @@ def test_the_relay_claim_walks_keys_one_probe_each_and_unkeyed_messages_apart(
         with engine.connect() as conn:
             _, claim = relay_sql._claim_statements("postgresql")
             values = claim_values(
-                100, ["default"], skip_destinations=[], key_cursors=["k20"], key_cap=200
+                100,
+                ["default"],
+                skip_destinations=[],
+                key_cursors=["k20"],
+                key_cap=200,
+                key_heads=100,
             )
             plan = generic_plan(conn, claim, values)
     finally:

@@ -25,9 +25,7 @@ pytestmark = pytest.mark.parametrize("backend", ["postgresql"], indirect=True)
 @pytest.fixture
 def relay(db_url: str, clock: ManualClock) -> Iterator[Relay]:
     """A relay on the test database that is only asked to claim and settle."""
-    made = Relay(
-        db_url, {"default": Destination(NOWHERE, secret=SECRET)}, clock=clock, batch=BATCH
-    )
+    made = Relay(db_url, {"default": Destination(NOWHERE, secret=SECRET)}, clock=clock, batch=BATCH)
     yield made
     made.close()
 
