@@ -36,13 +36,16 @@ COLUMNS = ["destination", "available_at", "id"]
 def upgrade() -> None:
     if op.get_bind().dialect.name != "postgresql":
         return
+    # An operator may have made both changes beforehand, CONCURRENTLY
+    # (docs/reference/schema.md).
     op.create_index(
         UNKEYED,
         "outbox_messages",
         COLUMNS,
         postgresql_where=sa.text("state = 'pending' AND ordering_key IS NULL"),
+        if_not_exists=True,
     )
-    op.drop_index(ROUTABLE, table_name="outbox_messages")
+    op.drop_index(ROUTABLE, table_name="outbox_messages", if_exists=True)
 
 
 def downgrade() -> None:
