@@ -96,9 +96,15 @@ def claim_session(dialect_name: str) -> str | None:
     # Without JIT: behind a large backlog the generic plan's estimate passes
     # jit_above_cost, and JIT compiles anew at every execution (15-35 ms a claim here,
     # against 11 ms of work for 1,000 rows).
+    # Without bitmap or sequential scans: every statement of this connection walks an
+    # index in order and stops at its limit, or at a key's first entry, where either scan
+    # reads every matching row first and sorts them. A generic plan that guessed one
+    # matching row (its statistics taken while nothing was keyed, say) took one for each
+    # probe of a key, and would keep it behind a backlog (tests/test_claim_plans.py).
     return (
         "SELECT set_config('plan_cache_mode', 'force_generic_plan', false), "
-        "set_config('jit', 'off', false)"
+        "set_config('jit', 'off', false), set_config('enable_bitmapscan', 'off', false), "
+        "set_config('enable_seqscan', 'off', false)"
     )
 
 
@@ -301,9 +307,10 @@ def _claim_statements(dialect_name: str) -> tuple[Any, Any]:
             sa.select(m.c.id, m.c.attempts, m.c.available_at)
             .where(
                 m.c.destination == names.c.name,
-                m.c.state == state_literal(MessageState.PENDING),
-                # ix_outbox_messages_unkeyed's predicate, written out for a generic plan.
-                m.c.ordering_key.is_(None),
+                # ix_outbox_messages_unkeyed's predicate, and no other index's (see
+                # outbox.schema.UNKEYED_PENDING), written out for a generic plan.
+                sa.case((m.c.ordering_key.is_(None), m.c.state))
+                == state_literal(MessageState.PENDING),
                 m.c.available_at <= now,
             )
             .order_by(m.c.available_at, m.c.id)
@@ -317,10 +324,12 @@ def _claim_statements(dialect_name: str) -> tuple[Any, Any]:
         keyed = (
             sa.select(k.c.id, k.c.attempts, k.c.available_at)
             .where(
-                # The walk's claimable first messages, found by primary-key probes, and
-                # checked again once locked (another claim may have taken one meanwhile).
+                # The walk's claimable first messages, found by primary-key probes. No
+                # test of their state here: it would let a generic plan made while little
+                # is pending walk ix_outbox_messages_deliverable, every pending message,
+                # instead. One another claim took meanwhile is locked all the same, and
+                # left out by the update, which tests the state of what it updates.
                 k.c.id == sa.any_(sa.func.array(heads)),
-                k.c.state == state_literal(MessageState.PENDING),
                 k.c.available_at <= now,
             )
             .order_by(k.c.available_at, k.c.id)
