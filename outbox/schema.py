@@ -166,17 +166,24 @@ requeues = sa.Table(
     sa.Index("ix_outbox_requeues_reply_id", "reply_id"),
 )
 
-POSTGRESQL_ONLY_INDEXES = frozenset({"ix_outbox_messages_routable"})
+POSTGRESQL_ONLY_INDEXES = frozenset({"ix_outbox_messages_unkeyed"})
 """Indexes only PostgreSQL has (created with ddl_if); migrations create them there alone."""
 
-# PostgreSQL relays claim per destination (relay.sql), each walking only its own pending
-# messages; SQLite's one relay walks ix_outbox_messages_deliverable instead.
+UNKEYED_PENDING = "(CASE WHEN ordering_key IS NULL THEN state END) = 'pending'"
+"""Pending and unkeyed, written so that only ix_outbox_messages_unkeyed's predicate follows."""
+# PostgreSQL relays claim per destination (relay.sql): unkeyed messages along this index,
+# each key's first undelivered message along ix_outbox_messages_ordering, so a claim never
+# walks messages held back behind their key. SQLite's one relay walks
+# ix_outbox_messages_deliverable instead. A claim's test of UNKEYED_PENDING proves this
+# predicate and no other index's: from `state = 'pending'` a generic plan made while few
+# messages were pending could choose ix_outbox_messages_deliverable, every pending
+# message of every destination, keyed ones included, and keep it behind a backlog.
 sa.Index(
-    "ix_outbox_messages_routable",
+    "ix_outbox_messages_unkeyed",
     messages.c.destination,
     messages.c.available_at,
     messages.c.id,
-    postgresql_where=sa.text("state = 'pending'"),
+    postgresql_where=sa.text(UNKEYED_PENDING),
 ).ddl_if(dialect="postgresql")
 
 # Dead messages per destination, for the relay's metrics at every scrape and `outbox dead

@@ -66,6 +66,12 @@ class RelayLeases:
         self._next_announce = float("-inf")
         self.claim_in_doubt = False
         """A claim raised after its COMMIT may have happened: its rows are to be adopted."""
+        # Per destination, the ordering key where this relay's last claim stopped walking
+        # keys (PostgreSQL, see relay.sql.KEY_WALK): the next claim goes on after it, so a
+        # key that sorts last is reached as soon as one that sorts first, however many
+        # keys there are. Kept here, not in the database: each relay walks on its own,
+        # and after a restart a walk starts from the first key again, which costs nothing.
+        self._keys = sql.KeyWalk()
         # Claims and settles come many times a second: each stream keeps a connection
         # rather than checking one out of the pool each time (see outbox.db.lane).
         self._claims = autocommit_lane(engine, sql.claim_session(self._dialect))
@@ -120,6 +126,7 @@ class RelayLeases:
                 budget=self.max_attempts,
                 destinations=self.destinations,
                 skip_destinations=sorted(busy),
+                keys=self._keys,
             )
         if adopting:
             self.claim_in_doubt = False

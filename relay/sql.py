@@ -7,6 +7,7 @@ write touches nothing.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 from collections.abc import Sequence
@@ -95,9 +96,15 @@ def claim_session(dialect_name: str) -> str | None:
     # Without JIT: behind a large backlog the generic plan's estimate passes
     # jit_above_cost, and JIT compiles anew at every execution (15-35 ms a claim here,
     # against 11 ms of work for 1,000 rows).
+    # Without bitmap or sequential scans: every statement of this connection walks an
+    # index in order and stops at its limit, or at a key's first entry, where either scan
+    # reads every matching row first and sorts them. A generic plan that guessed one
+    # matching row (its statistics taken while nothing was keyed, say) took one for each
+    # probe of a key, and would keep it behind a backlog (tests/test_claim_plans.py).
     return (
         "SELECT set_config('plan_cache_mode', 'force_generic_plan', false), "
-        "set_config('jit', 'off', false)"
+        "set_config('jit', 'off', false), set_config('enable_bitmapscan', 'off', false), "
+        "set_config('enable_seqscan', 'off', false)"
     )
 
 
@@ -144,66 +151,258 @@ def _successors(s: Any, destination: Any, key: Any, after: Any) -> list[Any]:
     ]
 
 
+KEY_WALK = 2
+"""A PostgreSQL claim visits at most this many keys of a destination per message it may take."""
+# PostgreSQL picks in two parts, merged in claim order (available_at, then id). Unkeyed
+# messages walk ix_outbox_messages_unkeyed, which holds no keyed message. Keys are
+# walked along ix_outbox_messages_ordering, one probe per key (a loose index scan): the
+# first entry after the previous key is the next key's lowest pending or sending id,
+# which is its first undelivered message, claimable when it is pending and due. A spent
+# one (attempts at the budget) is claimed too, to be resolved, as before. So a claim
+# never walks the messages held back behind their key, which behind a backlog of long
+# keys were nearly all of them.
+#
+# One walk stops after `limit` claimable first messages, or after KEY_WALK x `limit`
+# keys: with thousands of keys a claim reads only so many (each probe is ~10 us). It
+# starts after the key where the relay's previous walk of that destination stopped (its
+# key cursor, see claim_messages) and goes on from the first key when it passes the last,
+# so every key is reached within a bounded number of claims, whatever its name: keys
+# that sort first and keep receiving messages cannot hold back one that sorts last.
+
+
+@dataclasses.dataclass
+class KeyWalk:
+    """Where a relay's claims walk a destination's keys (PostgreSQL), from claim to claim.
+
+    `cursors`: per destination, the last key the previous walk reached; the next walk
+    goes on after it. `heads`: how many first messages a walk may take, None for the
+    claim's limit. A claim whose keys' chains alone filled the room its first messages
+    left halves it: the keys are long, and fewer of them a claim leave the others to the
+    next claim, of this relay's pipeline or of another relay, so that several turns
+    deliver keyed messages at once instead of one turn holding every key. A claim left
+    short doubles it again (up to the limit).
+    """
+
+    cursors: dict[str, str] = dataclasses.field(default_factory=dict)
+    heads: int | None = None
+
+    def after_claim(self, limit: int, heads: Sequence[ClaimedRow], chained: int) -> None:
+        """Adjust `heads` to a claim of `limit` that took `heads` and `chained` successors."""
+        if not any(h.ordering_key is not None for h in heads):
+            return
+        taking = min(self.heads or limit, limit)
+        room = limit - len(heads)
+        if room > 0 and chained >= room:
+            self.heads = max(1, taking // 2)
+        elif len(heads) + chained < limit:
+            self.heads = min(limit, taking * 2)
+
+
+ONE = sa.literal_column("1", sa.Integer())
+"""LIMIT 1 written out: a generic plan guesses a bound LIMIT to keep a tenth of the rows."""
+
+
+def _ordering_entries(o: Any, destination: Any) -> list[Any]:
+    """ix_outbox_messages_ordering's entries for one destination: its key and predicate."""
+    return [
+        o.c.destination == destination,
+        # The index's predicate, written out so that a generic plan can use it.
+        o.c.ordering_key.is_not(None),
+        o.c.state.in_((state_literal(MessageState.PENDING), state_literal(MessageState.SENDING))),
+    ]
+
+
+def _key_walk(dialect_name: str, names: Any, skipped: Any) -> Any:
+    """The recursive CTE of each destination's keys, as one row per key reached.
+
+    Columns: destination, ordering_key, id (the key's first undelivered message; NULL on
+    each destination's seed row), ok (that message is claimable), visited, found, lap
+    (1 after passing the last key), start (the cursor it began after).
+    """
+    now = bound_now(dialect_name)
+    pending = state_literal(MessageState.PENDING)
+    seed = sa.select(
+        names.c.name.label("destination"),
+        sa.func.coalesce(names.c.after, "").label("ordering_key"),
+        sa.cast(sa.null(), sa.BigInteger()).label("id"),
+        sa.false().label("ok"),
+        sa.literal(0, sa.Integer()).label("visited"),
+        sa.literal(0, sa.Integer()).label("found"),
+        sa.literal(0, sa.Integer()).label("lap"),
+        names.c.after.label("start"),
+    ).where(names.c.name != sa.all_(skipped))
+    walk = seed.cte("walk", recursive=True)
+    w = walk.alias("w")
+
+    def probe(o: Any, after: Any, lap: Any, *more: Any) -> Any:
+        # The first entry after `after`: the next key and its lowest pending or sending id.
+        return (
+            sa.select(
+                o.c.ordering_key,
+                o.c.id,
+                and_(o.c.state == pending, o.c.available_at <= now).label("ok"),
+                lap.label("lap"),
+            )
+            .where(*_ordering_entries(o, w.c.destination), o.c.ordering_key > after, *more)
+            .order_by(o.c.ordering_key, o.c.id)
+            .limit(ONE)
+        )
+
+    following = probe(messages.alias("o"), w.c.ordering_key, w.c.lap)
+    # Past the last key, once: from the first key again, up to the one it started after.
+    first = probe(
+        messages.alias("o_first"),
+        sa.literal("", sa.String()),
+        sa.literal(1, sa.Integer()),
+        w.c.lap == 0,
+        w.c.start.is_not(None),
+    )
+    step = sa.union_all(following, first).limit(ONE).lateral("step")
+    return walk.union_all(
+        sa.select(
+            w.c.destination,
+            step.c.ordering_key,
+            step.c.id,
+            step.c.ok,
+            w.c.visited + 1,
+            w.c.found + sa.case((step.c.ok, 1), else_=0),
+            step.c.lap,
+            w.c.start,
+        )
+        .select_from(w.join(step, sa.true()))
+        .where(
+            w.c.visited < sa.bindparam("key_cap", type_=sa.Integer()),
+            w.c.found < sa.bindparam("key_heads", type_=sa.Integer()),
+            sa.or_(step.c.lap == 0, step.c.ordering_key <= w.c.start),
+        )
+    )
+
+
 @functools.cache
 def _claim_statements(dialect_name: str) -> tuple[Any, Any]:
-    """(pick, update) for a dialect, built once: SQLAlchemy then reuses their compiled SQL."""
+    """(pick, update) for a dialect, built once: SQLAlchemy then reuses their compiled SQL.
+
+    On PostgreSQL the update is a SELECT: the claimed rows, then one row per destination
+    whose keys were walked, with no id, its destination and the last key it reached.
+    """
     m = messages.alias("m")
     now = bound_now(dialect_name)
     limit = sa.bindparam("limit", type_=sa.Integer())
-    due = (
-        m.c.state == state_literal(MessageState.PENDING),
-        m.c.available_at <= now,
-        _first_undelivered_of_its_key(m),
-    )
     if is_postgresql(dialect_name):
-        # Each destination this relay delivers is picked on its own, along the
-        # destination-first index, then the picks are merged in claim order: messages
+        # Each destination this relay delivers is picked on its own, along
+        # destination-first indexes, then the picks are merged in claim order: messages
         # for destinations it does not deliver (another relay's, or unrouted ones piling
         # up behind a typo) are never walked. Destinations with a full pipeline are left
         # out before their pick (a hung one must not stall the rest).
         names = (
-            sa.func.unnest(sa.bindparam("destinations", type_=postgresql.ARRAY(sa.String())))
-            .table_valued("name")
+            sa.func.unnest(
+                sa.bindparam("destinations", type_=postgresql.ARRAY(sa.String())),
+                sa.bindparam("key_cursors", type_=postgresql.ARRAY(sa.String())),
+            )
+            .table_valued("name", "after")
             .render_derived(name="d")
         )
-        per_destination = (
+        skipped = sa.bindparam("skip_destinations", type_=postgresql.ARRAY(sa.String()))
+        unkeyed = (
             sa.select(m.c.id, m.c.attempts, m.c.available_at)
-            .where(m.c.destination == names.c.name, *due)
+            .where(
+                m.c.destination == names.c.name,
+                # ix_outbox_messages_unkeyed's predicate, and no other index's (see
+                # outbox.schema.UNKEYED_PENDING), written out for a generic plan.
+                sa.case((m.c.ordering_key.is_(None), m.c.state))
+                == state_literal(MessageState.PENDING),
+                m.c.available_at <= now,
+            )
             .order_by(m.c.available_at, m.c.id)
             .limit(limit)
             .with_for_update(skip_locked=True)
-            .lateral("per_destination")
+            .lateral("unkeyed")
         )
-        skipped = sa.bindparam("skip_destinations", type_=postgresql.ARRAY(sa.String()))
+        walk = _key_walk(dialect_name, names, skipped)
+        k = messages.alias("k")
+        heads = sa.select(walk.c.id).where(walk.c.ok).scalar_subquery()
+        keyed = (
+            sa.select(k.c.id, k.c.attempts, k.c.available_at)
+            .where(
+                # The walk's claimable first messages, found by primary-key probes. No
+                # test of their state here: it would let a generic plan made while little
+                # is pending walk ix_outbox_messages_deliverable, every pending message,
+                # instead. One another claim took meanwhile is locked all the same, and
+                # left out by the update, which tests the state of what it updates.
+                k.c.id == sa.any_(sa.func.array(heads)),
+                k.c.available_at <= now,
+            )
+            .order_by(k.c.available_at, k.c.id)
+            .limit(limit)
+            .with_for_update(skip_locked=True)
+            .subquery("keyed")
+        )
+        candidates = sa.union_all(
+            sa.select(unkeyed.c.id, unkeyed.c.attempts, unkeyed.c.available_at)
+            .select_from(names.join(unkeyed, sa.true()))
+            .where(names.c.name != sa.all_(skipped)),
+            sa.select(keyed.c.id, keyed.c.attempts, keyed.c.available_at),
+        ).subquery("candidates")
         pick = (
-            sa.select(per_destination.c.id, per_destination.c.attempts)
-            .select_from(names.join(per_destination, sa.true()))
-            .where(names.c.name != sa.all_(skipped))
-            .order_by(per_destination.c.available_at, per_destination.c.id)
+            sa.select(candidates.c.id, candidates.c.attempts)
+            .order_by(candidates.c.available_at, candidates.c.id)
             .limit(limit)
         )
         # One statement. MATERIALIZED makes PostgreSQL run the pick once; as an IN
         # (subquery) a nested-loop plan may rescan it and take every row.
         picked = pick.cte("picked").prefix_with("MATERIALIZED")
-        update = (
+        budget = sa.bindparam("budget", type_=sa.Integer())
+        spent = sa.select(picked.c.id).where(picked.c.attempts >= budget).scalar_subquery()
+        claimed = (
             sa.update(messages)
             .where(
-                messages.c.id == picked.c.id,
-                # The picks again as an array: the rows to update are then found by
-                # primary-key probes. Joined on the CTE alone, a backlog of some tens of
-                # thousands made a hash join look cheaper, built by scanning every
-                # pending row at each claim (tests/test_claim_plans.py).
+                # The picks as an array, found by primary-key probes, and no join: joined
+                # on the CTE, a backlog of some tens of thousands made a hash join look
+                # cheaper, built by scanning every pending row at each claim, and a pick
+                # the planner guessed at one row a nested loop reading every pick once
+                # per pick (tests/test_claim_plans.py). The picks are locked: each row's
+                # attempts are still those picked.
                 messages.c.id == sa.any_(sa.func.array(sa.select(picked.c.id).scalar_subquery())),
                 messages.c.state == state_literal(MessageState.PENDING),
             )
-            .values(**_claim_values(now, picked.c.attempts))
-            .returning(*CLAIMED, picked.c.attempts.label("previous_attempts"))
+            .values(**_claim_values(now, messages.c.attempts))
+            .returning(
+                *CLAIMED,
+                # A spent message keeps its count (see _claim_values); spent ones are rare,
+                # so the array they make is usually empty.
+                sa.case(
+                    (messages.c.id == sa.any_(sa.func.array(spent)), messages.c.attempts),
+                    else_=messages.c.attempts - 1,
+                ).label("previous_attempts"),
+            )
+            .cte("claimed")
         )
-        return None, update
+        reached = (
+            sa.select(walk.c.destination, walk.c.ordering_key)
+            .where(walk.c.id.is_not(None))
+            .ext(postgresql.distinct_on(walk.c.destination))
+            .order_by(walk.c.destination, walk.c.visited.desc())
+            .subquery("reached")
+        )
+        cursors = sa.select(
+            *(
+                reached.c[column.name]
+                if column.name in ("destination", "ordering_key")
+                else sa.cast(sa.null(), column.type)
+                for column in CLAIMED
+            ),
+            sa.cast(sa.null(), sa.Integer()),
+        )
+        return None, sa.union_all(sa.select(claimed), cursors)
     # SQLite, one writer and usually one relay: the claim-ordered index walk, filtered.
     pick = (
         sa.select(m.c.id, m.c.attempts)
-        .where(*due, _routed_here(m, dialect_name))
+        .where(
+            m.c.state == state_literal(MessageState.PENDING),
+            m.c.available_at <= now,
+            _first_undelivered_of_its_key(m),
+            _routed_here(m, dialect_name),
+        )
         .order_by(m.c.available_at, m.c.id)
         .limit(limit)
     )
@@ -357,11 +556,14 @@ def claim_messages(
     budget: int,
     destinations: Sequence[str],
     skip_destinations: Sequence[str] = (),
+    keys: KeyWalk | None = None,
 ) -> list[ClaimedRow]:
     """Lease up to `limit` due messages: the oldest first, the first undelivered of each
     key, and after each such first its key's next messages (see KEY_CHAIN).
 
-    `now` is a manual clock's time, or None for the database's clock.
+    `now` is a manual clock's time, or None for the database's clock. `keys` is where
+    this relay's claims walk ordering keys (PostgreSQL, see KEY_WALK): this claim's walk
+    goes on from it, and moves it.
     """
     pick, update = _claim_statements(conn.dialect.name)
     params = {
@@ -374,16 +576,30 @@ def claim_messages(
         "skip_destinations": list(skip_destinations),
     }
     if pick is None:
+        walk = KeyWalk() if keys is None else keys
+        walked = {
+            **params,
+            "key_cursors": [walk.cursors.get(d) for d in destinations],
+            "key_cap": KEY_WALK * limit,
+            "key_heads": min(walk.heads or limit, limit),
+        }
+        heads = []
         # Fetched at once: iterating the result would fetch row by row.
-        heads = [ClaimedRow._make(row) for row in conn.execute(update, params).all()]
-    else:
-        # SQLite: the transaction holds the write lock (BEGIN IMMEDIATE), so reading the
-        # candidates first cannot race; its RETURNING cannot name the FROM table's columns.
-        previous: dict[int, int] = {row[0]: row[1] for row in conn.execute(pick, params)}
-        if not previous:
-            return []
-        updated = conn.execute(update, {**params, "ids": list(previous)})
-        heads = [ClaimedRow._make((*row, previous[row.id])) for row in updated]
+        for row in conn.execute(update, walked).all():
+            if row[0] is None:
+                walk.cursors[row.destination] = row.ordering_key
+            else:
+                heads.append(ClaimedRow._make(row))
+        chained = _claim_chains(conn, heads, params)
+        walk.after_claim(limit, heads, len(chained))
+        return heads + chained
+    # SQLite: the transaction holds the write lock (BEGIN IMMEDIATE), so reading the
+    # candidates first cannot race; its RETURNING cannot name the FROM table's columns.
+    previous: dict[int, int] = {row[0]: row[1] for row in conn.execute(pick, params)}
+    if not previous:
+        return []
+    updated = conn.execute(update, {**params, "ids": list(previous)})
+    heads = [ClaimedRow._make((*row, previous[row.id])) for row in updated]
     return heads + _claim_chains(conn, heads, params)
 
 

@@ -20,14 +20,21 @@ from outbox.db.dialect import bound_now
 from relay import sql as relay_sql
 
 PARAMETER = re.compile(r"%\((\w+)\)s")
+CLAIMS = relay_sql.claim_session("postgresql")
+"""The setting of the relay's claims connection, which its statements' tests plan under."""
 
 
 def generic_plan(
-    conn: sa.Connection, statement: Any, values: dict[str, Any], mode: str = "force_generic_plan"
+    conn: sa.Connection,
+    statement: Any,
+    values: dict[str, Any],
+    mode: str = "force_generic_plan",
+    session: str | None = None,
 ) -> str:
     """EXPLAIN of `statement` as PostgreSQL plans it once for any parameter values.
 
-    With `mode` "force_custom_plan", as it plans it for these values instead.
+    With `mode` "force_custom_plan", as it plans it for these values instead. `session`:
+    the SQL that sets up the connection it runs on (relay.sql.claim_session), if any.
     """
     compiled = statement.compile(dialect=conn.dialect, compile_kwargs={"render_postcompile": True})
     order: list[str] = []
@@ -44,6 +51,8 @@ def generic_plan(
     ]
     cursor = conn.connection.dbapi_connection.cursor()  # type: ignore[union-attr]
     try:
+        if session is not None:
+            cursor.execute(session)
         cursor.execute(f"SET plan_cache_mode = {mode}")
         cursor.execute(f"PREPARE guarded ({', '.join(types)}) AS {sql}")
         # Literal arguments: EXECUTE cannot infer the types of bound ones.
@@ -51,7 +60,7 @@ def generic_plan(
         cursor.execute(psycopg_sql.SQL("EXPLAIN EXECUTE guarded({})").format(arguments))
         plan = "\n".join(row[0] for row in cursor.fetchall())
         cursor.execute("DEALLOCATE guarded")
-        cursor.execute("RESET plan_cache_mode")
+        cursor.execute("RESET ALL")
     finally:
         cursor.close()
     return plan
@@ -105,7 +114,18 @@ def claim_values(limit: int, destinations: list[str], **more: Any) -> dict[str, 
 
 @pytest.mark.parametrize("backend", ["postgresql"], indirect=True)
 def test_the_relay_claim_walks_only_its_own_destinations(db_url: str) -> None:
-    engine = with_history(db_url)
+    # A tenth of the messages pending, over five destinations, a third of them keyed.
+    engine = with_history(db_url, pending_every=10)
+    with engine.begin() as conn:
+        conn.exec_driver_sql(
+            "UPDATE outbox_messages SET destination = 'd' || mod(id, 5), "
+            "ordering_key = CASE WHEN mod(id, 3) = 0 THEN 'k' || mod(id, 7) END "
+            "WHERE state = 'pending' AND mod(id, 5) <> 0"
+        )
+    with engine.connect() as conn:
+        conn.execution_options(isolation_level="AUTOCOMMIT").exec_driver_sql(
+            "ANALYZE outbox_messages"
+        )
     try:
         with engine.connect() as conn:
             _, update = relay_sql._claim_statements("postgresql")
@@ -116,14 +136,57 @@ def test_the_relay_claim_walks_only_its_own_destinations(db_url: str) -> None:
                     conn,
                     update,
                     claim_values(100, ["default", "hung"], skip_destinations=skipped),
+                    session=CLAIMS,
                 )
                 for skipped in ([], ["hung"])
             ]
     finally:
         engine.dispose()
     for plan in plans:
-        assert "ix_outbox_messages_routable" in plan, plan
+        assert "ix_outbox_messages_unkeyed" in plan, plan
+        assert "ix_outbox_messages_deliverable" not in plan, plan
         assert "Seq Scan on outbox_messages" not in plan, plan
+
+
+@pytest.mark.parametrize("backend", ["postgresql"], indirect=True)
+def test_the_relay_claim_walks_keys_one_probe_each_and_unkeyed_messages_apart(
+    db_url: str,
+) -> None:
+    # Every pending message keyed, over 50 keys: the claim reaches each key by one probe
+    # of the ordering index (a loose index scan), and walks unkeyed messages along an
+    # index that holds none of them, never the pending messages held behind their key.
+    engine = with_history(db_url, pending_every=1)
+    with engine.begin() as conn:
+        conn.exec_driver_sql("UPDATE outbox_messages SET ordering_key = 'k' || mod(id, 50)")
+    with engine.connect() as conn:
+        conn.execution_options(isolation_level="AUTOCOMMIT").exec_driver_sql(
+            "ANALYZE outbox_messages"
+        )
+    try:
+        with engine.connect() as conn:
+            _, claim = relay_sql._claim_statements("postgresql")
+            values = claim_values(
+                100,
+                ["default"],
+                skip_destinations=[],
+                key_cursors=["k20"],
+                key_cap=200,
+                key_heads=100,
+            )
+            plan = generic_plan(conn, claim, values, session=CLAIMS)
+    finally:
+        engine.dispose()
+    assert "Recursive Union" in plan, plan
+    assert "Seq Scan on outbox_messages" not in plan, plan
+    assert "ix_outbox_messages_deliverable" not in plan, plan
+    assert "ix_outbox_messages_unkeyed" in plan, plan
+    lines = plan.splitlines()
+    probes = [n for n, line in enumerate(lines) if "ix_outbox_messages_ordering" in line]
+    assert probes, plan
+    for n in probes:
+        # Each probe starts after the previous key, and stops at its first entry.
+        assert "ordering_key)::text >" in lines[n + 1], plan
+        assert any("Limit" in line for line in lines[n - 3 : n]), plan
 
 
 @pytest.mark.parametrize("backend", ["postgresql"], indirect=True)
@@ -136,7 +199,7 @@ def test_the_relay_claim_finds_its_picks_by_primary_key(db_url: str, mode: str) 
         with engine.connect() as conn:
             _, update = relay_sql._claim_statements("postgresql")
             values = claim_values(500, ["default"], skip_destinations=[])
-            plan = generic_plan(conn, update, values, mode)
+            plan = generic_plan(conn, update, values, mode, session=CLAIMS)
     finally:
         engine.dispose()
     assert "Seq Scan on outbox_messages" not in plan, plan
@@ -236,7 +299,7 @@ def test_the_relay_chain_claim_walks_each_key_and_probes_by_primary_key(
                 share=150,
                 room=450,
             )
-            plan = generic_plan(conn, statement, values, mode)
+            plan = generic_plan(conn, statement, values, mode, session=CLAIMS)
     finally:
         engine.dispose()
     assert "Seq Scan on outbox_messages" not in plan, plan

@@ -185,7 +185,7 @@ def test_claims_run_on_generic_plans_and_the_setting_stays_on_their_connection(
         with relay.leases._claims.connection() as conn:
             generic, custom = conn.exec_driver_sql(
                 "SELECT generic_plans, custom_plans FROM pg_prepared_statements "
-                "WHERE statement LIKE 'WITH picked AS MATERIALIZED%%'"
+                "WHERE statement LIKE 'WITH RECURSIVE walk%%'"
             ).one()
             # Never JIT: a generic plan's estimate behind a backlog would compile each claim.
             assert conn.exec_driver_sql("SHOW jit").scalar() == "off"
