@@ -11,7 +11,7 @@ from support.relay_helpers import SECRET, rows
 
 from outbox.schema import messages
 from outbox.testing import ManualClock
-from relay import Destination, Relay
+from relay import Relay, make_destination
 from relay.policy import Sent
 from relay.sql import KEY_WALK
 
@@ -25,7 +25,9 @@ pytestmark = pytest.mark.parametrize("backend", ["postgresql"], indirect=True)
 @pytest.fixture
 def relay(db_url: str, clock: ManualClock) -> Iterator[Relay]:
     """A relay on the test database that is only asked to claim and settle."""
-    made = Relay(db_url, {"default": Destination(NOWHERE, secret=SECRET)}, clock=clock, batch=BATCH)
+    made = Relay(
+        db_url, {"default": make_destination(NOWHERE, secret=SECRET)}, clock=clock, batch=BATCH
+    )
     yield made
     made.close()
 
