@@ -166,7 +166,7 @@ requeues = sa.Table(
     sa.Index("ix_outbox_requeues_reply_id", "reply_id"),
 )
 
-POSTGRESQL_ONLY_INDEXES = frozenset({"ix_outbox_messages_unkeyed"})
+POSTGRESQL_ONLY_INDEXES = frozenset({"ix_outbox_messages_routable", "ix_outbox_messages_unkeyed"})
 """Indexes only PostgreSQL has (created with ddl_if); migrations create them there alone."""
 
 UNKEYED_PENDING = "(CASE WHEN ordering_key IS NULL THEN state END) = 'pending'"
@@ -178,6 +178,14 @@ UNKEYED_PENDING = "(CASE WHEN ordering_key IS NULL THEN state END) = 'pending'"
 # predicate and no other index's: from `state = 'pending'` a generic plan made while few
 # messages were pending could choose ix_outbox_messages_deliverable, every pending
 # message of every destination, keyed ones included, and keep it behind a backlog.
+# Claim order per destination, which relays before o0012 walked (kept while they may run).
+sa.Index(
+    "ix_outbox_messages_routable",
+    messages.c.destination,
+    messages.c.available_at,
+    messages.c.id,
+    postgresql_where=sa.text("state = 'pending'"),
+).ddl_if(dialect="postgresql")
 sa.Index(
     "ix_outbox_messages_unkeyed",
     messages.c.destination,

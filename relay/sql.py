@@ -120,8 +120,8 @@ KEY_CHAIN = 1000
 # that does not qualify: a later one would overtake it.
 #
 # The successors are claimed by a second statement, only after the first messages' claim
-# has committed, and only when it leased keyed ones: the claim of unkeyed messages stays
-# the one statement it was, plan and cost. By then each first message is `sending` under
+# has committed, and only when it leased keyed ones: a claim that took no keyed message
+# is one statement. By then each first message is `sending` under
 # this relay, so no other claim can take its successors (a message is claimable alone
 # only when no lower id of its key is pending or sending), and the second statement
 # needs no SKIP LOCKED. Claims are the only writers of pending rows (the reaper and
@@ -179,8 +179,8 @@ class KeyWalk:
     claim's limit. A claim whose keys' chains alone filled the room its first messages
     left halves it: the keys are long, and fewer of them a claim leave the others to the
     next claim, of this relay's pipeline or of another relay, so that several turns
-    deliver keyed messages at once instead of one turn holding every key. A claim left
-    short doubles it again (up to the limit).
+    deliver keyed messages at once instead of one turn holding every key. Any other claim
+    doubles it again (up to the limit).
     """
 
     cursors: dict[str, str] = dataclasses.field(default_factory=dict)
@@ -194,7 +194,10 @@ class KeyWalk:
         room = limit - len(heads)
         if room > 0 and chained >= room:
             self.heads = max(1, taking // 2)
-        elif len(heads) + chained < limit:
+        else:
+            # Room left, or none left to chain into (other messages filled the claim): the
+            # keys were not what crowded it, so the next walk may take more of them. Never
+            # left low while unkeyed messages fill the claims.
             self.heads = min(limit, taking * 2)
 
 

@@ -118,9 +118,10 @@ def test_the_relay_claim_walks_only_its_own_destinations(db_url: str) -> None:
     engine = with_history(db_url, pending_every=10)
     with engine.begin() as conn:
         conn.exec_driver_sql(
-            "UPDATE outbox_messages SET destination = 'd' || mod(id, 5), "
-            "ordering_key = CASE WHEN mod(id, 3) = 0 THEN 'k' || mod(id, 7) END "
-            "WHERE state = 'pending' AND mod(id, 5) <> 0"
+            # Pending ids are the multiples of ten: spread by id / 10, not by id.
+            "UPDATE outbox_messages SET destination = 'd' || mod(id / 10, 5), "
+            "ordering_key = CASE WHEN mod(id / 10, 3) = 0 THEN 'k' || mod(id / 10, 7) END "
+            "WHERE state = 'pending' AND mod(id / 10, 5) <> 0"
         )
     with engine.connect() as conn:
         conn.execution_options(isolation_level="AUTOCOMMIT").exec_driver_sql(

@@ -99,7 +99,7 @@ def engine(db_url: str) -> Iterator[sa.Engine]:
 
 TIMEOUT = 8
 """Seconds a request to the example may take: its first answer comes from a cold app, on
-a machine that may be busy; under the relays' default lease (10 s), as the relay requires."""
+a machine that may be busy; under the 10 s lease one relay here runs with, as the relay requires."""
 LEASE = TIMEOUT + 4
 """The relays' lease, longer than a request as the relay requires; only the manual clock
 runs it out."""

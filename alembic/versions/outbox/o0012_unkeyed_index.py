@@ -10,9 +10,10 @@ of its key was pending or sending. Behind a backlog of long keys it walked every
 pending message blocked behind its key at each claim (100-180 ms at 20,000
 keyed messages). Claims now walk unkeyed messages along this index, which holds
 no keyed one, and find each key's first undelivered message along
-ix_outbox_messages_ordering, one probe per key. Nothing else reads
-ix_outbox_messages_routable, so it goes, and a publish writes no more index
-entries than before. SQLite claims as it did: nothing changes there.
+ix_outbox_messages_ordering, one probe per key. ix_outbox_messages_routable
+stays: relays of earlier versions, still running while the database is upgraded
+before them, claim along it (a later revision drops it). SQLite claims as it did:
+nothing changes there.
 """
 
 from __future__ import annotations
@@ -29,15 +30,25 @@ branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
 UNKEYED = "ix_outbox_messages_unkeyed"
-ROUTABLE = "ix_outbox_messages_routable"
 COLUMNS = ["destination", "available_at", "id"]
 
 
 def upgrade() -> None:
-    if op.get_bind().dialect.name != "postgresql":
+    bind = op.get_bind()
+    if bind.dialect.name != "postgresql":
         return
-    # An operator may have made both changes beforehand, CONCURRENTLY
-    # (docs/reference/schema.md).
+    # An operator may have built it beforehand, CONCURRENTLY (docs/reference/schema.md):
+    # kept when valid; a build that failed half way leaves an invalid index, which no
+    # claim can use and which would otherwise be kept for good.
+    valid = bind.execute(
+        sa.text(
+            "SELECT i.indisvalid FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid "
+            "WHERE c.relname = :name AND c.relnamespace = to_regnamespace(current_schema())"
+        ),
+        {"name": UNKEYED},
+    ).scalar_one_or_none()
+    if valid is False:
+        op.drop_index(UNKEYED, table_name="outbox_messages")
     op.create_index(
         UNKEYED,
         "outbox_messages",
@@ -47,13 +58,9 @@ def upgrade() -> None:
         postgresql_where=sa.text("(CASE WHEN ordering_key IS NULL THEN state END) = 'pending'"),
         if_not_exists=True,
     )
-    op.drop_index(ROUTABLE, table_name="outbox_messages", if_exists=True)
 
 
 def downgrade() -> None:
     if op.get_bind().dialect.name != "postgresql":
         return
-    op.create_index(
-        ROUTABLE, "outbox_messages", COLUMNS, postgresql_where=sa.text("state = 'pending'")
-    )
     op.drop_index(UNKEYED, table_name="outbox_messages")
