@@ -266,7 +266,16 @@ def test_resolve_needs_one_reply_id_or_filters(
     assert audit_rows(engine) == []
 
 
-def test_a_dry_run_needs_no_login_name(
+NO_LOGIN_NAME = [
+    OSError("No username set in the environment"),
+    KeyError("getpwuid(): uid not found: 10001"),
+]
+"""What getpass.getuser raises for a container's uid with no passwd entry, LOGNAME or USER."""
+
+
+@pytest.mark.parametrize("failure", NO_LOGIN_NAME, ids=["oserror", "keyerror"])
+def test_with_no_login_name_a_dry_run_works_and_a_decision_asks_for_by(
+    failure: Exception,
     db_url: str,
     engine: sa.Engine,
     clock: ManualClock,
@@ -276,34 +285,16 @@ def test_a_dry_run_needs_no_login_name(
     dead_messages(engine, clock)
 
     def no_login_name() -> str:
-        raise OSError("No username set in the environment")
+        raise failure
 
-    # A container's uid with no passwd entry and no LOGNAME or USER: getpass cannot name it.
     monkeypatch.setattr("getpass.getuser", no_login_name)
     argv = ["dead", "resolve", "b-2", "--reason", "billing has it", "--db", db_url]
     assert main([*argv, "--dry-run"]) == 0
     assert capsys.readouterr().out == "would resolve 'b-2'\n"
-    assert main([*argv, "--by", "ops-anna"]) == 0
-    assert [row["requested_by"] for row in audit_rows(engine)] == ["ops-anna"]
-
-
-def test_a_decision_with_no_login_name_asks_for_by_in_one_line(
-    db_url: str,
-    engine: sa.Engine,
-    clock: ManualClock,
-    capsys: pytest.CaptureFixture[str],
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    dead_messages(engine, clock)
-
-    def no_passwd_entry() -> str:
-        raise KeyError("getpwuid(): uid not found: 10001")
-
-    monkeypatch.setattr("getpass.getuser", no_passwd_entry)
-    argv = ["dead", "resolve", "b-2", "--reason", "billing has it", "--db", db_url]
     assert main(argv) == 2
-    assert (
-        capsys.readouterr().err
-        == "outbox: error: no login name to keep in the audit: give --by NAME\n"
+    assert capsys.readouterr().err == (
+        "outbox: error: no login name to keep in the audit: give --by NAME\n"
     )
     assert states(engine)["b-2"] == "dead"
+    assert main([*argv, "--by", "ops-anna"]) == 0
+    assert [row["requested_by"] for row in audit_rows(engine)] == ["ops-anna"]
