@@ -14,7 +14,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Sequence
 
-from outbox_cli import build_parser, command_options, receiver, settings
+from outbox_cli import build_parser, command_options, own_process, receiver, settings
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -23,6 +23,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command != "receiver" or args.receiver_command is not None:
         raise SystemExit("usage: python -m benchmarks.receipts_receiver receiver --db URL ...")
     settings.resolve(args, command_options("receiver"))
+    own_process.run_as_command()  # as `outbox receiver` run as its process's command
     return receiver.run(args, receipts_only=True)
 
 

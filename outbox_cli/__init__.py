@@ -34,6 +34,7 @@ from outbox_cli.config_file import check_document
 from outbox_cli.environment import check_environment
 from outbox_cli.failures import PortUnavailable
 from outbox_cli.logs import report_error, report_stopped
+from outbox_cli.own_process import run_as_command
 from outbox_cli.stopping import StopSignal, runs_until_stopped, stop_signals_raise
 
 DEFAULT_DB = settings.DEFAULT_DB
@@ -121,7 +122,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the command line; returns the exit status."""
+    """Run the command line; returns the exit status. With no `argv`, the process's own
+    command line is the command's (the `outbox` script, `python -m outbox_cli`)."""
+    if argv is None:
+        run_as_command()
     args = build_parser().parse_args(argv)
     try:
         # A service's normal end is a stop signal, whenever it comes (see stopping.py).

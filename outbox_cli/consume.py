@@ -22,9 +22,9 @@ from typing import Any
 
 from outbox.errors import ConfigError
 from outbox.observability.server import DEFAULT_HOST
-from outbox.process_gc import tune_for_long_run
 from outbox_cli.arguments import boolean, non_negative_int, positive_float, positive_int
 from outbox_cli.logs import announce, configure_logging
+from outbox_cli.own_process import tune_if_own_process
 from outbox_cli.ports import metrics_server
 from outbox_cli.settings import Option, add_flags, config_path
 
@@ -155,7 +155,7 @@ def run(args: argparse.Namespace, secrets_from: Callable[[str | None], list[str]
         announce("receiver consume", args.db, config_path(args))
         server = _metrics_server(args, store, metrics)
         try:
-            tune_for_long_run()
+            tune_if_own_process()
             asyncio.run(_until_signal(consumer))
         finally:
             if server is not None:

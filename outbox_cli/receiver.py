@@ -29,6 +29,7 @@ from outbox.signing import DEFAULT_TOLERANCE
 from outbox_cli import consume, processes, receiver_dead, upgrades
 from outbox_cli.arguments import parse_duration, positive_float, positive_int
 from outbox_cli.logs import LOG_HELP, announce, configure_logging, log_options
+from outbox_cli.own_process import tune_if_own_process
 from outbox_cli.ports import listening_socket
 from outbox_cli.settings import Option, add_flags, config_path
 from receiver.app import DEFAULT_MAX_BODY
@@ -203,7 +204,7 @@ def _serve(args: argparse.Namespace, serving: Serving) -> int:
                     kept,
                     extra={"fields": fields},
                 )
-                tune_for_long_run()
+                tune_if_own_process()
                 server.run(sockets=[sock])
             finally:
                 store.close()
@@ -230,6 +231,7 @@ def _worker(sock: socket.socket, settings: tuple[argparse.Namespace, Serving]) -
     configure_logging(args.log_format, args.log_level)
     server, store = _server(args, serving, load_secrets(args.secret_file))
     try:
+        # A worker process of the command's own, whoever started the command.
         tune_for_long_run()
         server.run(sockets=[sock])
     finally:

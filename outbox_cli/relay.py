@@ -13,7 +13,6 @@ import os
 from typing import Any
 
 from outbox.observability.server import DEFAULT_HOST
-from outbox.process_gc import tune_for_long_run
 from outbox.unknown_keys import refuse_unknown
 from outbox_cli.arguments import (
     non_negative_float,
@@ -23,6 +22,7 @@ from outbox_cli.arguments import (
 )
 from outbox_cli.config_file import RENAMED
 from outbox_cli.logs import LOG_HELP, announce, configure_logging, log_options
+from outbox_cli.own_process import tune_if_own_process
 from outbox_cli.ports import metrics_server
 from outbox_cli.settings import Option, add_flags, load
 from relay import Relay
@@ -117,7 +117,7 @@ def run(args: argparse.Namespace) -> int:
                 ready=relay.readiness,
             ).start()
         try:
-            tune_for_long_run()
+            tune_if_own_process()
             relay.run()
         finally:
             if server is not None:

@@ -13,11 +13,11 @@ from typing import Any
 from outbox.handlers import WrongHandlerKind, is_async_handler
 from outbox.observability.server import DEFAULT_HOST
 from outbox.observability.worker_metrics import WorkerMetrics
-from outbox.process_gc import tune_for_long_run
 from outbox.tasks import TaskQueue
 from outbox.worker import Handler, Worker
 from outbox_cli.arguments import non_negative_int, positive_float, positive_int
 from outbox_cli.logs import LOG_HELP, announce, configure_logging, log_options, report_error
+from outbox_cli.own_process import tune_if_own_process
 from outbox_cli.ports import metrics_server
 from outbox_cli.settings import Option, add_flags, config_path
 
@@ -109,7 +109,7 @@ def run(args: argparse.Namespace) -> int:
         )
         with server:
             try:
-                tune_for_long_run()
+                tune_if_own_process()
                 worker.run()
             except WrongHandlerKind as exc:
                 report_error(f"outbox: error: {exc}")

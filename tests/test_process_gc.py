@@ -57,3 +57,24 @@ def test_tuning_freezes_start_up_and_collects_young_objects_less_often() -> None
     assert figures["early"] == {"collections": 0, "cycle_alive": True}, figures
     # ...and past the threshold a young collection freed the cycle, with no gc.collect().
     assert figures["cycle_freed"] is True, figures
+
+
+OWN_PROCESS = """
+import gc, json
+from outbox_cli import own_process
+
+own_process.tune_if_own_process()  # a command run inside another program's process
+hosted = gc.get_freeze_count()
+own_process.run_as_command()  # what `outbox ...` and `python -m outbox_cli` mark
+own_process.tune_if_own_process()
+print(json.dumps({"hosted": hosted, "own": gc.get_freeze_count()}))
+"""
+
+
+def test_only_the_commands_own_process_is_tuned() -> None:
+    done = subprocess.run(
+        [sys.executable, "-c", OWN_PROCESS], capture_output=True, text=True, timeout=120, check=True
+    )
+    figures = json.loads(done.stdout)
+    assert figures["hosted"] == 0, figures
+    assert figures["own"] > 1000, figures
