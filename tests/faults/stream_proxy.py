@@ -95,7 +95,8 @@ class StreamProxy:
             self._server.close()
             await self._server.wait_closed()
         self._abort_all()
-        tasks = list(self._tasks)
+        me = asyncio.current_task()
+        tasks = [task for task in self._tasks if task is not me]
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
@@ -108,27 +109,38 @@ class StreamProxy:
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         with self._lock:
             self._accepted += 1
+        serving = asyncio.current_task()
+        assert serving is not None, "start_server serves each connection in a task"
+        # Known at once: a stop that comes while the upstream connects cancels this task and
+        # aborts this connection too, instead of leaving its transports to the collector
+        # (whose ResourceWarning then fails whichever test runs next).
+        self._tasks.add(serving)
+        self._writers.add(writer)
+        up_writer: asyncio.StreamWriter | None = None
         try:
-            up_reader, up_writer = await asyncio.open_connection(*self.upstream)
-        except OSError:
-            writer.transport.abort()
-            return
-        self._writers |= {writer, up_writer}
-        pumps = [
-            asyncio.ensure_future(self._pump(reader, up_writer, upstream=True)),
-            asyncio.ensure_future(self._pump(up_reader, writer, upstream=False)),
-        ]
-        self._tasks.update(pumps)
-        try:
-            await asyncio.wait(pumps, return_when=asyncio.FIRST_COMPLETED)
+            try:
+                up_reader, up_writer = await asyncio.open_connection(*self.upstream)
+            except OSError:
+                return
+            self._writers.add(up_writer)
+            pumps = [
+                asyncio.ensure_future(self._pump(reader, up_writer, upstream=True)),
+                asyncio.ensure_future(self._pump(up_reader, writer, upstream=False)),
+            ]
+            self._tasks.update(pumps)
+            try:
+                await asyncio.wait(pumps, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                for pump in pumps:
+                    pump.cancel()
+                await asyncio.gather(*pumps, return_exceptions=True)
+                self._tasks.difference_update(pumps)
         finally:
-            for pump in pumps:
-                pump.cancel()
-            await asyncio.gather(*pumps, return_exceptions=True)
-            self._tasks.difference_update(pumps)
+            self._tasks.discard(serving)
             for end in (writer, up_writer):
-                self._writers.discard(end)
-                end.transport.abort()
+                if end is not None:
+                    self._writers.discard(end)
+                    end.transport.abort()
 
     async def _pump(
         self, source: asyncio.StreamReader, sink: asyncio.StreamWriter, *, upstream: bool
