@@ -12,17 +12,32 @@ attempt for ever. The answer is read completely, up to MAX_ANSWER_BYTES.
 from __future__ import annotations
 
 import asyncio
+import importlib
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
-
-import aiohttp
+from typing import TYPE_CHECKING, Any
 
 from outbox.errors import TransportError
 from outbox.redaction import redact_urls
 
+if TYPE_CHECKING:
+    import aiohttp
+
 MAX_ANSWER_BYTES = 8 * 1024 * 1024
+
+
+_aiohttp_module: Any = None
+
+
+def _aiohttp() -> Any:
+    """aiohttp, imported at the first request: every command imports the relay's settings
+    to check a config file, and only a relay sending HTTP needs aiohttp (a tenth of a second
+    and more of start-up for each of the others)."""
+    global _aiohttp_module
+    if _aiohttp_module is None:
+        _aiohttp_module = importlib.import_module("aiohttp")
+    return _aiohttp_module
 
 
 @dataclass(frozen=True)
@@ -64,6 +79,7 @@ class HttpClient:
     ) -> Response:
         """Send one request and read its whole answer within `seconds` (else TimeoutError)."""
         session = self._session_on_this_loop()
+        aiohttp = _aiohttp()
         try:
             async with (
                 asyncio.timeout(seconds),
@@ -82,6 +98,7 @@ class HttpClient:
             self._session = None
 
     def _session_on_this_loop(self) -> aiohttp.ClientSession:
+        aiohttp = _aiohttp()
         if self._session is None:
             self._session = aiohttp.ClientSession(
                 connector=aiohttp.TCPConnector(limit=self._connections),

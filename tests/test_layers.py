@@ -106,3 +106,19 @@ def test_importing_the_core_loads_no_web_stack_and_nothing_above_it() -> None:
     assert {"outbox", "outbox.operations", "sqlalchemy"} <= set(loaded)
     roots = {name.split(".", 1)[0] for name in loaded}
     assert not roots & {*WEB_STACK, *ABOVE_THE_CORE}, sorted(roots & {*WEB_STACK, *ABOVE_THE_CORE})
+
+
+def test_only_a_relay_sending_http_loads_the_http_client() -> None:
+    # Every command imports the relay's settings to check a config file; aiohttp is a
+    # tenth of a second of each one's start-up, so it waits for the first HTTP request.
+    program = (
+        "import json, sys\n"
+        "import outbox_cli, relay, relay.config\n"
+        "print(json.dumps(sorted(sys.modules)))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", program], cwd=ROOT, capture_output=True, text=True, check=True
+    )
+    loaded = set(json.loads(done.stdout))
+    assert {"outbox_cli.receiver", "relay.http_client", "relay.transports.http"} <= loaded
+    assert "aiohttp" not in loaded

@@ -28,6 +28,9 @@ from test_consume_rabbitmq import publish as publish_rabbitmq
 from outbox import failpoints
 from outbox.failpoints import EXIT_CODE
 
+# A crash proof: with the fault proofs (`make test-faults`), out of the default suite's time.
+pytestmark = pytest.mark.faults
+
 ROUNDS = 10
 TRIES_PER_ROUND = 10
 PROCESS_WAIT = 60.0

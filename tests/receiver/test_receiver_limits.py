@@ -44,14 +44,19 @@ def parses_with_httptools(process: ReceiverProcess) -> bool:
     return "/httptools/" in maps
 
 
-@pytest.fixture(params=["httptools", "h11"])
+@pytest.fixture(params=["httptools", "h11"], scope="module")
 def receiver(
-    request: pytest.FixtureRequest, sqlite_template: Path, tmp_path: Path
+    request: pytest.FixtureRequest,
+    sqlite_template: Path,
+    tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[ReceiverProcess]:
     """A receiver with small limits, so each can be reached quickly, on the parser named.
 
-    On SQLite only: the limits act before any database is asked.
+    On SQLite only: the limits act before any database is asked. One process per parser
+    serves every test of the module, as a service serves one client after another: each
+    test uses its own reply_ids and waits for its own connections to end.
     """
+    tmp_path = tmp_path_factory.mktemp(f"limits-{request.param}")
     parser = request.param
     if parser == "httptools":
         pytest.importorskip("httptools")

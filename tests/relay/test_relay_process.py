@@ -145,6 +145,8 @@ def test_metrics_and_health_are_served(
     assert status == 0, err
 
 
+# A crash proof: with the fault proofs (`make test-faults`), out of the default suite's time.
+@pytest.mark.faults
 @pytest.mark.parametrize("point", RELAY_POINTS)
 def test_a_relay_killed_at_a_failpoint_loses_nothing(
     point: str, db_url: str, engine: sa.Engine, server: ScriptedServer, tmp_path: Path
