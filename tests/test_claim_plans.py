@@ -306,3 +306,45 @@ def test_the_relay_chain_claim_walks_each_key_and_probes_by_primary_key(
     assert "Seq Scan on outbox_messages" not in plan, plan
     assert "ix_outbox_messages_ordering" in plan, plan
     assert "pk_outbox_messages" in plan, plan
+
+
+@pytest.mark.parametrize("backend", ["postgresql"], indirect=True)
+@pytest.mark.parametrize("mode", ["force_generic_plan", "force_custom_plan"])
+@pytest.mark.parametrize("statement", ["claim", "chain"])
+def test_claims_probe_by_primary_key_behind_a_backlog_the_statistics_never_saw(
+    db_url: str, mode: str, statement: str
+) -> None:
+    # Statistics taken while nothing was pending make an index of pending messages look
+    # nearly empty: a claim's update then walked it whole (a second per claim behind a
+    # backlog of 20,000) instead of probing its picks by primary key.
+    engine = with_history(db_url, pending_every=HISTORY + 1)
+    with engine.begin() as conn:
+        conn.exec_driver_sql(
+            "INSERT INTO outbox_messages (reply_id, destination, ordering_key, body, "
+            "content_hash, headers, state, attempts, fence, available_at, created_at) "
+            "SELECT 'p-' || n, 'default', CASE WHEN mod(n, 2) = 0 THEN 'k' || mod(n, 100) END, "
+            "'\\x7b7d', 'h', '{}', 'pending', 0, 0, 0, n FROM generate_series(1, 20000) n"
+        )
+    try:
+        with engine.connect() as conn:
+            if statement == "claim":
+                claim = relay_sql._claim_statements("postgresql")[1]
+                values = claim_values(1000, ["default"], skip_destinations=[])
+                values |= {"key_cursors": [None], "key_cap": 2000, "key_heads": 1000}
+            else:
+                claim = relay_sql._chain_statement("postgresql")
+                values = claim_values(
+                    1000,
+                    ["default"],
+                    head_ids=[2, 4],
+                    head_destinations=["default"] * 2,
+                    head_keys=["k2", "k4"],
+                    share=500,
+                    room=998,
+                )
+            plan = generic_plan(conn, claim, values, mode, session=CLAIMS)
+    finally:
+        engine.dispose()
+    assert "ix_outbox_messages_routable" not in plan, plan
+    assert "ix_outbox_messages_deliverable" not in plan, plan
+    assert "Seq Scan on outbox_messages" not in plan, plan
