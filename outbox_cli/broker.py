@@ -18,7 +18,7 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-from outbox.errors import ConfigError, TransportError
+from outbox.errors import ConfigError
 from outbox_cli import relay
 from outbox_cli.logs import report_error
 from outbox_cli.settings import CONFIG_ENV, add_flags, load, resolve
@@ -28,12 +28,12 @@ from relay.broker_setup import (
     EXCHANGE_TYPES,
     Change,
     QueueBinding,
-    SetupRefused,
     set_up_exchange,
     set_up_stream,
 )
 from relay.config import Destination, destinations_from
 from relay.dispatch import retry_window
+from relay.errors import SetupRefused, TransportError
 from relay.transports import check_kinds
 
 WINDOW_OPTIONS = tuple(

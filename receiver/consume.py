@@ -54,7 +54,7 @@ from typing import Literal, Protocol, TypeVar
 
 from outbox import failpoints
 from outbox.canonical import sha256_hex
-from outbox.errors import ConfigError, SignatureError, StoreUnavailable
+from outbox.errors import ConfigError, SignatureError
 from outbox.messages import ORDERING_KEY, is_reply_id
 from outbox.signing import (
     CONTENT_HASH_HEADER,
@@ -66,6 +66,7 @@ from outbox.signing import (
     verify,
 )
 from receiver.effects import Effect
+from receiver.errors import StoreUnavailable
 from receiver.metrics import ConsumerMetrics
 from receiver.store import BatchItem, LastTry, Statuses
 from receiver.strict_json import InvalidJSON, check_strict_json

@@ -20,9 +20,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
 from outbox.clients import optional_client
-from outbox.errors import ConfigError, OutboxError, TransportError
+from outbox.errors import ConfigError
 from outbox.redaction import redact, redact_urls
 from relay.destination import Destination
+from relay.errors import SetupRefused, TransportError
 from relay.policy import retains
 from relay.transports.nats import NatsOptions
 from relay.transports.nats_wire import render_subject, subject_matches
@@ -41,10 +42,6 @@ _SUBJECTS_OVERLAP = 10065
 """JetStream's error code for subjects that another stream already captures."""
 _FIELD = "\x00"
 """Stands for a template field while its tokens are found: no template holds a NUL."""
-
-
-class SetupRefused(OutboxError):
-    """The broker holds something that conflicts with the destination, or refused a change."""
 
 
 @dataclass(frozen=True)

@@ -19,9 +19,10 @@ from functools import partial
 
 from outbox import failpoints
 from outbox.durations import duration_text
-from outbox.errors import ConfigError, TransportError
+from outbox.errors import ConfigError
 from outbox.redaction import redact, redact_quoted
 from relay.destination import Destination
+from relay.errors import TransportError
 from relay.metrics import RelayMetrics
 from relay.policy import (
     HELD,

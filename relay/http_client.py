@@ -19,8 +19,8 @@ from typing import Any
 
 import aiohttp
 
-from outbox.errors import TransportError
 from outbox.redaction import redact_urls
+from relay.errors import TransportError
 
 MAX_ANSWER_BYTES = 8 * 1024 * 1024
 

@@ -31,9 +31,10 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from outbox.durations import duration_text
-from outbox.errors import ConfigError, TransportError
+from outbox.errors import ConfigError
 from outbox.reserved_headers import NATS
 from relay.destination import Destination, KindOptions, Reader, flag, text
+from relay.errors import TransportError
 from relay.policy import HELD, Dead, Outcome, Retry, Sent, retains, truncate
 from relay.records import Message, first_of_each_key
 from relay.transports.base import Parcel, Transport, check_template, clients

@@ -35,7 +35,6 @@ from outbox_cli import main
 from relay import ConfigError, Relay
 from relay.broker_setup import (
     Change,
-    SetupRefused,
     binding_key,
     covers,
     stream_changes,
@@ -44,6 +43,7 @@ from relay.broker_setup import (
 )
 from relay.config import load_destinations
 from relay.dispatch import retry_window
+from relay.errors import SetupRefused
 
 sqlite_only = pytest.mark.parametrize("backend", ["sqlite"], indirect=True)
 
