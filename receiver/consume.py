@@ -1,7 +1,7 @@
 """Consume outbox messages from a broker with the receiver's dedupe: the broker-free core.
 
 A broker consumer (receiver.nats_consumer, receiver.rabbitmq_consumer) hands each
-batch of messages it fetched to ``Consumer.decide``, which checks every message
+batch of messages it fetched to ``Consumer.consume_batch``, which checks every message
 (``check``), stores the valid ones and runs the effect in ONE transaction
 (``ReceiptStore.accept_many`` with ``isolate=True``: an effect that raises fails
 only its own message and holds back the later ones of its ordering key), and
@@ -197,7 +197,7 @@ def ordering_key(delivery: Delivery) -> str | None:
 
 
 class Consumer:
-    """The broker-free part of a consumer: decide on batches, pause after failures, stop."""
+    """The broker-free part of a consumer: consume batches, pause after failures, stop."""
 
     broker: str | None = None
     """The broker's name in a dead letter: nats, rabbitmq."""
@@ -267,7 +267,7 @@ class Consumer:
                 self._stopping.set()
         return self._stopping
 
-    def decide_now(self, deliveries: Sequence[Delivery]) -> list[Outcome]:
+    def consume_batch_now(self, deliveries: Sequence[Delivery]) -> list[Outcome]:
         """Check, store and run the effect in one transaction; an outcome per delivery."""
         now = _monotonic()
         self._unblock_expired(now)
@@ -441,9 +441,9 @@ class Consumer:
                 outcomes.append(_KNOWN.get(status, "retry"))
         return outcomes
 
-    async def decide(self, deliveries: Sequence[Delivery]) -> list[Outcome]:
-        """decide_now on a worker thread (the transaction blocks), then the before-ack point."""
-        outcomes = await asyncio.to_thread(self.decide_now, deliveries)
+    async def consume_batch(self, deliveries: Sequence[Delivery]) -> list[Outcome]:
+        """consume_batch_now on a thread (the transaction blocks), then the before-ack point."""
+        outcomes = await asyncio.to_thread(self.consume_batch_now, deliveries)
         failpoints.hit(BEFORE_ACK)
         # Paused only when nothing was settled: a message that keeps failing must not
         # slow the other keys down, but a database that is down must not be hammered.

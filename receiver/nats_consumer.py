@@ -249,7 +249,7 @@ class NatsConsumer(Consumer):
             )
 
     async def _turn(self, client: Client, inbox: str) -> None:
-        """Pull one batch, decide, settle; after a failure, pause before the next pull."""
+        """Pull one batch, consume it, settle; after a failure, pause before the next pull."""
         nats = _nats()
         try:
             messages = await self._pull(client, inbox)
@@ -259,7 +259,7 @@ class NatsConsumer(Consumer):
             return
         if not messages:
             return  # nothing to consume right now
-        outcomes = await self._decide_in_progress(messages)
+        outcomes = await self._consume_in_progress(messages)
         await self._settle(messages, outcomes)
         await self.pause(self.retry_delay())
 
@@ -386,7 +386,7 @@ class NatsConsumer(Consumer):
                 )
             floor, settled = now_floor, self._settled
 
-    async def _decide_in_progress(self, messages: list[Msg]) -> list[Outcome]:
+    async def _consume_in_progress(self, messages: list[Msg]) -> list[Outcome]:
         """Decide on the batch; mark it in progress while a long transaction runs."""
         deliveries = [
             Delivery(
@@ -397,7 +397,7 @@ class NatsConsumer(Consumer):
             )
             for message in messages
         ]
-        deciding = asyncio.ensure_future(self.decide(deliveries))
+        deciding = asyncio.ensure_future(self.consume_batch(deliveries))
         while True:
             done, _ = await asyncio.wait({deciding}, timeout=self.ack_wait / 3)
             if done:

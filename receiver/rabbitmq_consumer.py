@@ -200,7 +200,7 @@ class RabbitMQConsumer(Consumer):
                 batch = await self._gather(inbox, channel)
                 if batch:
                     deliveries = [_delivery(message, self.queue) for message in batch]
-                    outcomes = await self.decide(deliveries)
+                    outcomes = await self.consume_batch(deliveries)
                     retry = await self._settle(batch, outcomes)
         finally:
             if not channel.is_closed:

@@ -80,7 +80,7 @@ def run(args: argparse.Namespace) -> int:
 
     from outbox.operations import Operations
     from outbox_cli.console.app import create_app
-    from outbox_cli.console.decide import check_config
+    from outbox_cli.console.requeue_form import check_config
     from receiver.protocol import DEFAULT_HEADER_LIMIT, http_settings
 
     token = console_token(args.host)
