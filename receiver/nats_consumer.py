@@ -51,15 +51,19 @@ from receiver.consume import (
     DEFAULT_BATCH,
     DEFAULT_KEY_HOLD,
     DEFAULT_MAX_DELIVERIES,
-    REDELIVERED,
     BatchStore,
     Consumer,
+)
+from receiver.deliveries import (
     Delivery,
-    Outcome,
     lowercased,
 )
 from receiver.effects import Effect
 from receiver.metrics import ConsumerMetrics
+from receiver.outcomes import (
+    REDELIVERED,
+    Outcome,
+)
 
 if TYPE_CHECKING:
     from nats.aio.client import Client

@@ -28,21 +28,25 @@ from typing import TYPE_CHECKING, Any
 from outbox.clients import optional_client
 from outbox.errors import ConfigError
 from receiver.consume import (
-    ACKNOWLEDGED,
     DEFAULT_BACKOFF,
     DEFAULT_BACKOFF_CAP,
     DEFAULT_BATCH,
     DEFAULT_KEY_HOLD,
     DEFAULT_MAX_DELIVERIES,
-    REDELIVERED,
     BatchStore,
     Consumer,
+)
+from receiver.deliveries import (
     Delivery,
-    Outcome,
     lowercased,
 )
 from receiver.effects import Effect
 from receiver.metrics import ConsumerMetrics
+from receiver.outcomes import (
+    ACKNOWLEDGED,
+    REDELIVERED,
+    Outcome,
+)
 
 if TYPE_CHECKING:
     from aio_pika.abc import AbstractChannel, AbstractConnection, AbstractIncomingMessage

@@ -15,7 +15,8 @@ from support.receiver_helpers import SECRET, count_effects, stored_receipts
 import outbox
 from outbox.errors import ConfigError
 from receiver import ReceiptStore
-from receiver.consume import Consumer, Delivery
+from receiver.consume import Consumer
+from receiver.deliveries import Delivery
 from receiver.effects import REPLY_ID_KEY, record_effect
 from receiver.store import LastTry
 

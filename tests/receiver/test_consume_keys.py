@@ -12,7 +12,8 @@ from support.receiver_helpers import InOrder, count_effects, stored_receipts
 
 from outbox.signing import CONTENT_HASH_HEADER
 from receiver import ReceiptStore
-from receiver.consume import Consumer, Delivery
+from receiver.consume import Consumer
+from receiver.deliveries import Delivery
 
 
 def message(reply_id: str, key: str | None = None, *, spoiled: bool = False) -> Delivery:
