@@ -36,17 +36,10 @@ from receiver.consume import (
     BatchStore,
     Consumer,
 )
-from receiver.deliveries import (
-    Delivery,
-    lowercased,
-)
+from receiver.deliveries import Delivery, lowercased
 from receiver.effects import Effect
 from receiver.metrics import ConsumerMetrics
-from receiver.outcomes import (
-    ACKNOWLEDGED,
-    REDELIVERED,
-    Outcome,
-)
+from receiver.outcomes import ACKNOWLEDGED, REDELIVERED, Outcome
 
 if TYPE_CHECKING:
     from aio_pika.abc import AbstractChannel, AbstractConnection, AbstractIncomingMessage
