@@ -27,8 +27,9 @@ from outbox.redaction import shown_value
 from outbox.states import MessageState
 from outbox_cli.arguments import age_text, non_empty, parse_duration, positive_int
 from outbox_cli.console import charts, requeue_form
+from outbox_cli.console.confirmations import Confirmations
+from outbox_cli.console.forms import CSRF_COOKIE, CSRF_FIELD, checked_form
 from outbox_cli.console.reads import ERROR_LISTED, ConsoleReads, shown_error
-from outbox_cli.console.security import CSRF_COOKIE, CSRF_FIELD, Confirmations, checked_form
 
 HERE = Path(__file__).parent
 PAGE_SIZE = 50
