@@ -32,9 +32,9 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse
 from sqlalchemy.orm import Session
 
-from outbox.errors import PayloadCollision, SignatureError, StoreUnavailable
+from outbox.errors import PayloadCollision, SignatureError
 from outbox.signing import DEFAULT_TOLERANCE, parse_secret
-from receiver import ReceiptStore, is_reply_id, verify
+from receiver import ReceiptStore, StoreUnavailable, is_reply_id, verify
 from receiver.effects import REPLY_ID_KEY
 
 # Relay bodies stay far below this (64 KiB published, 256 KiB task results); refusing

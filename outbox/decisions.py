@@ -127,7 +127,7 @@ def requeue(
         if answer not in RECEIPT_ANSWERS:
             raise ValueError(f"receipt must be one of {RECEIPT_ANSWERS}, got {answer!r}")
 
-    def decide(message: Mapping[str, Any], receipt: str) -> RequeueDecision:
+    def requeue_one(message: Mapping[str, Any], receipt: str) -> RequeueDecision:
         reply_id = message["reply_id"]
         forced = force or (receipt in REFUSALS and receipt == overriding)
         if receipt in REFUSALS and not forced:
@@ -140,7 +140,7 @@ def requeue(
             return RequeueDecision(reply_id, "refused", str(exc), receipt=receipt)
         return RequeueDecision(reply_id, "requeued", audit=audit, receipt=receipt)
 
-    return _each(list(zip(messages, answers, strict=True)), decide, progress)
+    return _each(list(zip(messages, answers, strict=True)), requeue_one, progress)
 
 
 def resolve(
@@ -162,7 +162,7 @@ def resolve(
     check_decision(reason, by)
     messages = chosen_messages(ops, chosen, limit)
 
-    def decide(message: Mapping[str, Any]) -> Decision:
+    def resolve_one(message: Mapping[str, Any]) -> Decision:
         reply_id = message["reply_id"]
         if dry_run:
             return Decision(reply_id, "would resolve")
@@ -172,19 +172,19 @@ def resolve(
             return Decision(reply_id, "refused", str(exc))
         return Decision(reply_id, "resolved", audit=audit)
 
-    return _each([(m,) for m in messages], decide, progress)
+    return _each([(m,) for m in messages], resolve_one, progress)
 
 
 D = TypeVar("D", bound=Decision)
 
 
 def _each(
-    chosen: Sequence[tuple[Any, ...]], decide: Callable[..., D], progress: Progress | None
+    chosen: Sequence[tuple[Any, ...]], act_on_one: Callable[..., D], progress: Progress | None
 ) -> list[D]:
-    """Decide each chosen message in turn, telling `progress` after each."""
+    """Act on each chosen message in turn (requeue_one, resolve_one), telling `progress`."""
     results = []
     for index, arguments in enumerate(chosen, start=1):
-        results.append(decide(*arguments))
+        results.append(act_on_one(*arguments))
         if progress is not None:
             progress(index, len(chosen))
     return results

@@ -1,4 +1,8 @@
-"""Every public exception of the toolkit; each docstring is the meaning of its message.
+"""The core's exceptions, root of the one tree; each docstring is the meaning of its message.
+
+The relay's and the receiver's own errors subclass OutboxError in relay.errors
+(TransportError) and receiver.errors (StoreUnavailable), so one `except OutboxError`
+still catches every error the toolkit raises on purpose.
 
 OutboxError
 ├── Unauthorized          the caller is not an allowed, authenticated source
@@ -13,9 +17,7 @@ OutboxError
 ├── ResolveRefused        a resolve found the message missing or not dead
 ├── NotDead               a decision named a reply_id that is no dead message
 ├── ConfigError           (also ValueError) a configuration (file, variables) is unusable
-├── TransportError        the relay's request failed below HTTP
-├── SignatureError        a request is not signed by a current secret in time
-└── StoreUnavailable      the receipt database cannot be reached or stays busy
+└── SignatureError        a request is not signed by a current secret in time
 """
 
 from __future__ import annotations
@@ -96,13 +98,5 @@ class ConfigError(OutboxError, ValueError):
     """A configuration is unusable; the message says which setting and why."""
 
 
-class TransportError(OutboxError):
-    """The request failed below HTTP: no connection, reset, malformed or oversized answer."""
-
-
 class SignatureError(OutboxError):
     """The request is not signed by a current secret within the timestamp tolerance."""
-
-
-class StoreUnavailable(OutboxError):
-    """The receipt database is unreachable or busy; nothing is known to be stored: retry."""

@@ -14,6 +14,7 @@ from outbox.canonical import NotCanonical, canonical_bytes, sha256_hex
 from outbox.db import message_sql
 from outbox.db.dialect import is_missing_table
 from outbox.errors import InvalidMessage, PayloadCollision, SchemaNotReady
+from outbox.reserved_headers import reservation_of
 from outbox.states import ErrorCode
 
 # Signed as "id.timestamp.body": a '.' in the id would make that string ambiguous.
@@ -21,25 +22,6 @@ REPLY_ID = re.compile(r"[\x21-\x2d\x2f-\x7e]{1,200}")
 DESTINATION = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,199}")
 ORDERING_KEY = re.compile(r"[\x20-\x7e]{1,200}")
 HEADER_NAME = re.compile(r"[A-Za-z0-9!#$%&'*+^_`|~.-]{1,100}")
-# JetStream reads Nats-* headers (Nats-Msg-Id, Nats-Expected-*, Nats-Rollup): a message's
-# own could switch off the stream's dedupe or change what it stores.
-RESERVED_HEADER_PREFIX = "nats-"
-# nats-py reads a message with a Status header as the server's control message: a fetch
-# drops it or fails on it, so a consumer would never see it (nor anything behind it).
-NATS_STATUS_HEADERS = frozenset({"status", "description"})
-RESERVED_HEADERS = frozenset(
-    {
-        "content-type",
-        "content-length",
-        "host",
-        "webhook-id",
-        "webhook-timestamp",
-        "webhook-signature",
-        "outbox-content-hash",
-        # A broker consumer orders by it: only the message's own ordering key may set it.
-        "outbox-ordering-key",
-    }
-)
 MAX_HEADER_VALUE = 4096
 # Headers ride with every attempt of the message (and in every batch item): a few small
 # ones, not a second body.
@@ -122,7 +104,7 @@ def check_traceparent(value: object) -> str:
 
 
 def check_headers(headers: Mapping[str, str] | None) -> str:
-    """Extra HTTP headers to send, as canonical JSON; signature headers are reserved.
+    """Extra HTTP headers to send, as canonical JSON; reserved names refused (reserved_headers).
 
     At most MAX_HEADERS headers of MAX_HEADERS_BYTES in all (names and values). They are
     not part of a message's identity: publishing the same reply_id and body again with
@@ -137,17 +119,9 @@ def check_headers(headers: Mapping[str, str] | None) -> str:
     for name, value in headers.items():
         if not isinstance(name, str) or not HEADER_NAME.fullmatch(name):
             raise InvalidMessage(f"invalid header name {name!r:.80}")
-        if name.lower() in RESERVED_HEADERS:
-            raise InvalidMessage(f"header {name!r} is set by the relay")
-        if name.lower().startswith(RESERVED_HEADER_PREFIX):
-            raise InvalidMessage(
-                f"header {name!r}: names beginning {RESERVED_HEADER_PREFIX!r} "
-                "are NATS JetStream's own (its dedupe and stream checks)"
-            )
-        if name.lower() in NATS_STATUS_HEADERS:
-            raise InvalidMessage(
-                f"header {name!r}: NATS clients read it as a server status, not as a header"
-            )
+        reservation = reservation_of(name)
+        if reservation is not None:
+            raise InvalidMessage(reservation.refuse(name))
         if (
             not isinstance(value, str)
             or len(value) > MAX_HEADER_VALUE

@@ -13,7 +13,7 @@ import sqlalchemy as sa
 
 from outbox import __version__, failpoints, migrations
 from outbox.db.dialect import missing_sqlite_file
-from outbox.errors import OutboxError, StoreUnavailable
+from outbox.errors import OutboxError
 from outbox.redaction import redact
 from outbox_cli import (
     broker,
@@ -36,6 +36,7 @@ from outbox_cli.failures import PortUnavailable
 from outbox_cli.logs import report_error, report_stopped
 from outbox_cli.own_process import run_as_command
 from outbox_cli.stopping import StopSignal, runs_until_stopped, stop_signals_raise
+from receiver.errors import StoreUnavailable
 
 DEFAULT_DB = settings.DEFAULT_DB
 # Settings each command resolves from flag, environment, config file and default.

@@ -18,22 +18,22 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-from outbox.errors import ConfigError, TransportError
+from outbox.errors import ConfigError
 from outbox_cli import relay
 from outbox_cli.logs import report_error
 from outbox_cli.settings import CONFIG_ENV, add_flags, load, resolve
 from relay import Relay
-from relay.broker_setup import (
-    DEFAULT_EXCHANGE_TYPE,
-    EXCHANGE_TYPES,
-    Change,
-    QueueBinding,
-    SetupRefused,
-    set_up_exchange,
-    set_up_stream,
-)
+from relay.broker_setup import Change
 from relay.config import Destination, destinations_from
 from relay.dispatch import retry_window
+from relay.errors import SetupRefused, TransportError
+from relay.nats_setup import set_up_stream
+from relay.rabbitmq_setup import (
+    DEFAULT_EXCHANGE_TYPE,
+    EXCHANGE_TYPES,
+    QueueBinding,
+    set_up_exchange,
+)
 from relay.transports import check_kinds
 
 WINDOW_OPTIONS = tuple(

@@ -19,8 +19,9 @@ import socket
 import sqlalchemy as sa
 
 from outbox.db.dialect import make_url
-from outbox.errors import ConfigError, StoreUnavailable
+from outbox.errors import ConfigError
 from outbox.redaction import redact, redact_unparsed_url
+from receiver.errors import StoreUnavailable
 
 DONE = 0
 FAILED = 1

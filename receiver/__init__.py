@@ -11,10 +11,10 @@ from __future__ import annotations
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
-from outbox.errors import StoreUnavailable
 from outbox.messages import is_reply_id
 from outbox.migrations import RECEIVER_BRANCH, upgrade_branch
 from receiver.app import create_app
+from receiver.errors import StoreUnavailable
 from receiver.nats_consumer import NatsConsumer
 from receiver.rabbitmq_consumer import RabbitMQConsumer
 from receiver.signatures import verify

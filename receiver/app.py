@@ -133,39 +133,39 @@ class _RetentionHeader:
 
 
 def build_app(
-    decide: ReceiverRules,
+    rules: ReceiverRules,
     metrics: ReceiverMetrics | None = None,
     database: Callable[[], object | None] | None = None,
     body_budget: int | None = None,
 ) -> Starlette:
-    """A Starlette app answering with `decide`, counting into `metrics`; `database` (a
+    """A Starlette app answering with `rules`, counting into `metrics`; `database` (a
     Probe) says whether the database answers, for /readyz (None: always ready);
     `body_budget` caps the body bytes held at once (None: 64 MiB, or max_body if larger)."""
     metrics = metrics or ReceiverMetrics()
     if body_budget is None:
-        body_budget = max(DEFAULT_BODY_BUDGET, decide.max_body)
-    if body_budget < decide.max_body:
+        body_budget = max(DEFAULT_BODY_BUDGET, rules.max_body)
+    if body_budget < rules.max_body:
         # Checked here: Starlette builds its middleware only at the first request.
-        raise ValueError(f"body_budget {body_budget} is smaller than max_body {decide.max_body}")
+        raise ValueError(f"body_budget {body_budget} is smaller than max_body {rules.max_body}")
 
     async def read_body(request: Request) -> bytes | Answer:
         try:
-            return await _read_limited(request, decide.max_body)
+            return await _read_limited(request, rules.max_body)
         except _TooLarge:
-            return error(413, f"body larger than {decide.max_body} bytes")
+            return error(413, f"body larger than {rules.max_body} bytes")
         except ValueError as exc:
             return error(400, str(exc))
         except ClientDisconnect:
             return error(400, "client disconnected")  # nobody will read it
 
-    group = ReceiptGroupCommit(decide)
+    group = ReceiptGroupCommit(rules)
 
     async def post_message(request: Request) -> Response:
         body = await read_body(request)
         if isinstance(body, Answer):
             return _respond(body)
         # The checks need no I/O: they run here; only storing goes to a thread.
-        checked = decide.check_message(request.headers, body)
+        checked = rules.check_message(request.headers, body)
         if isinstance(checked, Answer):
             return _respond(checked)
         return _respond(await group.store(checked))
@@ -174,11 +174,11 @@ def build_app(
         body = await read_body(request)
         if isinstance(body, Answer):
             return _respond(body)
-        return _respond(await run_in_threadpool(decide.post_batch, request.headers, body))
+        return _respond(await run_in_threadpool(rules.post_batch, request.headers, body))
 
     async def get_receipt(request: Request) -> Response:
         reply_id = request.path_params["reply_id"]
-        answer = await run_in_threadpool(decide.get_reply, reply_id, request.headers)
+        answer = await run_in_threadpool(rules.get_reply, reply_id, request.headers)
         return _respond(answer)
 
     async def healthz(request: Request) -> Response:
@@ -209,8 +209,8 @@ def build_app(
         ]
     )
     app.add_middleware(SingleHeaders)
-    app.add_middleware(BodyBudget, budget=body_budget, max_body=decide.max_body)
-    app.add_middleware(_RetentionHeader, headers=decide.retention_headers())
+    app.add_middleware(BodyBudget, budget=body_budget, max_body=rules.max_body)
+    app.add_middleware(_RetentionHeader, headers=rules.retention_headers())
     app.add_middleware(CountRequests, metrics=metrics)
     return app
 
@@ -244,7 +244,7 @@ def create_app(
     database = None if ping is None else Probe(ping, deadline=READY_DEADLINE)
     if database is not None:
         metrics.watch(database)
-    decide = receiver_rules(
+    rules = receiver_rules(
         CountingStore(store, metrics),
         [parse_secret(secret) for secret in secrets],
         tolerance=tolerance,
@@ -252,4 +252,4 @@ def create_app(
         effect=effect,
         wall_clock=wall_clock,
     )
-    return build_app(decide, metrics, database, body_budget)
+    return build_app(rules, metrics, database, body_budget)

@@ -1,11 +1,11 @@
 """Consume outbox messages from a broker with the receiver's dedupe: the broker-free core.
 
 A broker consumer (receiver.nats_consumer, receiver.rabbitmq_consumer) hands each
-batch of messages it fetched to ``Consumer.decide``, which checks every message
-(``check``), stores the valid ones and runs the effect in ONE transaction
-(``ReceiptStore.accept_many`` with ``isolate=True``: an effect that raises fails
-only its own message and holds back the later ones of its ordering key), and
-returns an outcome per message. Only then does the broker module settle each
+batch of messages it fetched to ``Consumer.consume_batch``, which checks every
+message (receiver.deliveries), stores the valid ones and runs the effect in ONE
+transaction (``ReceiptStore.accept_many`` with ``isolate=True``: an effect that raises
+fails only its own message and holds back the later ones of its ordering key), and
+returns an outcome per message (receiver.outcomes). Only then does the broker module settle each
 message:
 
 - ``stored`` (first receipt, effect committed), ``duplicate`` (held with the same
@@ -43,42 +43,22 @@ for hours while its consumer is down, and a replayed message is only a duplicate
 from __future__ import annotations
 
 import asyncio
-import collections
-import contextlib
 import logging
-import math
 import time
-from collections.abc import Awaitable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
-from typing import Literal, Protocol, TypeVar
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Protocol
 
 from outbox import failpoints
-from outbox.canonical import sha256_hex
-from outbox.errors import ConfigError, SignatureError, StoreUnavailable
-from outbox.messages import ORDERING_KEY, is_reply_id
-from outbox.signing import (
-    CONTENT_HASH_HEADER,
-    ID_HEADER,
-    ORDERING_KEY_HEADER,
-    SigningKey,
-    is_broker_message_id,
-    parse_secret,
-    verify,
-)
+from outbox.errors import ConfigError
+from receiver.deliveries import Delivery, Invalid, check, ordering_key, shown_id, signing_keys
+from receiver.effect_failures import EffectFailures
 from receiver.effects import Effect
+from receiver.errors import StoreUnavailable
+from receiver.key_blocks import KeyBlocks
 from receiver.metrics import ConsumerMetrics
+from receiver.outcomes import REDELIVERED, Outcome
+from receiver.stoppable import Stoppable
 from receiver.store import BatchItem, LastTry, Statuses
-from receiver.strict_json import InvalidJSON, check_strict_json
-
-T = TypeVar("T")
-CANCEL_AGAIN = 0.1
-"""Seconds between cancellations of a wait that a stop ends (see unless_stopped)."""
-
-Outcome = Literal["stored", "duplicate", "conflict", "invalid", "retry", "held", "dead"]
-ACKNOWLEDGED: frozenset[Outcome] = frozenset({"stored", "duplicate", "conflict", "dead"})
-"""Outcomes the broker is told are done with: they are never delivered again."""
-REDELIVERED: frozenset[Outcome] = frozenset({"retry", "held"})
-"""Outcomes left to the broker to deliver again: nothing of them was applied."""
 
 _KNOWN: dict[str, Outcome] = {
     "stored": "stored",
@@ -93,11 +73,6 @@ DEFAULT_BACKOFF = 0.5
 DEFAULT_BACKOFF_CAP = 30.0
 DEFAULT_MAX_DELIVERIES = 5
 """Deliveries whose effect raises before a message goes to the dead letters."""
-FAILURES_KEPT = 10_000
-"""Messages whose effect failures a consumer counts at once; past it the oldest count is
-forgotten (that message then gets a fresh budget: more tries, never fewer)."""
-UNKEPT_HEADERS = frozenset({"webhook-signature", "authorization", "proxy-authorization", "cookie"})
-"""Headers a dead letter leaves out: credentials, and a signature nobody needs again."""
 DEFAULT_KEY_HOLD = 300.0
 """Seconds a key stays blocked by a message that failed and has not come back since: far
 longer than the pause before a redelivery (backoff_cap) and JetStream's ack_wait."""
@@ -124,79 +99,8 @@ class BatchStore(Protocol):
         ...
 
 
-@dataclass(frozen=True)
-class Delivery:
-    """One broker message: its headers (names lowercased), exact body, broker message id;
-    what the broker says of its deliveries, and where it keeps it (for a dead letter)."""
-
-    headers: Mapping[str, str]
-    body: bytes
-    broker_id: str | None = None
-    redelivered: bool = False
-    """The broker delivered it before (a lost ack, a requeue, a nak)."""
-    deliveries: int | None = None
-    """The broker's count of its deliveries, this one included, when it keeps one."""
-    broker_ref: str | None = None
-    """Where the broker keeps it: a stream and sequence, a queue."""
-
-
-class Invalid(ValueError):
-    """A message that can never be accepted; its text says why."""
-
-
-def signing_keys(secrets: Iterable[str | bytes] | None, unsigned: bool) -> tuple[SigningKey, ...]:
-    """The keys to verify with; unsigned=True (and no secrets) checks no signature."""
-    if isinstance(secrets, str | bytes):
-        raise TypeError("secrets must be a list of secrets, not one secret")
-    keys = tuple(parse_secret(secret) for secret in secrets or ())
-    if unsigned and keys:
-        raise ConfigError("secrets and unsigned=True: choose one")
-    if not unsigned and not keys:
-        raise ConfigError("no secret to verify signatures: give secrets, or unsigned=True")
-    return keys
-
-
-def check(delivery: Delivery, keys: Sequence[SigningKey]) -> str:
-    """The message's reply_id, or Invalid; no keys: the signature is not checked."""
-    headers = delivery.headers
-    reply_id = headers.get(ID_HEADER)
-    if not is_reply_id(reply_id):
-        raise Invalid(f"missing or malformed {ID_HEADER} header")
-    assert reply_id is not None
-    broker_id = delivery.broker_id
-    if broker_id is not None and not is_broker_message_id(
-        broker_id, reply_id, keys, unsigned=not keys
-    ):
-        raise Invalid(f"the broker's message id is neither {ID_HEADER} nor derived from it")
-    if keys:
-        try:
-            # No freshness limit: the broker may have held the message for hours.
-            verify(keys, headers, delivery.body, tolerance=math.inf)
-        except SignatureError as exc:
-            raise Invalid(f"signature: {exc}") from exc
-    declared = headers.get(CONTENT_HASH_HEADER)
-    if declared is None:
-        raise Invalid(f"missing {CONTENT_HASH_HEADER} header")
-    if declared != sha256_hex(delivery.body):
-        raise Invalid(f"the body's SHA-256 differs from its {CONTENT_HASH_HEADER} header")
-    try:
-        check_strict_json(delivery.body)
-    except InvalidJSON as exc:
-        raise Invalid(f"body is not strict JSON: {exc}") from exc
-    ordering_key(delivery)
-    return reply_id
-
-
-def ordering_key(delivery: Delivery) -> str | None:
-    """The message's ordering key (None: it has none), or Invalid when malformed."""
-    key = delivery.headers.get(ORDERING_KEY_HEADER)
-    if key is not None and not ORDERING_KEY.fullmatch(key):
-        raise Invalid(f"malformed {ORDERING_KEY_HEADER} header")
-    return key
-
-
-class Consumer:
-    """The broker-free part of a consumer: decide on batches, pause after failures, stop."""
+class Consumer(Stoppable):
+    """The broker-free part of a consumer: consume batches, pause after failures, stop."""
 
     broker: str | None = None
     """The broker's name in a dead letter: nats, rabbitmq."""
@@ -228,6 +132,7 @@ class Consumer:
             raise ConfigError("backoff must be > 0 and at most backoff_cap")
         if not key_hold > 0:
             raise ConfigError("key_hold must be > 0 seconds")
+        super().__init__()
         self.store = store
         self.keys = signing_keys(secrets, unsigned)
         self.effect = effect
@@ -237,39 +142,14 @@ class Consumer:
         self.metrics = metrics or ConsumerMetrics()
         self.key_hold = float(key_hold)
         self.max_deliveries = max_deliveries
-        self._effect_failures: collections.OrderedDict[str, tuple[int, float]] = (
-            collections.OrderedDict()
-        )
-        """Per reply_id whose effect raised: how often, and when it may be tried again."""
-        """reply_id -> deliveries whose effect raised, in this process (see FAILURES_KEPT)."""
-        self._blocked: dict[str, tuple[str, float]] = {}
-        """Ordering key -> (reply_id of its message to be applied first, monotonic deadline)."""
+        self._effect_failures = EffectFailures(max_deliveries, backoff, backoff_cap)
+        self._key_blocks = KeyBlocks(self.key_hold)
         self._failures = 0
-        self._stopping: asyncio.Event | None = None
-        self._stop_requested = False
 
-    @property
-    def stopping(self) -> bool:
-        """Whether stop() was called."""
-        return self._stop_requested
-
-    def stop(self) -> None:
-        """Stop after the messages in hand are committed and settled (callable from a signal)."""
-        self._stop_requested = True
-        if self._stopping is not None:
-            self._stopping.set()
-
-    def _stop_event(self) -> asyncio.Event:
-        if self._stopping is None:
-            self._stopping = asyncio.Event()
-            if self._stop_requested:
-                self._stopping.set()
-        return self._stopping
-
-    def decide_now(self, deliveries: Sequence[Delivery]) -> list[Outcome]:
+    def consume_batch_now(self, deliveries: Sequence[Delivery]) -> list[Outcome]:
         """Check, store and run the effect in one transaction; an outcome per delivery."""
         now = _monotonic()
-        self._unblock_expired(now)
+        self._key_blocks.unblock_expired(now)
         outcomes: list[Outcome] = ["invalid"] * len(deliveries)
         items: list[BatchItem] = []
         positions: list[int] = []
@@ -284,18 +164,17 @@ class Consumer:
                 log.error(
                     "refused a broker message (not stored, not redelivered): %s",
                     reason,
-                    extra={"fields": {"reply_id": _shown(delivery), "reason": reason}},
+                    extra={"fields": {"reply_id": shown_id(delivery), "reason": reason}},
                 )
                 # It does not release a key its reply_id blocks: the blocking message passed
                 # these checks, so this is another message under its id (a forgery).
                 continue
             key = ordering_key(delivery)
-            blocker = None if key is None else self._blocked.get(key)
-            if blocker is not None and blocker[0] != reply_id:
+            blocker = self._key_blocks.blocker(key)
+            if blocker is not None and blocker != reply_id:
                 outcomes[index] = "held"
                 continue
-            failed = self._effect_failures.get(reply_id)
-            if failed is not None and now < failed[1]:
+            if self._effect_failures.backing_off(reply_id, now):
                 # Its effect raised moments ago: not tried again (nor counted) before its
                 # own backoff, so a passing fault does not spend max_deliveries at once.
                 outcomes[index] = "held"
@@ -312,77 +191,10 @@ class Consumer:
             for index, item, status in zip(positions, items, statuses, strict=True):
                 outcomes[index] = status
                 if len(item) == 3 and item[2] is not None:
-                    self._follow(item[2], item[0], status, now)
+                    self._key_blocks.follow(item[2], item[0], status, now)
         for outcome in outcomes:
             self.metrics.consumed.labels(outcome).inc()
         return outcomes
-
-    def _follow(self, key: str, reply_id: str, outcome: Outcome, now: float) -> None:
-        """Block `key` by the first of its messages to be retried; unblock once it is settled."""
-        if outcome == "retry":
-            blocker = self._blocked.get(key)
-            if blocker is None or blocker[0] == reply_id:
-                self._blocked[key] = (reply_id, now + self.key_hold)
-        elif outcome in ACKNOWLEDGED:
-            self._unblock(key, reply_id)
-
-    def _unblock(self, key: str | None, reply_id: str | None) -> None:
-        """Unblock `key` if `reply_id` is the message it waits for."""
-        if key is not None and self._blocked.get(key, ("", 0.0))[0] == reply_id:
-            del self._blocked[key]
-
-    def _unblock_expired(self, now: float) -> None:
-        """Give up waiting for failed messages that have not come back within key_hold."""
-        for key, (reply_id, deadline) in list(self._blocked.items()):
-            if deadline <= now:
-                del self._blocked[key]
-                log.warning(
-                    "reply_id %s was not delivered again within %.0f s; the later messages "
-                    "of its ordering key are no longer held back",
-                    reply_id,
-                    self.key_hold,
-                    extra={"fields": {"reply_id": reply_id}},
-                )
-
-    def _last_tries(
-        self, items: Sequence[BatchItem], deliveries: Sequence[Delivery]
-    ) -> dict[int, LastTry]:
-        """The items whose effect has raised max_deliveries - 1 times: this try is their last."""
-        last: dict[int, LastTry] = {}
-        for index, (item, delivery) in enumerate(zip(items, deliveries, strict=True)):
-            failures = self._effect_failures.get(item[0], (0, 0.0))[0] + 1
-            if failures >= self.max_deliveries:
-                last[index] = LastTry(
-                    headers={
-                        name: value
-                        for name, value in delivery.headers.items()
-                        if name not in UNKEPT_HEADERS
-                    },
-                    failures=failures,
-                    deliveries=delivery.deliveries,
-                    broker=self.broker,
-                    broker_ref=delivery.broker_ref,
-                )
-        return last
-
-    def _count_failures(self, items: Sequence[BatchItem], statuses: Statuses | list[str]) -> None:
-        """Count a failure for each item whose effect raised, and when it may be tried
-        again (backoff, doubling per failure, capped); forget the settled ones."""
-        errors = getattr(statuses, "errors", {})
-        now = _monotonic()
-        for index, (item, status) in enumerate(zip(items, statuses, strict=True)):
-            reply_id = item[0]
-            if status == "retry" and index in errors:
-                # Only the effect's own failures count: not a held message, nor a batch the
-                # database failed whole (that one raised before any status).
-                failures = self._effect_failures.get(reply_id, (0, 0.0))[0] + 1
-                wait = min(self.backoff_cap, self.backoff * 2.0 ** (failures - 1))
-                self._effect_failures[reply_id] = (failures, now + wait)
-                self._effect_failures.move_to_end(reply_id)
-                while len(self._effect_failures) > FAILURES_KEPT:
-                    self._effect_failures.popitem(last=False)
-            elif status != "held":
-                self._effect_failures.pop(reply_id, None)
 
     def _store(
         self,
@@ -405,7 +217,9 @@ class Consumer:
                             extra={"fields": {"reply_id": item[0]}},
                         )
             taken = [items[index] for index in fresh]
-            last_tries = self._last_tries(taken, [deliveries[index] for index in fresh])
+            last_tries = self._effect_failures.last_tries(
+                taken, [deliveries[index] for index in fresh], self.broker
+            )
             with self.metrics.commit_seconds.time():
                 # last_tries only when some item is on its last try: a store of an
                 # application's own written before dead letters still works until then.
@@ -415,7 +229,7 @@ class Consumer:
                     if taken
                     else Statuses()
                 )
-            self._count_failures(taken, stored)
+            self._effect_failures.count(taken, stored, _monotonic())
             statuses: list[str] = ["dead"] * len(items)
             for index, status in zip(fresh, stored, strict=True):
                 statuses[index] = status
@@ -440,9 +254,9 @@ class Consumer:
                 outcomes.append(_KNOWN.get(status, "retry"))
         return outcomes
 
-    async def decide(self, deliveries: Sequence[Delivery]) -> list[Outcome]:
-        """decide_now on a worker thread (the transaction blocks), then the before-ack point."""
-        outcomes = await asyncio.to_thread(self.decide_now, deliveries)
+    async def consume_batch(self, deliveries: Sequence[Delivery]) -> list[Outcome]:
+        """consume_batch_now on a thread (the transaction blocks), then the before-ack point."""
+        outcomes = await asyncio.to_thread(self.consume_batch_now, deliveries)
         failpoints.hit(BEFORE_ACK)
         # Paused only when nothing was settled: a message that keeps failing must not
         # slow the other keys down, but a database that is down must not be hammered.
@@ -456,78 +270,7 @@ class Consumer:
             return 0.0
         return min(self.backoff_cap, self.backoff * 2.0 ** (self._failures - 1))
 
-    async def pause(self, seconds: float) -> None:
-        """Wait `seconds`, or less when stop() is called meanwhile."""
-        if seconds <= 0:
-            return
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._stop_event().wait(), seconds)
-
-    async def wait_stopped(self) -> None:
-        """Return once stop() has been called."""
-        await self._stop_event().wait()
-
-    async def unless_stopped(self, work: Awaitable[T]) -> T | None:
-        """`work`'s result, or None when stop() comes first and `work` is cancelled.
-
-        For waits with no end of their own, such as a client library's connect that
-        retries an unreachable server for ever: a signal must still end the process.
-        """
-        task = asyncio.ensure_future(work)
-        stopped = asyncio.ensure_future(self._stop_event().wait())
-        try:
-            await asyncio.wait({task, stopped}, return_when=asyncio.FIRST_COMPLETED)
-        except BaseException:
-            task.cancel()  # the caller was cancelled: the work must not run on alone
-            raise
-        finally:
-            stopped.cancel()
-        if task.done():
-            return task.result()
-        # Cancelled until it takes: on Python 3.11 a wait_for inside `work` (nats-py's
-        # connect has some) can swallow a cancellation that lands as its wait ends, and
-        # the client's retry loop then goes on as if nothing had happened.
-        while not task.done():
-            task.cancel()
-            await asyncio.wait({task}, timeout=CANCEL_AGAIN)
-        if task.cancelled():
-            return None
-        if task.exception() is not None:
-            # Failed as the stop came (a client may turn the cancellation into its own
-            # error): the stop is the answer, not the failure.
-            log.debug("stopped while waiting: %r", task.exception())
-            return None
-        return task.result()  # it ended as the stop came: the caller closes what it holds
-
 
 def _monotonic() -> float:
     """The clock of the key blocks (a test moves it)."""
     return time.monotonic()
-
-
-def _shown(delivery: Delivery) -> str:
-    """The message's id for a log line, cut short: it may be anything."""
-    text = delivery.headers.get(ID_HEADER) or delivery.broker_id or "(none)"
-    return text[:200]
-
-
-def header_text(value: object) -> str | None:
-    """A header value as text (AMQP tables may carry bytes); None for other types."""
-    if isinstance(value, str):
-        return value
-    if isinstance(value, bytes | bytearray):
-        try:
-            return bytes(value).decode("utf-8")
-        except UnicodeDecodeError:
-            return None
-    return None
-
-
-def lowercased(headers: Mapping[str, object] | None) -> dict[str, str]:
-    """Header names lowercased, values as text; a value that is not text is left out."""
-    result: dict[str, str] = {}
-    for name, value in (headers or {}).items():
-        text = header_text(value)
-        if text is not None:
-            result[name.lower()] = text
-    return result

@@ -28,21 +28,18 @@ from typing import TYPE_CHECKING, Any
 from outbox.clients import optional_client
 from outbox.errors import ConfigError
 from receiver.consume import (
-    ACKNOWLEDGED,
     DEFAULT_BACKOFF,
     DEFAULT_BACKOFF_CAP,
     DEFAULT_BATCH,
     DEFAULT_KEY_HOLD,
     DEFAULT_MAX_DELIVERIES,
-    REDELIVERED,
     BatchStore,
     Consumer,
-    Delivery,
-    Outcome,
-    lowercased,
 )
+from receiver.deliveries import Delivery, lowercased
 from receiver.effects import Effect
 from receiver.metrics import ConsumerMetrics
+from receiver.outcomes import ACKNOWLEDGED, REDELIVERED, Outcome
 
 if TYPE_CHECKING:
     from aio_pika.abc import AbstractChannel, AbstractConnection, AbstractIncomingMessage
@@ -200,7 +197,7 @@ class RabbitMQConsumer(Consumer):
                 batch = await self._gather(inbox, channel)
                 if batch:
                     deliveries = [_delivery(message, self.queue) for message in batch]
-                    outcomes = await self.decide(deliveries)
+                    outcomes = await self.consume_batch(deliveries)
                     retry = await self._settle(batch, outcomes)
         finally:
             if not channel.is_closed:

@@ -51,10 +51,11 @@ from dataclasses import dataclass, field
 from json.encoder import encode_basestring
 from typing import Any, Protocol
 
-from outbox.errors import SignatureError, StoreUnavailable
+from outbox.errors import SignatureError
 from outbox.messages import BATCH_ID_PREFIX, ORDERING_KEY, are_reply_ids, is_reply_id
 from outbox.signing import SigningKey, verify
 from receiver.effects import Effect
+from receiver.errors import StoreUnavailable
 from receiver.store import BatchItem, Receipt
 from receiver.strict_json import MAX_DEPTH as MAX_DEPTH
 from receiver.strict_json import InvalidJSON as InvalidJSON

@@ -45,13 +45,14 @@ from outbox.db import retry
 from outbox.db.dialect import READ_ONLY, is_postgresql, now_expression, one_statement
 from outbox.db.handle import DatabaseHandle
 from outbox.durations import duration_text
-from outbox.errors import PayloadCollision, StoreUnavailable
+from outbox.errors import PayloadCollision
 from outbox.messages import are_reply_ids, check_ordering_key, check_reply_id
 from outbox.migrations import RECEIVER_BRANCH
 from outbox.one_line import one_line
 from outbox.redaction import redact
 from receiver import sql
 from receiver.effects import Effect, record_effect, run_effects
+from receiver.errors import StoreUnavailable
 from receiver.schema import receipts
 
 DEFAULT_RETENTION = 30 * 86_400.0

@@ -16,12 +16,14 @@ import time
 from collections import defaultdict
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from functools import partial
+from typing import NamedTuple
 
 from outbox import failpoints
 from outbox.durations import duration_text
-from outbox.errors import ConfigError, TransportError
+from outbox.errors import ConfigError
 from outbox.redaction import redact, redact_quoted
 from relay.destination import Destination
+from relay.errors import TransportError
 from relay.metrics import RelayMetrics
 from relay.policy import (
     HELD,
@@ -40,8 +42,15 @@ from relay.transports.base import Parcel, Transport
 
 log = logging.getLogger("outbox.relay")
 
-Turn = tuple[list[Message], dict[int, Outcome], set[int]]
-"""A delivered turn to settle: its messages, their outcomes, the ids never attempted."""
+
+class Turn(NamedTuple):
+    """A delivered turn to settle: its messages, their outcomes, the ids never attempted."""
+
+    messages: list[Message]
+    outcomes: dict[int, Outcome]
+    """Each message's outcome, by message id."""
+    unattempted: set[int]
+    """Ids of messages whose delivery never started: their attempt is given back."""
 
 
 class Dispatcher:
@@ -136,7 +145,7 @@ class Dispatcher:
                 await self._resolve(spent, "retry budget exhausted", deadline, outcomes)
             )
         failpoints.hit("relay.after_remote_commit")
-        return deliver + resolve, outcomes, unattempted
+        return Turn(deliver + resolve, outcomes, unattempted)
 
     async def _deliver(self, messages: Sequence[Message], deadline: float) -> dict[int, Outcome]:
         outcomes: dict[int, Outcome] = {}

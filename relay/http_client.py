@@ -18,8 +18,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from outbox.errors import TransportError
 from outbox.redaction import redact_urls
+from relay.errors import TransportError
 
 if TYPE_CHECKING:
     import aiohttp

@@ -12,6 +12,7 @@ import logging
 import random
 import time
 from collections.abc import Collection, Mapping, Sequence
+from typing import NamedTuple
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
@@ -26,8 +27,14 @@ from relay.policy import Outcome, Retry, Sent, retry_delay, target_state
 from relay.records import ClaimedRow, Message, Settlement
 
 log = logging.getLogger("outbox.relay")
-Leased = tuple[list[Message], list[Message]]
-"""Messages to deliver, and messages whose attempts are spent, only to resolve."""
+
+
+class Leased(NamedTuple):
+    """What one claim leased: messages to deliver, and messages only to resolve."""
+
+    deliver: list[Message]
+    resolve: list[Message]
+    """Messages whose attempts are spent: asked about by receipt lookup, never sent."""
 
 
 class RelayLeases:
@@ -104,7 +111,7 @@ class RelayLeases:
         for row in rows:
             spent = row.previous_attempts >= self.max_attempts
             (resolve if spent else deliver).append(Message.from_row(row))
-        return deliver, resolve
+        return Leased(deliver, resolve)
 
     def _claim_rows(self, busy: Collection[str], may_adopt: bool) -> list[ClaimedRow]:
         now = clock_value(self.clock)

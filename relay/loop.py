@@ -381,7 +381,7 @@ class Relay(DatabaseHandle):
         failpoints.hit("relay.after_claim")
         # The lease runs from the claim: an attempt that could not finish before it ends is
         # not started, or another relay might send the same message at the same time.
-        return deliver, resolve, started + self.lease - LEASE_MARGIN
+        return Claimed(deliver, resolve, started + self.lease - LEASE_MARGIN)
 
     async def _record(self, turn: Turn) -> list[tuple[str, Verdict]]:
         everything, outcomes, unattempted = turn

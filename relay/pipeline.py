@@ -9,24 +9,31 @@ from __future__ import annotations
 
 import asyncio
 from collections import defaultdict
+from typing import NamedTuple
 
 from relay.records import Message
 
 PIPELINE = 2  # parts delivering at once per destination: one POSTs while the next claims
 
-Claimed = tuple[list[Message], list[Message], float]
-"""A claimed batch: messages to deliver, messages to resolve, the monotonic deadline."""
+
+class Claimed(NamedTuple):
+    """A claimed batch, or one destination's part of it, as the relay delivers it."""
+
+    deliver: list[Message]
+    resolve: list[Message]
+    """Messages whose attempts are spent: resolved by receipt lookup, never sent."""
+    deadline: float
+    """The monotonic time by which every attempt must end: the lease less a margin."""
 
 
 def by_destination(claimed: Claimed) -> list[tuple[str, Claimed]]:
     """Split a claimed batch into one part per destination, each with the batch's deadline."""
-    deliver, resolve, deadline = claimed
-    parts: dict[str, tuple[list[Message], list[Message]]] = defaultdict(lambda: ([], []))
-    for message in deliver:
-        parts[message.destination][0].append(message)
-    for message in resolve:
-        parts[message.destination][1].append(message)
-    return [(name, (d, r, deadline)) for name, (d, r) in parts.items()]
+    parts: dict[str, Claimed] = defaultdict(lambda: Claimed([], [], claimed.deadline))
+    for message in claimed.deliver:
+        parts[message.destination].deliver.append(message)
+    for message in claimed.resolve:
+        parts[message.destination].resolve.append(message)
+    return list(parts.items())
 
 
 class Pipeline:

@@ -6,8 +6,8 @@ import asyncio
 from collections.abc import Sequence
 from typing import Literal
 
-from outbox.errors import TransportError
 from relay.destination import Destination
+from relay.errors import TransportError
 from relay.http_client import HttpClient
 from relay.webhooks import request_headers
 

@@ -9,9 +9,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from types import MappingProxyType
 
-from outbox.errors import TransportError
 from outbox.signing import sign
 from relay.destination import Destination
+from relay.errors import TransportError
 from relay.http_client import HttpClient, Response
 from relay.policy import Retry, truncate
 

@@ -84,3 +84,20 @@ def test_every_public_exception_is_an_outbox_error_in_the_one_tree() -> None:
     for error in raised:
         assert issubclass(error, outbox.OutboxError), error
         assert error.__name__ in documented, f"{error.__name__} missing from the tree"
+
+
+def test_the_relay_and_receiver_errors_join_the_one_tree() -> None:
+    import inspect
+
+    import receiver
+    import receiver.errors
+    import relay.errors
+
+    for module in (relay.errors, receiver.errors):
+        own = [value for value in vars(module).values() if inspect.isclass(value)]
+        own = [error for error in own if error.__module__ == module.__name__]
+        assert sorted(module.__all__) == sorted(error.__name__ for error in own)
+        for error in own:
+            assert issubclass(error, outbox.OutboxError), error
+            assert error.__name__ in (module.__doc__ or ""), f"{error.__name__} not drawn"
+    assert receiver.StoreUnavailable is receiver.errors.StoreUnavailable

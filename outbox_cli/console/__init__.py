@@ -61,7 +61,7 @@ def add_parser(commands: Any, db_argument: Callable[[argparse.ArgumentParser], N
 
 def console_token(host: str) -> str | None:
     """The token every request must carry: required off loopback, optional on it."""
-    from outbox_cli.console.security import is_loopback
+    from outbox_cli.console.hosts import is_loopback
 
     token = os.environ.get(TOKEN_ENV) or None
     if token is None and not is_loopback(host):
@@ -80,7 +80,7 @@ def run(args: argparse.Namespace) -> int:
 
     from outbox.operations import Operations
     from outbox_cli.console.app import create_app
-    from outbox_cli.console.decide import check_config
+    from outbox_cli.console.requeue_form import check_config
     from receiver.protocol import DEFAULT_HEADER_LIMIT, http_settings
 
     token = console_token(args.host)

@@ -16,22 +16,13 @@ from starlette.routing import Route
 from outbox.clock import Clock
 from outbox.operations import Operations
 from outbox_cli.arguments import operator_name
+from outbox_cli.console.confirmations import Confirmations
+from outbox_cli.console.forms import checked_form
+from outbox_cli.console.guesses import GuessLimit, too_many_guesses
+from outbox_cli.console.hosts import allowed_hosts
+from outbox_cli.console.login_sessions import SESSION_COOKIE, SESSION_SECONDS, Sessions
 from outbox_cli.console.pages import HERE, Pages
-from outbox_cli.console.security import (
-    SESSION_COOKIE,
-    SESSION_SECONDS,
-    Confirmations,
-    Guard,
-    GuessLimit,
-    Sessions,
-    allowed_hosts,
-    authenticated,
-    checked_form,
-    client_address,
-    secure,
-    token_matches,
-    too_many_guesses,
-)
+from outbox_cli.console.security import Guard, authenticated, client_address, secure, token_matches
 
 STYLE = (HERE / "static" / "console.css").read_text(encoding="utf-8")
 log = logging.getLogger("outbox.console")

@@ -26,9 +26,10 @@ from outbox.operations import Operations
 from outbox.redaction import shown_value
 from outbox.states import MessageState
 from outbox_cli.arguments import age_text, non_empty, parse_duration, positive_int
-from outbox_cli.console import charts, decide
+from outbox_cli.console import charts, requeue_form
+from outbox_cli.console.confirmations import Confirmations
+from outbox_cli.console.forms import CSRF_COOKIE, CSRF_FIELD, checked_form
 from outbox_cli.console.reads import ERROR_LISTED, ConsoleReads, shown_error
-from outbox_cli.console.security import CSRF_COOKIE, CSRF_FIELD, Confirmations, checked_form
 
 HERE = Path(__file__).parent
 PAGE_SIZE = 50
@@ -229,17 +230,17 @@ class Pages:
         operator = self.operator_of(request)
         holder = self.holder(request)
         if operator is None:
-            done = decide.refused(reply_id, self.nameless())
+            done = requeue_form.refused(reply_id, self.nameless())
         elif form.get("force") == "yes":
             held = self.confirmations.redeem(holder, reply_id, form.get("confirm", ""))
             if held is None:
                 minutes = round(self.confirmations.seconds / 60)
-                done = decide.refused(reply_id, NOT_CONFIRMED.format(minutes=minutes))
+                done = requeue_form.refused(reply_id, NOT_CONFIRMED.format(minutes=minutes))
             else:
                 # The reason confirmed is the one the refusal showed, whatever the form says.
                 reason = held.reason
                 done = await run_in_threadpool(
-                    decide.requeue,
+                    requeue_form.requeue,
                     self.ops,
                     self.config,
                     reply_id,
@@ -249,7 +250,7 @@ class Pages:
                 )
         else:
             done = await run_in_threadpool(
-                decide.requeue, self.ops, self.config, reply_id, reason=reason, by=operator
+                requeue_form.requeue, self.ops, self.config, reply_id, reason=reason, by=operator
             )
         if done.outcome == "requeued" and done.audit is not None:
             query = urlencode({"id": reply_id, "requeued": done.audit["id"]})
@@ -266,7 +267,7 @@ class Pages:
             done=done,
             confirm=(
                 self.confirmations.issue(holder, reply_id, done.receipt, reason.strip())
-                if decide.forceable(done)
+                if requeue_form.forceable(done)
                 else None
             ),
             reason=reason,

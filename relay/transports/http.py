@@ -27,10 +27,11 @@ from json.encoder import encode_basestring
 from typing import ClassVar, Literal
 from urllib.parse import urlsplit, urlunsplit
 
-from outbox.errors import ConfigError, TransportError
+from outbox.errors import ConfigError
 from outbox.messages import BATCH_ID_PREFIX
 from outbox.redaction import redact_urls, shown_value
 from relay.destination import Destination, KindOptions, Reader, flag, text
+from relay.errors import TransportError
 from relay.http_client import HttpClient, Response
 from relay.policy import Dead, Outcome, Retry, Sent, Unsent, classify, truncate
 from relay.receipts import receipt_matches

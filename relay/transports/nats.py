@@ -31,9 +31,10 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from outbox.durations import duration_text
-from outbox.errors import ConfigError, TransportError
-from outbox.messages import NATS_STATUS_HEADERS, RESERVED_HEADER_PREFIX
+from outbox.errors import ConfigError
+from outbox.reserved_headers import NATS
 from relay.destination import Destination, KindOptions, Reader, flag, text
+from relay.errors import TransportError
 from relay.policy import HELD, Dead, Outcome, Retry, Sent, retains, truncate
 from relay.records import Message, first_of_each_key
 from relay.transports.base import Parcel, Transport, check_template, clients
@@ -241,10 +242,7 @@ class NatsTransport(Transport):
         """The publish of one message asking for its PubAck, or why it cannot go out."""
         # Stripped as the block writes it: " Nats-Rollup" would go out as Nats-Rollup.
         reserved = [
-            n
-            for n in message.headers
-            if n.strip().lower().startswith(RESERVED_HEADER_PREFIX)
-            or n.strip().lower() in NATS_STATUS_HEADERS
+            n for n in message.headers if any(reservation.covers(n.strip()) for reservation in NATS)
         ]
         if reserved:
             # Stored before publish() refused such names: JetStream or the consumer's

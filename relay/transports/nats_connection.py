@@ -17,8 +17,9 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from outbox.durations import duration_text
-from outbox.errors import ConfigError, TransportError
+from outbox.errors import ConfigError
 from outbox.redaction import redact, redact_urls
+from relay.errors import TransportError
 from relay.policy import ACKED, Dead, Outcome, Retry, truncate
 from relay.transports.nats_wire import render_subject, subject_matches, subscribe_answers
 

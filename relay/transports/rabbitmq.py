@@ -38,9 +38,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar, cast
 
-from outbox.errors import ConfigError, TransportError
+from outbox.errors import ConfigError
 from outbox.redaction import redact, redact_urls
 from relay.destination import Destination, KindOptions, Reader, text
+from relay.errors import TransportError
 from relay.policy import ACKED, HELD, Dead, Outcome, Retry, Sent, truncate
 from relay.records import Message, key_chains
 from relay.transports.base import Parcel, Transport, check_template, clients

@@ -15,8 +15,8 @@ from support.console_helpers import ConsoleClient
 from outbox.operations import Operations
 from outbox.schema import messages, tasks
 from outbox_cli.console import reads
+from outbox_cli.console.forms import CSRF_COOKIE
 from outbox_cli.console.reads import CUT, ERROR_LISTED, ERROR_SHOWN, TEXT_SHOWN
-from outbox_cli.console.security import CSRF_COOKIE
 
 Client = Callable[..., ConsoleClient]
 

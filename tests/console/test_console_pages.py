@@ -25,7 +25,8 @@ from outbox.operations import Operations
 from outbox.schema import messages
 from outbox.testing import ManualClock
 from outbox_cli.console import pages, reads
-from outbox_cli.console.security import CONFIRM_SECONDS, CSRF_COOKIE
+from outbox_cli.console.confirmations import CONFIRM_SECONDS
+from outbox_cli.console.forms import CSRF_COOKIE
 from outbox_cli.requeue import DestinationLookups
 from receiver import ReceiptStore
 

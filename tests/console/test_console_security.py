@@ -24,19 +24,12 @@ from outbox.operations import Operations
 from outbox.testing import ManualClock
 from outbox_cli import console as console_command
 from outbox_cli import main
-from outbox_cli.console import console_token, security
-from outbox_cli.console.security import (
-    CONTENT_SECURITY_POLICY,
-    CSRF_COOKIE,
-    GUESS_SECONDS,
-    GUESSES,
-    MAX_FORM_BYTES,
-    SESSION_COOKIE,
-    SESSION_SECONDS,
-    GuessLimit,
-    form_body,
-    is_loopback,
-)
+from outbox_cli.console import console_token, login_sessions
+from outbox_cli.console.forms import CSRF_COOKIE, MAX_FORM_BYTES, form_body
+from outbox_cli.console.guesses import GUESS_SECONDS, GUESSES, GuessLimit
+from outbox_cli.console.hosts import is_loopback
+from outbox_cli.console.login_sessions import SESSION_COOKIE, SESSION_SECONDS
+from outbox_cli.console.security import CONTENT_SECURITY_POLICY
 
 
 @pytest.mark.parametrize(
@@ -415,7 +408,7 @@ class MovableClock:
 def session_clock(monkeypatch: pytest.MonkeyPatch) -> MovableClock:
     """The console's session clock, moved by the test."""
     clock = MovableClock(1_700_000_000.0)
-    monkeypatch.setattr(security, "now", clock)
+    monkeypatch.setattr(login_sessions, "now", clock)
     return clock
 
 
@@ -651,8 +644,8 @@ def test_a_new_token_or_a_restart_ends_every_session(
 def test_only_so_many_sessions_are_held_the_oldest_ending_first(
     monkeypatch: pytest.MonkeyPatch, session_clock: MovableClock
 ) -> None:
-    monkeypatch.setattr(security, "LIVE_SESSIONS", 3)
-    sessions = security.Sessions(TOKEN)
+    monkeypatch.setattr(login_sessions, "LIVE_SESSIONS", 3)
+    sessions = login_sessions.Sessions(TOKEN)
     cookies = [sessions.new(OPERATOR) for _ in range(5)]
     assert len(sessions.live) == 3
     assert [sessions.opened(cookie) is not None for cookie in cookies] == [

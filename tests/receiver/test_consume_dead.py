@@ -15,7 +15,8 @@ from support.receiver_helpers import SECRET, count_effects, stored_receipts
 import outbox
 from outbox.errors import ConfigError
 from receiver import ReceiptStore
-from receiver.consume import Consumer, Delivery
+from receiver.consume import Consumer
+from receiver.deliveries import Delivery
 from receiver.effects import REPLY_ID_KEY, record_effect
 from receiver.store import LastTry
 
@@ -61,12 +62,12 @@ def test_a_message_whose_effect_keeps_raising_goes_dead_on_its_last_delivery(
     db_url: str, store: ReceiptStore, caplog: pytest.LogCaptureFixture
 ) -> None:
     consumer = Consumer(store, unsigned=True, effect=Refusing("p1"), max_deliveries=3, **AT_ONCE)
-    assert consumer.decide_now([message("p1"), message("u1")]) == ["retry", "stored"]
-    assert consumer.decide_now([message("p1", redelivered=True)]) == ["retry"]
+    assert consumer.consume_batch_now([message("p1"), message("u1")]) == ["retry", "stored"]
+    assert consumer.consume_batch_now([message("p1", redelivered=True)]) == ["retry"]
     assert store.dead_letters() == []
     with caplog.at_level(logging.ERROR, "outbox.receiver"):
         third = [message("p1", redelivered=True), message("u2")]
-        assert consumer.decide_now(third) == ["dead", "stored"]
+        assert consumer.consume_batch_now(third) == ["dead", "stored"]
     assert consumed(consumer.metrics, "dead") == 1
     assert consumed(consumer.metrics, "retry") == 2
     assert any(
@@ -91,7 +92,7 @@ def test_a_message_whose_effect_keeps_raising_goes_dead_on_its_last_delivery(
 
 def test_a_dead_letter_leaves_the_signature_out(store: ReceiptStore) -> None:
     consumer = Consumer(store, secrets=[SECRET], effect=Refusing("s1"), max_deliveries=1, **AT_ONCE)
-    assert consumer.decide_now([message("s1", signed=True)]) == ["dead"]
+    assert consumer.consume_batch_now([message("s1", signed=True)]) == ["dead"]
     letter = store.dead_letter("s1")
     assert letter is not None
     assert "webhook-signature" not in letter["headers"]
@@ -105,16 +106,19 @@ def test_a_dead_message_releases_its_key_in_its_batch_and_after(
     # Dead on its first delivery: the later message of its key in the same batch goes on.
     once = Consumer(store, unsigned=True, effect=effect, max_deliveries=1, **AT_ONCE)
     first = [message("a1", "A"), message("a2", "A"), message("b1", "B")]
-    assert once.decide_now(first) == ["dead", "stored", "stored"]
+    assert once.consume_batch_now(first) == ["dead", "stored", "stored"]
     # Across batches: the key's later messages wait while the blocker is retried (held,
     # in its batch and after), and go on once it is dead.
     consumer = Consumer(store, unsigned=True, effect=effect, max_deliveries=2, **AT_ONCE)
-    assert consumer.decide_now([message("c1", "C"), message("c2", "C")]) == ["retry", "held"]
-    assert consumer.decide_now([message("c3", "C"), message("d1", "D")]) == ["held", "stored"]
+    assert consumer.consume_batch_now([message("c1", "C"), message("c2", "C")]) == ["retry", "held"]
+    assert consumer.consume_batch_now([message("c3", "C"), message("d1", "D")]) == [
+        "held",
+        "stored",
+    ]
     again = [message("c1", "C", redelivered=True), message("c2", "C", redelivered=True)]
-    assert consumer.decide_now(again) == ["dead", "held"]
+    assert consumer.consume_batch_now(again) == ["dead", "held"]
     later = [message("c2", "C", redelivered=True), message("c3", "C", redelivered=True)]
-    assert consumer.decide_now(later) == ["stored", "stored"]
+    assert consumer.consume_batch_now(later) == ["stored", "stored"]
     assert set(stored_receipts(db_url)) == {"a2", "b1", "c2", "c3", "d1"}
     assert {row["reply_id"] for row in store.dead_letters()} == {"a1", "c1"}
 
@@ -122,13 +126,13 @@ def test_a_dead_message_releases_its_key_in_its_batch_and_after(
 def test_a_held_message_never_goes_dead(db_url: str, store: ReceiptStore) -> None:
     effect = Refusing("h1")
     consumer = Consumer(store, unsigned=True, effect=effect, max_deliveries=2, **AT_ONCE)
-    assert consumer.decide_now([message("h1", "H")]) == ["retry"]
+    assert consumer.consume_batch_now([message("h1", "H")]) == ["retry"]
     for _ in range(5):  # held far more often than max_deliveries: not a failure of its own
-        assert consumer.decide_now([message("h2", "H", redelivered=True)]) == ["held"]
+        assert consumer.consume_batch_now([message("h2", "H", redelivered=True)]) == ["held"]
     effect.failing.clear()
     batch = [message("h1", "H", redelivered=True), message("h2", "H", redelivered=True)]
-    assert consumer.decide_now(batch) == ["stored", "held"]
-    assert consumer.decide_now([message("h2", "H", redelivered=True)]) == ["stored"]
+    assert consumer.consume_batch_now(batch) == ["stored", "held"]
+    assert consumer.consume_batch_now([message("h2", "H", redelivered=True)]) == ["stored"]
     assert store.dead_letters() == []
     assert consumed(consumer.metrics, "dead") == 0
 
@@ -140,13 +144,13 @@ def test_a_database_outage_does_not_count_towards_the_bound(
     store = ReceiptStore(engine)
     consumer = Consumer(store, unsigned=True, effect=Refusing("o1"), max_deliveries=3, **AT_ONCE)
     try:
-        assert consumer.decide_now([message("o1")]) == ["retry"]
+        assert consumer.consume_batch_now([message("o1")]) == ["retry"]
         with database_down(engine), caplog.at_level(logging.CRITICAL, "outbox.receiver"):
             for _ in range(5):
-                assert consumer.decide_now([message("o1", redelivered=True)]) == ["retry"]
+                assert consumer.consume_batch_now([message("o1", redelivered=True)]) == ["retry"]
         # The second and third failures of the effect itself: only the third buries it.
-        assert consumer.decide_now([message("o1", redelivered=True)]) == ["retry"]
-        assert consumer.decide_now([message("o1", redelivered=True)]) == ["dead"]
+        assert consumer.consume_batch_now([message("o1", redelivered=True)]) == ["retry"]
+        assert consumer.consume_batch_now([message("o1", redelivered=True)]) == ["dead"]
     finally:
         store.close()
         engine.dispose()
@@ -157,11 +161,11 @@ def test_a_dead_message_delivered_again_is_acknowledged_and_nothing_is_stored(
 ) -> None:
     effect = Refusing("x1")
     consumer = Consumer(store, unsigned=True, effect=effect, max_deliveries=1, **AT_ONCE)
-    assert consumer.decide_now([message("x1")]) == ["dead"]
+    assert consumer.consume_batch_now([message("x1")]) == ["dead"]
     effect.failing.clear()  # even an effect that would pass now is not run: retry is explicit
     with caplog.at_level(logging.WARNING, "outbox.receiver.consume"):
         # Its ack was lost after the commit that buried it: the broker delivers it again.
-        assert consumer.decide_now([message("x1", redelivered=True)]) == ["dead"]
+        assert consumer.consume_batch_now([message("x1", redelivered=True)]) == ["dead"]
     assert any("x1" in r.getMessage() and "dead letters" in r.getMessage() for r in caplog.records)
     assert stored_receipts(db_url) == {}
     assert len(store.dead_letters()) == 1
@@ -174,7 +178,7 @@ def test_a_dead_message_delivered_again_is_acknowledged_and_nothing_is_stored(
 
 def test_retry_of_a_dead_letter_whose_effect_still_raises_keeps_it(store: ReceiptStore) -> None:
     consumer = Consumer(store, unsigned=True, effect=Refusing("r1"), max_deliveries=1, **AT_ONCE)
-    assert consumer.decide_now([message("r1")]) == ["dead"]
+    assert consumer.consume_batch_now([message("r1")]) == ["dead"]
     with pytest.raises(RuntimeError):
         store.retry_dead("r1", Refusing("r1"))
     assert [row["reply_id"] for row in store.dead_letters()] == ["r1"]
@@ -185,7 +189,7 @@ def test_purge_forgets_one_dead_letter_or_the_old_ones(db_url: str, store: Recei
     consumer = Consumer(
         store, unsigned=True, effect=Refusing("q1", "q2"), max_deliveries=1, **AT_ONCE
     )
-    assert consumer.decide_now([message("q1"), message("q2")]) == ["dead", "dead"]
+    assert consumer.consume_batch_now([message("q1"), message("q2")]) == ["dead", "dead"]
     assert store.purge_dead("q1") == 1
     assert store.purge_dead("q1") == 0
     engine = outbox.create_engine(db_url)
@@ -226,13 +230,13 @@ def test_a_message_is_tried_again_only_after_its_backoff(
     consumer = Consumer(
         store, unsigned=True, effect=Refusing("b1"), max_deliveries=3, backoff=1, backoff_cap=8
     )
-    assert consumer.decide_now([message("b1")]) == ["retry"]
+    assert consumer.consume_batch_now([message("b1")]) == ["retry"]
     # Delivered again at once, many times: held, its effect not run, nothing counted.
     for _ in range(10):
-        assert consumer.decide_now([message("b1", redelivered=True)]) == ["held"]
+        assert consumer.consume_batch_now([message("b1", redelivered=True)]) == ["held"]
     now[0] += 1  # its backoff: 1 s after the first failure
-    assert consumer.decide_now([message("b1", redelivered=True)]) == ["retry"]
+    assert consumer.consume_batch_now([message("b1", redelivered=True)]) == ["retry"]
     now[0] += 1.9  # 2 s after the second
-    assert consumer.decide_now([message("b1", redelivered=True)]) == ["held"]
+    assert consumer.consume_batch_now([message("b1", redelivered=True)]) == ["held"]
     now[0] += 0.1
-    assert consumer.decide_now([message("b1", redelivered=True)]) == ["dead"]
+    assert consumer.consume_batch_now([message("b1", redelivered=True)]) == ["dead"]

@@ -12,7 +12,8 @@ from support.receiver_helpers import InOrder, count_effects, stored_receipts
 
 from outbox.signing import CONTENT_HASH_HEADER
 from receiver import ReceiptStore
-from receiver.consume import Consumer, Delivery
+from receiver.consume import Consumer
+from receiver.deliveries import Delivery
 
 
 def message(reply_id: str, key: str | None = None, *, spoiled: bool = False) -> Delivery:
@@ -29,14 +30,20 @@ def test_a_later_message_of_a_blocked_key_is_held_until_the_blocker_is_applied(
     effect = InOrder("a2")
     # a2 may be tried again at once: this test is about order, not the backoff.
     consumer = Consumer(store, unsigned=True, effect=effect, backoff=1e-9, backoff_cap=1e-9)
-    assert consumer.decide_now([message("a1", "A"), message("a2", "A")]) == ["stored", "retry"]
+    assert consumer.consume_batch_now([message("a1", "A"), message("a2", "A")]) == [
+        "stored",
+        "retry",
+    ]
     # a3 comes before a2 is delivered again: it must wait, and B and the unkeyed must not.
     third = [message("a3", "A"), message("b1", "B"), message("u1")]
-    assert consumer.decide_now(third) == ["held", "stored", "stored"]
-    assert consumer.decide_now([message("a2", "A"), message("a3", "A")]) == ["retry", "held"]
+    assert consumer.consume_batch_now(third) == ["held", "stored", "stored"]
+    assert consumer.consume_batch_now([message("a2", "A"), message("a3", "A")]) == ["retry", "held"]
     effect.failing.clear()
-    assert consumer.decide_now([message("a3", "A"), message("a2", "A")]) == ["held", "stored"]
-    assert consumer.decide_now([message("a3", "A")]) == ["stored"]
+    assert consumer.consume_batch_now([message("a3", "A"), message("a2", "A")]) == [
+        "held",
+        "stored",
+    ]
+    assert consumer.consume_batch_now([message("a3", "A")]) == ["stored"]
     assert effect.out_of_order == []
     assert set(stored_receipts(db_url)) == {"a1", "a2", "a3", "b1", "u1"}
     assert count_effects(db_url) == 5
@@ -47,15 +54,18 @@ def test_an_invalid_message_under_the_blockers_id_does_not_release_its_key(
 ) -> None:
     effect = InOrder("c1")
     consumer = Consumer(store, unsigned=True, effect=effect, backoff=1e-9, backoff_cap=1e-9)
-    assert consumer.decide_now([message("c1", "C")]) == ["retry"]
-    assert consumer.decide_now([message("c2", "C")]) == ["held"]
+    assert consumer.consume_batch_now([message("c1", "C")]) == ["retry"]
+    assert consumer.consume_batch_now([message("c2", "C")]) == ["held"]
     # Anyone may publish a damaged copy under c1's id: the real c1 passed the checks.
-    assert consumer.decide_now([message("c1", "C", spoiled=True)]) == ["invalid"]
+    assert consumer.consume_batch_now([message("c1", "C", spoiled=True)]) == ["invalid"]
     effect.failing.clear()
-    assert consumer.decide_now([message("c2", "C")]) == ["held"]
+    assert consumer.consume_batch_now([message("c2", "C")]) == ["held"]
     # c2 in c1's own batch was checked against the block before c1 was stored: held once.
-    assert consumer.decide_now([message("c1", "C"), message("c2", "C")]) == ["stored", "held"]
-    assert consumer.decide_now([message("c2", "C")]) == ["stored"]
+    assert consumer.consume_batch_now([message("c1", "C"), message("c2", "C")]) == [
+        "stored",
+        "held",
+    ]
+    assert consumer.consume_batch_now([message("c2", "C")]) == ["stored"]
 
 
 def test_a_blocker_that_does_not_come_back_releases_its_key_after_key_hold(
@@ -64,12 +74,12 @@ def test_a_blocker_that_does_not_come_back_releases_its_key_after_key_hold(
     now = [1000.0]
     monkeypatch.setattr("receiver.consume._monotonic", lambda: now[0])
     consumer = Consumer(store, unsigned=True, effect=InOrder("d1"), key_hold=60)
-    assert consumer.decide_now([message("d1", "D")]) == ["retry"]
+    assert consumer.consume_batch_now([message("d1", "D")]) == ["retry"]
     now[0] += 59
-    assert consumer.decide_now([message("d2", "D")]) == ["held"]
+    assert consumer.consume_batch_now([message("d2", "D")]) == ["held"]
     now[0] += 2
     with caplog.at_level(logging.WARNING, "outbox.receiver.consume"):
-        assert consumer.decide_now([message("d2", "D")]) == ["stored"]
+        assert consumer.consume_batch_now([message("d2", "D")]) == ["stored"]
     assert any("d1" in r.getMessage() for r in caplog.records)
 
 
@@ -80,14 +90,14 @@ def test_the_block_lasts_key_hold_from_the_last_failure(
     monkeypatch.setattr("receiver.consume._monotonic", lambda: now[0])
     consumer = Consumer(store, unsigned=True, effect=InOrder("e1"), key_hold=60)
     for _ in range(3):  # it keeps coming back and failing: the key stays blocked
-        assert consumer.decide_now([message("e1", "E")]) == ["retry"]
+        assert consumer.consume_batch_now([message("e1", "E")]) == ["retry"]
         now[0] += 50
-    assert consumer.decide_now([message("e2", "E")]) == ["held"]
+    assert consumer.consume_batch_now([message("e2", "E")]) == ["held"]
 
 
 def test_a_malformed_ordering_key_header_is_invalid(store: ReceiptStore) -> None:
     consumer = Consumer(store, unsigned=True)
-    assert consumer.decide_now([message("f1", ""), message("f2", "é")]) == ["invalid"] * 2
+    assert consumer.consume_batch_now([message("f1", ""), message("f2", "é")]) == ["invalid"] * 2
 
 
 def test_a_message_that_keeps_failing_does_not_slow_the_other_keys(
@@ -96,12 +106,12 @@ def test_a_message_that_keeps_failing_does_not_slow_the_other_keys(
     consumer = Consumer(store, unsigned=True, effect=InOrder("g1"), backoff=1, backoff_cap=8)
 
     async def scenario() -> None:
-        await consumer.decide([message("g1", "G"), message("h1", "H")])
+        await consumer.consume_batch([message("g1", "G"), message("h1", "H")])
         assert consumer.retry_delay() == 0
         # Nothing but the failing key: now the consumer pauses, doubling.
-        await consumer.decide([message("g1", "G"), message("g2", "G")])
+        await consumer.consume_batch([message("g1", "G"), message("g2", "G")])
         assert consumer.retry_delay() == 1
-        await consumer.decide([message("g1", "G")])
+        await consumer.consume_batch([message("g1", "G")])
         assert consumer.retry_delay() == 2
 
     asyncio.run(scenario())

@@ -187,7 +187,7 @@ def test_the_consumer_takes_the_reply_id_or_the_id_derived_from_it(
 ) -> None:
     from outbox.canonical import sha256_hex
     from outbox.signing import CONTENT_HASH_HEADER, broker_message_id, sign
-    from receiver.consume import Delivery, Invalid, check, signing_keys
+    from receiver.deliveries import Delivery, Invalid, check, signing_keys
 
     body = b"{}"
     headers = {**sign(SECRET, "r-1", None, body), CONTENT_HASH_HEADER: sha256_hex(body)}

@@ -20,7 +20,7 @@ import pytest
 
 from outbox.canonical import sha256_hex
 from outbox.signing import CONTENT_HASH_HEADER, ID_HEADER, ORDERING_KEY_HEADER, sign
-from receiver.consume import Delivery, lowercased
+from receiver.deliveries import Delivery, lowercased
 from support.environment import IN_CI
 from support.nats_helpers import NATS_URL
 from support.rabbitmq import AMQP_URL

@@ -21,7 +21,7 @@ from outbox.operations import Operations
 from outbox.schema import messages
 from outbox.testing import ManualClock
 from outbox_cli.console.app import create_app
-from outbox_cli.console.security import CSRF_FIELD
+from outbox_cli.console.forms import CSRF_FIELD
 from support.processes import PROCESS_EXIT, PROCESS_START, reap
 from support.receiver_helpers import ROOT, free_port, wait_until
 

@@ -1,6 +1,8 @@
-"""A requeue asked for on the console, decided by outbox.decisions as `outbox dead requeue`'s
-are: the receipt lookup first (the destinations the relay's configuration names), a
-refusal unless a confirmed force overrides it, the audit row with the operator's name."""
+"""The console's requeue form: the requeue an operator asks for on the dead-message page.
+
+It is decided by outbox.decisions as `outbox dead requeue`'s are: the receipt lookup
+first (the destinations the relay's configuration names), a refusal unless a confirmed
+force overrides it, the audit row with the operator's name."""
 
 from __future__ import annotations
 
