@@ -65,9 +65,10 @@ from outbox.signing import (
     parse_secret,
     verify,
 )
+from receiver.dead_letters import LastTry
 from receiver.effects import Effect
 from receiver.metrics import ConsumerMetrics
-from receiver.store import BatchItem, LastTry, Statuses
+from receiver.store import BatchItem, Statuses
 from receiver.strict_json import InvalidJSON, check_strict_json
 
 T = TypeVar("T")

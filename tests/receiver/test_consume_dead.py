@@ -16,8 +16,8 @@ import outbox
 from outbox.errors import ConfigError
 from receiver import ReceiptStore
 from receiver.consume import Consumer, Delivery
+from receiver.dead_letters import LastTry
 from receiver.effects import REPLY_ID_KEY, record_effect
-from receiver.store import LastTry
 
 
 class Refusing:
