@@ -1,4 +1,4 @@
-"""The one place that branches on the database backend (see outbox.db).
+"""Engines and connections per backend; the SQL pieces are the drivers' (outbox.drivers).
 
 SQLite: WAL, synchronous=FULL, a busy timeout, and BEGIN IMMEDIATE so a
 transaction that will write takes the write lock up front (a deferred one
