@@ -21,7 +21,6 @@ from outbox.clock import Clock
 from outbox.db.dialect import clock_value
 from outbox.db.handle import DatabaseHandle
 from outbox.dead_filter import DeadFilter
-from outbox.drivers import driver_for
 from outbox.drivers.base import DeadOutcome, StateTable
 from outbox.errors import RequeueRefused, ResolveRefused
 from outbox.schema import MESSAGE_STATES, TASK_STATES
@@ -41,7 +40,6 @@ class Operations(DatabaseHandle):
         """Open the database (its schema must be current)."""
         self.clock = clock
         self._open(url_or_engine)
-        self.driver = driver_for(self._engine)
 
     def _now(self) -> float | None:
         return clock_value(self.clock)

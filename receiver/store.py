@@ -42,7 +42,6 @@ from outbox.clock import Clock
 from outbox.db import retry
 from outbox.db.dialect import READ_ONLY, clock_value, is_postgresql, one_statement
 from outbox.db.handle import DatabaseHandle
-from outbox.drivers import driver_for
 from outbox.durations import duration_text
 from outbox.errors import PayloadCollision
 from outbox.messages import are_reply_ids, check_ordering_key, check_reply_id
@@ -114,7 +113,6 @@ class ReceiptStore(DatabaseHandle):
         # No ping per checkout (a round trip per request): a connection found dropped
         # fails its statement, and accept and the reads retry on a fresh one.
         self._open(url_or_engine, RECEIVER_BRANCH, pool_pre_ping=False)
-        self._driver = driver_for(self._engine)
 
     def _worth_another_try(self, exc: BaseException) -> bool:
         """A lost race, or a transient error; not SQLite busy, whose timeout already waited."""
