@@ -12,8 +12,8 @@ from alembic import context
 from outbox.alembic_filters import only_ours
 from outbox.db.dialect import create_engine
 from outbox.migrations import VERSION_TABLE
+from outbox.receiver_tables import metadata as receiver_metadata
 from outbox.schema import metadata as outbox_metadata
-from receiver.schema import metadata as receiver_metadata
 
 config = context.config
 target_metadata = [outbox_metadata, receiver_metadata]

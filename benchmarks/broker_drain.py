@@ -49,7 +49,7 @@ from benchmarks.relay_bench import (
     timed_drain,
     wait_healthy,
 )
-from receiver.schema import receipts
+from outbox.receiver_tables import receipts
 
 NATS_URL = os.environ.get("OUTBOXDEV_BENCH_NATS_URL", "nats://127.0.0.1:4222")
 AMQP_URL = os.environ.get("OUTBOXDEV_BENCH_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/")

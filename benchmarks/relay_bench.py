@@ -45,8 +45,8 @@ from benchmarks.cpu import (
     process_cpu_seconds,
 )
 from outbox.canonical import canonical_bytes, sha256_hex
+from outbox.receiver_tables import receipts
 from outbox.schema import messages
-from receiver.schema import receipts
 from relay.config import Destination
 
 ADMIN_URL = os.environ.get("OUTBOXDEV_BENCH_PG_URL", "postgresql+psycopg://postgres@127.0.0.1/test")

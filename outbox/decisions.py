@@ -17,7 +17,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from outbox.db.operations_sql import DeadFilter
+from outbox.dead_filter import DeadFilter
 from outbox.errors import NotDead, RequeueRefused, ResolveRefused
 from outbox.operations import RECEIPT_ANSWERS, Operations, check_decision
 from outbox.states import MessageState

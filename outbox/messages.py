@@ -13,6 +13,7 @@ from sqlalchemy.engine import Connection, RowMapping
 from outbox.canonical import NotCanonical, canonical_bytes, sha256_hex
 from outbox.db import message_sql
 from outbox.db.dialect import is_missing_table
+from outbox.drivers import driver_for
 from outbox.errors import InvalidMessage, PayloadCollision, SchemaNotReady
 from outbox.reserved_headers import reservation_of
 from outbox.states import ErrorCode
@@ -246,12 +247,9 @@ def add_message(
         "content_hash": digest,
         "headers": headers,
     }
+    driver = driver_for(conn)
     try:
-        inserted = (
-            conn.execute(message_sql.insert_one_message(conn.dialect.name), {**row, "now": now})
-            .mappings()
-            .first()
-        )
+        inserted = driver.insert_message(conn, row, now)
     except sa.exc.DBAPIError as exc:
         if is_missing_table(exc):
             url = conn.engine.url.render_as_string(hide_password=True)
@@ -261,7 +259,9 @@ def add_message(
         raise
     if inserted is not None:
         return message_dict(inserted)
-    existing = conn.execute(message_sql.select_message(reply_id)).mappings().one()
+    existing = driver.message(conn, reply_id)
+    if existing is None:
+        raise sa.exc.NoResultFound(f"reply_id {reply_id!r} was held, and is gone")
     if (
         existing["content_hash"] != digest
         or existing["destination"] != destination

@@ -1,7 +1,7 @@
 """Operating a running outbox: counts per state, dead messages, decisions, purges.
 
-The queries behind `outbox status`, `outbox dead` and `outbox purge`
-(outbox.db.operations_sql). Ages are measured against the database's clock
+The queries behind `outbox status`, `outbox dead` and `outbox purge` are the
+driver's (outbox.drivers). Ages are measured against the database's clock
 (or a manual clock in tests), never the operator's. Requeue and resolve are
 explicit, audited decisions about a dead message: a requeue sends the same
 reply_id and body again; a resolve says it needs no delivery, for good. Each
@@ -18,13 +18,12 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
 from outbox.clock import Clock
-from outbox.db import message_sql
-from outbox.db import operations_sql as sql
-from outbox.db.dialect import now_expression
+from outbox.db.dialect import clock_value
 from outbox.db.handle import DatabaseHandle
-from outbox.db.operations_sql import DeadFilter
+from outbox.dead_filter import DeadFilter
+from outbox.drivers.base import DeadOutcome, StateTable
 from outbox.errors import RequeueRefused, ResolveRefused
-from outbox.schema import MESSAGE_STATES, TASK_STATES, messages, tasks
+from outbox.schema import MESSAGE_STATES, TASK_STATES
 from outbox.states import DeadDecision, MessageState
 
 PURGE_BATCH = 1000
@@ -42,43 +41,53 @@ class Operations(DatabaseHandle):
         self.clock = clock
         self._open(url_or_engine)
 
-    def _now(self) -> sa.ColumnElement[float]:
-        return now_expression(self.clock, self._dialect)
+    def _now(self) -> float | None:
+        return clock_value(self.clock)
 
     def status(self) -> dict[str, Any]:
         """Counts per state of tasks and messages, the oldest pending of each, the dead count,
         and the pending messages no running relay delivers (unrouted)."""
         with self._engine.connect() as conn:
-            task_counts = _counts(conn, tasks.c.state, TASK_STATES)
-            message_counts = _counts(conn, messages.c.state, MESSAGE_STATES)
-            oldest_task = _oldest_age(conn, tasks, self._now())
-            oldest_message = _oldest_age(conn, messages, self._now())
-            unrouted, unrouted_age = conn.execute(message_sql.unrouted(self._now())).one()
+            task_counts = self._counts(conn, "tasks", TASK_STATES)
+            message_counts = self._counts(conn, "messages", MESSAGE_STATES)
+            oldest_task = self._oldest_age(conn, "tasks")
+            oldest_message = self._oldest_age(conn, "messages")
+            unrouted, unrouted_age = self.driver.unrouted(conn, self._now())
         return {
             "tasks": task_counts,
             "messages": message_counts,
             "oldest_pending_task_age": oldest_task,
             "oldest_pending_message_age": oldest_message,
             "dead": message_counts["dead"],
-            "unrouted": int(unrouted),
-            "oldest_unrouted_age": None if unrouted_age is None else round(float(unrouted_age), 3),
+            "unrouted": unrouted,
+            "oldest_unrouted_age": None if unrouted_age is None else round(unrouted_age, 3),
         }
+
+    def _counts(
+        self, conn: sa.Connection, table: StateTable, states: tuple[str, ...]
+    ) -> dict[str, int]:
+        """Rows per state, every known state listed (zero when absent)."""
+        found = self.driver.state_counts(conn, table)
+        return {name: found.get(name, 0) for name in states}
+
+    def _oldest_age(self, conn: sa.Connection, table: StateTable) -> float | None:
+        """Seconds since the oldest pending row of `table` was created, or None."""
+        age = self.driver.oldest_pending_age(conn, table, self._now())
+        return None if age is None else round(age, 3)
 
     def dead(self, limit: int = 100, chosen: DeadFilter = ALL_DEAD) -> list[dict[str, Any]]:
         """Dead messages that match `chosen`, oldest first: why each died, after how many
         attempts, and how long ago it was created (`age`, seconds)."""
         if limit < 1:
             raise ValueError(f"limit must be >= 1, got {limit}")
-        query = sql.select_dead(limit, self._now(), chosen)
         with self._engine.connect() as conn:
-            return [dict(row) for row in conn.execute(query).mappings()]
+            return self.driver.dead_messages(conn, limit, self._now(), chosen)
 
     def message(self, reply_id: str) -> dict[str, Any] | None:
         """One message's delivery record (state, attempts, last status and error, body), or
         None."""
         with self._engine.connect() as conn:
-            row = conn.execute(sql.select_delivery_record(reply_id)).mappings().first()
-        return None if row is None else dict(row)
+            return self.driver.delivery_record(conn, reply_id)
 
     def requeue(
         self, reply_id: str, *, reason: str, by: str, receipt: str, forced: bool
@@ -92,12 +101,9 @@ class Operations(DatabaseHandle):
         if receipt not in RECEIPT_ANSWERS:
             raise ValueError(f"receipt must be one of {RECEIPT_ANSWERS}, got {receipt!r}")
         with self._engine.begin() as conn:
-            dead = conn.execute(sql.select_dead_to_requeue(reply_id)).first()
-            changed = (
-                0 if dead is None else conn.execute(sql.requeue_dead(dead.id, self._now())).rowcount
-            )
-            if dead is None or changed != 1:
-                raise RequeueRefused(_not_dead(conn, reply_id, "nothing requeued"))
+            dead = self.driver.dead_to_requeue(conn, reply_id)
+            if dead is None or not self.driver.requeue_dead(conn, dead.id, self._now()):
+                raise RequeueRefused(self._not_dead(conn, reply_id, "nothing requeued"))
             return self._audit(
                 conn, DeadDecision.REQUEUE, dead, reply_id, by, reason, receipt, forced
             )
@@ -110,9 +116,9 @@ class Operations(DatabaseHandle):
         """
         check_decision(reason, by)
         with self._engine.begin() as conn:
-            kept = conn.execute(sql.resolve_dead(reply_id, self._now())).first()
+            kept = self.driver.resolve_dead(conn, reply_id, self._now())
             if kept is None:
-                raise ResolveRefused(_not_dead(conn, reply_id, "nothing resolved"))
+                raise ResolveRefused(self._not_dead(conn, reply_id, "nothing resolved"))
             return self._audit(
                 conn, DeadDecision.RESOLVE, kept, reply_id, by, reason, "not checked", False
             )
@@ -121,7 +127,7 @@ class Operations(DatabaseHandle):
         self,
         conn: sa.Connection,
         action: DeadDecision,
-        previous: sa.Row[Any],
+        previous: DeadOutcome,
         reply_id: str,
         by: str,
         reason: str,
@@ -129,21 +135,27 @@ class Operations(DatabaseHandle):
         forced: bool,
     ) -> dict[str, Any]:
         """Write the audit row of one decision on a dead message (`previous` its row); the row."""
-        audit = conn.execute(
-            sql.insert_decision_audit(
-                action=action.value,
-                reply_id=reply_id,
-                requested_by=by,
-                reason=reason,
-                requested_at=self._now(),
-                receipt=receipt,
-                forced=forced,
-                previous_attempts=previous.attempts,
-                previous_status=previous.last_status,
-                previous_error=previous.last_error,
-            )
-        )
-        return dict(audit.mappings().one())
+        values = {
+            "action": action.value,
+            "reply_id": reply_id,
+            "requested_by": by,
+            "reason": reason,
+            "receipt": receipt,
+            "forced": forced,
+            "previous_attempts": previous.attempts,
+            "previous_status": previous.last_status,
+            "previous_error": previous.last_error,
+        }
+        return self.driver.insert_decision_audit(conn, values, self._now())
+
+    def _not_dead(self, conn: sa.Connection, reply_id: str, consequence: str) -> str:
+        """Why a decision about `reply_id` found no dead message to change."""
+        state = self.driver.message_state(conn, reply_id)
+        if state is None:
+            return f"no message {reply_id!r}; {consequence}"
+        if state == MessageState.RESOLVED:
+            return f"message {reply_id!r} is resolved, which is final; {consequence}"
+        return f"message {reply_id!r} is {state}, not dead; {consequence}"
 
     def purge(
         self,
@@ -164,12 +176,9 @@ class Operations(DatabaseHandle):
         removed = dict.fromkeys(PURGED_STATES, 0)
         while True:
             with self._engine.begin() as conn:
-                cutoff = self._now() - older_than
-                chosen = conn.execute(sql.select_purgeable(cutoff, batch)).all()
-                if chosen:
-                    conn.execute(sql.delete_messages([row.id for row in chosen]))
-            for row in chosen:
-                removed[row.state] += 1
+                chosen = self.driver.purge_messages(conn, self._now(), older_than, batch)
+            for state in chosen:
+                removed[state] += 1
             if progress is not None and chosen:
                 progress(sum(removed.values()))
             if len(chosen) < batch:
@@ -182,26 +191,3 @@ def check_decision(reason: str, by: str) -> None:
         raise ValueError("a reason is required: it is kept in the audit table")
     if not by.strip():
         raise ValueError("who decides must be named")
-
-
-def _not_dead(conn: sa.Connection, reply_id: str, consequence: str) -> str:
-    """Why a decision about `reply_id` found no dead message to change."""
-    state = conn.execute(sql.select_state(reply_id)).scalar_one_or_none()
-    if state is None:
-        return f"no message {reply_id!r}; {consequence}"
-    if state == MessageState.RESOLVED:
-        return f"message {reply_id!r} is resolved, which is final; {consequence}"
-    return f"message {reply_id!r} is {state}, not dead; {consequence}"
-
-
-def _counts(conn: sa.Connection, state: sa.Column[str], states: tuple[str, ...]) -> dict[str, int]:
-    """Rows per state, every known state listed (zero when absent)."""
-    rows = conn.execute(sql.count_by_state(state))
-    found = {name: int(count) for name, count in rows}
-    return {name: found.get(name, 0) for name in states}
-
-
-def _oldest_age(conn: sa.Connection, table: sa.Table, now: sa.ColumnElement[float]) -> float | None:
-    """Seconds since the oldest pending row of `table` was created, or None."""
-    age = conn.execute(sql.oldest_pending_age(table, now)).scalar_one()
-    return None if age is None else round(float(age), 3)

@@ -15,7 +15,8 @@ from collections.abc import Callable
 
 import psycopg
 
-from outbox.db.dialect import CONNECT_TIMEOUT, TASKS_NOTIFY_CHANNEL, bounded_conninfo
+from outbox.db.dialect import TASKS_NOTIFY_CHANNEL
+from outbox.drivers.postgresql.conninfo import CONNECT_TIMEOUT, bounded_conninfo
 
 log = logging.getLogger("outbox.worker")
 # How often the thread looks up from its connection to see whether it should end.

@@ -13,7 +13,7 @@ import json
 from collections.abc import Callable
 from typing import Any
 
-from outbox.db.operations_sql import DeadFilter
+from outbox.dead_filter import DeadFilter
 from outbox.one_line import one_line
 from outbox.operations import Operations
 from outbox.redaction import redact

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from outbox import decisions
-from outbox.db.operations_sql import DeadFilter
+from outbox.dead_filter import DeadFilter
 from outbox.decisions import BULK_LIMIT, Decision, Progress, RequeueDecision
 from outbox.errors import NotDead
 from outbox.operations import Operations

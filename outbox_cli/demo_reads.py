@@ -13,9 +13,9 @@ from typing import Any
 import sqlalchemy as sa
 
 import outbox
+from outbox.receiver_tables import effects, receipts
 from outbox.schema import messages, tasks
 from outbox.states import MessageState
-from receiver.schema import effects, receipts
 
 
 @contextlib.contextmanager

@@ -50,6 +50,7 @@ from typing import Protocol
 
 from outbox import failpoints
 from outbox.errors import ConfigError
+from receiver.dead_letters import LastTry
 from receiver.deliveries import Delivery, Invalid, check, ordering_key, shown_id, signing_keys
 from receiver.effect_failures import EffectFailures
 from receiver.effects import Effect
@@ -58,7 +59,7 @@ from receiver.key_blocks import KeyBlocks
 from receiver.metrics import ConsumerMetrics
 from receiver.outcomes import REDELIVERED, Outcome
 from receiver.stoppable import Stoppable
-from receiver.store import BatchItem, LastTry, Statuses
+from receiver.store import BatchItem, Statuses
 
 _KNOWN: dict[str, Outcome] = {
     "stored": "stored",

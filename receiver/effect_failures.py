@@ -11,8 +11,9 @@ from __future__ import annotations
 import collections
 from collections.abc import Sequence
 
+from receiver.dead_letters import LastTry
 from receiver.deliveries import Delivery
-from receiver.store import BatchItem, LastTry, Statuses
+from receiver.store import BatchItem, Statuses
 
 FAILURES_KEPT = 10_000
 """Messages whose effect failures a consumer counts at once; past it the oldest count is

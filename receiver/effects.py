@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
-from receiver import sql
+from outbox.drivers import driver_for
 
 #: Keys of ``session.info`` an effect can read.
 REPLY_ID_KEY = "receiver.reply_id"
@@ -29,7 +29,8 @@ def record_effect(session: Session, body: bytes) -> None:
 
 def record_effects(session: Session, fresh: Sequence[tuple[str, float, bytes]]) -> None:
     """The reference effect for a batch: one statement for every first receipt."""
-    sql.insert_effects(session.connection(), fresh)
+    conn = session.connection()
+    driver_for(conn).insert_effects(conn, fresh)
 
 
 record_effect.many = record_effects  # type: ignore[attr-defined]
@@ -42,7 +43,7 @@ def run_effects(
     if effect is record_effect:
         # The reference effect needs no Session: building one per request costs more
         # than the insert itself.
-        sql.insert_effects(conn, fresh)
+        driver_for(conn).insert_effects(conn, fresh)
         return
     # rollback_only: inside a SAVEPOINT (an isolated item) the default would open a
     # savepoint of the Session's own, which close() rolls back with the effect's writes.

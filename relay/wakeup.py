@@ -17,7 +17,8 @@ import threading
 
 import psycopg
 
-from outbox.db.dialect import NOTIFY_CHANNEL, bounded_conninfo
+from outbox.db.dialect import NOTIFY_CHANNEL
+from outbox.drivers.postgresql.conninfo import bounded_conninfo
 
 log = logging.getLogger("outbox.relay")
 

@@ -21,9 +21,9 @@ import outbox
 import receiver
 from outbox import TaskQueue
 from outbox.migrations import required_head
+from outbox.receiver_tables import metadata as receiver_metadata
 from outbox.schema import metadata as outbox_metadata
 from outbox_cli import main
-from receiver.schema import metadata as receiver_metadata
 
 pytestmark = pytest.mark.postgresql_only
 

@@ -26,7 +26,7 @@ from support.relay_helpers import publish_many, rows
 
 import outbox
 from outbox import AuthContext, Envelope, TaskQueue
-from outbox.db.operations_sql import DeadFilter
+from outbox.dead_filter import DeadFilter
 from outbox.operations import Operations
 from outbox.schema import messages, tasks
 from outbox.testing import ManualClock

@@ -10,7 +10,7 @@ from psycopg.conninfo import conninfo_to_dict
 from sqlalchemy import event
 
 import outbox
-from outbox.db.dialect import CONNECT_TIMEOUT, bounded_conninfo
+from outbox.drivers.postgresql.conninfo import CONNECT_TIMEOUT, bounded_conninfo
 
 
 def connect_parameters(url: str, **kwargs: Any) -> dict[str, Any]:

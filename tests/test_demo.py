@@ -12,9 +12,9 @@ import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
 import outbox
+from outbox.receiver_tables import effects, receipts
 from outbox.schema import messages, tasks
 from outbox_cli import main
-from receiver.schema import effects, receipts
 
 ROOT = Path(__file__).resolve().parent.parent
 

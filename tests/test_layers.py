@@ -10,6 +10,7 @@ what it loads is what a service that only publishes pays for.
 
 from __future__ import annotations
 
+import ast
 import json
 import subprocess
 import sys
@@ -122,3 +123,47 @@ def test_only_a_relay_sending_http_loads_the_http_client() -> None:
     loaded = set(json.loads(done.stdout))
     assert {"outbox_cli.receiver", "relay.http_client", "relay.transports.http"} <= loaded
     assert "aiohttp" not in loaded
+
+
+DRIVERS = "drivers: only outbox.drivers imports psycopg"
+PRODUCTS = ("outbox", "relay", "receiver", "outbox_cli")
+
+
+def importers_of(prefix: str) -> set[str]:
+    """The product modules whose source imports `prefix` or a module below it."""
+    found = set()
+    for package in PRODUCTS:
+        for path in (ROOT / package).rglob("*.py"):
+            module = ".".join(path.relative_to(ROOT).with_suffix("").parts)
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, ast.Import):
+                    names = [alias.name for alias in node.names]
+                elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                    names = [node.module, *(f"{node.module}.{a.name}" for a in node.names)]
+                else:
+                    continue
+                if any(name == prefix or name.startswith(prefix + ".") for name in names):
+                    found.add(module.removesuffix(".__init__"))
+    return found
+
+
+def allowed(module: str, importers: list[str]) -> bool:
+    """Whether `module` is one of `importers` or inside one of them."""
+    return any(module == each or module.startswith(each + ".") for each in importers)
+
+
+def test_the_drivers_contract_breaks_when_the_drivers_are_not_allowed(tmp_path: Path) -> None:
+    drivers = contract(DRIVERS)
+    assert drivers["allowed_importers"][0] == "outbox.drivers"
+    drivers["allowed_importers"] = drivers["allowed_importers"][1:]
+    result = lint(contracts_file(tmp_path, [drivers]))
+    assert result.returncode != 0, result.stdout
+    assert "outbox.drivers.postgresql" in result.stdout
+
+
+def test_only_the_drivers_contracts_importers_import_sqlalchemys_dialects() -> None:
+    importers = importers_of("sqlalchemy.dialects")
+    # The scan sees the drivers' own imports: it would see anyone else's.
+    assert {"outbox.drivers.postgresql", "outbox.drivers.sqlite"} <= importers
+    permitted = contract(DRIVERS)["allowed_importers"]
+    assert sorted(m for m in importers if not allowed(m, permitted)) == []

@@ -11,7 +11,7 @@ import pytest
 import sqlalchemy as sa
 
 from benchmarks.relay_bench import drain_backlog, prefill
-from receiver.schema import effects, receipts
+from outbox.receiver_tables import effects, receipts
 from tests.conftest import upgrade_all
 
 MESSAGES = 40

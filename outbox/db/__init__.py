@@ -3,13 +3,14 @@
 Not public API: `relay` and `receiver` build on it, users do not. One module a
 concept:
 
-- ``dialect``: the only place that branches on the backend (engines, SQLite's
-  transaction discipline, PostgreSQL options, the database clock in SQL, the
-  one-statement connection);
+- ``dialect``: engines, SQLite's transaction discipline, PostgreSQL options, the
+  one-statement connection; its SQL pieces (the database clock, ON CONFLICT) are the
+  drivers';
 - ``handle``: an engine on a current schema, released by whoever opened it;
 - ``caller``: the connection behind the Session or Connection a caller hands in;
 - ``retry``: which database errors are transient, and the retry policies built
   on tenacity that the worker, the relay and the receiver store share;
 - ``sql``: statement pieces every layer's statement builders use;
-- ``task_sql`` and ``message_sql``: the core's named statement builders.
+- ``task_sql`` and ``message_sql``: the statement builders not yet behind the
+  driver interface (outbox.drivers, which holds the rest).
 """

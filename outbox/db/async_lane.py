@@ -19,8 +19,8 @@ from typing import Any
 
 import psycopg
 
-from outbox.db.dialect import bounded_conninfo
 from outbox.db.lane import IDLE_SECONDS
+from outbox.drivers.postgresql.conninfo import bounded_conninfo
 
 
 class AsyncLane:

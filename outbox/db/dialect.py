@@ -1,4 +1,4 @@
-"""The one place that branches on the database backend (see outbox.db).
+"""Engines and connections per backend; the SQL pieces are the drivers' (outbox.drivers).
 
 SQLite: WAL, synchronous=FULL, a busy timeout, and BEGIN IMMEDIATE so a
 transaction that will write takes the write lock up front (a deferred one
@@ -8,7 +8,6 @@ PostgreSQL: psycopg 3, FOR UPDATE SKIP LOCKED, NOTIFY on new messages.
 
 from __future__ import annotations
 
-import os
 import sqlite3
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -16,21 +15,17 @@ from pathlib import Path
 from typing import Any
 
 import sqlalchemy as sa
-from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from sqlalchemy import event
-from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.sql.elements import ColumnElement
 
 from outbox import failpoints
 from outbox.clock import Clock
 from outbox.db.lane import Lane
+from outbox.drivers import driver_for
+from outbox.drivers.postgresql.conninfo import CONNECT_TIMEOUT, bounded
 
 SQLITE_BUSY_TIMEOUT_MS = 30_000
-CONNECT_TIMEOUT = 5
-"""Seconds libpq may take to open a PostgreSQL connection. Unbounded, a connect to an
-unreachable server waits out the system's TCP retries (minutes), and so does a stop or a
-health check waiting behind it. A URL's own `connect_timeout` wins."""
 # Migration o0002 installs a trigger that notifies this channel on every insert of messages.
 NOTIFY_CHANNEL = "outbox_messages"
 # Migration o0008 notifies this channel when tasks are inserted or become due again.
@@ -87,18 +82,6 @@ def _libpq_options(url: sa.URL) -> sa.URL:
     return url.set(query=query)
 
 
-def _bounded(conninfo: str) -> bool:
-    """Whether the connection string or PGCONNECT_TIMEOUT already bounds a connect."""
-    return "PGCONNECT_TIMEOUT" in os.environ or "connect_timeout" in conninfo_to_dict(conninfo)
-
-
-def bounded_conninfo(conninfo: str) -> str:
-    """`conninfo` with connect_timeout CONNECT_TIMEOUT, unless a bound is already given."""
-    if _bounded(conninfo):
-        return conninfo
-    return make_conninfo(conninfo, connect_timeout=CONNECT_TIMEOUT)
-
-
 def create_engine(url: str | sa.URL, **kwargs: Any) -> Engine:
     """An engine for the outbox: psycopg 3 on PostgreSQL; WAL and BEGIN IMMEDIATE on SQLite."""
     parsed = make_url(url)
@@ -106,7 +89,7 @@ def create_engine(url: str | sa.URL, **kwargs: Any) -> Engine:
         raise ValueError("an in-memory SQLite database is private to one connection: use a file")
     if parsed.get_backend_name() == "postgresql":
         kwargs.setdefault("pool_pre_ping", True)
-        if "connect_timeout" not in parsed.query and not _bounded(""):
+        if "connect_timeout" not in parsed.query and not bounded(""):
             bound = {"connect_timeout": CONNECT_TIMEOUT}
             kwargs["connect_args"] = bound | kwargs.get("connect_args", {})
     return prepare_engine(sa.create_engine(parsed, **kwargs))
@@ -153,24 +136,23 @@ def _sqlite_begin(conn: Connection) -> None:
     conn.exec_driver_sql("BEGIN" if read_only else "BEGIN IMMEDIATE")
 
 
+# The SQL pieces below are the drivers' (outbox.drivers): these names serve the statement
+# builders not yet behind the driver interface (tasks, the relay's claim, settle and reap).
+
+
 def insert_ignoring_conflicts(table: sa.Table, dialect_name: str) -> Any:
     """INSERT that skips a row whose unique key already exists (the caller then compares)."""
-    if dialect_name == "postgresql":
-        return postgresql.insert(table).on_conflict_do_nothing()
-    return sqlite.insert(table).on_conflict_do_nothing()
+    return driver_for(dialect_name).insert_ignoring_conflicts(table)
 
 
 def upsert(table: sa.Table, dialect_name: str, keys: list[str], update: list[str]) -> Any:
     """INSERT that, where the row with these `keys` exists, sets its `update` columns instead."""
-    statement: Any = (postgresql if dialect_name == "postgresql" else sqlite).insert(table)
-    return statement.on_conflict_do_update(
-        index_elements=keys, set_={name: statement.excluded[name] for name in update}
-    )
+    return driver_for(dialect_name).upsert(table, keys, update)
 
 
 def supports_skip_locked(dialect_name: str) -> bool:
     """Whether row locks with SKIP LOCKED exist (SQLite has one writer, so it needs none)."""
-    return dialect_name == "postgresql"
+    return driver_for(dialect_name).supports_skip_locked
 
 
 def missing_sqlite_file(url: str | sa.URL) -> str | None:
@@ -203,19 +185,12 @@ def listen_conninfo(engine: Engine) -> str | None:
 
 def not_in_names(column: ColumnElement[str], name: str, dialect_name: str) -> Any:
     """`column` is none of the names bound to parameter `name` (a list)."""
-    if is_postgresql(dialect_name):
-        # One array parameter: the same prepared statement for any number of names.
-        names = sa.bindparam(name, type_=postgresql.ARRAY(sa.String()))
-        return column != sa.all_(names)
-    return column.not_in(sa.bindparam(name, expanding=True))
+    return driver_for(dialect_name).not_in_names(column, name)
 
 
 def in_names(column: ColumnElement[str], name: str, dialect_name: str) -> Any:
     """`column` is one of the names bound to parameter `name` (a list)."""
-    if is_postgresql(dialect_name):
-        names = sa.bindparam(name, type_=postgresql.ARRAY(sa.String()))
-        return column == sa.any_(names)
-    return column.in_(sa.bindparam(name, expanding=True))
+    return driver_for(dialect_name).in_names(column, name)
 
 
 # --- time -------------------------------------------------------------------------
@@ -223,26 +198,17 @@ def in_names(column: ColumnElement[str], name: str, dialect_name: str) -> Any:
 
 def database_now(dialect_name: str) -> ColumnElement[float]:
     """SQL for the database's current time in epoch seconds."""
-    if dialect_name == "postgresql":
-        # Statement time: stable within a statement (so indexes can use it) but current,
-        # unlike now(), which would freeze at the start of a caller's long transaction.
-        return sa.literal_column("extract(epoch from statement_timestamp())::float8", sa.Double())
-    if dialect_name == "sqlite":
-        return sa.literal_column("((julianday('now') - 2440587.5) * 86400.0)", sa.Double())
-    raise ValueError(f"unsupported database dialect {dialect_name!r}")
+    return driver_for(dialect_name).database_now()
 
 
 def now_expression(clock: Clock | None, dialect_name: str) -> ColumnElement[float]:
     """The "now" to put in a statement: a bound manual time or the database clock."""
-    if clock is None:
-        return database_now(dialect_name)
-    return sa.literal(float(clock()), sa.Double())
+    return driver_for(dialect_name).now_sql(clock_value(clock))
 
 
 def bound_now(dialect_name: str) -> ColumnElement[float]:
     """The "now" of a statement built once: bind `now` to a manual time, or None (database)."""
-    # Read in the statement either way: no extra round trip for the database's clock.
-    return sa.func.coalesce(sa.bindparam("now", type_=sa.Double()), database_now(dialect_name))
+    return driver_for(dialect_name).bound_now()
 
 
 def clock_value(clock: Clock | None) -> float | None:

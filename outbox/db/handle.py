@@ -1,4 +1,5 @@
-"""A database handle: an engine on a current schema, disposed by whoever created it.
+"""A database handle: an engine on a current schema and its driver, disposed by whoever
+created it.
 
 TaskQueue, Relay and ReceiptStore all open a URL or adopt a caller's engine,
 refuse an older schema, and release only the pool they created themselves.
@@ -11,6 +12,7 @@ from typing import Any, Self
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
+from outbox.drivers import Driver, driver_for
 from outbox.migrations import OUTBOX_BRANCH, engine_for, ensure_current
 
 
@@ -20,6 +22,7 @@ class DatabaseHandle:
     _engine: Engine
     _owns_engine: bool = False
     _dialect: str
+    _driver: Driver
 
     def _open(
         self, url_or_engine: str | sa.URL | Engine, branch: str = OUTBOX_BRANCH, **options: Any
@@ -32,6 +35,7 @@ class DatabaseHandle:
             self.close()
             raise
         self._dialect = self._engine.dialect.name
+        self._driver = driver_for(self._engine)
 
     def _check_schema(self, branch: str) -> None:
         ensure_current(self._engine, branch)
@@ -40,6 +44,11 @@ class DatabaseHandle:
     def engine(self) -> Engine:
         """The engine this object runs on."""
         return self._engine
+
+    @property
+    def driver(self) -> Driver:
+        """The database driver of the engine's backend (outbox.drivers)."""
+        return self._driver
 
     @property
     def owns_engine(self) -> bool:

@@ -10,13 +10,13 @@ from dataclasses import dataclass, field
 
 import sqlalchemy as sa
 
-from outbox.db import console_sql
-from outbox.db.console_sql import MINUTE
+from outbox.drivers.base import Series
+from outbox.drivers.common.console import MINUTE
 from outbox.operations import Operations
 
 WIDTH = 480
 HEIGHT = 120
-SERIES = (
+SERIES: tuple[tuple[Series, str, str], ...] = (
     ("enqueued", "replies enqueued", "#4063d8"),
     ("sent", "replies sent", "#2e8b57"),
     ("dead", "replies dead", "#c0392b"),
@@ -55,14 +55,12 @@ def minute_counts(ops: Operations, now: float, minutes: int) -> dict[str, dict[i
     return _read(ops, [series for series, _, _ in SERIES], current - minutes + 1, current + 1)
 
 
-def _read(ops: Operations, series: list[str], first: int, end: int) -> dict[str, dict[int, int]]:
+def _read(ops: Operations, series: list[Series], first: int, end: int) -> dict[str, dict[int, int]]:
     """Per series, the count of each minute in [first, end) (minute numbers)."""
-    dialect = ops.engine.dialect.name
     counts: dict[str, dict[int, int]] = {}
     with ops.engine.connect() as conn:
         for each in series:
-            query = console_sql.per_minute(each, first * MINUTE, end * MINUTE, dialect)
-            counts[each] = {int(m): int(c) for m, c in conn.execute(query)}
+            counts[each] = ops.driver.per_minute(conn, each, first * MINUTE, end * MINUTE)
     return counts
 
 
@@ -71,7 +69,7 @@ SETTLED_AFTER = 5
 each timestamp is written as it happens (a transaction may commit a little later)."""
 REREAD_AFTER = 60
 """Minutes after which every count is read again (a purge may delete rows of a past minute)."""
-ALWAYS_READ = frozenset({"dead"})
+ALWAYS_READ: frozenset[Series] = frozenset({"dead"})
 """Series read whole each time: a requeue takes a row out of a past minute (and the dead
 are few: their partial index answers at once)."""
 

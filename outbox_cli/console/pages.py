@@ -21,7 +21,7 @@ from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 from starlette.templating import Jinja2Templates
 
-from outbox.db.operations_sql import DeadFilter
+from outbox.dead_filter import DeadFilter
 from outbox.operations import Operations
 from outbox.redaction import shown_value
 from outbox.states import MessageState

@@ -9,7 +9,6 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from outbox.db import console_sql
 from outbox.db.dialect import now_expression
 from outbox.operations import Operations
 from outbox.redaction import redact
@@ -55,7 +54,7 @@ class ConsoleReads:
         message["body_text"] = body_text(bytes(message.pop("body")))
         message["last_error"] = shown_error(message["last_error"])
         with self.ops.engine.connect() as conn:
-            decisions = conn.execute(console_sql.select_decisions(reply_id)).mappings().all()
+            decisions = self.ops.driver.decisions(conn, reply_id)
         message["decisions"] = [
             {**row, "previous_error": shown_error(row["previous_error"])} for row in decisions
         ]
@@ -64,21 +63,20 @@ class ConsoleReads:
     def task(self, task_id: str) -> dict[str, Any] | None:
         """One task, with its payload and result pretty-printed, and its reply."""
         with self.ops.engine.connect() as conn:
-            row = conn.execute(console_sql.select_task(task_id)).mappings().first()
-            if row is None:
+            task = self.ops.driver.task(conn, task_id)
+            if task is None:
                 return None
-            reply = conn.execute(console_sql.select_reply_of(task_id)).mappings().first()
-        task = dict(row)
+            reply = self.ops.driver.reply_of(conn, task_id)
         task["payload"] = shown_json(task["payload"])
         task["result"] = None if task["result"] is None else shown_json(task["result"])
         task["last_error"] = shown_error(task["last_error"])
-        task["reply"] = None if reply is None else dict(reply)
+        task["reply"] = reply
         return task
 
     def message_exists(self, reply_id: str) -> bool:
         """Whether a message has this reply_id."""
         with self.ops.engine.connect() as conn:
-            return conn.execute(console_sql.message_exists(reply_id)).first() is not None
+            return self.ops.driver.message_exists(conn, reply_id)
 
 
 def pretty(text: str) -> str:

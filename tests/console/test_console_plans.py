@@ -13,10 +13,10 @@ import pytest
 import sqlalchemy as sa
 from test_claim_plans import generic_plan
 
-from outbox.db import console_sql
-from outbox.db import operations_sql as dead_sql
-from outbox.db.dialect import bound_now
-from outbox.db.operations_sql import DeadFilter
+from outbox.dead_filter import DeadFilter
+from outbox.drivers import driver_for
+from outbox.drivers.common.console import per_minute
+from outbox.drivers.common.operations import select_dead
 
 MINUTES = 20_000  # about two weeks of history, a row a minute of each kind
 DAY = 86_400.0
@@ -76,7 +76,7 @@ def test_a_chart_reads_its_window_through_its_index(
     history: sa.Engine, series: str, index: str
 ) -> None:
     until = MINUTES * 60.0
-    statement = console_sql.per_minute(series, until - DAY, until, "postgresql")
+    statement = per_minute(series, until - DAY, until, driver_for("postgresql").floor)
     with history.connect() as conn:
         plan = generic_plan(conn, statement, {"since": until - DAY, "until": until})
     found = scans(plan)
@@ -100,7 +100,7 @@ def test_a_chart_reads_its_window_through_its_index(
     ids=["all", "destination", "filters", "next-page"],
 )
 def test_the_dead_list_reads_dead_rows_only(history: sa.Engine, chosen: DeadFilter) -> None:
-    statement = dead_sql.select_dead(51, bound_now("postgresql"), chosen)
+    statement = select_dead(51, driver_for("postgresql").bound_now(), chosen)
     with history.connect() as conn:
         plan = generic_plan(conn, statement, {"now": None})
     found = scans(plan)

@@ -17,7 +17,7 @@ from support.relay_helpers import publish_many, rows
 
 import outbox
 from outbox import decisions
-from outbox.db.operations_sql import DeadFilter
+from outbox.dead_filter import DeadFilter
 from outbox.decisions import REFUSALS, Decision, RequeueDecision
 from outbox.errors import NotDead
 from outbox.operations import Operations

@@ -18,7 +18,7 @@ from sqlalchemy.orm import Session
 
 import outbox
 from faults.brokers import Deployment, broker
-from receiver.schema import effects
+from outbox.receiver_tables import effects
 
 pytestmark = [
     pytest.mark.postgresql_only,

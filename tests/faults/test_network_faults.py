@@ -34,8 +34,8 @@ import outbox
 from faults import figures
 from faults.invariants import Tally, drain
 from faults.proxy import Connection, Exchange, FaultProxy, Mode
+from outbox.receiver_tables import effects, receipts
 from outbox.testing import ManualClock
-from receiver.schema import effects, receipts
 from relay import Destination, Relay, make_destination
 
 TIMEOUT = 1.0  # each destination's whole-attempt timeout

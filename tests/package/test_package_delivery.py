@@ -15,8 +15,8 @@ from sqlalchemy.orm import Session
 
 import outbox
 import receiver
+from outbox.receiver_tables import effects, receipts
 from outbox.schema import messages
-from receiver.schema import effects, receipts
 from relay import Relay, make_destination
 
 SECRET = "whsec_" + base64.b64encode(b"package-test-secret-32-bytes-abc").decode()

@@ -16,9 +16,9 @@ import outbox
 from outbox.errors import ConfigError
 from receiver import ReceiptStore
 from receiver.consume import Consumer
+from receiver.dead_letters import LastTry
 from receiver.deliveries import Delivery
 from receiver.effects import REPLY_ID_KEY, record_effect
-from receiver.store import LastTry
 
 
 class Refusing:

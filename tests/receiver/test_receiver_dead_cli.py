@@ -10,7 +10,7 @@ from support.receiver_helpers import count_effects, stored_receipts
 
 from outbox_cli import main
 from receiver import ReceiptStore
-from receiver.store import LastTry
+from receiver.dead_letters import LastTry
 
 
 def refuse(session: Session, body: bytes) -> None:

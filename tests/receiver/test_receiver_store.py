@@ -18,10 +18,10 @@ import outbox
 import receiver
 from outbox import PayloadCollision, SchemaNotReady, failpoints
 from outbox.canonical import sha256_hex
+from outbox.receiver_tables import effects
 from outbox.testing import ManualClock
 from receiver import Receipt, ReceiptStore, StoreUnavailable
 from receiver.effects import REPLY_ID_KEY, record_effect
-from receiver.schema import effects
 
 DAY = 86_400.0
 

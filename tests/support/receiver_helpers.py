@@ -19,9 +19,9 @@ import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
 import outbox
+from outbox.receiver_tables import effects, receipts
 from outbox.signing import sign
 from receiver.effects import REPLY_ID_KEY, record_effect
-from receiver.schema import effects, receipts
 from support.processes import PROCESS_EXIT, PROCESS_START, reap
 
 SECRET = "whsec_" + base64.b64encode(b"receiver-test-secret-one-32bytes").decode()

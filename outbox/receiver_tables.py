@@ -1,4 +1,10 @@
-"""The receiver's tables: receipts for dedupe, the reference effect table, dead letters."""
+"""The receiver's tables: receipts for dedupe, the reference effect table, dead letters.
+
+They have a MetaData and a migration branch of their own (alembic/versions/receiver): a
+service that only publishes never creates them. The core describes them because the
+database drivers (outbox.drivers) hold every statement the products run, the
+receiver's included.
+"""
 
 from __future__ import annotations
 

@@ -1,32 +1,23 @@
 """The statements behind `outbox status`, `outbox dead` (list, show, requeue, resolve) and
-`outbox purge`."""
+`outbox purge`, in portable Core."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import sqlalchemy as sa
+from sqlalchemy.engine import Connection
 
-from outbox.db.sql import Now, state_literal
-from outbox.schema import messages, requeues
+from outbox.db.sql import Now as NowSQL
+from outbox.db.sql import state_literal
+from outbox.dead_filter import DeadFilter
+from outbox.drivers.base import DeadOutcome, Now, StateTable
+from outbox.drivers.common.pieces import DriverPieces
+from outbox.schema import messages, requeues, tasks
 from outbox.states import MessageState, TaskState
 
-
-@dataclass(frozen=True)
-class DeadFilter:
-    """Which dead messages: by destination, last status, error text, and age in seconds."""
-
-    destination: str | None = None
-    status: int | None = None
-    error: str | None = None
-    """Text the last error contains (case-insensitive)."""
-    newer_than: float | None = None
-    older_than: float | None = None
-    after: int | None = None
-    """Only those after this message id (the next page of a list, which is in id order)."""
-
+STATE_TABLES = {"tasks": tasks, "messages": messages}
 
 DEAD_FIELDS = (
     messages.c.reply_id,
@@ -46,14 +37,14 @@ def count_by_state(state: sa.Column[str]) -> sa.Select[str, int]:
     return sa.select(state, sa.func.count()).group_by(state)
 
 
-def oldest_pending_age(table: sa.Table, now: Now) -> sa.Select[Any]:
+def oldest_pending_age(table: sa.Table, now: NowSQL) -> sa.Select[Any]:
     """Seconds since the oldest pending row of `table` was created (NULL when none)."""
     return sa.select(now - sa.func.min(table.c.created_at)).where(
         table.c.state == TaskState.PENDING.value
     )
 
 
-def select_dead(limit: int, now: Now, chosen: DeadFilter) -> sa.Select[Any]:
+def select_dead(limit: int, now: NowSQL, chosen: DeadFilter) -> sa.Select[Any]:
     """Dead messages that match `chosen`, oldest first, each with its id and age."""
     # The state written into the SQL: a generic plan can then use ix_outbox_messages_dead.
     query = sa.select(
@@ -93,7 +84,7 @@ def select_dead_to_requeue(reply_id: str) -> sa.Select[Any]:
     ).where(messages.c.reply_id == reply_id, messages.c.state == MessageState.DEAD.value)
 
 
-def requeue_dead(message_id: int, now: Now) -> sa.Update:
+def requeue_dead(message_id: int, now: NowSQL) -> sa.Update:
     """A dead message pending again with a fresh budget; guarded by its state."""
     # Of two operators requeueing at once, one changes the row.
     return (
@@ -111,16 +102,18 @@ def requeue_dead(message_id: int, now: Now) -> sa.Update:
     )
 
 
-def resolve_dead(reply_id: str, now: Now) -> sa.Update:
+def resolve_dead(reply_id: str, now: NowSQL) -> sa.Update:
     """A dead message resolved, never to be delivered; guarded by its state. Returns the
-    outcome it keeps (attempts, last status and error), or no row when it was not dead."""
+    outcome it keeps (id, attempts, last status and error), or no row when it was not dead."""
     # One statement both checks and changes: of a resolve and a requeue (or two resolves)
     # at once, one changes the row and the other's guard no longer matches it.
     return (
         messages.update()
         .where(messages.c.reply_id == reply_id, messages.c.state == MessageState.DEAD.value)
         .values(state=MessageState.RESOLVED.value, resolved_at=now)
-        .returning(messages.c.attempts, messages.c.last_status, messages.c.last_error)
+        .returning(
+            messages.c.id, messages.c.attempts, messages.c.last_status, messages.c.last_error
+        )
     )
 
 
@@ -129,12 +122,7 @@ def select_state(reply_id: str) -> sa.Select[Any]:
     return sa.select(messages.c.state).where(messages.c.reply_id == reply_id)
 
 
-def insert_decision_audit(**values: Any) -> Any:
-    """One audit row of a decision about a dead message (`outbox_requeues`), returned whole."""
-    return requeues.insert().values(**values).returning(*requeues.c)
-
-
-def select_purgeable(cutoff: Now, batch: int) -> sa.Select[Any]:
+def select_purgeable(cutoff: NowSQL, batch: int) -> sa.Select[Any]:
     """The ids and states of up to `batch` messages sent, or resolved, before `cutoff`, oldest
     first."""
     return (
@@ -156,3 +144,68 @@ def select_purgeable(cutoff: Now, batch: int) -> sa.Select[Any]:
 def delete_messages(ids: Sequence[int]) -> sa.Delete:
     """Delete messages by id."""
     return messages.delete().where(messages.c.id.in_(list(ids)))
+
+
+class OperationStatements(DriverPieces):
+    """Status counts, dead lists, the guarded requeue and resolve, their audit, purges."""
+
+    def state_counts(self, conn: Connection, table: StateTable) -> dict[str, int]:
+        """Rows per state present in `table`."""
+        rows = conn.execute(count_by_state(STATE_TABLES[table].c.state))
+        return {name: int(count) for name, count in rows}
+
+    def oldest_pending_age(self, conn: Connection, table: StateTable, now: Now) -> float | None:
+        """Seconds since the oldest pending row of `table` was created, or None."""
+        query = oldest_pending_age(STATE_TABLES[table], self.now_sql(now))
+        age = conn.execute(query).scalar_one()
+        return None if age is None else float(age)
+
+    def dead_messages(
+        self, conn: Connection, limit: int, now: Now, chosen: DeadFilter
+    ) -> list[dict[str, Any]]:
+        """Dead messages that match `chosen`, oldest first, each with its id and age."""
+        query = select_dead(limit, self.now_sql(now), chosen)
+        return [dict(row) for row in conn.execute(query).mappings()]
+
+    def delivery_record(self, conn: Connection, reply_id: str) -> dict[str, Any] | None:
+        """One message's delivery record (state, attempts, last outcome, body), or None."""
+        row = conn.execute(select_delivery_record(reply_id)).mappings().first()
+        return None if row is None else dict(row)
+
+    def dead_to_requeue(self, conn: Connection, reply_id: str) -> DeadOutcome | None:
+        """A dead message's id and last outcome, or None when it is not dead."""
+        row = conn.execute(select_dead_to_requeue(reply_id)).first()
+        return None if row is None else DeadOutcome(*row)
+
+    def requeue_dead(self, conn: Connection, message_id: int, now: Now) -> bool:
+        """Make a dead message pending with a fresh budget; False when it was no longer dead."""
+        return bool(conn.execute(requeue_dead(message_id, self.now_sql(now))).rowcount == 1)
+
+    def resolve_dead(self, conn: Connection, reply_id: str, now: Now) -> DeadOutcome | None:
+        """Resolve a dead message for good: the outcome it keeps, or None when not dead."""
+        row = conn.execute(resolve_dead(reply_id, self.now_sql(now))).first()
+        return None if row is None else DeadOutcome(*row)
+
+    def message_state(self, conn: Connection, reply_id: str) -> str | None:
+        """One message's state, or None when there is no such message."""
+        state: str | None = conn.execute(select_state(reply_id)).scalar_one_or_none()
+        return state
+
+    def insert_decision_audit(
+        self, conn: Connection, values: dict[str, Any], now: Now
+    ) -> dict[str, Any]:
+        """One audit row of a decision about a dead message, requested `now`; returned whole."""
+        statement = requeues.insert().values(**values, requested_at=self.now_sql(now))
+        audit = conn.execute(statement.returning(*requeues.c))
+        return dict(audit.mappings().one())
+
+    def purge_messages(
+        self, conn: Connection, now: Now, older_than: float, batch: int
+    ) -> list[str]:
+        """Delete up to `batch` messages sent, or resolved, over `older_than` seconds ago,
+        oldest first; the state of each one deleted."""
+        cutoff = self.now_sql(now) - older_than
+        chosen = conn.execute(select_purgeable(cutoff, batch)).all()
+        if chosen:
+            conn.execute(delete_messages([row.id for row in chosen]))
+        return [row.state for row in chosen]

@@ -1,13 +1,17 @@
-"""The statements behind `outbox console`'s task and reply pages (the dead list and the
-decisions are `outbox dead`'s own, in outbox.db.operations_sql)."""
+"""The statements behind `outbox console`'s task and reply pages and its charts, in portable
+Core (the dead list and the decisions are `outbox dead`'s own: operations)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import sqlalchemy as sa
+from sqlalchemy.engine import Connection
 
 from outbox.db.sql import state_literal
+from outbox.drivers.base import Series
+from outbox.drivers.common.pieces import DriverPieces
 from outbox.schema import messages, requeues, tasks
 from outbox.states import MessageState
 
@@ -64,21 +68,45 @@ CHARTED = {
 """What the charts count per minute: the timestamp, and the rows its partial index holds
 (states written into the SQL, so that a generic plan can still prove the index usable)."""
 
+Floor = Callable[[sa.ColumnElement[Any]], sa.ColumnElement[int]]
 
-def per_minute(series: str, since: float, until: float, dialect_name: str) -> sa.Select[int, int]:
+
+def per_minute(series: Series, since: float, until: float, floor: Floor) -> sa.Select[int, int]:
     """(minute, count) of one charted series for the minutes in [since, until): only that
     window is read, through the timestamp's index (schema: ix_outbox_*_created/sent/...)."""
     stamp, rows = CHARTED[series]
     since_: sa.BindParameter[float] = sa.bindparam("since", since, type_=sa.Double())
     until_: sa.BindParameter[float] = sa.bindparam("until", until, type_=sa.Double())
-    minute = _floor(stamp / MINUTE, dialect_name)
+    minute = floor(stamp / MINUTE)
     window = [stamp >= since_, stamp < until_, *([] if rows is None else [rows])]
     counted = sa.select(minute.label("minute"), sa.func.count().label("count"))
     return counted.where(*window).group_by(minute)
 
 
-def _floor(value: sa.ColumnElement[Any], dialect_name: str) -> sa.ColumnElement[int]:
-    """The whole number at or below a positive `value` (SQLite may lack floor())."""
-    if dialect_name == "postgresql":
-        return sa.cast(sa.func.floor(value), sa.BigInteger())
-    return sa.cast(value, sa.Integer())  # truncates, which is floor for positive values
+class ConsoleStatements(DriverPieces):
+    """A task and its reply, a message's decisions, and the charts' per-minute counts."""
+
+    def task(self, conn: Connection, task_id: str) -> dict[str, Any] | None:
+        """One task, as the task page shows it, or None."""
+        row = conn.execute(select_task(task_id)).mappings().first()
+        return None if row is None else dict(row)
+
+    def reply_of(self, conn: Connection, task_id: str) -> dict[str, Any] | None:
+        """The reply_id and state of the reply a task wrote, or None."""
+        row = conn.execute(select_reply_of(task_id)).mappings().first()
+        return None if row is None else dict(row)
+
+    def decisions(self, conn: Connection, reply_id: str) -> list[dict[str, Any]]:
+        """Every audited decision about one message, oldest first."""
+        return [dict(row) for row in conn.execute(select_decisions(reply_id)).mappings()]
+
+    def message_exists(self, conn: Connection, reply_id: str) -> bool:
+        """Whether a message has this reply_id."""
+        return conn.execute(message_exists(reply_id)).first() is not None
+
+    def per_minute(
+        self, conn: Connection, series: Series, since: float, until: float
+    ) -> dict[int, int]:
+        """The count of each minute (epoch minute number) of one series in [since, until)."""
+        query = per_minute(series, since, until, self.floor)
+        return {int(minute): int(count) for minute, count in conn.execute(query)}

@@ -1,0 +1,52 @@
+"""Database drivers: every statement of the families behind the interface, one driver per
+backend, and the registry that picks one.
+
+Not public API: the core, the relay and the receiver call it, users do not.
+`driver_for(engine)` (or a Connection, a Dialect or a dialect name) is the driver of
+that backend; `DRIVERS` is the only list of them, which tests/drivers runs its
+conformance suite against. The interface is `base.Driver`; what is behind it and what
+is still to move: docs/explanation/architecture.md, "Database drivers".
+"""
+
+from __future__ import annotations
+
+import sqlalchemy as sa
+
+from outbox.drivers.base import Driver
+from outbox.drivers.postgresql import PostgreSQLDriver
+from outbox.drivers.sqlite import SQLiteDriver
+
+DRIVERS: dict[str, Driver] = {
+    driver.name: driver for driver in (PostgreSQLDriver(), SQLiteDriver())
+}
+"""Every driver, by the name of the SQLAlchemy dialect it runs on."""
+
+
+class UnsupportedDatabase(ValueError):
+    """No driver runs on this database backend."""
+
+
+def driver_for(target: str | sa.Engine | sa.Connection | sa.Dialect) -> Driver:
+    """The driver of a dialect name, or of an Engine's, a Connection's or a Dialect's backend."""
+    name = target if isinstance(target, str) else _dialect_name(target)
+    try:
+        return DRIVERS[name]
+    except KeyError:
+        raise UnsupportedDatabase(
+            f"unsupported database {name!r}: the drivers are {', '.join(sorted(DRIVERS))}"
+        ) from None
+
+
+def _dialect_name(target: object) -> str:
+    """The dialect name of an Engine, a Connection (which have a `dialect`) or a Dialect."""
+    dialect = getattr(target, "dialect", target)
+    name = getattr(dialect, "name", None)
+    if not isinstance(name, str):
+        raise TypeError(
+            f"a driver is chosen by an Engine, a Connection, a Dialect or a dialect name, "
+            f"not {type(target).__name__}"
+        )
+    return name
+
+
+__all__ = ["DRIVERS", "Driver", "UnsupportedDatabase", "driver_for"]

@@ -1,0 +1,29 @@
+"""SQLAlchemy Core code that runs the same on every backend the toolkit ships a driver for.
+
+A driver class is these classes put together (`CommonDriver`), with its backend's
+pieces (`DriverPieces`'s abstract methods) and its own versions of the statements
+that differ (PostgreSQL's receipt insert). A backend that differs more overrides more.
+"""
+
+from __future__ import annotations
+
+from outbox.drivers.common.console import ConsoleStatements
+from outbox.drivers.common.dead_letters import DeadLetterStatements
+from outbox.drivers.common.messages import MessageStatements
+from outbox.drivers.common.operations import OperationStatements
+from outbox.drivers.common.pieces import DriverPieces
+from outbox.drivers.common.receipts import ReceiptStatements
+
+
+class CommonDriver(
+    ReceiptStatements,
+    DeadLetterStatements,
+    MessageStatements,
+    OperationStatements,
+    ConsoleStatements,
+    DriverPieces,
+):
+    """Every family in portable Core; a backend's class adds its pieces."""
+
+
+__all__ = ["CommonDriver", "DriverPieces"]

@@ -1,0 +1,66 @@
+"""The PostgreSQL driver (psycopg 3): array parameters, statement time, SKIP LOCKED."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.dialects import postgresql
+from sqlalchemy.engine import Connection
+from sqlalchemy.sql.elements import ColumnElement
+
+from outbox.drivers.base import Now
+from outbox.drivers.common import CommonDriver
+from outbox.drivers.postgresql import receipts
+from outbox.drivers.postgresql.receipts import STATEMENT_NOW
+
+
+class PostgreSQLDriver(CommonDriver):
+    """PostgreSQL: the portable statements, and one-statement receipt inserts of its own."""
+
+    name = "postgresql"
+    supports_skip_locked = True
+    fuses_reference_effect = True
+
+    def database_now(self) -> ColumnElement[float]:
+        """The statement's time in epoch seconds."""
+        # Statement time: stable within a statement (so indexes can use it) but current,
+        # unlike now(), which would freeze at the start of a caller's long transaction.
+        return sa.literal_column(STATEMENT_NOW, sa.Double())
+
+    def dialect_insert(self, table: sa.Table) -> Any:
+        """PostgreSQL's INSERT, with ON CONFLICT."""
+        return postgresql.insert(table)
+
+    def in_names(self, column: ColumnElement[str], name: str) -> Any:
+        """`column` equals any element of the array parameter `name`."""
+        names = sa.bindparam(name, type_=postgresql.ARRAY(sa.String()))
+        return column == sa.any_(names)
+
+    def not_in_names(self, column: ColumnElement[str], name: str) -> Any:
+        """`column` differs from every element of the array parameter `name`."""
+        # One array parameter: the same prepared statement for any number of names.
+        names = sa.bindparam(name, type_=postgresql.ARRAY(sa.String()))
+        return column != sa.all_(names)
+
+    def floor(self, value: ColumnElement[Any]) -> ColumnElement[int]:
+        """floor() as a bigint."""
+        return sa.cast(sa.func.floor(value), sa.BigInteger())
+
+    def insert_receipts(
+        self,
+        conn: Connection,
+        reply_ids: Sequence[str],
+        hashes: Sequence[str],
+        bodies: Sequence[bytes],
+        now: Now,
+        *,
+        with_reference_effect: bool = False,
+    ) -> dict[str, float]:
+        """Insert receipts (and, if asked, their reference effects) in one statement."""
+        return receipts.insert_receipts(conn, reply_ids, hashes, bodies, now, with_reference_effect)
+
+    def insert_effects(self, conn: Connection, fresh: Sequence[tuple[str, float, bytes]]) -> None:
+        """The reference effect's rows in one statement of arrays."""
+        receipts.insert_effects(conn, fresh)

@@ -1,0 +1,40 @@
+"""The SQLite driver (sqlite3): one writer, so no row locks; the portable statements as
+they are."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.dialects import sqlite
+from sqlalchemy.sql.elements import ColumnElement
+
+from outbox.drivers.common import CommonDriver
+
+
+class SQLiteDriver(CommonDriver):
+    """SQLite: the portable statements, with its own clock and INSERT."""
+
+    name = "sqlite"
+    supports_skip_locked = False
+
+    def database_now(self) -> ColumnElement[float]:
+        """julianday('now') in epoch seconds."""
+        return sa.literal_column("((julianday('now') - 2440587.5) * 86400.0)", sa.Double())
+
+    def dialect_insert(self, table: sa.Table) -> Any:
+        """SQLite's INSERT, with ON CONFLICT."""
+        return sqlite.insert(table)
+
+    def in_names(self, column: ColumnElement[str], name: str) -> Any:
+        """`column` IN the expanding list parameter `name`."""
+        return column.in_(sa.bindparam(name, expanding=True))
+
+    def not_in_names(self, column: ColumnElement[str], name: str) -> Any:
+        """`column` NOT IN the expanding list parameter `name`."""
+        return column.not_in(sa.bindparam(name, expanding=True))
+
+    def floor(self, value: ColumnElement[Any]) -> ColumnElement[int]:
+        """A cast to integer, which truncates: floor for the positive values it is given."""
+        # SQLite may be built without floor().
+        return sa.cast(value, sa.Integer())

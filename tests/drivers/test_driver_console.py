@@ -1,0 +1,42 @@
+"""Conformance: what the console reads, on every registered driver."""
+
+from __future__ import annotations
+
+import sqlalchemy as sa
+from support.driver_helpers import START, add_task, published, set_state
+
+from outbox.drivers import Driver
+
+MINUTE = 60.0
+
+
+def test_a_task_and_the_reply_it_wrote(driver: Driver, conn: sa.Connection) -> None:
+    add_task(conn, "t-1", "done", START)
+    assert driver.reply_of(conn, "t-1") is None
+    published(driver, conn, "reply:t-1", START, task_id="t-1")
+    task = driver.task(conn, "t-1")
+    assert task is not None
+    assert (task["task_id"], task["state"], task["payload"]) == ("t-1", "done", '{"job":1}')
+    assert driver.reply_of(conn, "t-1") == {"reply_id": "reply:t-1", "state": "pending"}
+    assert driver.task(conn, "nobody") is None
+
+
+def test_a_message_exists_by_its_reply_id(driver: Driver, conn: sa.Connection) -> None:
+    assert not driver.message_exists(conn, "m-1")
+    published(driver, conn, "m-1", START)
+    assert driver.message_exists(conn, "m-1")
+
+
+def test_the_charts_count_each_minute_of_their_window(driver: Driver, conn: sa.Connection) -> None:
+    base = 1000 * MINUTE
+    for n, at in enumerate([base + 1, base + 59, base + MINUTE + 5, base + 3 * MINUTE]):
+        published(driver, conn, f"m-{n}", at)
+    set_state(conn, "m-0", state="sent", sent_at=base + 2 * MINUTE + 1)
+    set_state(conn, "m-1", state="dead")
+    add_task(conn, "t-1", "done", base)  # finished a second later
+    window = (base, base + 3 * MINUTE)  # the last message's minute is outside it
+    assert driver.per_minute(conn, "enqueued", *window) == {1000: 2, 1001: 1}
+    assert driver.per_minute(conn, "sent", *window) == {1002: 1}
+    assert driver.per_minute(conn, "dead", *window) == {1000: 1}
+    assert driver.per_minute(conn, "finished", *window) == {1000: 1}
+    assert driver.per_minute(conn, "enqueued", base + 10 * MINUTE, base + 11 * MINUTE) == {}
