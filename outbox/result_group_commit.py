@@ -19,7 +19,8 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any
 
-from outbox.tasks import Claim, TaskQueue
+from outbox.claim import Claim
+from outbox.tasks import TaskQueue
 
 
 @dataclass

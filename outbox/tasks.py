@@ -11,9 +11,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import random
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
 from typing import Any
 
 import sqlalchemy as sa
@@ -21,6 +20,8 @@ from sqlalchemy.engine import Connection, Engine, RowMapping
 from sqlalchemy.orm import Session
 
 from outbox import failpoints, task_results
+from outbox.backoff import backoff_delay
+from outbox.claim import Claim, claims_from_rows
 from outbox.clock import Clock
 from outbox.db import message_sql, task_sql
 from outbox.db import sql as db_sql
@@ -51,45 +52,9 @@ RECONCILE_BATCH = 100
 MAX_REASON_CHARS = 2000
 
 
-@dataclass(frozen=True)
-class Claim:
-    """A leased task: who holds it, under which fence, and what to do."""
-
-    task_id: str
-    owner: str
-    fence: int
-    attempt: int
-    payload: dict[str, Any]
-    lease_until: float | None = None
-    deadline: float | None = None
-
-
-def claims_from_rows(rows: Sequence[Mapping[Any, Any]]) -> list[Claim]:
-    """The Claims of a claim statement's rows, in claim order (RETURNING keeps none)."""
-    ordered = sorted(rows, key=lambda r: (-r["priority"], r["available_at"], r["created_at"]))
-    return [
-        Claim(
-            task_id=r["task_id"],
-            owner=r["owner"],
-            fence=r["fence"],
-            attempt=r["attempts"],
-            payload=json.loads(r["payload"]),
-            lease_until=r["lease_until"],
-            deadline=r["deadline"],
-        )
-        for r in ordered
-    ]
-
-
 def _storable_reason(reason: object) -> str:
     """Free text from a worker or an operator, minus what the database cannot store."""
     return str(reason).replace("\x00", "\\x00")[:MAX_REASON_CHARS]
-
-
-def backoff_delay(attempt: int, backoff: float, cap: float, rng: random.Random) -> float:
-    """Retry delay after `attempt`: uniform in [d/2, d], d = min(cap, backoff * 2^(attempt-1))."""
-    ceiling = min(cap, backoff * 2.0 ** min(max(attempt - 1, 0), 62))
-    return rng.uniform(ceiling / 2, ceiling)
 
 
 class TaskQueue(DatabaseHandle):

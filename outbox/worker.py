@@ -33,6 +33,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
+from outbox.claim import Claim
 from outbox.db import retry
 from outbox.db.dialect import listen_conninfo
 from outbox.errors import Fenced, InvalidMessage, PermanentFailure
@@ -44,7 +45,7 @@ from outbox.observability.worker_metrics import WorkerMetrics
 from outbox.result_group_commit import ResultGroupCommit
 from outbox.states import TaskState
 from outbox.task_wakeups import TaskWakeups
-from outbox.tasks import Claim, TaskQueue
+from outbox.tasks import TaskQueue
 from outbox.worker_lanes import DATABASE_ERRORS, ThreadedLanes, worker_lanes
 
 log = logging.getLogger("outbox.worker")

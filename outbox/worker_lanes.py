@@ -27,11 +27,12 @@ import sqlalchemy as sa
 from psycopg.rows import dict_row
 
 from outbox import failpoints, task_results
+from outbox.claim import Claim, claims_from_rows
 from outbox.db import task_sql
 from outbox.db.async_lane import AsyncLane
 from outbox.db.dialect import clock_value, listen_conninfo
 from outbox.handler_loop import HandlerLoop
-from outbox.tasks import Claim, TaskQueue, claims_from_rows
+from outbox.tasks import TaskQueue
 
 DATABASE_ERRORS = (sa.exc.DBAPIError, psycopg.Error)
 """What a lane raises when the database fails or cannot be reached."""

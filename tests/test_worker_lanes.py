@@ -15,9 +15,9 @@ import sqlalchemy as sa
 from support.commit_windows import looking
 
 from outbox import AuthContext, Envelope, TaskQueue
+from outbox.claim import Claim
 from outbox.failpoints import Crash, arm
 from outbox.handler_loop import WRITER_THREADS, HandlerLoop, LoopWake
-from outbox.tasks import Claim
 from outbox.testing import ManualClock
 from outbox.worker_lanes import PsycopgLanes, ThreadedLanes, worker_lanes
 
