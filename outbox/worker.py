@@ -237,7 +237,7 @@ class Worker:
             pass
 
     def health(self) -> dict[str, Any]:
-        """Liveness for /healthz: the claim loop has turned recently."""
+        """Liveness for /healthz: the producer has turned recently."""
         idle = time.monotonic() - self.last_turn
         limit = max(3 * self.poll_interval, 2 * self.queue.lease)
         return {
