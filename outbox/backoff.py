@@ -3,8 +3,10 @@
 The ceiling doubles per failure from `backoff` up to `cap`; the delay is drawn
 uniformly in [ceiling/2, ceiling], so that the many parties a shared fault failed
 at once (tasks, deliveries, broker consumers) do not all come back at the same
-moment. Used by the task queue's retries, the relay's redeliveries (with the
-Retry-After hint on top, relay.policy) and the broker consumers' pause.
+moment. Used by the task queue's retries and the relay's redeliveries (with the
+Retry-After hint on top, relay.policy); the broker consumers wait the ceiling itself,
+for a message's next try and for their pause after a batch that settled nothing
+(receiver.consume: the pause must not end before the failed message's own wait).
 """
 
 from __future__ import annotations

@@ -44,13 +44,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import random
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Protocol
 
 from outbox import failpoints
-from outbox.backoff import backoff_delay
+from outbox.backoff import backoff_ceiling
 from outbox.errors import ConfigError
 from receiver.dead_letters import LastTry
 from receiver.deliveries import Delivery, Invalid, check, ordering_key, shown_id, signing_keys
@@ -121,12 +120,10 @@ class Consumer(Stoppable):
         metrics: ConsumerMetrics | None = None,
         key_hold: float = DEFAULT_KEY_HOLD,
         max_deliveries: int = DEFAULT_MAX_DELIVERIES,
-        rng: random.Random | None = None,
     ) -> None:
         """Verify with `secrets` (or nothing, unsigned=True); run `effect` per first receipt;
         `key_hold`: seconds a key waits for its failed message to come back (see above);
-        `max_deliveries`: deliveries whose effect raises before a message goes dead;
-        `rng` draws the jitter of the pause after failed batches."""
+        `max_deliveries`: deliveries whose effect raises before a message goes dead."""
         if batch < 1:
             raise ConfigError(f"batch must be >= 1, got {batch}")
         if isinstance(max_deliveries, bool) or not isinstance(max_deliveries, int):
@@ -147,7 +144,6 @@ class Consumer(Stoppable):
         self.metrics = metrics or ConsumerMetrics()
         self.key_hold = float(key_hold)
         self.max_deliveries = max_deliveries
-        self._rng = rng or random.Random()
         self._effect_failures = EffectFailures(max_deliveries, backoff, backoff_cap)
         self._key_blocks = KeyBlocks(self.key_hold)
         self._failures = 0
@@ -271,14 +267,13 @@ class Consumer(Stoppable):
         return outcomes
 
     def retry_delay(self) -> float:
-        """The pause before taking more messages: 0 unless the last batch is to be retried.
-
-        Jittered (outbox.backoff), so consumers a database outage failed together do not
-        all come back at the same moment.
-        """
+        """The pause before taking more messages: 0 unless the last batch is to be retried."""
+        # The backoff's ceiling, not a jittered draw below it: a message that failed alone
+        # waits exactly its own backoff (EffectFailures), and a pause that ended first
+        # would find it still held back, count one more failed batch and double again.
         if self._failures == 0:
             return 0.0
-        return backoff_delay(self._failures, self.backoff, self.backoff_cap, self._rng)
+        return backoff_ceiling(self._failures, self.backoff, self.backoff_cap)
 
 
 def _monotonic() -> float:

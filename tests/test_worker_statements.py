@@ -253,9 +253,15 @@ def test_a_lane_whose_connection_was_cut_raises_once_then_connects_again(
 def test_a_closed_lane_refuses_statements(
     queue: TaskQueue, loop: HandlerLoop, task_claims: TaskClaims, finishes: Finishes
 ) -> None:
+    receive(queue, "a1")
+    (claim,) = on(loop, task_claims.claim(1, reconcile=False))
     on(loop, task_claims.close())
     with pytest.raises(RuntimeError, match="closed"):
         on(loop, task_claims.claim(1, reconcile=False))
+    if isinstance(finishes, PsycopgFinishes):  # SQLite's batches are the queue's own
+        on(loop, finishes.close())
+        with pytest.raises(RuntimeError, match="closed"):
+            on(loop, finishes.finish([(claim, "ok")]))
 
 
 def test_a_capped_queue_claims_within_the_cap(db_url: str, loop: HandlerLoop) -> None:

@@ -63,7 +63,13 @@ class Listener:
                 conn = await psycopg.AsyncConnection.connect(
                     bounded_conninfo(self._conninfo), autocommit=True
                 )
-                await conn.execute(f"LISTEN {self._channel}")
+                try:
+                    await conn.execute(f"LISTEN {self._channel}")
+                except BaseException:
+                    # Lost before it listened, or a stop came meanwhile: the connection
+                    # is closed here, since nothing below will close it.
+                    await conn.close()
+                    raise
             except psycopg.Error as exc:
                 self._log.warning("LISTEN connection failed (%s); polling until it is back", exc)
                 await asyncio.sleep(self._retry)
