@@ -14,7 +14,7 @@ import random
 import signal
 import threading
 import time
-from collections import Counter, defaultdict
+from collections import defaultdict
 from collections.abc import Collection, Mapping
 from typing import Any
 
@@ -29,23 +29,16 @@ from outbox.db.listener import Listener
 from outbox.observability.probe import Probe
 from relay.config import Destination, check_destinations, check_relay_settings
 from relay.dispatch import Dispatcher, Turn, retry_window
+from relay.event_loop import done_unless_stopped, new_event_loop
 from relay.leases import RelayLeases
 from relay.metrics import RelayMetrics
 from relay.pipeline import Claimed, Pipeline, by_destination
-from relay.policy import Sent, Unsent, Verdict, verdict
+from relay.policy import Verdict
 from relay.transports import check_kinds
+from relay.turn_report import report_turn
 
 log = logging.getLogger("outbox.relay")
 LEASE_MARGIN = 0.5  # seconds: the last attempt of a turn must end this long before the lease
-
-
-def _new_event_loop() -> asyncio.AbstractEventLoop:
-    """uvloop where it is installed (the `fast` extra): HTTP costs less CPU on it."""
-    try:
-        import uvloop
-    except ImportError:
-        return asyncio.new_event_loop()
-    return uvloop.new_event_loop()
 
 
 class Relay(DatabaseHandle):
@@ -106,7 +99,7 @@ class Relay(DatabaseHandle):
             clock=clock,
             rng=rng,
         )
-        self._loop = _new_event_loop()
+        self._loop = new_event_loop()
         self._stopping: asyncio.Event | None = None
         # Set when a settle frees an ordering key (its message sent or dead): the key's
         # next message is claimable at once, and nothing else (no NOTIFY, no backlog)
@@ -171,7 +164,9 @@ class Relay(DatabaseHandle):
                 self._loop.add_signal_handler(signum, self._stopping.set)
         stop = asyncio.ensure_future(self._stopping.wait())
         try:
-            checked = await self._checked_unless_stopped(stop)
+            # A destination that accepts and never answers holds the retention check for
+            # its whole timeout, up to the lease: a stop must not wait for it.
+            checked = await done_unless_stopped(self.check_retention(), stop)
         except BaseException:
             stop.cancel()
             self._remove_signal_handlers(install_signal_handlers)
@@ -254,24 +249,6 @@ class Relay(DatabaseHandle):
                 await asyncio.gather(listener, return_exceptions=True)
             self._remove_signal_handlers(install_signal_handlers)
             log.info("relay %s stopped", self.owner)
-
-    async def _checked_unless_stopped(self, stop: asyncio.Future[Any]) -> bool:
-        """check_retention(), unless a stop comes first (False: it was cancelled).
-
-        A destination that accepts and never answers holds the check for its whole
-        timeout, up to the lease: a stop must not wait for it.
-        """
-        checking = asyncio.ensure_future(self.check_retention())
-        try:
-            await asyncio.wait({checking, stop}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            if not checking.done():
-                checking.cancel()
-                await asyncio.gather(checking, return_exceptions=True)
-        if checking.cancelled():
-            return False
-        checking.result()  # a refusal (ConfigError) is raised as it was
-        return True
 
     def _remove_signal_handlers(self, installed: bool) -> None:
         """Give SIGTERM and SIGINT back to their defaults, when run() installed its own."""
@@ -394,64 +371,7 @@ class Relay(DatabaseHandle):
                 self._unsettled.append(turn)
             raise
         self._unsettled = [kept for kept in self._unsettled if kept is not turn]
-        verdicts: list[tuple[str, Verdict]] = []
-        # Counted per kind, not per message: a batch is mostly one kind.
-        kinds: Counter[tuple[str, Verdict, int | None]] = Counter()
-        for message in everything:
-            if message.id not in settled:
-                log.warning("message %s was taken over; not settled here", message.reply_id)
-                self.metrics.lease_lost(message.destination)
-                continue
-            outcome = outcomes[message.id]
-            said = verdict(outcome)
-            kinds[message.destination, said, outcome.status] += 1
-            if not isinstance(outcome, Sent):
-                fields = {
-                    "reply_id": message.reply_id,
-                    "destination": message.destination,
-                    "outcome": said,
-                    "status": outcome.status,
-                    "reason": outcome.error,
-                }
-                # A message going dead needs someone's decision; a retry is routine; one
-                # never attempted (held behind its key, or no time left in the lease) is
-                # routine and can be a thousand a turn behind one failing message.
-                level = logging.WARNING if said == "dead" else logging.INFO
-                log.log(
-                    logging.DEBUG if isinstance(outcome, Unsent) else level,
-                    "message %s to %s %s: %s",
-                    message.reply_id,
-                    message.destination,
-                    said,
-                    outcome.error,
-                    extra={"fields": fields},
-                )
-            verdicts.append((message.reply_id, said))
-            if message.ordering_key is not None and said != "retry" and self._key_freed is not None:
-                self._key_freed.set()
-        totals = dict.fromkeys(("sent", "retry", "dead"), 0)
-        for (destination, kind, status), count in kinds.items():
-            self.metrics.record(destination, kind, status, count)
-            totals[kind] += count
-        part = everything[0].destination if everything else None
-        log.info(
-            "turn for %s: %d claimed, %d settled: %d sent, %d retried, %d dead",
-            part,
-            len(everything),
-            len(verdicts),
-            totals["sent"],
-            totals["retry"],
-            totals["dead"],
-            extra={
-                "fields": {
-                    "destination": part,
-                    "claimed": len(everything),
-                    "settled": len(verdicts),
-                    **totals,
-                }
-            },
-        )
-        return verdicts
+        return report_turn(everything, outcomes, settled, self.metrics, self._key_freed)
 
     def readiness(self) -> dict[str, Any]:
         """Readiness for /readyz: the database answers (checked at most once a second)."""
