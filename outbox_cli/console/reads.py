@@ -9,10 +9,9 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from outbox.db.dialect import now_expression
+from outbox.db.dialect import clock_value, now_expression
 from outbox.operations import Operations
 from outbox.redaction import redact
-from relay import sql as relay_sql
 from relay.figures import Figures, figures_from
 
 BODY_SHOWN = 65_536
@@ -40,10 +39,10 @@ class ConsoleReads:
     def destinations(self) -> tuple[Figures, set[str]]:
         """Backlog and dead count per destination as the relay's gauges count them (unrouted
         destinations included), and the destinations some live relay delivers."""
-        now = self.now()
+        now = clock_value(self.ops.clock)
         with self.ops.engine.connect() as conn:
-            rows = conn.execute(relay_sql.destination_figures(now)).all()
-            routed = set(conn.execute(relay_sql.live_destinations(now)).scalars())
+            rows = self.ops.driver.destination_figures(conn, now)
+            routed = self.ops.driver.live_destinations(conn, now)
         return figures_from(rows, routed, ()), routed
 
     def reply(self, reply_id: str) -> dict[str, Any] | None:
