@@ -77,8 +77,9 @@ class RelayLeases:
         # Per destination, the ordering key where this relay's last claim stopped walking
         # keys (PostgreSQL, see outbox.drivers.postgresql.key_walk): the next claim goes on
         # after it, so a key that sorts last is reached as soon as one that sorts first,
-        # however many keys there are. Kept here, not in the database: each relay walks on its own,
-        # and after a restart a walk starts from the first key again, which costs nothing.
+        # however many keys there are. Kept here, not in the database: each relay walks on
+        # its own, and after a restart a walk starts from the first key again, which costs
+        # nothing.
         self._keys = KeyWalk()
         # Claims and settles come many times a second: each stream keeps a connection
         # rather than checking one out of the pool each time (see outbox.db.lane).

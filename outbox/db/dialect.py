@@ -136,7 +136,7 @@ def _sqlite_begin(conn: Connection) -> None:
 
 
 # The SQL pieces below are the drivers' (outbox.drivers): these names serve the statement
-# builders not yet behind the driver interface (tasks, the relay's claim, settle and reap).
+# builders not yet behind the driver interface (tasks).
 
 
 def insert_ignoring_conflicts(table: sa.Table, dialect_name: str) -> Any:

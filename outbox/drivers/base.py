@@ -57,7 +57,7 @@ class DeadOutcome(NamedTuple):
 
 
 class DialectPieces(Protocol):
-    """SQL pieces the statement builders not yet behind the driver (tasks, the relay) share."""
+    """SQL pieces the statement builders not yet behind the driver (tasks) share."""
 
     name: str
     """The SQLAlchemy dialect name this driver runs on."""

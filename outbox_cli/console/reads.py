@@ -7,9 +7,7 @@ import codecs
 import json
 from typing import Any
 
-import sqlalchemy as sa
-
-from outbox.db.dialect import clock_value, now_expression
+from outbox.db.dialect import clock_value
 from outbox.operations import Operations
 from outbox.redaction import redact
 from relay.figures import Figures, figures_from
@@ -31,10 +29,6 @@ class ConsoleReads:
     def __init__(self, ops: Operations) -> None:
         """Read through `ops` and its engine."""
         self.ops = ops
-
-    def now(self) -> sa.ColumnElement[float]:
-        """The statements' "now": the database clock, or the manual clock of a test."""
-        return now_expression(self.ops.clock, self.ops.engine.dialect.name)
 
     def destinations(self) -> tuple[Figures, set[str]]:
         """Backlog and dead count per destination as the relay's gauges count them (unrouted
