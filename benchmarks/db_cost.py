@@ -43,7 +43,8 @@ from benchmarks.task_throughput import (
     timed_drain,
 )
 from benchmarks.wal_window import Database, Window, observe
-from outbox.tasks import Claim, TaskQueue
+from outbox.claim import Claim
+from outbox.tasks import TaskQueue
 
 RELAYS, BATCH = 2, 1000  # as the suite's drain
 LEASE = 30.0

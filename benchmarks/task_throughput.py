@@ -32,10 +32,11 @@ import uvloop
 import outbox
 from benchmarks.relay_bench import fresh_database, log, run_alone
 from outbox.canonical import canonical_bytes
+from outbox.claim import Claim
 from outbox.intake import AuthContext, Envelope, accept
 from outbox.process_gc import tune_for_long_run
 from outbox.schema import inbox, messages, tasks
-from outbox.tasks import Claim, TaskQueue
+from outbox.tasks import TaskQueue
 from outbox.worker import Handler, Worker
 
 WORKERS = 2  # consumer processes: one per core of the benchmark machine

@@ -44,8 +44,9 @@ from benchmarks.task_throughput import (
     timed_drain,
     timed_worker,
 )
+from outbox.claim import Claim
 from outbox.intake import AuthContext, Envelope
-from outbox.tasks import Claim, TaskQueue
+from outbox.tasks import TaskQueue
 from outbox.worker import Handler, Worker
 
 CONCURRENCY = 500  # the issue's: handlers held at once by one worker

@@ -8,6 +8,7 @@ Tests take ManualClock and failpoints from outbox.testing.
 
 from __future__ import annotations
 
+from outbox.claim import Claim
 from outbox.db.dialect import create_engine
 from outbox.errors import (
     BatchFailed,
@@ -24,7 +25,7 @@ from outbox.intake import Ack, AuthContext, Envelope
 from outbox.migrations import upgrade
 from outbox.publish import publish
 from outbox.states import ErrorCode, MessageState, TaskState
-from outbox.tasks import Claim, TaskQueue
+from outbox.tasks import TaskQueue
 from outbox.worker import Worker
 
 __version__ = "0.1.0"

@@ -15,10 +15,11 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 from sqlalchemy.orm import Session
 
+from outbox.claim import Claim
 from outbox.clock import Clock
 from outbox.intake import Ack, AuthContext, Envelope
 from outbox.publish import publish as sync_publish
-from outbox.tasks import Claim, TaskQueue
+from outbox.tasks import TaskQueue
 
 
 async def publish(

@@ -4,12 +4,12 @@ An `async def` handler is awaited on the loop: handlers that mostly wait (an HTT
 call, a model's answer) then cost a task each, not a thread each, so a worker can
 hold hundreds of them. A plain handler runs on one of `concurrency` daemon threads
 (HandlerThreads) while its task awaits it. Either way, what follows the handler is
-the same: results that finish together are written together (BatchedWrites),
-by a coroutine of the loop (see outbox.worker_lanes), and what blocks (failures,
-results written alone, all writes on SQLite) runs on a small pool of writer
-threads. Results wait on the loop, not on a thread each, so a batch holds whatever
-finished while the previous one was written, however many handlers that is, and a
-handler's thread takes its next task while its result is committed.
+the same: results that finish together are written together by the completer's
+group commit, a coroutine of the loop (see outbox.completer), and what blocks
+(failures, results written alone, all writes on SQLite) runs on a small pool of
+writer threads. Results wait on the loop, not on a thread each, so a batch holds
+whatever finished while the previous one was written, however many handlers that
+is, and a handler's thread takes its next task while its result is committed.
 """
 
 from __future__ import annotations
@@ -18,12 +18,11 @@ import asyncio
 import concurrent.futures
 import contextlib
 import threading
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Callable, Coroutine
 from queue import SimpleQueue
-from typing import Any, Generic, TypeVar
+from typing import Any, TypeVar
 
 T = TypeVar("T")
-R = TypeVar("R")
 # Threads that write outcomes that block: failures, the results a batch could not commit,
 # and (where the batches are not written on the loop) the batches, one at a time.
 WRITER_THREADS = 8
@@ -94,7 +93,7 @@ class HandlerLoop:
 class LoopWake:
     """Wakes one coroutine of a HandlerLoop; set() from any thread, at most one call queued.
 
-    The claim loop waits here for a free slot, a NOTIFY or stop(). Handlers end on the
+    The producer waits here for a free slot, a NOTIFY or stop(). Handlers end on the
     loop and set it there directly; other threads' calls are folded into one queued
     call, so a burst of notifications costs the loop one wake-up, not one each.
     """
@@ -194,55 +193,3 @@ class HandlerThreads:
         # A closed loop has no task left waiting for the answer.
         with contextlib.suppress(RuntimeError):
             self._loop.call_soon_threadsafe(settle)
-
-
-class BatchedWrites(Generic[T, R]):
-    """Items written together, one batch at a time, by a coroutine on a HandlerLoop.
-
-    submit() is called by the loop's tasks and returns the item's own answer. An item
-    submitted while a batch is being written waits, on the loop and without a thread,
-    for the next one, which takes everything that arrived meanwhile. (Waiting on a
-    writer thread instead, as ResultGroupCommit's callers do, would cap a batch at the
-    number of writer threads.)
-    """
-
-    def __init__(self, loop: HandlerLoop, write: Callable[[list[T]], Awaitable[list[R]]]) -> None:
-        """`write(items)` is awaited on the loop and answers each item in order."""
-        self._loop = loop
-        self._write = write
-        self._waiting: list[tuple[T, asyncio.Future[R]]] = []
-        self._writer: asyncio.Task[None] | None = None
-
-    async def submit(self, item: T) -> R:
-        """Write `item` with whatever else is waiting; its answer (or `write`'s error)."""
-        answer: asyncio.Future[R] = self._loop.loop.create_future()
-        self._waiting.append((item, answer))
-        if self._writer is None:
-            self._writer = self._loop.loop.create_task(self._write_all())
-        return await answer
-
-    async def _write_all(self) -> None:
-        try:
-            while self._waiting:
-                batch, self._waiting = self._waiting, []
-                try:
-                    answers = await self._write([i for i, _ in batch])
-                    if len(answers) != len(batch):
-                        raise RuntimeError(f"{len(answers)} answers for {len(batch)} items")
-                except asyncio.CancelledError:  # the loop is closing: so are its submitters
-                    for _, answer in batch + self._waiting:
-                        answer.cancel()
-                    self._waiting = []
-                    raise
-                except BaseException as exc:  # noqa: BLE001 - each submitter gets the error
-                    # Any error, SystemExit from a writer thread included: an answer left
-                    # unset would hang its handler until the end of the grace period.
-                    for _, answer in batch:
-                        if not answer.done():
-                            answer.set_exception(exc)
-                    continue
-                for (_, answer), value in zip(batch, answers, strict=True):
-                    if not answer.done():  # its handler may have been cancelled meanwhile
-                        answer.set_result(value)
-        finally:
-            self._writer = None

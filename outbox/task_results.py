@@ -8,20 +8,18 @@ row is left as it is, and only the rows it changed get their reply.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from outbox.canonical import NotCanonical, canonical_bytes
+from outbox.claim import Claim
 from outbox.db import task_sql
 from outbox.db.dialect import is_postgresql
 from outbox.errors import Fenced, InvalidMessage, OutboxError
 from outbox.messages import TaskReply, add_task_replies, task_reply_rows
 from outbox.states import TaskState
-
-if TYPE_CHECKING:
-    from outbox.tasks import Claim
 
 MAX_RESULT_BYTES = 256 * 1024
 

@@ -11,9 +11,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import random
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
 from typing import Any
 
 import sqlalchemy as sa
@@ -21,22 +20,22 @@ from sqlalchemy.engine import Connection, Engine, RowMapping
 from sqlalchemy.orm import Session
 
 from outbox import failpoints, task_results
+from outbox.backoff import backoff_delay
+from outbox.claim import Claim, claims_from_rows
 from outbox.clock import Clock
 from outbox.db import message_sql, task_sql
-from outbox.db import sql as db_sql
 from outbox.db.caller import caller_connection
 from outbox.db.dialect import (
     READ_ONLY,
     autocommit_lane,
     clock_value,
     is_postgresql,
-    now_expression,
     one_statement,
 )
 from outbox.db.handle import DatabaseHandle
 from outbox.db.lane import Lane
-from outbox.errors import BatchFailed, Fenced, OutboxError, PayloadCollision
-from outbox.intake import Accepted, Ack, AuthContext, Envelope, accept, authorize, check_name
+from outbox.errors import BatchFailed, Fenced, OutboxError
+from outbox.intake import Ack, AuthContext, Envelope, accept, authorize, check_name
 from outbox.messages import (
     ReplyError,
     TaskReply,
@@ -44,52 +43,17 @@ from outbox.messages import (
     check_destination,
     message_dict,
 )
-from outbox.schema import inbox
 from outbox.states import ErrorCode, TaskState
+from outbox.task_intake import store_accepted
+from outbox.task_reconcile import reconcile_in
 
 RECONCILE_BATCH = 100
 MAX_REASON_CHARS = 2000
 
 
-@dataclass(frozen=True)
-class Claim:
-    """A leased task: who holds it, under which fence, and what to do."""
-
-    task_id: str
-    owner: str
-    fence: int
-    attempt: int
-    payload: dict[str, Any]
-    lease_until: float | None = None
-    deadline: float | None = None
-
-
-def claims_from_rows(rows: Sequence[Mapping[Any, Any]]) -> list[Claim]:
-    """The Claims of a claim statement's rows, in claim order (RETURNING keeps none)."""
-    ordered = sorted(rows, key=lambda r: (-r["priority"], r["available_at"], r["created_at"]))
-    return [
-        Claim(
-            task_id=r["task_id"],
-            owner=r["owner"],
-            fence=r["fence"],
-            attempt=r["attempts"],
-            payload=json.loads(r["payload"]),
-            lease_until=r["lease_until"],
-            deadline=r["deadline"],
-        )
-        for r in ordered
-    ]
-
-
 def _storable_reason(reason: object) -> str:
     """Free text from a worker or an operator, minus what the database cannot store."""
     return str(reason).replace("\x00", "\\x00")[:MAX_REASON_CHARS]
-
-
-def backoff_delay(attempt: int, backoff: float, cap: float, rng: random.Random) -> float:
-    """Retry delay after `attempt`: uniform in [d/2, d], d = min(cap, backoff * 2^(attempt-1))."""
-    ceiling = min(cap, backoff * 2.0 ** min(max(attempt - 1, 0), 62))
-    return rng.uniform(ceiling / 2, ceiling)
 
 
 class TaskQueue(DatabaseHandle):
@@ -146,8 +110,6 @@ class TaskQueue(DatabaseHandle):
             lane.close()
         super().close()
 
-    # --- plumbing -------------------------------------------------------------
-
     @contextmanager
     def _reading(self) -> Iterator[Connection]:
         with self._engine.connect().execution_options(**{READ_ONLY: True}) as conn, conn.begin():
@@ -160,7 +122,7 @@ class TaskQueue(DatabaseHandle):
         authorize(auth, envelope, self.allowed_sources)
         accepted = accept(auth, envelope)
         with self._engine.begin() as conn:
-            ack = self._store(conn, accepted)
+            ack = store_accepted(conn, accepted, self.clock, self.max_hops, self.reply_destination)
             if not ack.duplicate:  # a duplicate wrote nothing
                 failpoints.hit("intake.before_commit")
         failpoints.hit("intake.after_commit")
@@ -181,7 +143,8 @@ class TaskQueue(DatabaseHandle):
             "await outbox.asyncio.receive_tx(queue, session, auth, envelope)",
         )
         authorize(auth, envelope, self.allowed_sources)
-        return self._store(conn, accept(auth, envelope))
+        accepted = accept(auth, envelope)
+        return store_accepted(conn, accepted, self.clock, self.max_hops, self.reply_destination)
 
     def receive_batch(self, auth: AuthContext, envelopes: Sequence[Envelope]) -> list[Ack]:
         """Receive item by item; on failure raise BatchFailed with the ACKs already committed."""
@@ -192,67 +155,6 @@ class TaskQueue(DatabaseHandle):
             except Exception as exc:
                 raise BatchFailed(index, acks, exc) from exc
         return acks
-
-    def _store(self, conn: Connection, item: Accepted) -> Ack:
-        # The connection's backend, not the engine's: receive_tx runs on the caller's.
-        dialect = conn.dialect.name
-        now = float(
-            conn.execute(db_sql.select_now(now_expression(self.clock, dialect))).scalar_one()
-        )
-        inserted = conn.execute(
-            task_sql.insert_inbox(dialect)
-            .values(
-                principal=item.principal,
-                message_id=item.message_id,
-                content_hash=item.content_hash,
-                content=item.content,
-                task_id=item.task_id,
-                received_at=now,
-            )
-            .returning(inbox.c.task_id)
-        ).first()
-        if inserted is None:
-            stored_hash, task_id = conn.execute(
-                task_sql.select_inbox_hash(item.principal, item.message_id)
-            ).one()
-            if stored_hash != item.content_hash:
-                raise PayloadCollision(
-                    f"message {item.message_id!r} from {item.principal!r} is stored with content "
-                    f"hash {stored_hash}; this envelope hashes to {item.content_hash}"
-                )
-            return Ack(task_id=task_id, duplicate=True)
-        state, error = TaskState.PENDING, None
-        if item.deadline <= now:
-            state = TaskState.EXPIRED
-            error = ReplyError(ErrorCode.DEADLINE_PASSED, "deadline passed before intake")
-        elif item.hops >= self.max_hops:
-            state = TaskState.HOP_LIMIT
-            error = ReplyError(ErrorCode.HOP_LIMIT, f"hops {item.hops} >= max_hops {self.max_hops}")
-        terminal = state != TaskState.PENDING
-        conn.execute(
-            task_sql.insert_task().values(
-                task_id=item.task_id,
-                tenant_id=item.tenant_id,
-                payload=item.payload,
-                priority=item.priority,
-                deadline=item.deadline,
-                hops=item.hops,
-                state=state,
-                attempts=0,
-                max_attempts=item.max_attempts,
-                available_at=now,
-                fence=0,
-                last_error=None if error is None else error.reason,
-                created_at=now,
-                updated_at=now,
-                finished_at=now if terminal else None,
-            )
-        )
-        if terminal:
-            add_task_replies(
-                conn, [TaskReply(item.task_id, state, error=error)], self.reply_destination, now
-            )
-        return Ack(task_id=item.task_id, duplicate=False)
 
     # --- leases ---------------------------------------------------------------------
 
@@ -279,7 +181,7 @@ class TaskQueue(DatabaseHandle):
             lane=self._claims,
         ) as conn:
             if reconcile:
-                self._reconcile_in(conn, now)
+                reconcile_in(conn, now, self.reply_destination, RECONCILE_BATCH)
             rows = self._claim_rows(conn, owner, limit, now)
             if rows:
                 failpoints.hit("claim.before_commit")
@@ -454,7 +356,7 @@ class TaskQueue(DatabaseHandle):
         while True:
             with self._engine.begin() as conn:
                 now = clock_value(self.clock)
-                counts = self._reconcile_in(conn, now)
+                counts = reconcile_in(conn, now, self.reply_destination, RECONCILE_BATCH)
                 counts["messages_requeued"] = len(
                     conn.execute(
                         message_sql.reap_expired_message_leases(self._dialect),
@@ -465,32 +367,6 @@ class TaskQueue(DatabaseHandle):
                 totals[key] += value
             if max(counts.values()) < RECONCILE_BATCH:
                 return totals
-
-    def _reconcile_in(self, conn: Connection, now: float | None) -> dict[str, int]:
-        params = {"now": now, "limit": RECONCILE_BATCH}
-        expired = conn.execute(task_sql.expire_past_deadline(self._dialect), params).all()
-        reaped = conn.execute(task_sql.reap_expired_task_leases(self._dialect), params).all()
-        failed = [(task_id, why) for task_id, state, why in reaped if state == TaskState.FAILED]
-        add_task_replies(
-            conn,
-            [
-                TaskReply(
-                    task_id, TaskState.EXPIRED, error=ReplyError(ErrorCode.DEADLINE_PASSED, why)
-                )
-                for task_id, why in expired
-            ]
-            + [
-                TaskReply(task_id, TaskState.FAILED, error=ReplyError(ErrorCode.LEASE_EXPIRED, why))
-                for task_id, why in failed
-            ],
-            self.reply_destination,
-            now,
-        )
-        return {
-            "expired": len(expired),
-            "requeued": len(reaped) - len(failed),
-            "failed": len(failed),
-        }
 
     @staticmethod
     def _holding(claim: Claim, now: float | None) -> dict[str, Any]:

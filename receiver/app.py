@@ -11,7 +11,6 @@ the database does not answer) and GET /metrics (receiver.metrics).
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Callable, Iterable
 
 from starlette.applications import Starlette
@@ -21,6 +20,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from outbox.group_commit import GroupCommit
 from outbox.observability.probe import Probe
 from outbox.observability.server import METRICS_CONTENT_TYPE
 from outbox.signing import DEFAULT_TOLERANCE, parse_secret
@@ -57,48 +57,6 @@ async def _read_limited(request: Request, limit: int) -> bytes:
     if declared is not None and int(declared) != size:
         raise ValueError("body length differs from Content-Length")
     return b"".join(chunks)
-
-
-class ReceiptGroupCommit:
-    """Stores the single messages that arrive together in one transaction.
-
-    While one group's transaction runs, new messages queue; the next group takes
-    them all (up to MAX_BATCH_ITEMS). Under load, groups grow by themselves, so
-    commits and thread hand-offs are shared instead of paid per request.
-    """
-
-    def __init__(self, decide: ReceiverRules) -> None:
-        self._decide = decide
-        self._queue: list[tuple[tuple[str, bytes], asyncio.Future[Answer]]] = []
-        self._drainer: asyncio.Future[None] | None = None
-
-    async def store(self, item: tuple[str, bytes]) -> Answer:
-        """The answer for one checked message, once its group has committed."""
-        answer: asyncio.Future[Answer] = asyncio.get_running_loop().create_future()
-        self._queue.append((item, answer))
-        if self._drainer is None:
-            self._drainer = asyncio.ensure_future(self._drain())
-        return await answer
-
-    async def _drain(self) -> None:
-        try:
-            while self._queue:
-                group = self._queue[:MAX_BATCH_ITEMS]
-                del self._queue[:MAX_BATCH_ITEMS]
-                try:
-                    answers = await run_in_threadpool(
-                        self._decide.store_messages, [item for item, _ in group]
-                    )
-                except Exception as exc:  # noqa: BLE001 - every waiting request gets it
-                    for _, future in group:
-                        if not future.done():
-                            future.set_exception(exc)
-                    continue
-                for (_, future), answer in zip(group, answers, strict=True):
-                    if not future.done():
-                        future.set_result(answer)
-        finally:
-            self._drainer = None
 
 
 def _respond(answer: Answer) -> Response:
@@ -158,7 +116,12 @@ def build_app(
         except ClientDisconnect:
             return error(400, "client disconnected")  # nobody will read it
 
-    group = ReceiptGroupCommit(rules)
+    # Single messages that arrive while a transaction runs are stored together in the
+    # next one (up to a batch's limit), in the thread pool: the store blocks.
+    async def store_together(items: list[tuple[str, bytes]]) -> list[Answer]:
+        return await run_in_threadpool(rules.store_messages, items)
+
+    group = GroupCommit(store_together, max_batch=MAX_BATCH_ITEMS)
 
     async def post_message(request: Request) -> Response:
         body = await read_body(request)
@@ -168,7 +131,7 @@ def build_app(
         checked = rules.check_message(request.headers, body)
         if isinstance(checked, Answer):
             return _respond(checked)
-        return _respond(await group.store(checked))
+        return _respond(await group.submit(checked))
 
     async def post_batch(request: Request) -> Response:
         body = await read_body(request)

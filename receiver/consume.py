@@ -20,8 +20,8 @@ message:
   than its backoff ago: ``backoff``, doubling per failure up to ``backoff_cap``, before
   the effect runs again): nothing stored, not
   acknowledged; the broker delivers it again. When a batch settled nothing else, the
-  consumer pauses (doubling, capped) before it takes more, so a database that is down
-  is not hammered;
+  consumer pauses (doubling, capped, jittered: outbox.backoff) before it takes more, so
+  a database that is down is not hammered;
 - ``dead`` (this message's effect raised on each of ``max_deliveries`` deliveries, or
   it was dead already and came again): kept in ``receiver_dead_letters`` with its
   reason in the batch's transaction (or already there), logged as an error,
@@ -44,11 +44,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import random
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Protocol
 
 from outbox import failpoints
+from outbox.backoff import backoff_delay
 from outbox.errors import ConfigError
 from receiver.dead_letters import LastTry
 from receiver.deliveries import Delivery, Invalid, check, ordering_key, shown_id, signing_keys
@@ -119,10 +121,12 @@ class Consumer(Stoppable):
         metrics: ConsumerMetrics | None = None,
         key_hold: float = DEFAULT_KEY_HOLD,
         max_deliveries: int = DEFAULT_MAX_DELIVERIES,
+        rng: random.Random | None = None,
     ) -> None:
         """Verify with `secrets` (or nothing, unsigned=True); run `effect` per first receipt;
         `key_hold`: seconds a key waits for its failed message to come back (see above);
-        `max_deliveries`: deliveries whose effect raises before a message goes dead."""
+        `max_deliveries`: deliveries whose effect raises before a message goes dead;
+        `rng` draws the jitter of the pause after failed batches."""
         if batch < 1:
             raise ConfigError(f"batch must be >= 1, got {batch}")
         if isinstance(max_deliveries, bool) or not isinstance(max_deliveries, int):
@@ -143,6 +147,7 @@ class Consumer(Stoppable):
         self.metrics = metrics or ConsumerMetrics()
         self.key_hold = float(key_hold)
         self.max_deliveries = max_deliveries
+        self._rng = rng or random.Random()
         self._effect_failures = EffectFailures(max_deliveries, backoff, backoff_cap)
         self._key_blocks = KeyBlocks(self.key_hold)
         self._failures = 0
@@ -266,10 +271,14 @@ class Consumer(Stoppable):
         return outcomes
 
     def retry_delay(self) -> float:
-        """The pause before taking more messages: 0 unless the last batch is to be retried."""
+        """The pause before taking more messages: 0 unless the last batch is to be retried.
+
+        Jittered (outbox.backoff), so consumers a database outage failed together do not
+        all come back at the same moment.
+        """
         if self._failures == 0:
             return 0.0
-        return min(self.backoff_cap, self.backoff * 2.0 ** (self._failures - 1))
+        return backoff_delay(self._failures, self.backoff, self.backoff_cap, self._rng)
 
 
 def _monotonic() -> float:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import collections
 from collections.abc import Sequence
 
+from outbox.backoff import backoff_ceiling
 from receiver.dead_letters import LastTry
 from receiver.deliveries import Delivery
 from receiver.store import BatchItem, Statuses
@@ -70,7 +71,8 @@ class EffectFailures:
                 # Only the effect's own failures count: not a held message, nor a batch the
                 # database failed whole (that one raised before any status).
                 failures = self._failures.get(reply_id, (0, 0.0))[0] + 1
-                wait = min(self.backoff_cap, self.backoff * 2.0 ** (failures - 1))
+                # The ceiling, not a draw: each try at least its backoff after the last.
+                wait = backoff_ceiling(failures, self.backoff, self.backoff_cap)
                 self._failures[reply_id] = (failures, now + wait)
                 self._failures.move_to_end(reply_id)
                 while len(self._failures) > FAILURES_KEPT:

@@ -23,8 +23,9 @@ from sqlalchemy.engine import Engine
 
 from outbox import failpoints
 from outbox.clock import Clock
-from outbox.db.dialect import listen_conninfo
+from outbox.db.dialect import NOTIFY_CHANNEL, listen_conninfo
 from outbox.db.handle import DatabaseHandle
+from outbox.db.listener import Listener
 from outbox.observability.probe import Probe
 from relay.config import Destination, check_destinations, check_relay_settings
 from relay.dispatch import Dispatcher, Turn, retry_window
@@ -33,7 +34,6 @@ from relay.metrics import RelayMetrics
 from relay.pipeline import Claimed, Pipeline, by_destination
 from relay.policy import Sent, Unsent, Verdict, verdict
 from relay.transports import check_kinds
-from relay.wakeup import Wakeups
 
 log = logging.getLogger("outbox.relay")
 LEASE_MARGIN = 0.5  # seconds: the last attempt of a turn must end this long before the lease
@@ -279,12 +279,12 @@ class Relay(DatabaseHandle):
             for signum in (signal.SIGTERM, signal.SIGINT):
                 self._loop.remove_signal_handler(signum)
 
-    def _wakeups(self) -> Wakeups | None:
+    def _wakeups(self) -> Listener | None:
         """NOTIFY wake-ups on PostgreSQL; SQLite has none and polls."""
         conninfo = listen_conninfo(self._engine)
         if conninfo is None:
             return None
-        return Wakeups(conninfo, self.poll_interval, self.listening)
+        return Listener(conninfo, NOTIFY_CHANNEL, self.poll_interval, self.listening, logger=log)
 
     async def check_retention(self) -> None:
         """Refuse to run when a destination keeps receipts shorter than our retry window."""

@@ -14,9 +14,9 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Literal
 
+from outbox.backoff import backoff_delay
 from outbox.one_line import one_line
 from outbox.states import MessageState
-from outbox.tasks import backoff_delay
 
 RETRYABLE_STATUSES = frozenset({408, 425, 429})
 MAX_ERROR_CHARS = 500

@@ -9,7 +9,7 @@ commit one statement in autocommit too (a claim, a batch of results, a relay's
 settle, a receipt with the reference effect on PostgreSQL): an armed failpoint
 runs that statement in a transaction. Real processes killed in these windows:
 tests/faults/test_crash_matrix.py and tests/faults/test_broker_crashes.py; the
-worker's async lanes: tests/test_worker_lanes.py.
+worker's statements on held connections: tests/test_worker_statements.py.
 """
 
 from __future__ import annotations

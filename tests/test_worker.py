@@ -138,7 +138,7 @@ def test_a_renewal_refused_because_the_task_just_finished_is_not_reported(
         # The beat read the task as running; the result commits before its renewal lands.
         renewing.set()
         go.set()
-        assert wait_until(lambda: all(key[0] != task_id for key in worker._running))
+        assert wait_until(lambda: all(r.claim.task_id != task_id for r in worker._running.held()))
         return real_renew_many(claims)
 
     queue.renew_many = renew_after_the_finish  # type: ignore[method-assign]
@@ -179,7 +179,9 @@ def test_with_a_manual_clock_an_expired_lease_is_retaken_once_that_clock_says_so
 
         worker = Worker(manual, handler, poll_interval=0.05, heartbeat=30)
         with running_in_thread(worker):
-            assert wait_until(lambda: worker._next_reconcile > 0)  # its first claim ran
+            assert wait_until(
+                lambda: worker._producer is not None and worker._producer.next_reconcile > 0
+            )  # its first claim ran
             clock.advance(121)  # the gone worker's lease has expired
             assert done.wait(10)
             assert wait_until(lambda: states(manual, [task_id]) == ["done"])

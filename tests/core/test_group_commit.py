@@ -2,20 +2,22 @@
 
 from __future__ import annotations
 
+import asyncio
 import threading
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
+import pytest
 import sqlalchemy as sa
 
 from outbox import AuthContext, Claim, Envelope, Fenced, TaskQueue
 from outbox.errors import OutboxError
-from outbox.result_group_commit import ResultGroupCommit
+from outbox.group_commit import GroupCommit
 from outbox.testing import ManualClock
 
 A = AuthContext("agent-a")
 WAIT = 10.0  # seconds: a deadline for what should take milliseconds
+Finished = tuple[Claim, Any]
 
 
 class GatedQueue:
@@ -28,7 +30,7 @@ class GatedQueue:
         self.release_first = threading.Event()
         self.fail_with = fail_with
 
-    def finish_many(self, finished: Sequence[tuple[Claim, Any]]) -> list[OutboxError | None]:
+    def finish_many(self, finished: Sequence[Finished]) -> list[OutboxError | None]:
         self.batches.append([claim.task_id for claim, _ in finished])
         if len(self.batches) == 1:
             self.first_entered.set()
@@ -38,11 +40,13 @@ class GatedQueue:
         return self.queue.finish_many(finished)
 
 
-def until(condition: Callable[[], bool]) -> None:
-    deadline = time.monotonic() + WAIT
-    while not condition():
-        assert time.monotonic() < deadline, "condition not reached in time"
-        threading.Event().wait(0.005)
+def group_on(gate: GatedQueue | TaskQueue) -> GroupCommit[Finished, OutboxError | None]:
+    """A group commit that writes results through `gate` on a thread."""
+
+    async def write(finished: list[Finished]) -> list[OutboxError | None]:
+        return await asyncio.to_thread(gate.finish_many, finished)
+
+    return GroupCommit(write)
 
 
 def claims(queue: TaskQueue, clock: ManualClock, count: int) -> list[Claim]:
@@ -53,29 +57,30 @@ def claims(queue: TaskQueue, clock: ManualClock, count: int) -> list[Claim]:
     return held
 
 
-def run_finishes(
-    group: ResultGroupCommit, gate: GatedQueue, work: list[tuple[Claim, Any]]
-) -> dict[str, BaseException | None]:
+def run_finishes(gate: GatedQueue, work: list[Finished]) -> dict[str, BaseException | None]:
     """Finish the first alone; the rest arrive while it writes and must share one batch."""
+    group = group_on(gate)
     outcomes: dict[str, BaseException | None] = {}
 
-    def finish(claim: Claim, result: Any) -> None:
+    async def finish(pair: Finished) -> None:
         try:
-            group.finish(claim, result)
-            outcomes[claim.task_id] = None
+            outcomes[pair[0].task_id] = await group.submit(pair)
         except BaseException as exc:
-            outcomes[claim.task_id] = exc
+            outcomes[pair[0].task_id] = exc
 
-    threads = [threading.Thread(target=finish, args=pair) for pair in work]
-    threads[0].start()
-    assert gate.first_entered.wait(WAIT)
-    for thread in threads[1:]:
-        thread.start()
-    until(lambda: len(group._waiting) == len(work) - 1)
-    gate.release_first.set()
-    for thread in threads:
-        thread.join(WAIT)
-        assert not thread.is_alive()
+    async def scenario() -> None:
+        first = asyncio.ensure_future(finish(work[0]))
+        assert await asyncio.to_thread(gate.first_entered.wait, WAIT)
+        rest = [asyncio.ensure_future(finish(pair)) for pair in work[1:]]
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + WAIT
+        while group.waiting < len(work) - 1:
+            assert loop.time() < deadline, "the later results never queued"
+            await asyncio.sleep(0.005)
+        gate.release_first.set()
+        await asyncio.wait_for(asyncio.gather(first, *rest), WAIT)
+
+    asyncio.run(scenario())
     return outcomes
 
 
@@ -84,8 +89,7 @@ def test_results_that_arrive_while_one_is_written_share_the_next_transaction(
 ) -> None:
     held = claims(queue, clock, 5)
     gate = GatedQueue(queue)
-    group = ResultGroupCommit(gate)  # type: ignore[arg-type]
-    outcomes = run_finishes(group, gate, [(c, {"n": i}) for i, c in enumerate(held)])
+    outcomes = run_finishes(gate, [(c, {"n": i}) for i, c in enumerate(held)])
     assert outcomes == {c.task_id: None for c in held}
     assert len(gate.batches) == 2
     assert gate.batches[0] == [held[0].task_id]
@@ -102,8 +106,7 @@ def test_a_fenced_result_is_refused_to_its_own_caller_only(
 ) -> None:
     held = claims(queue, clock, 3)
     assert queue.cancel(held[2].task_id)
-    gate = GatedQueue(queue)
-    outcomes = run_finishes(ResultGroupCommit(gate), gate, [(c, "r") for c in held])  # type: ignore[arg-type]
+    outcomes = run_finishes(GatedQueue(queue), [(c, "r") for c in held])
     assert outcomes[held[0].task_id] is None
     assert outcomes[held[1].task_id] is None
     assert isinstance(outcomes[held[2].task_id], Fenced)
@@ -117,8 +120,7 @@ def test_a_database_error_reaches_every_caller_of_that_batch_and_commits_none(
 ) -> None:
     held = claims(queue, clock, 4)
     error = sa.exc.OperationalError("COMMIT", {}, Exception("connection lost"))
-    gate = GatedQueue(queue, fail_with=error)
-    outcomes = run_finishes(ResultGroupCommit(gate), gate, [(c, "r") for c in held])  # type: ignore[arg-type]
+    outcomes = run_finishes(GatedQueue(queue, fail_with=error), [(c, "r") for c in held])
     assert outcomes[held[0].task_id] is None
     for claim in held[1:]:
         assert outcomes[claim.task_id] is error
@@ -129,9 +131,42 @@ def test_a_database_error_reaches_every_caller_of_that_batch_and_commits_none(
 
 def test_alone_a_result_is_written_at_once(queue: TaskQueue, clock: ManualClock) -> None:
     held = claims(queue, clock, 3)
-    group = ResultGroupCommit(queue)
-    for claim in held:
-        group.finish(claim, "r")
-        row = queue.task(claim.task_id)
-        assert row is not None
-        assert row["state"] == "done"
+    group = group_on(queue)
+
+    async def one_by_one() -> None:
+        for claim in held:
+            assert await group.submit((claim, "r")) is None
+            row = queue.task(claim.task_id)
+            assert row is not None
+            assert row["state"] == "done"
+
+    asyncio.run(one_by_one())
+
+
+def test_a_batch_takes_at_most_max_batch_items() -> None:
+    batches: list[list[int]] = []
+
+    async def write(items: list[int]) -> list[int]:
+        batches.append(items)
+        await asyncio.sleep(0)
+        return [item * 2 for item in items]
+
+    async def scenario() -> list[int]:
+        group: GroupCommit[int, int] = GroupCommit(write, max_batch=3)
+        return await asyncio.gather(*(group.submit(n) for n in range(8)))
+
+    assert asyncio.run(scenario()) == [n * 2 for n in range(8)]
+    assert [len(batch) for batch in batches] == [3, 3, 2]
+    assert sorted(n for batch in batches for n in batch) == list(range(8))
+
+
+def test_a_write_answering_the_wrong_count_fails_its_batch() -> None:
+    async def write(items: list[int]) -> list[int]:
+        return []
+
+    async def scenario() -> None:
+        group: GroupCommit[int, int] = GroupCommit(write)
+        with pytest.raises(RuntimeError, match="0 answers for 1 items"):
+            await group.submit(1)
+
+    asyncio.run(scenario())

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from outbox import AuthContext, Claim, Envelope, TaskQueue
-from outbox.worker_lanes import PsycopgLanes
+from outbox.worker_psycopg import PsycopgFinishes
 
 SOURCE = AuthContext("agent-a")
 
@@ -38,7 +38,7 @@ def before_result_writes(
     hook: Callable[[Sequence[tuple[Claim, Any]]], None],
 ) -> None:
     """Call `hook(finished)`, on a thread, before each write of results a Worker of `queue`
-    makes: its batches, on either lane (see outbox.worker_lanes), and its single retries.
+    makes: its batches, on either path (see outbox.completer), and its single writes.
 
     A hook that raises stands for a failed write; one that blocks holds the write back
     while the worker's loop goes on.
@@ -49,12 +49,12 @@ def before_result_writes(
         hook(finished)
         return real_finish_many(finished)
 
-    # ThreadedLanes and the retries of single results write through finish_many.
+    # QueueFinishes and the results written alone go through finish_many.
     monkeypatch.setattr(queue, "finish_many", finish_many)
-    real_lane_finish = PsycopgLanes.finish
+    real_held_finish = PsycopgFinishes.finish
 
-    async def lane_finish(lanes: PsycopgLanes, finished: Sequence[tuple[Claim, Any]]) -> Any:
+    async def held_finish(finishes: PsycopgFinishes, finished: Sequence[tuple[Claim, Any]]) -> Any:
         await asyncio.to_thread(hook, finished)
-        return await real_lane_finish(lanes, finished)
+        return await real_held_finish(finishes, finished)
 
-    monkeypatch.setattr(PsycopgLanes, "finish", lane_finish)
+    monkeypatch.setattr(PsycopgFinishes, "finish", held_finish)

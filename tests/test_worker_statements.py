@@ -1,4 +1,5 @@
-"""A Worker's lanes: claims and results on its event loop, and the wake-up of its claim loop."""
+"""A Worker's statements on its event loop: the producer's claims, the completer's batches of
+results, and the wake-up of its producer."""
 
 from __future__ import annotations
 
@@ -15,11 +16,13 @@ import sqlalchemy as sa
 from support.commit_windows import looking
 
 from outbox import AuthContext, Envelope, TaskQueue
+from outbox.claim import Claim
+from outbox.completer import Finishes, QueueFinishes, batch_finishes
 from outbox.failpoints import Crash, arm
 from outbox.handler_loop import WRITER_THREADS, HandlerLoop, LoopWake
-from outbox.tasks import Claim
+from outbox.producer import TaskClaims, worker_claims
 from outbox.testing import ManualClock
-from outbox.worker_lanes import PsycopgLanes, ThreadedLanes, worker_lanes
+from outbox.worker_psycopg import PsycopgFinishes
 
 T = TypeVar("T")
 OWNER = "lane-worker"
@@ -36,9 +39,17 @@ def loop() -> Iterator[HandlerLoop]:
 
 
 @pytest.fixture
-def lanes(queue: TaskQueue, loop: HandlerLoop) -> Iterator[ThreadedLanes]:
-    """The lanes a Worker of `queue` would use, closed afterwards."""
-    chosen = worker_lanes(queue, loop, OWNER)
+def task_claims(queue: TaskQueue, loop: HandlerLoop) -> Iterator[TaskClaims]:
+    """How a Worker of `queue` would claim, closed afterwards."""
+    chosen = worker_claims(queue, loop, OWNER)
+    yield chosen
+    on(loop, chosen.close())
+
+
+@pytest.fixture
+def finishes(queue: TaskQueue, loop: HandlerLoop) -> Iterator[Finishes]:
+    """How a Worker of `queue` would commit a batch of results, closed afterwards."""
+    chosen = batch_finishes(queue, loop)
     yield chosen
     on(loop, chosen.close())
 
@@ -54,17 +65,22 @@ def receive(queue: TaskQueue, name: str, priority: int = 0, deadline: float = 4e
     return queue.receive(AuthContext("agent-a"), envelope).task_id
 
 
-def test_postgresql_takes_the_async_lanes_and_sqlite_the_threaded_ones(
-    backend: str, lanes: ThreadedLanes
+def test_postgresql_claims_and_commits_on_held_connections_and_sqlite_through_the_queue(
+    backend: str, task_claims: TaskClaims, finishes: Finishes
 ) -> None:
-    assert isinstance(lanes, PsycopgLanes) == (backend == "postgresql")
+    assert (task_claims.psycopg is not None) == (backend == "postgresql")
+    assert isinstance(finishes, PsycopgFinishes) == (backend == "postgresql")
 
 
 def test_a_claim_leases_tasks_in_claim_order_as_claim_many_does(
-    queue: TaskQueue, loop: HandlerLoop, lanes: ThreadedLanes, clock: ManualClock
+    queue: TaskQueue,
+    loop: HandlerLoop,
+    task_claims: TaskClaims,
+    finishes: Finishes,
+    clock: ManualClock,
 ) -> None:
     low, high = receive(queue, "low", priority=0), receive(queue, "high", priority=5)
-    claims = on(loop, lanes.claim(10, reconcile=False))
+    claims = on(loop, task_claims.claim(10, reconcile=False))
     assert [c.task_id for c in claims] == [high, low]
     assert [(c.owner, c.fence, c.attempt) for c in claims] == [(OWNER, 1, 1)] * 2
     assert [c.payload for c in claims] == [{"name": "high"}, {"name": "low"}]
@@ -73,37 +89,43 @@ def test_a_claim_leases_tasks_in_claim_order_as_claim_many_does(
         task = queue.task(claim.task_id)
         assert task is not None
         assert (task["state"], task["owner"], task["fence"]) == ("running", OWNER, 1)
-    assert on(loop, lanes.claim(10, reconcile=False)) == []
+    assert on(loop, task_claims.claim(10, reconcile=False)) == []
 
 
 def test_a_claim_takes_at_most_its_limit(
-    queue: TaskQueue, loop: HandlerLoop, lanes: ThreadedLanes
+    queue: TaskQueue, loop: HandlerLoop, task_claims: TaskClaims, finishes: Finishes
 ) -> None:
     for n in range(5):
         receive(queue, f"t{n}")
-    assert len(on(loop, lanes.claim(3, reconcile=False))) == 3
-    assert len(on(loop, lanes.claim(3, reconcile=False))) == 2
+    assert len(on(loop, task_claims.claim(3, reconcile=False))) == 3
+    assert len(on(loop, task_claims.claim(3, reconcile=False))) == 2
 
 
 def test_a_reconciling_claim_takes_back_an_expired_lease_first(
-    queue: TaskQueue, loop: HandlerLoop, lanes: ThreadedLanes, clock: ManualClock
+    queue: TaskQueue,
+    loop: HandlerLoop,
+    task_claims: TaskClaims,
+    finishes: Finishes,
+    clock: ManualClock,
 ) -> None:
     task_id = receive(queue, "t")
-    [first] = on(loop, lanes.claim(1, reconcile=False))
+    [first] = on(loop, task_claims.claim(1, reconcile=False))
     clock.advance(queue.lease + 1)
-    assert on(loop, lanes.claim(1, reconcile=False)) == []  # not reconciled: still running
-    [again] = on(loop, lanes.claim(1, reconcile=True))
+    assert on(loop, task_claims.claim(1, reconcile=False)) == []  # not reconciled: still running
+    [again] = on(loop, task_claims.claim(1, reconcile=True))
     assert (again.task_id, again.fence, again.attempt) == (task_id, first.fence + 1, 2)
 
 
 def test_results_commit_with_their_replies_and_stale_claims_are_refused(
-    queue: TaskQueue, loop: HandlerLoop, lanes: ThreadedLanes
+    queue: TaskQueue, loop: HandlerLoop, task_claims: TaskClaims, finishes: Finishes
 ) -> None:
     for name in ("a", "b", "c"):
         receive(queue, name)
-    a, b, c = on(loop, lanes.claim(3, reconcile=False))
+    a, b, c = on(loop, task_claims.claim(3, reconcile=False))
     stale = Claim(b.task_id, b.owner, b.fence + 7, b.attempt, b.payload)
-    written = on(loop, lanes.finish([(a, {"r": "a"}), (stale, {"r": "stale"}), (c, float("nan"))]))
+    written = on(
+        loop, finishes.finish([(a, {"r": "a"}), (stale, {"r": "stale"}), (c, float("nan"))])
+    )
     assert written == [True, False, False]  # a stale fence; a result that is not JSON
     states = {t: queue.task(t)["state"] for t in (a.task_id, b.task_id, c.task_id)}  # type: ignore[index]
     assert states == {a.task_id: "done", b.task_id: "running", c.task_id: "running"}
@@ -112,18 +134,22 @@ def test_results_commit_with_their_replies_and_stale_claims_are_refused(
     assert reply["task_id"] == a.task_id
     assert json.loads(reply["body"])["status"] == "done"
     # Written once: a second finish of the same claim changes nothing.
-    assert on(loop, lanes.finish([(a, {"r": "again"})])) == [False]
+    assert on(loop, finishes.finish([(a, {"r": "again"})])) == [False]
     assert len(queue.messages()) == 1
 
 
 def test_of_two_claims_of_one_task_in_a_batch_only_the_newer_is_written(
-    queue: TaskQueue, loop: HandlerLoop, lanes: ThreadedLanes, clock: ManualClock
+    queue: TaskQueue,
+    loop: HandlerLoop,
+    task_claims: TaskClaims,
+    finishes: Finishes,
+    clock: ManualClock,
 ) -> None:
     receive(queue, "t")
-    [old] = on(loop, lanes.claim(1, reconcile=False))
+    [old] = on(loop, task_claims.claim(1, reconcile=False))
     clock.advance(queue.lease + 1)
-    [new] = on(loop, lanes.claim(1, reconcile=True))
-    assert on(loop, lanes.finish([(old, "old"), (new, "new")])) == [False, True]
+    [new] = on(loop, task_claims.claim(1, reconcile=True))
+    assert on(loop, finishes.finish([(old, "old"), (new, "new")])) == [False, True]
     assert queue.task(new.task_id)["result"] == "new"  # type: ignore[index]
 
 
@@ -138,16 +164,17 @@ def test_of_two_claims_of_one_task_in_a_batch_only_the_newer_is_written(
 def test_a_claim_passes_its_failpoints_around_the_statement(
     queue: TaskQueue,
     loop: HandlerLoop,
-    lanes: ThreadedLanes,
+    task_claims: TaskClaims,
+    finishes: Finishes,
     point: str,
     claimed: bool,
     state: str,
 ) -> None:
     task_id = receive(queue, "t")
     with arm(point), pytest.raises(Crash):
-        on(loop, lanes.claim(1, reconcile=False))
+        on(loop, task_claims.claim(1, reconcile=False))
     assert queue.task(task_id)["state"] == state  # type: ignore[index]
-    assert len(on(loop, lanes.claim(1, reconcile=False))) == (0 if claimed else 1)
+    assert len(on(loop, task_claims.claim(1, reconcile=False))) == (0 if claimed else 1)
 
 
 @only_postgresql
@@ -155,12 +182,17 @@ def test_a_claim_passes_its_failpoints_around_the_statement(
     ("point", "state"), [("finish.before_commit", "running"), ("finish.after_commit", "done")]
 )
 def test_a_finish_passes_its_failpoints_around_the_statement(
-    queue: TaskQueue, loop: HandlerLoop, lanes: ThreadedLanes, point: str, state: str
+    queue: TaskQueue,
+    loop: HandlerLoop,
+    task_claims: TaskClaims,
+    finishes: Finishes,
+    point: str,
+    state: str,
 ) -> None:
     receive(queue, "t")
-    [claim] = on(loop, lanes.claim(1, reconcile=False))
+    [claim] = on(loop, task_claims.claim(1, reconcile=False))
     with arm(point), pytest.raises(Crash):
-        on(loop, lanes.finish([(claim, "ok")]))
+        on(loop, finishes.finish([(claim, "ok")]))
     assert queue.task(claim.task_id)["state"] == state  # type: ignore[index]
     assert len(queue.messages()) == (1 if state == "done" else 0)
 
@@ -174,14 +206,19 @@ def test_a_finish_passes_its_failpoints_around_the_statement(
     ],
 )
 def test_a_lane_reaches_its_before_commit_failpoint_with_the_writes_held(
-    queue: TaskQueue, loop: HandlerLoop, lanes: ThreadedLanes, point: str, written: set[str]
+    queue: TaskQueue,
+    loop: HandlerLoop,
+    task_claims: TaskClaims,
+    finishes: Finishes,
+    point: str,
+    written: set[str],
 ) -> None:
     # The lane commits one autocommit statement; armed, it runs it in a transaction.
     task_id = receive(queue, "t")
     claims: list[Claim] = []
     if point == "finish.before_commit":
-        claims = on(loop, lanes.claim(1, reconcile=False))
-    step = lanes.finish([(claims[0], "ok")]) if claims else lanes.claim(1, reconcile=False)
+        claims = on(loop, task_claims.claim(1, reconcile=False))
+    step = finishes.finish([(claims[0], "ok")]) if claims else task_claims.claim(1, reconcile=False)
     with looking(queue.engine, point) as seen, pytest.raises(Crash):
         on(loop, step)
     [found] = seen
@@ -192,10 +229,10 @@ def test_a_lane_reaches_its_before_commit_failpoint_with_the_writes_held(
 
 @only_postgresql
 def test_a_lane_whose_connection_was_cut_raises_once_then_connects_again(
-    queue: TaskQueue, loop: HandlerLoop, lanes: ThreadedLanes
+    queue: TaskQueue, loop: HandlerLoop, task_claims: TaskClaims, finishes: Finishes
 ) -> None:
     receive(queue, "t")
-    assert on(loop, lanes.claim(1, reconcile=False)) != []  # the claim lane is connected
+    assert on(loop, task_claims.claim(1, reconcile=False)) != []  # the claim lane is connected
     with queue.engine.connect() as conn:
         cut = conn.execute(
             sa.text(
@@ -207,25 +244,25 @@ def test_a_lane_whose_connection_was_cut_raises_once_then_connects_again(
     assert cut == [(True,)]
     receive(queue, "u")
     with pytest.raises(psycopg.OperationalError):
-        on(loop, lanes.claim(1, reconcile=False))
-    [claim] = on(loop, lanes.claim(1, reconcile=False))
+        on(loop, task_claims.claim(1, reconcile=False))
+    [claim] = on(loop, task_claims.claim(1, reconcile=False))
     assert claim.payload == {"name": "u"}
 
 
 @only_postgresql
 def test_a_closed_lane_refuses_statements(
-    queue: TaskQueue, loop: HandlerLoop, lanes: ThreadedLanes
+    queue: TaskQueue, loop: HandlerLoop, task_claims: TaskClaims, finishes: Finishes
 ) -> None:
-    on(loop, lanes.close())
+    on(loop, task_claims.close())
     with pytest.raises(RuntimeError, match="closed"):
-        on(loop, lanes.claim(1, reconcile=False))
+        on(loop, task_claims.claim(1, reconcile=False))
 
 
 def test_a_capped_queue_claims_within_the_cap(db_url: str, loop: HandlerLoop) -> None:
     with TaskQueue(db_url, allowed_sources=("agent-a",), tenant_cap=1) as queue:
         receive(queue, "a1")
         receive(queue, "a2")
-        capped = worker_lanes(queue, loop, OWNER)
+        capped = worker_claims(queue, loop, OWNER)
         try:
             assert len(on(loop, capped.claim(10, reconcile=False))) == 1
         finally:
@@ -265,22 +302,23 @@ def test_a_wake_set_on_the_loop_wakes_a_waiting_coroutine(loop: HandlerLoop) -> 
     assert on(loop, woken())
 
 
-def test_a_queue_on_the_callers_engine_keeps_the_threaded_lanes(
+def test_a_queue_on_the_callers_engine_claims_and_commits_through_the_queue(
     db_url: str, loop: HandlerLoop
 ) -> None:
     # Its connection settings may live outside its URL (connect_args, a creator).
     engine = sa.create_engine(sa.make_url(db_url))
     try:
         with TaskQueue(engine) as queue:
-            chosen = worker_lanes(queue, loop, OWNER)
-            assert type(chosen) is ThreadedLanes
+            chosen = worker_claims(queue, loop, OWNER)
+            assert chosen.psycopg is None
             on(loop, chosen.close())
+            assert type(batch_finishes(queue, loop)) is QueueFinishes
     finally:
         engine.dispose()
 
 
 def test_a_threaded_claim_does_not_wait_behind_busy_writer_threads(
-    queue: TaskQueue, loop: HandlerLoop, lanes: ThreadedLanes
+    queue: TaskQueue, loop: HandlerLoop, task_claims: TaskClaims, finishes: Finishes
 ) -> None:
     task_id = receive(queue, "t")
     release = threading.Event()
@@ -290,7 +328,7 @@ def test_a_threaded_claim_does_not_wait_behind_busy_writer_threads(
         pending = [asyncio.ensure_future(h) for h in held]
         try:
             # Reconciling: a claim that always goes through TaskQueue on a thread.
-            claims = await asyncio.wait_for(lanes.claim(1, reconcile=True), 10)
+            claims = await asyncio.wait_for(task_claims.claim(1, reconcile=True), 10)
         finally:
             release.set()
             await asyncio.gather(*pending)

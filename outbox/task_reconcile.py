@@ -1,0 +1,44 @@
+"""Reconciling tasks: deadlines that passed and leases that expired, each with its reply.
+
+A task past its deadline ends `expired`; a running task whose lease expired goes back
+to `pending`, or ends `failed` when it has no attempt left. TaskQueue runs this in its
+claims (on the worker's cadence) and in reconcile().
+"""
+
+from __future__ import annotations
+
+from sqlalchemy.engine import Connection
+
+from outbox.db import task_sql
+from outbox.messages import ReplyError, TaskReply, add_task_replies
+from outbox.states import ErrorCode, TaskState
+
+
+def reconcile_in(
+    conn: Connection, now: float | None, destination: str, limit: int
+) -> dict[str, int]:
+    """Expire up to `limit` tasks past their deadline and take back up to `limit` expired
+    leases, with the replies of those that end; never commits. The counts per outcome."""
+    dialect = conn.dialect.name
+    params = {"now": now, "limit": limit}
+    expired = conn.execute(task_sql.expire_past_deadline(dialect), params).all()
+    reaped = conn.execute(task_sql.reap_expired_task_leases(dialect), params).all()
+    failed = [(task_id, why) for task_id, state, why in reaped if state == TaskState.FAILED]
+    add_task_replies(
+        conn,
+        [
+            TaskReply(task_id, TaskState.EXPIRED, error=ReplyError(ErrorCode.DEADLINE_PASSED, why))
+            for task_id, why in expired
+        ]
+        + [
+            TaskReply(task_id, TaskState.FAILED, error=ReplyError(ErrorCode.LEASE_EXPIRED, why))
+            for task_id, why in failed
+        ],
+        destination,
+        now,
+    )
+    return {
+        "expired": len(expired),
+        "requeued": len(reaped) - len(failed),
+        "failed": len(failed),
+    }
