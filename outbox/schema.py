@@ -171,13 +171,14 @@ POSTGRESQL_ONLY_INDEXES = frozenset({"ix_outbox_messages_routable", "ix_outbox_m
 
 UNKEYED_PENDING = "(CASE WHEN ordering_key IS NULL THEN state END) = 'pending'"
 """Pending and unkeyed, written so that only ix_outbox_messages_unkeyed's predicate follows."""
-# PostgreSQL relays claim per destination (relay.sql): unkeyed messages along this index,
-# each key's first undelivered message along ix_outbox_messages_ordering, so a claim never
-# walks messages held back behind their key. SQLite's one relay walks
-# ix_outbox_messages_deliverable instead. A claim's test of UNKEYED_PENDING proves this
-# predicate and no other index's: from `state = 'pending'` a generic plan made while few
-# messages were pending could choose ix_outbox_messages_deliverable, every pending
-# message of every destination, keyed ones included, and keep it behind a backlog.
+# PostgreSQL relays claim per destination (outbox.drivers.postgresql.claims): unkeyed
+# messages along this index, each key's first undelivered message along
+# ix_outbox_messages_ordering, so a claim never walks messages held back behind their key.
+# SQLite's one relay walks ix_outbox_messages_deliverable instead. A claim's test of
+# UNKEYED_PENDING proves this predicate and no other index's: from `state = 'pending'` a
+# generic plan made while few messages were pending could choose
+# ix_outbox_messages_deliverable, every pending message of every destination, keyed ones
+# included, and keep it behind a backlog.
 # Claim order per destination, which relays before o0012 walked (kept while they may run).
 sa.Index(
     "ix_outbox_messages_routable",

@@ -1,7 +1,7 @@
 """What the relay's gauges show of the database: per destination, and what no relay routes.
 
 Read at scrape time (relay.metrics) from one grouped statement over the
-undelivered and dead messages (relay.sql.destination_figures) and the
+undelivered and dead messages (the driver's destination_figures) and the
 destinations live relays announce; the arithmetic here needs no I/O.
 """
 

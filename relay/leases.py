@@ -19,9 +19,10 @@ from sqlalchemy.engine import Engine
 
 from outbox import failpoints
 from outbox.clock import Clock
-from outbox.db import message_sql, retry
-from outbox.db.dialect import autocommit_lane, clock_value, now_expression, one_statement
-from relay import sql
+from outbox.db import retry
+from outbox.db.dialect import autocommit_lane, clock_value, one_statement
+from outbox.drivers import driver_for
+from outbox.drivers.records import KeyWalk
 from relay.figures import Figures, figures_from
 from relay.policy import Outcome, Retry, Sent, retry_delay, target_state
 from relay.records import ClaimedRow, Message, Settlement
@@ -57,7 +58,7 @@ class RelayLeases:
     ) -> None:
         """Leases for `owner` on `engine` (schema already checked)."""
         self._engine = engine
-        self._dialect = engine.dialect.name
+        self._driver = driver_for(engine)
         self.owner = owner
         self.destinations = sorted(destinations)
         self.announce_for = announce_for
@@ -74,14 +75,15 @@ class RelayLeases:
         self.claim_in_doubt = False
         """A claim raised after its COMMIT may have happened: its rows are to be adopted."""
         # Per destination, the ordering key where this relay's last claim stopped walking
-        # keys (PostgreSQL, see relay.sql.KEY_WALK): the next claim goes on after it, so a
-        # key that sorts last is reached as soon as one that sorts first, however many
-        # keys there are. Kept here, not in the database: each relay walks on its own,
-        # and after a restart a walk starts from the first key again, which costs nothing.
-        self._keys = sql.KeyWalk()
+        # keys (PostgreSQL, see outbox.drivers.postgresql.key_walk): the next claim goes on
+        # after it, so a key that sorts last is reached as soon as one that sorts first,
+        # however many keys there are. Kept here, not in the database: each relay walks on
+        # its own, and after a restart a walk starts from the first key again, which costs
+        # nothing.
+        self._keys = KeyWalk()
         # Claims and settles come many times a second: each stream keeps a connection
         # rather than checking one out of the pool each time (see outbox.db.lane).
-        self._claims = autocommit_lane(engine, sql.claim_session(self._dialect))
+        self._claims = autocommit_lane(engine, self._driver.claim_session())
         self._settles = autocommit_lane(engine)
 
     def close(self) -> None:
@@ -123,8 +125,10 @@ class RelayLeases:
             self._reap_expired_leases(conn, now)
             rows: list[ClaimedRow] = []
             if adopting:
-                rows = sql.adopt_messages(conn, owner=self.owner, now=now, lease=self.lease)
-            rows += sql.claim_messages(
+                rows = self._driver.adopt_messages(
+                    conn, owner=self.owner, now=now, lease=self.lease
+                )
+            rows += self._driver.claim_messages(
                 conn,
                 owner=self.owner,
                 now=now,
@@ -149,7 +153,7 @@ class RelayLeases:
             return
         try:
             with self._engine.begin() as conn:
-                sql.announce(
+                self._driver.announce(
                     conn,
                     owner=self.owner,
                     destinations=self.destinations,
@@ -164,7 +168,7 @@ class RelayLeases:
     def withdraw(self) -> None:
         """Stop announcing this relay's destinations (at a clean stop)."""
         with self._engine.begin() as conn:
-            sql.withdraw(conn, self.owner)
+            self._driver.withdraw(conn, self.owner)
         self._next_announce = float("-inf")
 
     def _reap_expired_leases(self, conn: sa.Connection, now: float | None) -> None:
@@ -173,12 +177,9 @@ class RelayLeases:
         moment = time.monotonic() if now is None else now
         if moment < self._next_reap:
             return
-        reaped = conn.execute(
-            message_sql.reap_expired_message_leases(self._dialect),
-            {"now": now, "limit": self.batch},
-        ).all()
+        reaped = self._driver.reap_expired_message_leases(conn, now, self.batch)
         # A full batch means more may be waiting: look again next turn.
-        full = len(reaped) >= self.batch
+        full = reaped >= self.batch
         self._next_reap = moment if full else moment + self.lease / 4
 
     def settle(
@@ -221,7 +222,7 @@ class RelayLeases:
             )
         # One statement, atomic alone: autocommit on PostgreSQL (see one_statement).
         with one_statement(self._engine, "relay.before_sent_commit", lane=self._settles) as conn:
-            settled = sql.settle(conn, self.owner, rows, clock_value(self.clock))
+            settled = self._driver.settle(conn, self.owner, rows, clock_value(self.clock))
             if settled:
                 failpoints.hit("relay.before_sent_commit")
         failpoints.hit("relay.after_sent_commit")
@@ -237,7 +238,7 @@ class RelayLeases:
     ) -> set[int]:
         expected = {m.id: (m.fence, target_state(outcomes[m.id])) for m in messages}
         with self._engine.connect() as conn:
-            rows = conn.execute(sql.select_states(list(expected))).all()
+            rows = self._driver.lease_states(conn, list(expected))
         return {
             row.id
             for row in rows
@@ -247,8 +248,8 @@ class RelayLeases:
     def figures(self) -> Figures:
         """Backlog, dead count and oldest undelivered age per destination, and the unrouted
         messages: one grouped read over undelivered and dead messages, none over history."""
-        now = now_expression(self.clock, self._dialect)
+        now = clock_value(self.clock)
         with self._engine.connect() as conn:
-            rows = conn.execute(sql.destination_figures(now)).all()
-            routed = set(conn.execute(sql.live_destinations(now)).scalars())
+            rows = self._driver.destination_figures(conn, now)
+            routed = self._driver.live_destinations(conn, now)
         return figures_from(rows, routed, self.destinations)

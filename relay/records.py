@@ -1,4 +1,8 @@
-"""The relay's typed records: a claimed message, and the settlement of one."""
+"""The relay's typed records: a claimed message, and the settlement of one.
+
+The rows the driver returns and takes (ClaimedRow, Settlement) are the core's
+(outbox.drivers.records), named here too.
+"""
 
 from __future__ import annotations
 
@@ -6,6 +10,8 @@ import json
 from collections.abc import Mapping, Sequence
 from types import MappingProxyType
 from typing import NamedTuple
+
+from outbox.drivers.records import ClaimedRow, Settlement
 
 _NO_HEADERS: Mapping[str, str] = MappingProxyType({})
 
@@ -72,37 +78,4 @@ def first_of_each_key(
     return [chain[0] for chain in chains], later
 
 
-class ClaimedRow(NamedTuple):
-    """A row as a claim returns it: the message's columns and its attempts before the claim.
-
-    When `previous_attempts` is already the budget, the message was reclaimed after
-    a lease expired mid-send and may only be resolved, never sent again.
-    """
-
-    id: int
-    reply_id: str
-    destination: str
-    body: bytes
-    content_hash: str
-    headers: str
-    attempts: int
-    fence: int
-    ordering_key: str | None
-    lease_until: float
-    previous_attempts: int
-
-
-class Settlement(NamedTuple):
-    """How one message's turn ends, written in the turn's one settling statement."""
-
-    id: int
-    fence: int
-    state: str
-    status: int | None
-    error: str | None
-    delay: float
-    """Seconds before the next attempt (pending only)."""
-    refund: int
-    """Attempts to give back: 1 when the claim counted an attempt that was never made."""
-    lease_until: float | None
-    """The message's lease, as claimed: the settle finds its rows by it."""
+__all__ = ["ClaimedRow", "Message", "Settlement", "first_of_each_key", "key_chains"]

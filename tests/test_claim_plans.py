@@ -15,12 +15,15 @@ import pytest
 import sqlalchemy as sa
 from psycopg import sql as psycopg_sql
 
-from outbox.db import message_sql, task_sql
+from outbox.db import task_sql
 from outbox.db.dialect import bound_now
-from relay import sql as relay_sql
+from outbox.drivers import DRIVERS
+from outbox.drivers.common import figures, leases
+from outbox.drivers.postgresql import claims
 
 PARAMETER = re.compile(r"%\((\w+)\)s")
-CLAIMS = relay_sql.claim_session("postgresql")
+PG = DRIVERS["postgresql"]
+CLAIMS = PG.claim_session()
 """The setting of the relay's claims connection, which its statements' tests plan under."""
 
 
@@ -34,7 +37,7 @@ def generic_plan(
     """EXPLAIN of `statement` as PostgreSQL plans it once for any parameter values.
 
     With `mode` "force_custom_plan", as it plans it for these values instead. `session`:
-    the SQL that sets up the connection it runs on (relay.sql.claim_session), if any.
+    the SQL that sets up the connection it runs on (the driver's claim_session), if any.
     """
     compiled = statement.compile(dialect=conn.dialect, compile_kwargs={"render_postcompile": True})
     order: list[str] = []
@@ -129,7 +132,7 @@ def test_the_relay_claim_walks_only_its_own_destinations(db_url: str) -> None:
         )
     try:
         with engine.connect() as conn:
-            _, update = relay_sql._claim_statements("postgresql")
+            update = claims.claim_statement(PG)
             # Only the relay's destinations, and of those not the ones whose pipeline is
             # full: each picked along the destination-first index.
             plans = [
@@ -165,7 +168,7 @@ def test_the_relay_claim_walks_keys_one_probe_each_and_unkeyed_messages_apart(
         )
     try:
         with engine.connect() as conn:
-            _, claim = relay_sql._claim_statements("postgresql")
+            claim = claims.claim_statement(PG)
             values = claim_values(
                 100,
                 ["default"],
@@ -198,7 +201,7 @@ def test_the_relay_claim_finds_its_picks_by_primary_key(db_url: str, mode: str) 
     engine = with_history(db_url, pending_every=1)
     try:
         with engine.connect() as conn:
-            _, update = relay_sql._claim_statements("postgresql")
+            update = claims.claim_statement(PG)
             values = claim_values(500, ["default"], skip_destinations=[])
             plan = generic_plan(conn, update, values, mode, session=CLAIMS)
     finally:
@@ -228,9 +231,9 @@ def test_the_task_claim_uses_the_claimable_index(db_url: str, capped: bool) -> N
     [
         (task_sql.expire_past_deadline, "ix_outbox_tasks_deadline"),
         (task_sql.reap_expired_task_leases, "ix_outbox_tasks_running_tenant"),
-        (message_sql.reap_expired_message_leases, "ix_outbox_messages_lease"),
+        (lambda name: leases.reap_statement(DRIVERS[name]), "ix_outbox_messages_lease"),
         # The relay's adoption of its own rows after a claim in doubt, on the claims' lane.
-        (relay_sql._adopt_statement, "ix_outbox_messages_lease"),
+        (lambda name: leases.adopt_statement(DRIVERS[name]), "ix_outbox_messages_lease"),
     ],
     ids=["expire", "reap-tasks", "reap-messages", "adopt"],
 )
@@ -257,7 +260,7 @@ def test_the_relay_gauges_read_no_delivered_history(db_url: str) -> None:
     engine = with_history(db_url)
     try:
         with engine.connect() as conn:
-            statement = relay_sql.destination_figures(bound_now("postgresql"))
+            statement = figures.destination_figures(bound_now("postgresql"))
             plan = generic_plan(conn, statement, {"now": None})
     finally:
         engine.dispose()
@@ -290,7 +293,7 @@ def test_the_relay_chain_claim_walks_each_key_and_probes_by_primary_key(
         )
     try:
         with engine.connect() as conn:
-            statement = relay_sql._chain_statement("postgresql")
+            statement = claims.chain_statement(PG)
             values = claim_values(
                 500,
                 ["default"],
@@ -328,11 +331,11 @@ def test_claims_probe_by_primary_key_behind_a_backlog_the_statistics_never_saw(
     try:
         with engine.connect() as conn:
             if statement == "claim":
-                claim = relay_sql._claim_statements("postgresql")[1]
+                claim = claims.claim_statement(PG)
                 values = claim_values(1000, ["default"], skip_destinations=[])
                 values |= {"key_cursors": [None], "key_cap": 2000, "key_heads": 1000}
             else:
-                claim = relay_sql._chain_statement("postgresql")
+                claim = claims.chain_statement(PG)
                 values = claim_values(
                     1000,
                     ["default"],

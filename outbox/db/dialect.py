@@ -23,6 +23,7 @@ from outbox import failpoints
 from outbox.clock import Clock
 from outbox.db.lane import Lane
 from outbox.drivers import driver_for
+from outbox.drivers.execution import UNPREPARED as UNPREPARED
 from outbox.drivers.postgresql.conninfo import CONNECT_TIMEOUT, bounded
 
 SQLITE_BUSY_TIMEOUT_MS = 30_000
@@ -31,8 +32,6 @@ NOTIFY_CHANNEL = "outbox_messages"
 # Migration o0008 notifies this channel when tasks are inserted or become due again.
 TASKS_NOTIFY_CHANNEL = "outbox_tasks"
 READ_ONLY = "outbox_read_only"
-UNPREPARED = "outbox_unprepared"
-"""Execution option: plan this statement for its actual parameters every time (PostgreSQL)."""
 _PREPARED = "outbox_prepared"
 
 
@@ -137,7 +136,7 @@ def _sqlite_begin(conn: Connection) -> None:
 
 
 # The SQL pieces below are the drivers' (outbox.drivers): these names serve the statement
-# builders not yet behind the driver interface (tasks, the relay's claim, settle and reap).
+# builders not yet behind the driver interface (tasks).
 
 
 def insert_ignoring_conflicts(table: sa.Table, dialect_name: str) -> Any:

@@ -1,49 +1,30 @@
 """The core's statements about messages that are not behind the driver yet.
 
-The relay's reap of expired delivery leases and the task path's writes and reads of
-replies move with the relay's claim, settle and reap and with the task statements;
-publish() and the other reads of messages are the drivers' (outbox.drivers).
+The task path's writes and reads of replies, and its use of the relay's reap, move with
+the task statements; publish(), the other reads of messages and the relay's statements
+are the drivers' (outbox.drivers).
 """
 
 from __future__ import annotations
 
 import functools
-from typing import Any
+from typing import Any, cast
 
 import sqlalchemy as sa
 
-from outbox.db.dialect import bound_now, supports_skip_locked
-from outbox.db.sql import limit_parameter, picked_once, state_literal
+from outbox.db.dialect import bound_now
+from outbox.drivers import driver_for
+from outbox.drivers.common.leases import reap_statement
 from outbox.drivers.common.messages import message_values
+from outbox.drivers.common.pieces import DriverPieces
 from outbox.schema import messages
-from outbox.states import MessageState
 
 
-@functools.cache
 def reap_expired_message_leases(dialect_name: str) -> sa.Update:
-    """Return up to :limit messages whose delivery lease expired to pending; the relay then
-    decides their fate."""
-    now = bound_now(dialect_name)
-    pick = messages.alias("pick")
-    chosen = (
-        sa.select(pick.c.id)
-        .where(pick.c.state == state_literal(MessageState.SENDING), pick.c.lease_until <= now)
-        .limit(limit_parameter())
-    )
-    return (
-        sa.update(messages)
-        .where(
-            messages.c.id.in_(picked_once(chosen, supports_skip_locked(dialect_name))),
-            messages.c.state == state_literal(MessageState.SENDING),
-        )
-        .values(
-            state=MessageState.PENDING.value,
-            lease_until=None,
-            available_at=now,
-            last_error="lease expired",
-        )
-        .returning(messages.c.id)
-    )
+    """The drivers' reap of expired delivery leases, for TaskQueue.reconcile until the task
+    statements are the drivers' too (the relay runs it through its driver)."""
+    # Every registered driver is built on DriverPieces (outbox.drivers.common).
+    return reap_statement(cast(DriverPieces, driver_for(dialect_name)))
 
 
 @functools.cache

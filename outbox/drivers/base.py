@@ -22,6 +22,7 @@ from sqlalchemy.engine import Connection, RowMapping
 from sqlalchemy.sql.elements import ColumnElement
 
 from outbox.dead_filter import DeadFilter
+from outbox.drivers.records import ClaimedRow, FigureRow, KeyWalk, LeaseState, Settlement
 
 Now = float | None
 """A manual clock's time, or None for the database's clock."""
@@ -56,7 +57,7 @@ class DeadOutcome(NamedTuple):
 
 
 class DialectPieces(Protocol):
-    """SQL pieces the statement builders not yet behind the driver (tasks, the relay) share."""
+    """SQL pieces the statement builders not yet behind the driver (tasks) share."""
 
     name: str
     """The SQLAlchemy dialect name this driver runs on."""
@@ -261,6 +262,84 @@ class ConsoleDriver(Protocol):
         ...
 
 
+class RelayDriver(Protocol):
+    """The relay's leases on messages: claim, adopt, settle, reap; its announcements and
+    the figures its gauges read."""
+
+    def claim_session(self) -> str | None:
+        """The SQL that sets up the connection claims run on, or None."""
+        ...
+
+    def claim_messages(
+        self,
+        conn: Connection,
+        *,
+        owner: str,
+        now: Now,
+        lease: float,
+        limit: int,
+        budget: int,
+        destinations: Sequence[str],
+        skip_destinations: Sequence[str] = (),
+        keys: KeyWalk | None = None,
+    ) -> list[ClaimedRow]:
+        """Lease up to `limit` due messages of `destinations` (none of `skip_destinations`):
+        the oldest first, the first undelivered of each key and its key's next ones. `keys`:
+        where this relay's claims walk ordering keys, moved by this claim."""
+        ...
+
+    def claim_chains(
+        self, conn: Connection, heads: Sequence[ClaimedRow], params: dict[str, Any]
+    ) -> list[ClaimedRow]:
+        """Lease the next messages of the keys whose first messages `heads` just leased,
+        with the claim's parameters."""
+        ...
+
+    def adopt_messages(
+        self, conn: Connection, *, owner: str, now: Now, lease: float
+    ) -> list[ClaimedRow]:
+        """Re-lease `owner`'s messages still marked sending, under a new fence."""
+        ...
+
+    def reap_expired_message_leases(self, conn: Connection, now: Now, limit: int) -> int:
+        """Return up to `limit` messages whose delivery lease expired to pending; how many."""
+        ...
+
+    def settle(
+        self, conn: Connection, owner: str, rows: Sequence[Settlement], now: Now
+    ) -> set[int]:
+        """Settle `owner`'s held messages in one statement, fenced; the ids it changed."""
+        ...
+
+    def lease_states(self, conn: Connection, ids: Sequence[int]) -> list[LeaseState]:
+        """State, owner and fence of the messages among `ids`."""
+        ...
+
+    def announce(
+        self,
+        conn: Connection,
+        *,
+        owner: str,
+        destinations: Sequence[str],
+        lease: float,
+        now: Now,
+    ) -> None:
+        """Say that `owner` delivers `destinations` (and no others) for `lease` seconds."""
+        ...
+
+    def withdraw(self, conn: Connection, owner: str) -> None:
+        """`owner` delivers nothing any more."""
+        ...
+
+    def destination_figures(self, conn: Connection, now: Now) -> list[FigureRow]:
+        """Pending, sending and dead messages per destination, with the oldest's age."""
+        ...
+
+    def live_destinations(self, conn: Connection, now: Now) -> set[str]:
+        """The destinations whose announcement has not lapsed."""
+        ...
+
+
 class Driver(
     DialectPieces,
     ReceiptsDriver,
@@ -268,6 +347,7 @@ class Driver(
     MessagesDriver,
     OperationsDriver,
     ConsoleDriver,
+    RelayDriver,
     Protocol,
 ):
     """One backend's executor of every family behind the interface."""

@@ -7,12 +7,9 @@ import codecs
 import json
 from typing import Any
 
-import sqlalchemy as sa
-
-from outbox.db.dialect import now_expression
+from outbox.db.dialect import clock_value
 from outbox.operations import Operations
 from outbox.redaction import redact
-from relay import sql as relay_sql
 from relay.figures import Figures, figures_from
 
 BODY_SHOWN = 65_536
@@ -33,17 +30,13 @@ class ConsoleReads:
         """Read through `ops` and its engine."""
         self.ops = ops
 
-    def now(self) -> sa.ColumnElement[float]:
-        """The statements' "now": the database clock, or the manual clock of a test."""
-        return now_expression(self.ops.clock, self.ops.engine.dialect.name)
-
     def destinations(self) -> tuple[Figures, set[str]]:
         """Backlog and dead count per destination as the relay's gauges count them (unrouted
         destinations included), and the destinations some live relay delivers."""
-        now = self.now()
+        now = clock_value(self.ops.clock)
         with self.ops.engine.connect() as conn:
-            rows = conn.execute(relay_sql.destination_figures(now)).all()
-            routed = set(conn.execute(relay_sql.live_destinations(now)).scalars())
+            rows = self.ops.driver.destination_figures(conn, now)
+            routed = self.ops.driver.live_destinations(conn, now)
         return figures_from(rows, routed, ()), routed
 
     def reply(self, reply_id: str) -> dict[str, Any] | None:

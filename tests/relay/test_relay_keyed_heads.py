@@ -1,5 +1,5 @@
 """PostgreSQL's pick of keys' first messages: a walk of a bounded number of keys per
-claim, from where the relay's previous walk stopped (relay.sql.KEY_WALK)."""
+claim, from where the relay's previous walk stopped (outbox.drivers.postgresql.key_walk)."""
 
 from __future__ import annotations
 
@@ -9,11 +9,11 @@ import pytest
 import sqlalchemy as sa
 from support.relay_helpers import SECRET, rows
 
+from outbox.drivers.postgresql.key_walk import KEY_WALK
 from outbox.schema import messages
 from outbox.testing import ManualClock
 from relay import Relay, make_destination
 from relay.policy import Sent
-from relay.sql import KEY_WALK
 
 NOWHERE = "http://127.0.0.1:9/replies"  # claims only: nothing is posted
 BATCH = 4

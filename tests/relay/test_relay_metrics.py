@@ -13,10 +13,10 @@ from support.relay_helpers import SECRET, publish_many
 from support.scripted_server import Answer, ScriptedServer
 
 import outbox
+from outbox.drivers import driver_for
 from outbox.schema import messages
 from outbox.testing import ManualClock
 from relay import Relay, make_destination
-from relay import sql as relay_sql
 from relay.figures import DestinationFigures, figures_from
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
@@ -83,7 +83,7 @@ def test_per_destination_gauges_count_known_rows(
     clock.advance(50)
     with make_relay(db_url, server, clock) as relay:
         with engine.begin() as conn:  # as its first claim would: it delivers `default`
-            relay_sql.announce(
+            driver_for(conn).announce(
                 conn, owner=relay.owner, destinations=["default"], lease=600, now=clock()
             )
         scrape = samples(relay)

@@ -14,10 +14,21 @@ import pytest
 import sqlalchemy as sa
 from support.relay_helpers import publish_many, rows
 
-from relay.records import Settlement
-from relay.sql import SETTLE_POSTGRESQL, claim_messages, settle, settle_parameters
+from outbox.drivers import driver_for
+from outbox.drivers.postgresql.settle import SETTLE_POSTGRESQL, settle_parameters
+from relay.records import ClaimedRow, Settlement
 
 TURNS = 12  # past psycopg's prepare threshold and PostgreSQL's five custom plans
+
+
+def claim_messages(conn: sa.Connection, **claim: Any) -> list[ClaimedRow]:
+    """The claim of the connection's driver."""
+    return driver_for(conn).claim_messages(conn, **claim)
+
+
+def settle(conn: sa.Connection, owner: str, rows: list[Settlement], now: float | None) -> set[int]:
+    """The settle of the connection's driver."""
+    return driver_for(conn).settle(conn, owner, rows, now)
 
 
 def test_settle_matches_id_and_fence_on_every_run(engine: sa.Engine) -> None:
@@ -62,8 +73,7 @@ def test_settle_matches_id_and_fence_on_every_run(engine: sa.Engine) -> None:
 
 
 def test_claimed_rows_are_read_into_records_in_their_returning_order() -> None:
-    from relay.records import ClaimedRow
-    from relay.sql import CLAIMED
+    from outbox.drivers.common.claims import CLAIMED
 
     assert [c.name for c in CLAIMED] + ["previous_attempts"] == list(ClaimedRow._fields)
 

@@ -35,7 +35,7 @@ def published(driver: Driver, conn: sa.Connection, reply_id: str, now: float, **
 
 
 def set_state(conn: sa.Connection, reply_id: str, **values: Any) -> None:
-    """Move a message on as the relay would (its statements are not behind the driver yet)."""
+    """Put a message in the state a test starts from, written in plain Core."""
     conn.execute(messages.update().where(messages.c.reply_id == reply_id).values(**values))
 
 

@@ -2,17 +2,23 @@
 
 A driver class is these classes put together (`CommonDriver`), with its backend's
 pieces (`DriverPieces`'s abstract methods) and its own versions of the statements
-that differ (PostgreSQL's receipt insert). A backend that differs more overrides more.
+that differ (PostgreSQL's receipt insert and claim; each backend's settle). A backend
+that differs more overrides more.
 """
 
 from __future__ import annotations
 
+from outbox.drivers.common.announcements import AnnouncementStatements
+from outbox.drivers.common.claims import ClaimStatements
 from outbox.drivers.common.console import ConsoleStatements
 from outbox.drivers.common.dead_letters import DeadLetterStatements
+from outbox.drivers.common.figures import FigureReads
+from outbox.drivers.common.leases import LeaseStatements
 from outbox.drivers.common.messages import MessageStatements
 from outbox.drivers.common.operations import OperationStatements
 from outbox.drivers.common.pieces import DriverPieces
 from outbox.drivers.common.receipts import ReceiptStatements
+from outbox.drivers.common.settle import SettleReads
 
 
 class CommonDriver(
@@ -21,6 +27,11 @@ class CommonDriver(
     MessageStatements,
     OperationStatements,
     ConsoleStatements,
+    ClaimStatements,
+    LeaseStatements,
+    SettleReads,
+    AnnouncementStatements,
+    FigureReads,
     DriverPieces,
 ):
     """Every family in portable Core; a backend's class adds its pieces."""

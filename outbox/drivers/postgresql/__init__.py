@@ -13,11 +13,15 @@ from sqlalchemy.sql.elements import ColumnElement
 from outbox.drivers.base import Now
 from outbox.drivers.common import CommonDriver
 from outbox.drivers.postgresql import receipts
+from outbox.drivers.postgresql import settle as settling
+from outbox.drivers.postgresql.claims import PostgreSQLClaims
 from outbox.drivers.postgresql.receipts import STATEMENT_NOW
+from outbox.drivers.records import Settlement
 
 
-class PostgreSQLDriver(CommonDriver):
-    """PostgreSQL: the portable statements, and one-statement receipt inserts of its own."""
+class PostgreSQLDriver(PostgreSQLClaims, CommonDriver):
+    """PostgreSQL: the portable statements, and one-statement receipt inserts, claims and
+    settles of its own."""
 
     name = "postgresql"
     supports_skip_locked = True
@@ -64,3 +68,9 @@ class PostgreSQLDriver(CommonDriver):
     def insert_effects(self, conn: Connection, fresh: Sequence[tuple[str, float, bytes]]) -> None:
         """The reference effect's rows in one statement of arrays."""
         receipts.insert_effects(conn, fresh)
+
+    def settle(
+        self, conn: Connection, owner: str, rows: Sequence[Settlement], now: Now
+    ) -> set[int]:
+        """Settle held messages in one statement of binary arrays; the ids it changed."""
+        return settling.settle(conn, owner, rows, now)

@@ -3,13 +3,19 @@ they are."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.dialects import sqlite
+from sqlalchemy.engine import Connection
 from sqlalchemy.sql.elements import ColumnElement
 
+from outbox.drivers.base import Now
 from outbox.drivers.common import CommonDriver
+from outbox.drivers.records import Settlement
+from outbox.drivers.sqlite import settle as settling
+from outbox.drivers.sqlite.clock import DATABASE_NOW
 
 
 class SQLiteDriver(CommonDriver):
@@ -20,7 +26,7 @@ class SQLiteDriver(CommonDriver):
 
     def database_now(self) -> ColumnElement[float]:
         """julianday('now') in epoch seconds."""
-        return sa.literal_column("((julianday('now') - 2440587.5) * 86400.0)", sa.Double())
+        return sa.literal_column(DATABASE_NOW, sa.Double())
 
     def dialect_insert(self, table: sa.Table) -> Any:
         """SQLite's INSERT, with ON CONFLICT."""
@@ -38,3 +44,9 @@ class SQLiteDriver(CommonDriver):
         """A cast to integer, which truncates: floor for the positive values it is given."""
         # SQLite may be built without floor().
         return sa.cast(value, sa.Integer())
+
+    def settle(
+        self, conn: Connection, owner: str, rows: Sequence[Settlement], now: Now
+    ) -> set[int]:
+        """Settle held messages in one UPDATE FROM a JSON document; the ids it changed."""
+        return settling.settle(conn, owner, rows, now)

@@ -1,0 +1,82 @@
+"""PostgreSQL's settle: one statement of arrays, sent in binary, whatever the batch size."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from sqlalchemy.engine import Connection
+
+from outbox.drivers.base import Now
+from outbox.drivers.common.settle import SETTLE_SET, SETTLE_WHERE
+from outbox.drivers.execution import UNPREPARED
+from outbox.drivers.postgresql.receipts import STATEMENT_NOW
+from outbox.drivers.records import Settlement
+
+# Driver SQL for psycopg: %(name)b sends an array in binary. `now` is
+# a manual clock's time, or NULL for the database's (read in the statement itself).
+# PostgreSQL answers with one row: the array of given ids it did not settle, usually
+# empty (fenced rows are rare), instead of a row per settled message to read back.
+SETTLE_POSTGRESQL = (
+    """WITH v AS (
+        SELECT r.id, r.fence, r.delay,
+               (CAST(%(states)s AS varchar[]))[r.kind] AS state,
+               (CAST(%(statuses)s AS integer[]))[r.kind] AS status,
+               (CAST(%(errors)s AS text[]))[r.kind] AS error,
+               (CAST(%(refunds)s AS integer[]))[r.kind] AS refund
+        FROM unnest(
+            CAST(%(ids)b AS bigint[]), CAST(%(fences)b AS bigint[]),
+            CAST(%(kinds)b AS integer[]), CAST(%(delays)b AS float8[])
+        ) AS r(id, fence, kind, delay)
+    ), settled AS (
+    UPDATE outbox_messages AS m SET"""
+    + SETTLE_SET.format(m="m", now=f"COALESCE(%(now)s::float8, {STATEMENT_NOW})")
+    + """FROM v
+    WHERE"""
+    + SETTLE_WHERE.format(m="m", owner="%(owner)s")
+    # The leases the turn holds (a claim gives all its rows one lease_until): without them
+    # the lease index would be walked whole, every relay's messages in flight, per settle.
+    + """ AND m.lease_until = ANY(CAST(%(leases)b AS float8[]))
+    RETURNING m.id
+    )
+    SELECT ARRAY(SELECT id FROM v EXCEPT SELECT id FROM settled)"""
+)
+
+
+def settle(conn: Connection, owner: str, rows: Sequence[Settlement], now: Now) -> set[int]:
+    """Settle held messages in one statement; returns the ids it changed."""
+    if not rows:
+        return set()
+    params = settle_parameters(owner, rows, now)
+    # Planned per run: a generic plan may rescan the arrays once per row (see UNPREPARED).
+    unsettled: list[int] = conn.exec_driver_sql(
+        SETTLE_POSTGRESQL, params, execution_options={UNPREPARED: True}
+    ).scalar_one()
+    return set(params["ids"]).difference(unsettled)
+
+
+def settle_parameters(owner: str, rows: Sequence[Settlement], now: Now) -> dict[str, Any]:
+    """SETTLE_POSTGRESQL's parameters for `rows`, which name the leases they were claimed under."""
+    leases = {row.lease_until for row in rows}
+    if None in leases:
+        # NULL matches no lease: the row would stay sending, be taken for lost and sent again.
+        raise ValueError("a settlement without the lease it was claimed under")
+    kinds: dict[tuple[str, int | None, str | None, int], int] = {}
+    row_kinds = [
+        kinds.setdefault((row.state, row.status, row.error, row.refund), len(kinds) + 1)
+        for row in rows
+    ]
+    states, statuses, errors, refunds = (list(column) for column in zip(*kinds, strict=True))
+    return {
+        "ids": [row.id for row in rows],
+        "fences": [row.fence for row in rows],
+        "kinds": row_kinds,
+        "delays": [row.delay for row in rows],
+        "states": states,
+        "statuses": statuses,
+        "errors": errors,
+        "refunds": refunds,
+        "leases": list(leases),
+        "owner": owner,
+        "now": now,
+    }

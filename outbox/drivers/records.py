@@ -1,0 +1,97 @@
+"""The relay's typed rows the drivers return and take, and the key walk a claim goes on.
+
+In the core so that both the drivers and the relay (relay.records re-exports them) can
+name them: the relay owns the KeyWalk it passes to each claim.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import NamedTuple
+
+
+class ClaimedRow(NamedTuple):
+    """A row as a claim returns it: the message's columns and its attempts before the claim.
+
+    When `previous_attempts` is already the budget, the message was reclaimed after
+    a lease expired mid-send and may only be resolved, never sent again.
+    """
+
+    id: int
+    reply_id: str
+    destination: str
+    body: bytes
+    content_hash: str
+    headers: str
+    attempts: int
+    fence: int
+    ordering_key: str | None
+    lease_until: float
+    previous_attempts: int
+
+
+class Settlement(NamedTuple):
+    """How one message's turn ends, written in the turn's one settling statement."""
+
+    id: int
+    fence: int
+    state: str
+    status: int | None
+    error: str | None
+    delay: float
+    """Seconds before the next attempt (pending only)."""
+    refund: int
+    """Attempts to give back: 1 when the claim counted an attempt that was never made."""
+    lease_until: float | None
+    """The message's lease, as claimed: the settle finds its rows by it."""
+
+
+class LeaseState(NamedTuple):
+    """What the database holds of a message's lease: read to resolve an uncertain commit."""
+
+    id: int
+    state: str
+    owner: str | None
+    fence: int
+
+
+class FigureRow(NamedTuple):
+    """One destination's messages in one state: how many, and the oldest's age (None: dead)."""
+
+    destination: str
+    state: str
+    number: int
+    """How many messages (`count` is a tuple's method)."""
+    age: float | None
+
+
+@dataclasses.dataclass
+class KeyWalk:
+    """Where a relay's claims walk a destination's keys (PostgreSQL), from claim to claim.
+
+    `cursors`: per destination, the last key the previous walk reached; the next walk
+    goes on after it. `heads`: how many first messages a walk may take, None for the
+    claim's limit. A claim whose keys' chains alone filled the room its first messages
+    left halves it: the keys are long, and fewer of them a claim leave the others to the
+    next claim, of this relay's pipeline or of another relay, so that several turns
+    deliver keyed messages at once instead of one turn holding every key. Any other claim
+    doubles it again (up to the limit).
+    """
+
+    cursors: dict[str, str] = dataclasses.field(default_factory=dict)
+    heads: int | None = None
+
+    def after_claim(self, limit: int, heads: Sequence[ClaimedRow], chained: int) -> None:
+        """Adjust `heads` to a claim of `limit` that took `heads` and `chained` successors."""
+        if not any(h.ordering_key is not None for h in heads):
+            return
+        taking = min(self.heads or limit, limit)
+        room = limit - len(heads)
+        if room > 0 and chained >= room:
+            self.heads = max(1, taking // 2)
+        else:
+            # Room left, or none left to chain into (other messages filled the claim): the
+            # keys were not what crowded it, so the next walk may take more of them. Never
+            # left low while unkeyed messages fill the claims.
+            self.heads = min(limit, taking * 2)
