@@ -23,7 +23,7 @@ from outbox.db.dialect import (
     is_postgresql,
     supports_skip_locked,
 )
-from outbox.db.sql import Now, limit_parameter, picked_once, state_literal
+from outbox.db.sql import Now, limit_parameter, picked_once, state_literal, state_unindexed
 from outbox.schema import inbox, tasks
 from outbox.states import TaskState
 
@@ -74,14 +74,14 @@ def _running_tenants_at_cap() -> sa.Select[Any]:
     running = tasks.alias("running")
     return (
         sa.select(running.c.tenant_id)
-        .where(running.c.state == TaskState.RUNNING)
+        .where(running.c.state == state_literal(TaskState.RUNNING))
         .group_by(running.c.tenant_id)
         .having(sa.func.count() >= sa.bindparam("tenant_cap", type_=sa.Integer()))
     )
 
 
 @functools.cache
-def claim_tasks(dialect_name: str, capped: bool, manual_clock: bool) -> sa.Update:
+def claim_tasks(dialect_name: str, capped: bool, manual_clock: bool) -> Any:
     """Take up to :limit best claimable tasks for :claim_owner under a :lease; built once.
 
     Claimable: pending, due, not cancelled, inside their deadline. When `capped`,
@@ -89,6 +89,7 @@ def claim_tasks(dialect_name: str, capped: bool, manual_clock: bool) -> sa.Updat
     for a manual clock: with a bound `now`, PostgreSQL's generic plan walks the
     deadline index and sorts every unfinished task, where the database's clock
     written into the SQL keeps the walk in claim order (tests/test_claim_plans.py).
+    On PostgreSQL it runs under claim_session's setting.
     """
     now = sa.bindparam("now", type_=sa.Double()) if manual_clock else database_now(dialect_name)
     candidate = tasks.alias("candidate")
@@ -105,12 +106,8 @@ def claim_tasks(dialect_name: str, capped: bool, manual_clock: bool) -> sa.Updat
     )
     if capped:
         pick = pick.where(candidate.c.tenant_id.not_in(_running_tenants_at_cap()))
-    return (
+    claim = (
         sa.update(tasks)
-        .where(
-            tasks.c.task_id.in_(picked_once(pick, supports_skip_locked(dialect_name))),
-            tasks.c.state == state_literal(TaskState.PENDING),
-        )
         .values(
             state=TaskState.RUNNING.value,
             owner=sa.bindparam("claim_owner", type_=sa.String()),
@@ -121,6 +118,23 @@ def claim_tasks(dialect_name: str, capped: bool, manual_clock: bool) -> sa.Updat
         )
         .returning(*CLAIM_RETURNING)
     )
+    if not is_postgresql(dialect_name):
+        return claim.where(
+            tasks.c.task_id.in_(picked_once(pick, supports_skip_locked(dialect_name))),
+            tasks.c.state == state_literal(TaskState.PENDING),
+        )
+    # The picks as an array, found by primary-key probes, and a state test no partial
+    # index's predicate follows from: with statistics taken while no task was pending,
+    # `IN (picks) AND state = 'pending'` was a semi-join walking ix_outbox_tasks_deadline
+    # (every unfinished task) at each claim (tests/test_claim_plans.py). The picks are
+    # locked, so a row one of them names is still the one picked. The rows come back in
+    # the pick's order, which probes by primary key would not keep.
+    picked = pick.with_for_update(skip_locked=True).cte("picked").prefix_with("MATERIALIZED")
+    ids = sa.func.array(sa.select(*picked.c).scalar_subquery())
+    claimed = claim.where(
+        tasks.c.task_id == sa.any_(ids), state_unindexed(tasks.c.state, TaskState.PENDING)
+    ).cte("claimed")
+    return sa.select(claimed).order_by(sa.func.array_position(ids, claimed.c.task_id))
 
 
 @functools.cache
@@ -130,6 +144,35 @@ def claim_tasks_psycopg(manual_clock: bool) -> tuple[str, dict[str, Any]]:
     dialect = psycopg_dialect.dialect()  # type: ignore[no-untyped-call]
     compiled = claim_tasks("postgresql", False, manual_clock).compile(dialect=dialect)
     return str(compiled), dict(compiled.params)
+
+
+def claim_session(dialect_name: str) -> str | None:
+    """The session setting of the connection claims run on, or None (SQLite)."""
+    if not is_postgresql(dialect_name):
+        return None
+    # Without sorts: the pick then walks ix_outbox_tasks_claimable in claim order and stops
+    # at its limit. With statistics taken while no task was pending, both partial indexes
+    # of pending tasks look empty, and a plan walked ix_outbox_tasks_deadline (every
+    # unfinished task) and sorted, in generic and custom plans alike; no predicate the pick
+    # could test proves the claimable index's `state = 'pending'` without also proving the
+    # deadline index's `state IN ('pending', 'running')` (tests/test_claim_plans.py).
+    # Without JIT: the sort of the claimed rows into pick order then costs as a disabled
+    # sort, past jit_above_cost, and JIT would compile anew at every claim.
+    return CLAIM_SETTING.format(local="false")
+
+
+CLAIM_SETTING = (
+    "SELECT set_config('enable_sort', 'off', {local}), set_config('jit', 'off', {local})"
+)
+"""claim_session's setting; `local` "true" for a claim inside a transaction of the pool's."""
+
+
+def claim_transaction_setting(conn: sa.Connection) -> None:
+    """Give a claim inside a transaction (it reconciles, or counts a tenant cap) the claim
+    session's setting, until that transaction ends; the held lane has it already."""
+    autocommit = conn.get_execution_options().get("isolation_level") == "AUTOCOMMIT"
+    if is_postgresql(conn.dialect.name) and not autocommit:
+        conn.exec_driver_sql(CLAIM_SETTING.format(local="true"))
 
 
 def lock_tenant_caps() -> sa.Select[Any]:
