@@ -1,4 +1,4 @@
-"""The core's statements about tasks and the intake inbox, named for what they do.
+"""The core's statements about tasks, named for what they do (intake's are the drivers').
 
 Each state change is a guarded UPDATE whose WHERE clause names the state,
 the owner and the fence; a statement that touches zero rows means the caller
@@ -19,12 +19,11 @@ from outbox.db.dialect import (
     UNPREPARED,
     bound_now,
     database_now,
-    insert_ignoring_conflicts,
     is_postgresql,
     supports_skip_locked,
 )
 from outbox.db.sql import Now, limit_parameter, picked_once, state_literal, state_unindexed
-from outbox.schema import inbox, tasks
+from outbox.schema import tasks
 from outbox.states import TaskState
 
 CLAIM_RETURNING = (
@@ -40,26 +39,6 @@ CLAIM_RETURNING = (
     tasks.c.available_at,
     tasks.c.created_at,
 )
-
-
-# --- intake -----------------------------------------------------------------
-
-
-def insert_inbox(dialect_name: str) -> Any:
-    """Insert an inbox row, doing nothing when (principal, message_id) is already stored."""
-    return insert_ignoring_conflicts(inbox, dialect_name)
-
-
-def select_inbox_hash(principal: str, message_id: str) -> sa.Select[Any]:
-    """The stored content hash and task of one inbox message."""
-    return sa.select(inbox.c.content_hash, inbox.c.task_id).where(
-        inbox.c.principal == principal, inbox.c.message_id == message_id
-    )
-
-
-def insert_task() -> sa.Insert:
-    """Insert one task row."""
-    return sa.insert(tasks)
 
 
 # --- claiming ---------------------------------------------------------------

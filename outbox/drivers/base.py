@@ -22,6 +22,7 @@ from sqlalchemy.engine import Connection, RowMapping
 from sqlalchemy.sql.elements import ColumnElement
 
 from outbox.dead_filter import DeadFilter
+from outbox.drivers.task_interface import TaskIntakeDriver
 
 Now = float | None
 """A manual clock's time, or None for the database's clock."""
@@ -268,6 +269,7 @@ class Driver(
     MessagesDriver,
     OperationsDriver,
     ConsoleDriver,
+    TaskIntakeDriver,
     Protocol,
 ):
     """One backend's executor of every family behind the interface."""

@@ -13,6 +13,7 @@ from outbox.drivers.common.messages import MessageStatements
 from outbox.drivers.common.operations import OperationStatements
 from outbox.drivers.common.pieces import DriverPieces
 from outbox.drivers.common.receipts import ReceiptStatements
+from outbox.drivers.common.task_intake import TaskIntakeStatements
 
 
 class CommonDriver(
@@ -21,6 +22,7 @@ class CommonDriver(
     MessageStatements,
     OperationStatements,
     ConsoleStatements,
+    TaskIntakeStatements,
     DriverPieces,
 ):
     """Every family in portable Core; a backend's class adds its pieces."""
