@@ -17,6 +17,7 @@ from psycopg import sql as psycopg_sql
 
 from outbox.db import message_sql, task_sql
 from outbox.db.dialect import bound_now
+from outbox.drivers import driver_for
 from relay import sql as relay_sql
 
 PARAMETER = re.compile(r"%\((\w+)\)s")
@@ -228,8 +229,14 @@ def test_the_task_claim_uses_the_claimable_index(db_url: str, capped: bool) -> N
 @pytest.mark.parametrize(
     ("statement", "index"),
     [
-        (task_sql.expire_past_deadline, "ix_outbox_tasks_deadline"),
-        (task_sql.reap_expired_task_leases, "ix_outbox_tasks_running_tenant"),
+        (
+            lambda dialect: driver_for(dialect).expire_past_deadline_statement(),
+            "ix_outbox_tasks_deadline",
+        ),
+        (
+            lambda dialect: driver_for(dialect).reap_expired_task_leases_statement(),
+            "ix_outbox_tasks_running_tenant",
+        ),
         (message_sql.reap_expired_message_leases, "ix_outbox_messages_lease"),
         # The relay's adoption of its own rows after a claim in doubt, on the claims' lane.
         (relay_sql._adopt_statement, "ix_outbox_messages_lease"),

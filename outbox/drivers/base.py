@@ -22,7 +22,7 @@ from sqlalchemy.engine import Connection, RowMapping
 from sqlalchemy.sql.elements import ColumnElement
 
 from outbox.dead_filter import DeadFilter
-from outbox.drivers.task_interface import TaskIntakeDriver
+from outbox.drivers.task_interface import TaskIntakeDriver, TaskReconcileDriver
 
 Now = float | None
 """A manual clock's time, or None for the database's clock."""
@@ -270,6 +270,7 @@ class Driver(
     OperationsDriver,
     ConsoleDriver,
     TaskIntakeDriver,
+    TaskReconcileDriver,
     Protocol,
 ):
     """One backend's executor of every family behind the interface."""

@@ -1,8 +1,8 @@
 """The task family of the driver interface (see outbox.drivers.base): what `Driver` adds
 for the task queue's statements, one Protocol per concept.
 
-Behind it so far: intake's writes. The claims, transitions, renewals and reconciling
-still run from outbox.db.task_sql.
+Behind it so far: intake's writes and reconciling. The claims, transitions and
+renewals still run from outbox.db.task_sql.
 """
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, NamedTuple, Protocol
 
+import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 
@@ -42,4 +43,37 @@ class TaskIntakeDriver(Protocol):
 
     def insert_task(self, conn: Connection, values: Mapping[str, Any]) -> None:
         """Insert one task row, its columns' values given."""
+        ...
+
+
+class EndedTask(NamedTuple):
+    """A task reconciling changed: its id, the state it went to, and why."""
+
+    task_id: str
+    state: str
+    reason: str
+
+
+class TaskReconcileDriver(Protocol):
+    """Deadlines that passed and leases that expired, each a bounded guarded UPDATE."""
+
+    def expire_past_deadline_statement(self) -> sa.Update:
+        """expire_past_deadline's statement (:now, :limit), built once."""
+        ...
+
+    def reap_expired_task_leases_statement(self) -> sa.Update:
+        """reap_expired_task_leases's statement (:now, :limit), built once."""
+        ...
+
+    def expire_past_deadline(
+        self, conn: Connection, now: float | None, limit: int
+    ) -> list[EndedTask]:
+        """Move up to `limit` pending or running tasks past their deadline to expired."""
+        ...
+
+    def reap_expired_task_leases(
+        self, conn: Connection, now: float | None, limit: int
+    ) -> list[EndedTask]:
+        """Return up to `limit` running tasks whose lease expired to pending, or fail them
+        when out of attempts."""
         ...

@@ -2,34 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import sqlalchemy as sa
 from support.driver_helpers import START
+from support.task_rows import task_values
 
 from outbox.drivers import Driver
 from outbox.drivers.task_interface import InboxEntry
 from outbox.schema import inbox, tasks
-
-
-def task_values(task_id: str, **more: Any) -> dict[str, Any]:
-    """A pending task's columns, due at START."""
-    return {
-        "task_id": task_id,
-        "tenant_id": "acme",
-        "payload": '{"n":1}',
-        "priority": 0,
-        "deadline": START + 3600,
-        "hops": 0,
-        "state": "pending",
-        "attempts": 0,
-        "max_attempts": 3,
-        "available_at": START,
-        "fence": 0,
-        "created_at": START,
-        "updated_at": START,
-        **more,
-    }
 
 
 def test_an_inbox_message_is_stored_once(driver: Driver, conn: sa.Connection) -> None:

@@ -14,6 +14,7 @@ from outbox.drivers.common.operations import OperationStatements
 from outbox.drivers.common.pieces import DriverPieces
 from outbox.drivers.common.receipts import ReceiptStatements
 from outbox.drivers.common.task_intake import TaskIntakeStatements
+from outbox.drivers.common.task_reconcile import TaskReconcileStatements
 
 
 class CommonDriver(
@@ -23,6 +24,7 @@ class CommonDriver(
     OperationStatements,
     ConsoleStatements,
     TaskIntakeStatements,
+    TaskReconcileStatements,
     DriverPieces,
 ):
     """Every family in portable Core; a backend's class adds its pieces."""
