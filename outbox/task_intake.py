@@ -11,12 +11,11 @@ from sqlalchemy.engine import Connection
 
 from outbox.clock import Clock
 from outbox.db import sql as db_sql
-from outbox.db import task_sql
 from outbox.db.dialect import now_expression
+from outbox.drivers import driver_for
 from outbox.errors import PayloadCollision
 from outbox.intake import Accepted, Ack
 from outbox.messages import ReplyError, TaskReply, add_task_replies
-from outbox.schema import inbox
 from outbox.states import ErrorCode, TaskState
 
 
@@ -32,22 +31,21 @@ def store_accepted(
     # The connection's backend, not the engine's: receive_tx runs on the caller's.
     dialect = conn.dialect.name
     now = float(conn.execute(db_sql.select_now(now_expression(clock, dialect))).scalar_one())
-    inserted = conn.execute(
-        task_sql.insert_inbox(dialect)
-        .values(
-            principal=item.principal,
-            message_id=item.message_id,
-            content_hash=item.content_hash,
-            content=item.content,
-            task_id=item.task_id,
-            received_at=now,
-        )
-        .returning(inbox.c.task_id)
-    ).first()
-    if inserted is None:
-        stored_hash, task_id = conn.execute(
-            task_sql.select_inbox_hash(item.principal, item.message_id)
-        ).one()
+    driver = driver_for(conn)
+    inserted = driver.insert_inbox(
+        conn,
+        item.principal,
+        item.message_id,
+        item.content,
+        item.content_hash,
+        item.task_id,
+        now,
+    )
+    if not inserted:
+        entry = driver.inbox_entry(conn, item.principal, item.message_id)
+        if entry is None:
+            raise RuntimeError(f"inbox row of {item.message_id!r} vanished during intake")
+        stored_hash, task_id = entry
         if stored_hash != item.content_hash:
             raise PayloadCollision(
                 f"message {item.message_id!r} from {item.principal!r} is stored with content "
@@ -62,24 +60,25 @@ def store_accepted(
         state = TaskState.HOP_LIMIT
         error = ReplyError(ErrorCode.HOP_LIMIT, f"hops {item.hops} >= max_hops {max_hops}")
     terminal = state != TaskState.PENDING
-    conn.execute(
-        task_sql.insert_task().values(
-            task_id=item.task_id,
-            tenant_id=item.tenant_id,
-            payload=item.payload,
-            priority=item.priority,
-            deadline=item.deadline,
-            hops=item.hops,
-            state=state,
-            attempts=0,
-            max_attempts=item.max_attempts,
-            available_at=now,
-            fence=0,
-            last_error=None if error is None else error.reason,
-            created_at=now,
-            updated_at=now,
-            finished_at=now if terminal else None,
-        )
+    driver.insert_task(
+        conn,
+        {
+            "task_id": item.task_id,
+            "tenant_id": item.tenant_id,
+            "payload": item.payload,
+            "priority": item.priority,
+            "deadline": item.deadline,
+            "hops": item.hops,
+            "state": state,
+            "attempts": 0,
+            "max_attempts": item.max_attempts,
+            "available_at": now,
+            "fence": 0,
+            "last_error": None if error is None else error.reason,
+            "created_at": now,
+            "updated_at": now,
+            "finished_at": now if terminal else None,
+        },
     )
     if terminal:
         add_task_replies(conn, [TaskReply(item.task_id, state, error=error)], destination, now)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from sqlalchemy.engine import Connection
 
-from outbox.db import task_sql
+from outbox.drivers import driver_for
 from outbox.messages import ReplyError, TaskReply, add_task_replies
 from outbox.states import ErrorCode, TaskState
 
@@ -19,10 +19,11 @@ def reconcile_in(
 ) -> dict[str, int]:
     """Expire up to `limit` tasks past their deadline and take back up to `limit` expired
     leases, with the replies of those that end; never commits. The counts per outcome."""
-    dialect = conn.dialect.name
-    params = {"now": now, "limit": limit}
-    expired = conn.execute(task_sql.expire_past_deadline(dialect), params).all()
-    reaped = conn.execute(task_sql.reap_expired_task_leases(dialect), params).all()
+    driver = driver_for(conn)
+    expired = [
+        (ended.task_id, ended.reason) for ended in driver.expire_past_deadline(conn, now, limit)
+    ]
+    reaped = driver.reap_expired_task_leases(conn, now, limit)
     failed = [(task_id, why) for task_id, state, why in reaped if state == TaskState.FAILED]
     add_task_replies(
         conn,

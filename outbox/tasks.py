@@ -100,7 +100,7 @@ class TaskQueue(DatabaseHandle):
         self._open(url_or_engine)
         # A worker claims and finishes many times a second: each stream of statements
         # keeps a connection rather than checking one out (and pinging it) each time.
-        self._claims = autocommit_lane(self._engine)
+        self._claims = autocommit_lane(self._engine, task_sql.claim_session(self._dialect))
         self._finishes = autocommit_lane(self._engine)
         self._lanes = (self._claims, self._finishes)
 
@@ -180,6 +180,7 @@ class TaskQueue(DatabaseHandle):
             single=self.claim_is_one_statement(reconcile),
             lane=self._claims,
         ) as conn:
+            task_sql.claim_transaction_setting(conn)
             if reconcile:
                 reconcile_in(conn, now, self.reply_destination, RECONCILE_BATCH)
             rows = self._claim_rows(conn, owner, limit, now)

@@ -44,7 +44,7 @@ class PsycopgClaims:
         """The connection opens from `conninfo` at the first claim."""
         self.queue = queue
         self.owner = owner
-        self._lane = AsyncLane(conninfo)
+        self._lane = AsyncLane(conninfo, task_sql.claim_session("postgresql"))
 
     async def claim(self, limit: int) -> list[Claim]:
         """Lease up to `limit` tasks to the owner (the claim must be one statement:

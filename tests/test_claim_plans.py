@@ -17,7 +17,7 @@ from psycopg import sql as psycopg_sql
 
 from outbox.db import task_sql
 from outbox.db.dialect import bound_now
-from outbox.drivers import DRIVERS
+from outbox.drivers import DRIVERS, driver_for
 from outbox.drivers.common import figures, leases
 from outbox.drivers.postgresql import claims
 
@@ -25,6 +25,8 @@ PARAMETER = re.compile(r"%\((\w+)\)s")
 PG = DRIVERS["postgresql"]
 CLAIMS = PG.claim_session()
 """The setting of the relay's claims connection, which its statements' tests plan under."""
+TASK_CLAIMS = task_sql.claim_session("postgresql")
+"""The setting of the worker's claims connection (and of a claim inside a transaction)."""
 
 
 def generic_plan(
@@ -229,8 +231,14 @@ def test_the_task_claim_uses_the_claimable_index(db_url: str, capped: bool) -> N
 @pytest.mark.parametrize(
     ("statement", "index"),
     [
-        (task_sql.expire_past_deadline, "ix_outbox_tasks_deadline"),
-        (task_sql.reap_expired_task_leases, "ix_outbox_tasks_running_tenant"),
+        (
+            lambda dialect: driver_for(dialect).expire_past_deadline_statement(),
+            "ix_outbox_tasks_deadline",
+        ),
+        (
+            lambda dialect: driver_for(dialect).reap_expired_task_leases_statement(),
+            "ix_outbox_tasks_running_tenant",
+        ),
         (lambda name: leases.reap_statement(DRIVERS[name]), "ix_outbox_messages_lease"),
         # The relay's adoption of its own rows after a claim in doubt, on the claims' lane.
         (lambda name: leases.adopt_statement(DRIVERS[name]), "ix_outbox_messages_lease"),
@@ -351,3 +359,33 @@ def test_claims_probe_by_primary_key_behind_a_backlog_the_statistics_never_saw(
     assert "ix_outbox_messages_routable" not in plan, plan
     assert "ix_outbox_messages_deliverable" not in plan, plan
     assert "Seq Scan on outbox_messages" not in plan, plan
+
+
+@pytest.mark.parametrize("backend", ["postgresql"], indirect=True)
+@pytest.mark.parametrize("mode", ["force_generic_plan", "force_custom_plan"])
+@pytest.mark.parametrize("capped", [False, True], ids=["uncapped", "tenant-capped"])
+def test_the_task_claim_walks_the_claimable_index_behind_a_backlog_the_statistics_never_saw(
+    db_url: str, mode: str, capped: bool
+) -> None:
+    # Statistics taken while no task was pending: the pick walked ix_outbox_tasks_deadline
+    # and sorted, and the update was a semi-join walking that index whole (every
+    # unfinished task) at each claim, instead of probing its picks by primary key.
+    engine = with_history(db_url, pending_every=HISTORY + 1)
+    with engine.begin() as conn:
+        conn.exec_driver_sql(
+            "INSERT INTO outbox_tasks (task_id, tenant_id, payload, priority, deadline, hops, "
+            "state, attempts, max_attempts, available_at, fence, created_at, updated_at) "
+            "SELECT 'p-' || n, 'a', '{}', 0, 1e12, 0, 'pending', 0, 3, 0, 0, n, n "
+            "FROM generate_series(1, 20000) n"
+        )
+    values = {"now": None, "claim_owner": "w", "lease": 30.0, "limit": 100, "tenant_cap": 2}
+    try:
+        with engine.connect() as conn:
+            claim = task_sql.claim_tasks("postgresql", capped, manual_clock=False)
+            plan = generic_plan(conn, claim, values, mode, session=TASK_CLAIMS)
+    finally:
+        engine.dispose()
+    assert "ix_outbox_tasks_claimable" in plan, plan
+    assert "pk_outbox_tasks" in plan, plan
+    assert "ix_outbox_tasks_deadline" not in plan, plan
+    assert "Seq Scan on outbox_tasks" not in plan, plan

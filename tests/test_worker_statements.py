@@ -341,3 +341,27 @@ def test_a_threaded_claim_does_not_wait_behind_busy_writer_threads(
         return [c.task_id for c in claims]
 
     assert on(loop, writers_held_and_a_claim()) == [task_id]
+
+
+@only_postgresql
+def test_the_claims_connections_run_without_sorts_and_the_pool_keeps_its_settings(
+    queue: TaskQueue, loop: HandlerLoop, task_claims: TaskClaims
+) -> None:
+    # The task claim walks ix_outbox_tasks_claimable only while sorts are off on the
+    # connection it runs on (tests/test_claim_plans.py).
+    receive(queue, "t")
+    assert len(on(loop, task_claims.claim(1, reconcile=False))) == 1
+    assert task_claims.psycopg is not None
+
+    async def held_setting() -> str:
+        async with task_claims.psycopg._lane.connection() as conn:  # type: ignore[union-attr]
+            row = await (await conn.execute("SHOW enable_sort")).fetchone()
+        assert row is not None
+        return str(row[0])
+
+    assert on(loop, held_setting()) == "off"
+    assert queue.claim_many("w", 1) == []
+    with queue._claims.connection() as conn:
+        assert conn.exec_driver_sql("SHOW enable_sort").scalar() == "off"
+    with queue.engine.connect() as conn:
+        assert conn.exec_driver_sql("SHOW enable_sort").scalar() == "on"

@@ -26,9 +26,10 @@ from outbox.drivers.postgresql.conninfo import bounded_conninfo
 class AsyncLane:
     """One held autocommit AsyncConnection, opened from a libpq connection string."""
 
-    def __init__(self, conninfo: str) -> None:
-        """Nothing connects until the first statement."""
+    def __init__(self, conninfo: str, setup: str | None = None) -> None:
+        """Nothing connects until the first statement; `setup` runs on each connection."""
         self._conninfo = conninfo
+        self._setup = setup
         self._held: psycopg.AsyncConnection[Any] | None = None
         self._last_used = 0.0
         self._closed = False
@@ -62,9 +63,17 @@ class AsyncLane:
             await self._drop()
             held = None
         if held is None:
-            held = self._held = await psycopg.AsyncConnection.connect(
+            held = await psycopg.AsyncConnection.connect(
                 bounded_conninfo(self._conninfo), autocommit=True
             )
+            if self._setup is not None:
+                try:
+                    await held.execute(self._setup)
+                except BaseException:
+                    with contextlib.suppress(Exception):
+                        await held.close()
+                    raise
+            self._held = held
         return held
 
     async def _drop(self) -> None:

@@ -1,4 +1,4 @@
-"""The core's statements about tasks and the intake inbox, named for what they do.
+"""The core's statements about tasks, named for what they do (intake's are the drivers').
 
 Each state change is a guarded UPDATE whose WHERE clause names the state,
 the owner and the fence; a statement that touches zero rows means the caller
@@ -19,12 +19,11 @@ from outbox.db.dialect import (
     UNPREPARED,
     bound_now,
     database_now,
-    insert_ignoring_conflicts,
     is_postgresql,
     supports_skip_locked,
 )
-from outbox.db.sql import Now, limit_parameter, picked_once, state_literal
-from outbox.schema import inbox, tasks
+from outbox.db.sql import Now, limit_parameter, picked_once, state_literal, state_unindexed
+from outbox.schema import tasks
 from outbox.states import TaskState
 
 CLAIM_RETURNING = (
@@ -42,26 +41,6 @@ CLAIM_RETURNING = (
 )
 
 
-# --- intake -----------------------------------------------------------------
-
-
-def insert_inbox(dialect_name: str) -> Any:
-    """Insert an inbox row, doing nothing when (principal, message_id) is already stored."""
-    return insert_ignoring_conflicts(inbox, dialect_name)
-
-
-def select_inbox_hash(principal: str, message_id: str) -> sa.Select[Any]:
-    """The stored content hash and task of one inbox message."""
-    return sa.select(inbox.c.content_hash, inbox.c.task_id).where(
-        inbox.c.principal == principal, inbox.c.message_id == message_id
-    )
-
-
-def insert_task() -> sa.Insert:
-    """Insert one task row."""
-    return sa.insert(tasks)
-
-
 # --- claiming ---------------------------------------------------------------
 #
 # The statements a worker runs for every task are built once per dialect with bound
@@ -74,14 +53,14 @@ def _running_tenants_at_cap() -> sa.Select[Any]:
     running = tasks.alias("running")
     return (
         sa.select(running.c.tenant_id)
-        .where(running.c.state == TaskState.RUNNING)
+        .where(running.c.state == state_literal(TaskState.RUNNING))
         .group_by(running.c.tenant_id)
         .having(sa.func.count() >= sa.bindparam("tenant_cap", type_=sa.Integer()))
     )
 
 
 @functools.cache
-def claim_tasks(dialect_name: str, capped: bool, manual_clock: bool) -> sa.Update:
+def claim_tasks(dialect_name: str, capped: bool, manual_clock: bool) -> Any:
     """Take up to :limit best claimable tasks for :claim_owner under a :lease; built once.
 
     Claimable: pending, due, not cancelled, inside their deadline. When `capped`,
@@ -89,6 +68,7 @@ def claim_tasks(dialect_name: str, capped: bool, manual_clock: bool) -> sa.Updat
     for a manual clock: with a bound `now`, PostgreSQL's generic plan walks the
     deadline index and sorts every unfinished task, where the database's clock
     written into the SQL keeps the walk in claim order (tests/test_claim_plans.py).
+    On PostgreSQL it runs under claim_session's setting.
     """
     now = sa.bindparam("now", type_=sa.Double()) if manual_clock else database_now(dialect_name)
     candidate = tasks.alias("candidate")
@@ -105,12 +85,8 @@ def claim_tasks(dialect_name: str, capped: bool, manual_clock: bool) -> sa.Updat
     )
     if capped:
         pick = pick.where(candidate.c.tenant_id.not_in(_running_tenants_at_cap()))
-    return (
+    claim = (
         sa.update(tasks)
-        .where(
-            tasks.c.task_id.in_(picked_once(pick, supports_skip_locked(dialect_name))),
-            tasks.c.state == state_literal(TaskState.PENDING),
-        )
         .values(
             state=TaskState.RUNNING.value,
             owner=sa.bindparam("claim_owner", type_=sa.String()),
@@ -121,6 +97,23 @@ def claim_tasks(dialect_name: str, capped: bool, manual_clock: bool) -> sa.Updat
         )
         .returning(*CLAIM_RETURNING)
     )
+    if not is_postgresql(dialect_name):
+        return claim.where(
+            tasks.c.task_id.in_(picked_once(pick, supports_skip_locked(dialect_name))),
+            tasks.c.state == state_literal(TaskState.PENDING),
+        )
+    # The picks as an array, found by primary-key probes, and a state test no partial
+    # index's predicate follows from: with statistics taken while no task was pending,
+    # `IN (picks) AND state = 'pending'` was a semi-join walking ix_outbox_tasks_deadline
+    # (every unfinished task) at each claim (tests/test_claim_plans.py). The picks are
+    # locked, so a row one of them names is still the one picked. The rows come back in
+    # the pick's order, which probes by primary key would not keep.
+    picked = pick.with_for_update(skip_locked=True).cte("picked").prefix_with("MATERIALIZED")
+    ids = sa.func.array(sa.select(*picked.c).scalar_subquery())
+    claimed = claim.where(
+        tasks.c.task_id == sa.any_(ids), state_unindexed(tasks.c.state, TaskState.PENDING)
+    ).cte("claimed")
+    return sa.select(claimed).order_by(sa.func.array_position(ids, claimed.c.task_id))
 
 
 @functools.cache
@@ -130,6 +123,35 @@ def claim_tasks_psycopg(manual_clock: bool) -> tuple[str, dict[str, Any]]:
     dialect = psycopg_dialect.dialect()  # type: ignore[no-untyped-call]
     compiled = claim_tasks("postgresql", False, manual_clock).compile(dialect=dialect)
     return str(compiled), dict(compiled.params)
+
+
+def claim_session(dialect_name: str) -> str | None:
+    """The session setting of the connection claims run on, or None (SQLite)."""
+    if not is_postgresql(dialect_name):
+        return None
+    # Without sorts: the pick then walks ix_outbox_tasks_claimable in claim order and stops
+    # at its limit. With statistics taken while no task was pending, both partial indexes
+    # of pending tasks look empty, and a plan walked ix_outbox_tasks_deadline (every
+    # unfinished task) and sorted, in generic and custom plans alike; no predicate the pick
+    # could test proves the claimable index's `state = 'pending'` without also proving the
+    # deadline index's `state IN ('pending', 'running')` (tests/test_claim_plans.py).
+    # Without JIT: the sort of the claimed rows into pick order then costs as a disabled
+    # sort, past jit_above_cost, and JIT would compile anew at every claim.
+    return CLAIM_SETTING.format(local="false")
+
+
+CLAIM_SETTING = (
+    "SELECT set_config('enable_sort', 'off', {local}), set_config('jit', 'off', {local})"
+)
+"""claim_session's setting; `local` "true" for a claim inside a transaction of the pool's."""
+
+
+def claim_transaction_setting(conn: sa.Connection) -> None:
+    """Give a claim inside a transaction (it reconciles, or counts a tenant cap) the claim
+    session's setting, until that transaction ends; the held lane has it already."""
+    autocommit = conn.get_execution_options().get("isolation_level") == "AUTOCOMMIT"
+    if is_postgresql(conn.dialect.name) and not autocommit:
+        conn.exec_driver_sql(CLAIM_SETTING.format(local="true"))
 
 
 def lock_tenant_caps() -> sa.Select[Any]:
@@ -434,66 +456,3 @@ def cancel_task(dialect_name: str) -> sa.Update:
 def select_task(task_id: str) -> sa.Select[Any]:
     """One task row."""
     return sa.select(tasks).where(tasks.c.task_id == task_id)
-
-
-# --- reconciliation -----------------------------------------------------------
-
-
-@functools.cache
-def expire_past_deadline(dialect_name: str) -> sa.Update:
-    """Move up to :limit pending or running tasks whose deadline has passed to expired."""
-    now = bound_now(dialect_name)
-    pick = tasks.alias("pick")
-    unfinished = (state_literal(TaskState.PENDING), state_literal(TaskState.RUNNING))
-    chosen = (
-        sa.select(pick.c.task_id)
-        .where(pick.c.state.in_(unfinished), pick.c.deadline <= now)
-        .limit(limit_parameter())
-    )
-    return (
-        sa.update(tasks)
-        .where(
-            tasks.c.task_id.in_(picked_once(chosen, supports_skip_locked(dialect_name))),
-            tasks.c.state.in_(unfinished),
-        )
-        .values(
-            state=TaskState.EXPIRED.value,
-            lease_until=None,
-            last_error="deadline passed",
-            finished_at=now,
-            updated_at=now,
-        )
-        .returning(tasks.c.task_id, tasks.c.last_error)
-    )
-
-
-@functools.cache
-def reap_expired_task_leases(dialect_name: str) -> sa.Update:
-    """Return up to :limit running tasks whose lease expired to pending, or fail them when
-    out of attempts."""
-    now = bound_now(dialect_name)
-    pick = tasks.alias("pick")
-    chosen = (
-        sa.select(pick.c.task_id)
-        .where(pick.c.state == state_literal(TaskState.RUNNING), pick.c.lease_until <= now)
-        .limit(limit_parameter())
-    )
-    exhausted = tasks.c.attempts >= tasks.c.max_attempts
-    return (
-        sa.update(tasks)
-        .where(
-            tasks.c.task_id.in_(picked_once(chosen, supports_skip_locked(dialect_name))),
-            tasks.c.state == state_literal(TaskState.RUNNING),
-        )
-        .values(
-            state=sa.case((exhausted, TaskState.FAILED.value), else_=TaskState.PENDING.value),
-            last_error=sa.case(
-                (exhausted, "lease expired with no attempts left"), else_="lease expired"
-            ),
-            finished_at=sa.case((exhausted, now), else_=None),
-            available_at=now,
-            lease_until=None,
-            updated_at=now,
-        )
-        .returning(tasks.c.task_id, tasks.c.state, tasks.c.last_error)
-    )

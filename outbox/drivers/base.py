@@ -23,6 +23,7 @@ from sqlalchemy.sql.elements import ColumnElement
 
 from outbox.dead_filter import DeadFilter
 from outbox.drivers.records import ClaimedRow, FigureRow, KeyWalk, LeaseState, Settlement
+from outbox.drivers.task_interface import TaskIntakeDriver, TaskReconcileDriver
 
 Now = float | None
 """A manual clock's time, or None for the database's clock."""
@@ -348,6 +349,8 @@ class Driver(
     OperationsDriver,
     ConsoleDriver,
     RelayDriver,
+    TaskIntakeDriver,
+    TaskReconcileDriver,
     Protocol,
 ):
     """One backend's executor of every family behind the interface."""

@@ -19,6 +19,8 @@ from outbox.drivers.common.operations import OperationStatements
 from outbox.drivers.common.pieces import DriverPieces
 from outbox.drivers.common.receipts import ReceiptStatements
 from outbox.drivers.common.settle import SettleReads
+from outbox.drivers.common.task_intake import TaskIntakeStatements
+from outbox.drivers.common.task_reconcile import TaskReconcileStatements
 
 
 class CommonDriver(
@@ -32,6 +34,8 @@ class CommonDriver(
     SettleReads,
     AnnouncementStatements,
     FigureReads,
+    TaskIntakeStatements,
+    TaskReconcileStatements,
     DriverPieces,
 ):
     """Every family in portable Core; a backend's class adds its pieces."""
