@@ -4,7 +4,7 @@ It claims as many tasks as there are free slots (outbox.running: the handlers'
 slots and the share claimed ahead), reconciling expired leases and deadlines a
 few times per lease rather than in every claim, and hands each claim to the
 executor. Between claims it waits on its event loop for a slot to free, a NOTIFY
-on the tasks channel (outbox.db.listener, PostgreSQL), the poll interval or the
+on the tasks channel (the driver's listener, PostgreSQL), the poll interval or the
 worker's stop. A heartbeat thread renews every held lease in one statement; when
 a renewal is refused (the lease was lost, the task cancelled or past its
 deadline) it sets that task's `stop` event: its result would be refused anyway.
@@ -31,8 +31,8 @@ import sqlalchemy as sa
 
 from outbox.claim import Claim
 from outbox.completer import finished_by_handler
-from outbox.db.dialect import TASKS_NOTIFY_CHANNEL, listen_conninfo
-from outbox.db.listener import Listener
+from outbox.db.dialect import TASKS_NOTIFY_CHANNEL
+from outbox.drivers import driver_for
 from outbox.errors import Fenced
 from outbox.handler_loop import HandlerLoop, LoopWake
 from outbox.observability.worker_metrics import WorkerMetrics
@@ -154,18 +154,17 @@ class Producer:
 
     def _listen(self) -> None:
         """NOTIFY wake-ups on PostgreSQL; elsewhere the producer polls alone."""
-        conninfo = listen_conninfo(self.queue.engine)
-        if conninfo is None:
-            return
-        listener = Listener(
-            conninfo,
+        engine = self.queue.engine
+        listener = driver_for(engine).listener(
+            engine,
             TASKS_NOTIFY_CHANNEL,
             self.poll_interval,
             self.listening,
             on_notify=self.wake.set,
             logger=log,
         )
-        self._listener = self._loop.loop.create_task(listener.keep_listening())
+        if listener is not None:
+            self._listener = self._loop.loop.create_task(listener.keep_listening())
 
     async def _claim(self, limit: int) -> list[Claim]:
         # Expired leases and deadlines matter on the scale of the lease, not of a claim:

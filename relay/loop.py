@@ -23,9 +23,10 @@ from sqlalchemy.engine import Engine
 
 from outbox import failpoints
 from outbox.clock import Clock
-from outbox.db.dialect import NOTIFY_CHANNEL, listen_conninfo
+from outbox.db.dialect import NOTIFY_CHANNEL
 from outbox.db.handle import DatabaseHandle
-from outbox.db.listener import Listener
+from outbox.drivers import driver_for
+from outbox.drivers.notifications import Wakeups
 from outbox.observability.probe import Probe
 from relay.config import Destination, check_destinations, check_relay_settings
 from relay.dispatch import Dispatcher, Turn, retry_window
@@ -256,12 +257,11 @@ class Relay(DatabaseHandle):
             for signum in (signal.SIGTERM, signal.SIGINT):
                 self._loop.remove_signal_handler(signum)
 
-    def _wakeups(self) -> Listener | None:
+    def _wakeups(self) -> Wakeups | None:
         """NOTIFY wake-ups on PostgreSQL; SQLite has none and polls."""
-        conninfo = listen_conninfo(self._engine)
-        if conninfo is None:
-            return None
-        return Listener(conninfo, NOTIFY_CHANNEL, self.poll_interval, self.listening, logger=log)
+        return driver_for(self._engine).listener(
+            self._engine, NOTIFY_CHANNEL, self.poll_interval, self.listening, logger=log
+        )
 
     async def check_retention(self) -> None:
         """Refuse to run when a destination keeps receipts shorter than our retry window."""

@@ -24,7 +24,7 @@ from outbox.clock import Clock
 from outbox.db.lane import Lane
 from outbox.drivers import driver_for
 from outbox.drivers.execution import UNPREPARED as UNPREPARED
-from outbox.drivers.postgresql.conninfo import CONNECT_TIMEOUT, bounded
+from outbox.drivers.postgresql.conninfo import CONNECT_TIMEOUT, bounded, engine_conninfo
 
 SQLITE_BUSY_TIMEOUT_MS = 30_000
 # Migration o0002 installs a trigger that notifies this channel on every insert of messages.
@@ -179,7 +179,7 @@ def listen_conninfo(engine: Engine) -> str | None:
     """The libpq connection string for LISTEN on PostgreSQL; None where there is no NOTIFY."""
     if not is_postgresql(engine.dialect.name):
         return None
-    return engine.url.set(drivername="postgresql").render_as_string(hide_password=False)
+    return engine_conninfo(engine)
 
 
 def not_in_names(column: ColumnElement[str], name: str, dialect_name: str) -> Any:

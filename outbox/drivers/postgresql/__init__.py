@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import logging
+import threading
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import sqlalchemy as sa
@@ -12,6 +14,8 @@ from sqlalchemy.sql.elements import ColumnElement
 
 from outbox.drivers.base import Now
 from outbox.drivers.common import CommonDriver
+from outbox.drivers.notifications import Wakeups
+from outbox.drivers.postgresql import listener as listen
 from outbox.drivers.postgresql import receipts
 from outbox.drivers.postgresql import settle as settling
 from outbox.drivers.postgresql.claims import PostgreSQLClaims
@@ -74,3 +78,15 @@ class PostgreSQLDriver(PostgreSQLClaims, CommonDriver):
     ) -> set[int]:
         """Settle held messages in one statement of binary arrays; the ids it changed."""
         return settling.settle(conn, owner, rows, now)
+
+    def listener(
+        self,
+        engine: sa.Engine,
+        channel: str,
+        retry: float,
+        listening: threading.Event,
+        on_notify: Callable[[], None] | None = None,
+        logger: logging.Logger | None = None,
+    ) -> Wakeups:
+        """One LISTEN connection on `channel`, kept up (outbox.drivers.postgresql.listener)."""
+        return listen.listener(engine, channel, retry, listening, on_notify, logger)

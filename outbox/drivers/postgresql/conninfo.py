@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 
+import sqlalchemy as sa
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 CONNECT_TIMEOUT = 5
@@ -22,3 +23,8 @@ def bounded_conninfo(conninfo: str) -> str:
     if bounded(conninfo):
         return conninfo
     return make_conninfo(conninfo, connect_timeout=CONNECT_TIMEOUT)
+
+
+def engine_conninfo(engine: sa.Engine) -> str:
+    """The libpq connection string of a PostgreSQL engine's URL, whatever its driver."""
+    return engine.url.set(drivername="postgresql").render_as_string(hide_password=False)

@@ -3,7 +3,9 @@ they are."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import logging
+import threading
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import sqlalchemy as sa
@@ -13,6 +15,7 @@ from sqlalchemy.sql.elements import ColumnElement
 
 from outbox.drivers.base import Now
 from outbox.drivers.common import CommonDriver
+from outbox.drivers.notifications import Wakeups
 from outbox.drivers.records import Settlement
 from outbox.drivers.sqlite import settle as settling
 from outbox.drivers.sqlite.clock import DATABASE_NOW
@@ -50,3 +53,15 @@ class SQLiteDriver(CommonDriver):
     ) -> set[int]:
         """Settle held messages in one UPDATE FROM a JSON document; the ids it changed."""
         return settling.settle(conn, owner, rows, now)
+
+    def listener(
+        self,
+        engine: sa.Engine,
+        channel: str,
+        retry: float,
+        listening: threading.Event,
+        on_notify: Callable[[], None] | None = None,
+        logger: logging.Logger | None = None,
+    ) -> Wakeups | None:
+        """None: SQLite has no notifications, so whoever asked polls alone."""
+        return None

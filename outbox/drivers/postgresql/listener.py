@@ -26,10 +26,11 @@ from collections.abc import Callable
 from typing import Any
 
 import psycopg
+import sqlalchemy as sa
 
-from outbox.drivers.postgresql.conninfo import bounded_conninfo
+from outbox.drivers.postgresql.conninfo import bounded_conninfo, engine_conninfo
 
-_log = logging.getLogger("outbox.db.listener")
+_log = logging.getLogger("outbox.drivers.postgresql.listener")
 
 
 class Listener:
@@ -128,3 +129,15 @@ class Listener:
         self._up.clear()
         self.listening.clear()
         self._conn = None
+
+
+def listener(
+    engine: sa.Engine,
+    channel: str,
+    retry: float,
+    listening: threading.Event,
+    on_notify: Callable[[], None] | None = None,
+    logger: logging.Logger | None = None,
+) -> Listener:
+    """A Listener on `channel` of a PostgreSQL engine's database."""
+    return Listener(engine_conninfo(engine), channel, retry, listening, on_notify, logger or _log)
