@@ -1,138 +1,57 @@
-"""Engines and connections per backend; the SQL pieces are the drivers' (outbox.drivers).
-
-SQLite: WAL, synchronous=FULL, a busy timeout, and BEGIN IMMEDIATE so a
-transaction that will write takes the write lock up front (a deferred one
-fails with "database is locked" when it upgrades under contention).
-PostgreSQL: psycopg 3, FOR UPDATE SKIP LOCKED, NOTIFY on new messages.
-"""
+"""Engines and connections: each backend's set-up and SQL pieces are its driver's
+(outbox.drivers); these are the toolkit's entry points to them."""
 
 from __future__ import annotations
 
-import sqlite3
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import sqlalchemy as sa
-from sqlalchemy import event
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.sql.elements import ColumnElement
 
 from outbox import failpoints
 from outbox.clock import Clock
 from outbox.db.lane import Lane
-from outbox.drivers import driver_for
+from outbox.drivers import DRIVERS, UnsupportedDatabase, driver_for, driver_for_url
+from outbox.drivers.execution import READ_ONLY as READ_ONLY
 from outbox.drivers.execution import UNPREPARED as UNPREPARED
-from outbox.drivers.postgresql.conninfo import CONNECT_TIMEOUT, bounded, engine_conninfo
+from outbox.drivers.postgresql.conninfo import engine_conninfo
 
-SQLITE_BUSY_TIMEOUT_MS = 30_000
 # Migration o0002 installs a trigger that notifies this channel on every insert of messages.
 NOTIFY_CHANNEL = "outbox_messages"
 # Migration o0008 notifies this channel when tasks are inserted or become due again.
 TASKS_NOTIFY_CHANNEL = "outbox_tasks"
-READ_ONLY = "outbox_read_only"
-_PREPARED = "outbox_prepared"
-
-
-# An application's URL names the same database through its own driver; the toolkit's
-# own engines (commands, TaskQueue, Relay, ReceiptStore, migrations) are synchronous, and
-# on PostgreSQL always psycopg 3, whatever driver the URL names (asyncpg, psycopg2,
-# ...): their SQL binds psycopg's binary arrays and plans some statements unprepared.
-SYNC_DRIVERS = {
-    "postgres": "postgresql+psycopg",
-    "sqlite+aiosqlite": "sqlite",
-}
-_OWN_POSTGRESQL_DRIVER = "postgresql+psycopg"
-# asyncpg's URL options that libpq does not know: its TLS switch has a libpq name, its
-# statement cache has no meaning for psycopg (which prepares by its own threshold).
-# asyncpg's ssl=true verifies the server's certificate and name (a default SSL context).
-_ASYNCPG_SSL_MODES = {"true": "verify-full", "false": "disable"}
-_ASYNCPG_ONLY_OPTIONS = ("prepared_statement_cache_size", "prepared_statement_name_func")
 
 
 def make_url(url: str | sa.URL) -> sa.URL:
-    """Parse a database URL for the toolkit's own sync engine: psycopg 3 for any PostgreSQL
-    URL (plain, asyncpg, psycopg2, ...), sqlite3 for an aiosqlite one."""
+    """Parse a database URL for the toolkit's own sync engine: the backend driver's own
+    DBAPI (psycopg 3 for any PostgreSQL URL, sqlite3 for an aiosqlite one)."""
     parsed = sa.make_url(url)
-    if parsed.drivername == "postgresql+asyncpg":
-        parsed = _libpq_options(parsed)
-    if parsed.drivername in SYNC_DRIVERS:
-        parsed = parsed.set(drivername=SYNC_DRIVERS[parsed.drivername])
-    if parsed.get_backend_name() == "postgresql":
-        parsed = parsed.set(drivername=_OWN_POSTGRESQL_DRIVER)
-    if parsed.get_backend_name() not in ("postgresql", "sqlite"):
-        raise ValueError(
-            f"unsupported database {parsed.get_backend_name()!r}: use postgresql or sqlite"
-        )
-    return parsed
-
-
-def _libpq_options(url: sa.URL) -> sa.URL:
-    """An asyncpg URL's query with libpq's names: `ssl` is `sslmode`, cache options go."""
-    query = dict(url.query)
-    for option in _ASYNCPG_ONLY_OPTIONS:
-        query.pop(option, None)
-    if "ssl" in query:
-        ssl = query.pop("ssl")
-        if not isinstance(ssl, str):
-            raise ValueError("give the ssl option of a database URL once")
-        query["sslmode"] = _ASYNCPG_SSL_MODES.get(ssl.lower(), ssl)
-    return url.set(query=query)
+    return driver_for_url(parsed).own_url(parsed)
 
 
 def create_engine(url: str | sa.URL, **kwargs: Any) -> Engine:
-    """An engine for the outbox: psycopg 3 on PostgreSQL; WAL and BEGIN IMMEDIATE on SQLite."""
+    """An engine for the outbox, set up by its backend's driver (outbox.drivers.engines)."""
     parsed = make_url(url)
-    if parsed.get_backend_name() == "sqlite" and parsed.database in (None, "", ":memory:"):
-        raise ValueError("an in-memory SQLite database is private to one connection: use a file")
-    if parsed.get_backend_name() == "postgresql":
-        kwargs.setdefault("pool_pre_ping", True)
-        if "connect_timeout" not in parsed.query and not bounded(""):
-            bound = {"connect_timeout": CONNECT_TIMEOUT}
-            kwargs["connect_args"] = bound | kwargs.get("connect_args", {})
+    for option, default in driver_for_url(parsed).engine_options(parsed).items():
+        if option == "connect_args":
+            kwargs[option] = default | kwargs.get(option, {})
+        else:
+            kwargs.setdefault(option, default)
     return prepare_engine(sa.create_engine(parsed, **kwargs))
 
 
 def prepare_engine(engine: Engine) -> Engine:
-    """Install the SQLite transaction discipline, or PostgreSQL's UNPREPARED option (idempotent)."""
-    if engine.dialect.name == "sqlite":
-        if not event.contains(engine, "begin", _sqlite_begin):
-            event.listen(engine, "begin", _sqlite_begin)
-    elif engine.dialect.name == "postgresql":
-        if not event.contains(engine, "do_execute", _execute_unprepared):
-            event.listen(engine, "do_execute", _execute_unprepared)
-    else:
-        raise ValueError(f"unsupported database dialect {engine.dialect.name!r}")
+    """Install the backend's connection discipline on `engine` (idempotent)."""
+    try:
+        driver = driver_for(engine)
+    except UnsupportedDatabase:
+        raise ValueError(f"unsupported database dialect {engine.dialect.name!r}") from None
+    driver.prepare_engine(engine)
     return engine
-
-
-def _execute_unprepared(cursor: Any, statement: str, parameters: Any, context: Any) -> bool:
-    # psycopg prepares a statement run five times, and PostgreSQL then may switch to a
-    # generic plan: for a join on array parameters it guesses ten elements and can rescan
-    # the whole array once per matched row. UNPREPARED statements are planned per run.
-    if not context.execution_options.get(UNPREPARED):
-        return False
-    cursor.execute(statement, parameters, prepare=False)
-    return True
-
-
-def _sqlite_begin(conn: Connection) -> None:
-    dbapi = conn.connection.dbapi_connection
-    record = conn.connection
-    if not record.info.get(_PREPARED):
-        # Let us, not pysqlite, decide when transactions begin.
-        dbapi.isolation_level = None  # type: ignore[union-attr]
-        cursor = dbapi.cursor()  # type: ignore[union-attr]
-        try:
-            cursor.execute(f"PRAGMA busy_timeout = {SQLITE_BUSY_TIMEOUT_MS}")
-            cursor.execute("PRAGMA journal_mode = WAL")
-            cursor.execute("PRAGMA synchronous = FULL")
-        finally:
-            cursor.close()
-        record.info[_PREPARED] = True
-    read_only = conn.get_execution_options().get(READ_ONLY, False)
-    conn.exec_driver_sql("BEGIN" if read_only else "BEGIN IMMEDIATE")
 
 
 # The SQL pieces below are the drivers' (outbox.drivers): these names serve the statement
@@ -164,10 +83,7 @@ def missing_sqlite_file(url: str | sa.URL) -> str | None:
 
 def is_missing_table(exc: sa.exc.DBAPIError) -> bool:
     """Whether a statement failed because a table it names does not exist (no schema)."""
-    orig = exc.orig
-    if getattr(orig, "sqlstate", None) == "42P01":  # PostgreSQL undefined_table
-        return True
-    return isinstance(orig, sqlite3.OperationalError) and str(orig).startswith("no such table")
+    return any(driver.is_missing_table(exc.orig) for driver in DRIVERS.values())
 
 
 def is_postgresql(dialect_name: str) -> bool:

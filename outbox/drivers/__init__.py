@@ -3,9 +3,10 @@ backend, and the registry that picks one.
 
 Not public API: the core, the relay and the receiver call it, users do not.
 `driver_for(engine)` (or a Connection, a Dialect or a dialect name) is the driver of
-that backend; `DRIVERS` is the only list of them, which tests/drivers runs its
-conformance suite against. The interface is `base.Driver`; what is behind it and what
-is still to move: docs/explanation/architecture.md, "Database drivers".
+that backend, `driver_for_url(url)` the driver of a URL's; `DRIVERS` is the only list
+of them, which tests/drivers runs its conformance suite against. The interface is
+`base.Driver`; what is behind it and what is still to move:
+docs/explanation/architecture.md, "Database drivers".
 """
 
 from __future__ import annotations
@@ -32,9 +33,22 @@ def driver_for(target: str | sa.Engine | sa.Connection | sa.Dialect) -> Driver:
     try:
         return DRIVERS[name]
     except KeyError:
-        raise UnsupportedDatabase(
-            f"unsupported database {name!r}: the drivers are {', '.join(sorted(DRIVERS))}"
-        ) from None
+        raise UnsupportedDatabase(f"unsupported database {name!r}: use {_names()}") from None
+
+
+def driver_for_url(url: str | sa.URL) -> Driver:
+    """The driver of a database URL's backend (its scheme before any `+`)."""
+    backend = sa.make_url(url).get_backend_name()
+    for driver in DRIVERS.values():
+        if backend in driver.url_backends:
+            return driver
+    raise UnsupportedDatabase(f"unsupported database {backend!r}: use {_names()}")
+
+
+def _names() -> str:
+    """The backends with a driver, for an error: "postgresql or sqlite"."""
+    names = sorted(DRIVERS)
+    return " or ".join(names) if len(names) < 3 else ", ".join(names[:-1]) + " or " + names[-1]
 
 
 def _dialect_name(target: object) -> str:
@@ -49,4 +63,4 @@ def _dialect_name(target: object) -> str:
     return name
 
 
-__all__ = ["DRIVERS", "Driver", "UnsupportedDatabase", "driver_for"]
+__all__ = ["DRIVERS", "Driver", "UnsupportedDatabase", "driver_for", "driver_for_url"]

@@ -22,6 +22,7 @@ from sqlalchemy.engine import Connection, RowMapping
 from sqlalchemy.sql.elements import ColumnElement
 
 from outbox.dead_filter import DeadFilter
+from outbox.drivers.engines import EngineDriver
 from outbox.drivers.notifications import NotificationsDriver
 from outbox.drivers.records import ClaimedRow, FigureRow, KeyWalk, LeaseState, Settlement
 from outbox.drivers.task_interface import TaskIntakeDriver, TaskReconcileDriver
@@ -353,6 +354,7 @@ class Driver(
     TaskIntakeDriver,
     TaskReconcileDriver,
     NotificationsDriver,
+    EngineDriver,
     Protocol,
 ):
     """One backend's executor of every family behind the interface."""

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from outbox import failpoints
-from outbox.db.dialect import SQLITE_BUSY_TIMEOUT_MS
+from outbox.drivers.sqlite.engine import BUSY_TIMEOUT_MS as SQLITE_BUSY_TIMEOUT_MS
 
 # Everything a node imports, the CLI's lazily imported subcommands included: this
 # environment may not write bytecode, so a module imported after the fork is

@@ -19,9 +19,10 @@ from outbox.drivers.notifications import Wakeups
 from outbox.drivers.records import Settlement
 from outbox.drivers.sqlite import settle as settling
 from outbox.drivers.sqlite.clock import DATABASE_NOW
+from outbox.drivers.sqlite.engine import SQLiteEngines
 
 
-class SQLiteDriver(CommonDriver):
+class SQLiteDriver(SQLiteEngines, CommonDriver):
     """SQLite: the portable statements, with its own clock and INSERT."""
 
     name = "sqlite"
