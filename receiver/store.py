@@ -40,7 +40,7 @@ from outbox import failpoints
 from outbox.canonical import sha256_hex
 from outbox.clock import Clock
 from outbox.db import retry
-from outbox.db.dialect import READ_ONLY, clock_value, is_postgresql, one_statement
+from outbox.db.dialect import READ_ONLY, clock_value, one_statement
 from outbox.db.handle import DatabaseHandle
 from outbox.durations import duration_text
 from outbox.errors import PayloadCollision
@@ -118,9 +118,7 @@ class ReceiptStore(DatabaseHandle):
         """A lost race, or a transient error; not SQLite busy, whose timeout already waited."""
         if lost_race(exc):
             return True
-        return retry.is_transient(exc) and not (
-            not is_postgresql(self._dialect) and retry.waited_for_lock(exc)
-        )
+        return retry.is_transient(exc) and not retry.waited_for_lock(exc)
 
     def _check_schema(self, branch: str) -> None:
         with unavailable_when_it_fails():

@@ -3,13 +3,13 @@
 Not public API: `relay` and `receiver` build on it, users do not. One module a
 concept:
 
-- ``dialect``: engines, SQLite's transaction discipline, PostgreSQL options, the
+- ``dialect``: the toolkit's engines (each backend's set-up is its driver's), the
   one-statement connection; its SQL pieces (the database clock, ON CONFLICT) are the
   drivers';
 - ``handle``: an engine on a current schema, released by whoever opened it;
 - ``caller``: the connection behind the Session or Connection a caller hands in;
-- ``retry``: which database errors are transient, and the retry policies built
-  on tenacity that the worker, the relay and the receiver store share;
+- ``retry``: the retry policies built on tenacity that the worker, the relay and the
+  receiver store share (which errors are transient, each driver says);
 - ``sql``: statement pieces every layer's statement builders use;
 - ``task_sql`` and ``message_sql``: the statement builders not yet behind the
   driver interface (outbox.drivers, which holds the rest).

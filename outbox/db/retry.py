@@ -3,7 +3,8 @@
 A transient error is one a second try on a fresh connection may well pass: a
 lost or invalidated connection, a serialization failure or deadlock, a server
 shutting down, SQLite busy or locked. Everything else (a constraint, a bad
-statement) fails the same way again and is raised at once.
+statement) fails the same way again and is raised at once. Which codes are which is
+each backend's driver's to say (outbox.drivers.errors).
 
 Retrying after a COMMIT whose outcome is unknown is only safe where the caller
 resolves that doubt: the worker and the relay re-read the rows, the receiver's
@@ -13,7 +14,6 @@ receipt makes the second try a duplicate.
 from __future__ import annotations
 
 import random
-import sqlite3
 import threading
 import time
 from collections.abc import Callable
@@ -30,14 +30,9 @@ from tenacity import (
     wait_random,
 )
 
+from outbox.drivers import DRIVERS
+
 T = TypeVar("T")
-# PostgreSQL errors that pass with time: 40001 serialization failure, 40P01 deadlock,
-# 40003 statement completion unknown, 25006 read-only transaction (a failover under
-# way), 55P03 lock not available, 57014 statement timeout or cancel.
-TRANSIENT_SQLSTATES = frozenset({"40001", "40P01", "40003", "25006", "55P03", "57014"})
-# Classes: 08 connection exception, 53 insufficient resources (too many connections),
-# 57P operator intervention (shutdown, restart).
-TRANSIENT_SQLSTATE_CLASSES = ("08", "53", "57P")
 # Statements retried in-process by the relay: a few quick tries, then the turn fails.
 QUICK_TRIES = 6
 # Backoff between attempts to write a worker's outcome while the database is away.
@@ -46,26 +41,23 @@ LONGEST_WAIT = 1.0
 
 
 def is_transient(exc: BaseException) -> bool:
-    """Database errors worth retrying: lost connections, serialization failures, SQLite busy."""
+    """Database errors worth retrying: lost connections, and what the backend's driver
+    calls transient (serialization failures, deadlocks, SQLite busy)."""
     if not isinstance(exc, sa.exc.DBAPIError):
         return False
     if exc.connection_invalidated:
         return True
-    orig = exc.orig
-    sqlstate = getattr(orig, "sqlstate", None)
-    if sqlstate is not None:
-        return sqlstate in TRANSIENT_SQLSTATES or sqlstate.startswith(TRANSIENT_SQLSTATE_CLASSES)
-    if isinstance(orig, sqlite3.OperationalError):
-        return waited_for_lock(exc)
+    for driver in DRIVERS.values():
+        verdict = driver.transient(exc.orig)
+        if verdict is not None:
+            return verdict
     return isinstance(exc, sa.exc.OperationalError | sa.exc.InterfaceError)
 
 
 def waited_for_lock(exc: BaseException) -> bool:
-    """SQLite busy or locked: the busy timeout has already waited for the lock."""
+    """A lock wait the server already bounded (SQLite busy): another try would wait again."""
     orig = getattr(exc, "orig", None)
-    return isinstance(orig, sqlite3.OperationalError) and getattr(
-        orig, "sqlite_errorcode", None
-    ) in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)
+    return any(driver.waited_for_lock(orig) for driver in DRIVERS.values())
 
 
 def quickly(

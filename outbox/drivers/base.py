@@ -23,6 +23,7 @@ from sqlalchemy.sql.elements import ColumnElement
 
 from outbox.dead_filter import DeadFilter
 from outbox.drivers.engines import EngineDriver
+from outbox.drivers.errors import ErrorsDriver
 from outbox.drivers.notifications import NotificationsDriver
 from outbox.drivers.records import ClaimedRow, FigureRow, KeyWalk, LeaseState, Settlement
 from outbox.drivers.task_interface import TaskIntakeDriver, TaskReconcileDriver
@@ -355,6 +356,7 @@ class Driver(
     TaskReconcileDriver,
     NotificationsDriver,
     EngineDriver,
+    ErrorsDriver,
     Protocol,
 ):
     """One backend's executor of every family behind the interface."""

@@ -34,7 +34,3 @@ class EngineDriver(Protocol):
     def prepare_engine(self, engine: sa.Engine) -> None:
         """Install the backend's connection discipline on `engine`, once."""
         ...
-
-    def is_missing_table(self, error: BaseException | None) -> bool:
-        """Whether a DBAPI error says a table the statement names does not exist."""
-        ...

@@ -33,16 +33,6 @@ def test_prepare_engine_twice_installs_once(driver: Driver, db_url: str) -> None
         engine.dispose()
 
 
-def test_a_missing_table_is_told_apart_from_other_errors(driver: Driver, engine: sa.Engine) -> None:
-    with engine.connect() as conn, pytest.raises(sa.exc.DBAPIError) as missing:
-        conn.execute(sa.text("SELECT 1 FROM outbox_no_such_table"))
-    assert driver.is_missing_table(missing.value.orig)
-    with engine.connect() as conn, pytest.raises(sa.exc.DBAPIError) as other:
-        conn.execute(sa.text("SELECT no_such_function_at_all()"))
-    assert not driver.is_missing_table(other.value.orig)
-    assert not driver.is_missing_table(None)
-
-
 def test_a_url_of_no_drivers_backend_is_refused_naming_the_supported_ones() -> None:
     with pytest.raises(UnsupportedDatabase, match=r"^unsupported database 'mssql': use "):
         driver_for_url("mssql+pyodbc://db/app")

@@ -20,11 +20,12 @@ from outbox.drivers.postgresql import receipts
 from outbox.drivers.postgresql import settle as settling
 from outbox.drivers.postgresql.claims import PostgreSQLClaims
 from outbox.drivers.postgresql.engine import PostgreSQLEngines
+from outbox.drivers.postgresql.errors import PostgreSQLErrors
 from outbox.drivers.postgresql.receipts import STATEMENT_NOW
 from outbox.drivers.records import Settlement
 
 
-class PostgreSQLDriver(PostgreSQLClaims, PostgreSQLEngines, CommonDriver):
+class PostgreSQLDriver(PostgreSQLClaims, PostgreSQLEngines, PostgreSQLErrors, CommonDriver):
     """PostgreSQL: the portable statements, and one-statement receipt inserts, claims and
     settles of its own."""
 

@@ -15,7 +15,6 @@ OWN_DRIVER = "postgresql+psycopg"
 """The toolkit's own engines are psycopg 3 whatever driver the URL names (asyncpg,
 psycopg2, ...): their SQL binds psycopg's binary arrays and plans some statements
 unprepared."""
-UNDEFINED_TABLE = "42P01"
 
 # asyncpg's URL options that libpq does not know: its TLS switch has a libpq name, its
 # statement cache has no meaning for psycopg (which prepares by its own threshold).
@@ -47,10 +46,6 @@ class PostgreSQLEngines:
         """Run statements marked UNPREPARED without a prepared plan."""
         if not event.contains(engine, "do_execute", _execute_unprepared):
             event.listen(engine, "do_execute", _execute_unprepared)
-
-    def is_missing_table(self, error: BaseException | None) -> bool:
-        """SQLSTATE 42P01, undefined_table."""
-        return getattr(error, "sqlstate", None) == UNDEFINED_TABLE
 
 
 def libpq_options(url: sa.URL) -> sa.URL:

@@ -20,9 +20,10 @@ from outbox.drivers.records import Settlement
 from outbox.drivers.sqlite import settle as settling
 from outbox.drivers.sqlite.clock import DATABASE_NOW
 from outbox.drivers.sqlite.engine import SQLiteEngines
+from outbox.drivers.sqlite.errors import SQLiteErrors
 
 
-class SQLiteDriver(SQLiteEngines, CommonDriver):
+class SQLiteDriver(SQLiteEngines, SQLiteErrors, CommonDriver):
     """SQLite: the portable statements, with its own clock and INSERT."""
 
     name = "sqlite"

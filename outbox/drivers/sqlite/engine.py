@@ -7,7 +7,6 @@ READ_ONLY begin deferred, so they do not wait for the writer.
 
 from __future__ import annotations
 
-import sqlite3
 from typing import Any
 
 import sqlalchemy as sa
@@ -45,12 +44,6 @@ class SQLiteEngines:
         """Install the transaction discipline (see the module's docstring)."""
         if not event.contains(engine, "begin", _begin):
             event.listen(engine, "begin", _begin)
-
-    def is_missing_table(self, error: BaseException | None) -> bool:
-        """sqlite3's "no such table"."""
-        return isinstance(error, sqlite3.OperationalError) and str(error).startswith(
-            "no such table"
-        )
 
 
 def _begin(conn: Connection) -> None:
