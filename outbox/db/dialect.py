@@ -163,18 +163,19 @@ def one_statement(
 ) -> Iterator[Connection]:
     """A connection for work whose statements are each atomic alone, else one transaction.
 
-    On PostgreSQL, when `single`, the work runs in autocommit: a statement is
-    atomic alone, and BEGIN and COMMIT would only add round trips. Otherwise
-    (SQLite, or several statements) it is a transaction (BEGIN IMMEDIATE on
-    SQLite), committed when the block ends. `window` names the before-commit
-    failpoint the caller hits at the end of the block, once it has written
-    something: while that failpoint is armed (a crash test), single statements
-    run in the transaction too, so it fires while the database holds their
-    uncommitted writes; they commit together as always. A single statement runs
+    When `single` and the backend's driver runs such work in autocommit
+    (PostgreSQL), it does: a statement is atomic alone, and BEGIN and COMMIT would
+    only add round trips. Otherwise (SQLite, or several statements) it is a
+    transaction (BEGIN IMMEDIATE on SQLite), committed when the block ends.
+    `window` names the before-commit failpoint the caller hits at the end of the
+    block, once it has written something: while that failpoint is armed (a crash
+    test), single statements run in the transaction too, so it fires while the
+    database holds their uncommitted writes; they commit together as always. A single statement runs
     on `lane`'s held connection when one is given (see outbox.db.lane), else on
     one from the pool.
     """
-    if single and is_postgresql(engine.dialect.name) and not (window and failpoints.armed(window)):
+    autocommit = single and driver_for(engine).autocommit_statements
+    if autocommit and not (window and failpoints.armed(window)):
         with lane.connection() if lane is not None else _autocommit(engine).connect() as conn:
             yield conn
         return

@@ -21,6 +21,10 @@ class EngineDriver(Protocol):
 
     url_backends: tuple[str, ...]
     """The backend names of the URLs this driver runs on (a URL's scheme before any `+`)."""
+    autocommit_statements: bool
+    """Whether work whose statements are each atomic alone runs them in autocommit,
+    saving BEGIN and COMMIT round trips (outbox.db.dialect.one_statement); SQLite's
+    connections always begin their transaction, IMMEDIATE, to take the write lock first."""
 
     def own_url(self, url: sa.URL) -> sa.URL:
         """`url` with the DBAPI the toolkit's own engines use on this backend."""

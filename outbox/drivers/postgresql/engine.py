@@ -27,6 +27,7 @@ class PostgreSQLEngines:
     """psycopg 3 engines with a bounded connect and per-run plans where asked."""
 
     url_backends: tuple[str, ...] = ("postgresql", "postgres")
+    autocommit_statements = True
 
     def own_url(self, url: sa.URL) -> sa.URL:
         """`url` on psycopg 3; an asyncpg URL's options in libpq's names."""

@@ -25,6 +25,7 @@ class SQLiteEngines:
     """sqlite3 engines on a file, in WAL mode, beginning immediately."""
 
     url_backends: tuple[str, ...] = ("sqlite",)
+    autocommit_statements = False
 
     def own_url(self, url: sa.URL) -> sa.URL:
         """`url` on sqlite3 (an aiosqlite URL names the same file)."""
