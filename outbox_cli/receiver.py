@@ -33,7 +33,7 @@ from outbox_cli.own_process import tune_if_own_process
 from outbox_cli.ports import listening_socket
 from outbox_cli.settings import Option, add_flags, config_path
 from receiver.app import DEFAULT_MAX_BODY
-from receiver.protocol import DEFAULT_HEADER_LIMIT, DEFAULT_REQUEST_TIMEOUT
+from receiver.request_guard import DEFAULT_HEADER_LIMIT, DEFAULT_REQUEST_TIMEOUT
 
 DEFAULT_MAX_CONNECTIONS = 1000
 DEFAULT_KEEP_ALIVE = 5.0

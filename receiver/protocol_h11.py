@@ -13,7 +13,7 @@ from typing import Any
 import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-from receiver.protocol import RequestGuard
+from receiver.request_guard import RequestGuard
 
 
 class _ReportingConnection(h11.Connection):

@@ -10,7 +10,7 @@ from typing import Any
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from receiver.protocol import RequestGuard
+from receiver.request_guard import RequestGuard
 
 
 class GuardedHttpTools(RequestGuard, HttpToolsProtocol):

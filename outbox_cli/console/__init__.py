@@ -81,7 +81,8 @@ def run(args: argparse.Namespace) -> int:
     from outbox.operations import Operations
     from outbox_cli.console.app import create_app
     from outbox_cli.console.requeue_form import check_config
-    from receiver.protocol import DEFAULT_HEADER_LIMIT, http_settings
+    from receiver.protocol import http_settings
+    from receiver.request_guard import DEFAULT_HEADER_LIMIT
 
     token = console_token(args.host)
     configure_logging("text")

@@ -14,8 +14,9 @@ import uvicorn
 from starlette.types import Receive, Scope, Send
 from support.receiver_helpers import free_port, wait_until
 
-from receiver.protocol import RequestGuard, guarded
+from receiver.protocol import guarded
 from receiver.protocol_h11 import GuardedH11
+from receiver.request_guard import RequestGuard
 
 REQUEST_TIMEOUT = 0.5
 SLOW_ANSWER = 3 * REQUEST_TIMEOUT
