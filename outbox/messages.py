@@ -104,15 +104,19 @@ def check_traceparent(value: object) -> str:
     return value
 
 
-def check_headers(headers: Mapping[str, str] | None) -> str:
+def check_headers(
+    headers: Mapping[str, str] | None, trace_context: Mapping[str, str] | None = None
+) -> str:
     """Extra HTTP headers to send, as canonical JSON; reserved names refused (reserved_headers).
 
     At most MAX_HEADERS headers of MAX_HEADERS_BYTES in all (names and values). They are
     not part of a message's identity: publishing the same reply_id and body again with
-    other headers is a no-op that keeps the first ones.
+    other headers is a no-op that keeps the first ones. `trace_context` (the active
+    span's, outbox.trace_context) is added after the checks, outside the caller's budget:
+    tracing on must not make a publish that passes without it fail.
     """
     if headers is None:
-        return "{}"
+        return _header_json({}, trace_context)
     if not isinstance(headers, Mapping):
         raise InvalidMessage("headers must be a mapping of str to str")
     if len(headers) > MAX_HEADERS:
@@ -132,7 +136,13 @@ def check_headers(headers: Mapping[str, str] | None) -> str:
     size = sum(len(name) + len(value) for name, value in headers.items())
     if size > MAX_HEADERS_BYTES:
         raise InvalidMessage(f"headers hold {size} bytes, more than {MAX_HEADERS_BYTES}")
-    return json.dumps(dict(headers), sort_keys=True, separators=(",", ":"))
+    return _header_json(headers, trace_context)
+
+
+def _header_json(headers: Mapping[str, str], trace_context: Mapping[str, str] | None) -> str:
+    """Headers and a creation context as canonical JSON."""
+    merged = dict(headers) if not trace_context else {**headers, **trace_context}
+    return json.dumps(merged, sort_keys=True, separators=(",", ":"))
 
 
 def encode_body(body: object, max_bytes: int) -> bytes:

@@ -22,6 +22,7 @@ from outbox.messages import (
     check_traceparent,
     encode_body,
 )
+from outbox.trace_context import TRACEPARENT, TRACESTATE, active_context
 
 
 def publish(
@@ -37,9 +38,10 @@ def publish(
     """Add a message to the caller's transaction (never commits); same id and body is a no-op.
 
     `session` is a Session or a Connection; for an AsyncSession or AsyncConnection,
-    `await outbox.asyncio.publish(...)`. `traceparent` (W3C Trace Context) is stored
-    with the message and sent as a header on every delivery, so the receiver's trace
-    joins the publisher's.
+    `await outbox.asyncio.publish(...)`. The message's creation context (W3C Trace
+    Context) is stored with it and sent as headers on every delivery, so the receiver's
+    trace joins the publisher's: `traceparent` when given (or a `traceparent` among
+    `headers`), else the active OpenTelemetry span's traceparent and tracestate.
     """
     conn = caller_connection(
         session, "outbox.publish", "await outbox.asyncio.publish(session, ...)"
@@ -51,8 +53,8 @@ def publish(
         raise InvalidMessage(f"reply_id prefix {TASK_REPLY_PREFIX!r} is reserved for task replies")
     ordering_key = check_ordering_key(ordering_key)
     if traceparent is not None:
-        headers = {**(headers or {}), "traceparent": check_traceparent(traceparent)}
-    header_json = check_headers(headers)
+        headers = {**(headers or {}), TRACEPARENT: check_traceparent(traceparent)}
+    header_json = check_headers(headers, creation_context(headers))
     data = encode_body(body, MAX_BYTES)
     return add_message(
         conn,
@@ -63,3 +65,10 @@ def publish(
         headers=header_json,
         now=None if clock is None else float(clock()),
     )
+
+
+def creation_context(headers: Mapping[str, str] | None) -> dict[str, str]:
+    """The active span's trace context, unless the caller's headers carry trace context."""
+    if headers is not None and any(name.lower() in (TRACEPARENT, TRACESTATE) for name in headers):
+        return {}
+    return active_context()
