@@ -73,6 +73,10 @@ tasks = sa.Table(
     sa.Column("created_at", Epoch(), nullable=False),
     sa.Column("updated_at", Epoch(), nullable=False),
     sa.Column("finished_at", Epoch()),
+    # The creation context: the trace context of the span the task was received in
+    # (outbox.trace_context), for its runs' spans to link to (migration o0013).
+    sa.Column("traceparent", sa.String(55)),
+    sa.Column("tracestate", sa.String(512)),
     sa.CheckConstraint(_in("state", TASK_STATES), name="state"),
     sa.CheckConstraint("attempts >= 0 AND attempts <= max_attempts", name="attempts"),
     # Running tasks, for the per-tenant cap and for the reaper of expired leases, which

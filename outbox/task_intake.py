@@ -17,6 +17,7 @@ from outbox.errors import PayloadCollision
 from outbox.intake import Accepted, Ack
 from outbox.messages import ReplyError, TaskReply, add_task_replies
 from outbox.states import ErrorCode, TaskState
+from outbox.trace_context import TRACEPARENT, TRACESTATE, active_context
 
 
 def store_accepted(
@@ -60,6 +61,7 @@ def store_accepted(
         state = TaskState.HOP_LIMIT
         error = ReplyError(ErrorCode.HOP_LIMIT, f"hops {item.hops} >= max_hops {max_hops}")
     terminal = state != TaskState.PENDING
+    creation = active_context()
     driver.insert_task(
         conn,
         {
@@ -78,6 +80,8 @@ def store_accepted(
             "created_at": now,
             "updated_at": now,
             "finished_at": now if terminal else None,
+            "traceparent": creation.get(TRACEPARENT),
+            "tracestate": creation.get(TRACESTATE),
         },
     )
     if terminal:

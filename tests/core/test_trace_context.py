@@ -16,7 +16,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
 from sqlalchemy.orm import Session
 
 import outbox.asyncio
-from outbox import TaskQueue, publish, trace_context
+from outbox import AuthContext, Envelope, TaskQueue, publish, trace_context
 from outbox.testing import ManualClock
 
 TRACER = TracerProvider().get_tracer("tests.trace_context")
@@ -92,6 +92,33 @@ def test_async_publish_inside_a_span_stores_it(db_url: str, queue: TaskQueue) ->
 
     headers, expected = asyncio.run(scenario())
     assert headers == {"traceparent": expected}
+
+
+def envelope(message_id: str, clock: ManualClock) -> Envelope:
+    """An envelope from agent-a due within the hour."""
+    return Envelope(
+        message_id=message_id, sender="agent-a", payload={"n": 1}, deadline=clock() + 3600
+    )
+
+
+def test_a_task_received_inside_a_span_keeps_its_context(
+    queue: TaskQueue, clock: ManualClock
+) -> None:
+    auth = AuthContext("agent-a")
+    outside = queue.receive(auth, envelope("outside", clock))
+    with TRACER.start_as_current_span("POST /tasks") as span:
+        inside = queue.receive(auth, envelope("inside", clock))
+        with Session(queue.engine) as session:
+            in_tx = queue.receive_tx(session, auth, envelope("in-tx", clock))
+            session.commit()
+    for ack, expected in (
+        (outside, None),
+        (inside, traceparent_of(span)),
+        (in_tx, traceparent_of(span)),
+    ):
+        task = queue.task(ack.task_id)
+        assert task is not None
+        assert (task["traceparent"], task["tracestate"]) == (expected, None)
 
 
 @pytest.fixture
