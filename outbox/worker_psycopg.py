@@ -22,10 +22,14 @@ from psycopg.rows import dict_row
 
 from outbox import failpoints, task_results
 from outbox.claim import Claim, claims_from_rows
-from outbox.db import task_sql
 from outbox.db.async_lane import AsyncLane
 from outbox.db.dialect import clock_value, listen_conninfo
+from outbox.drivers.postgresql import PostgreSQLDriver
+from outbox.drivers.postgresql.task_claims import TASK_CLAIM_SESSION, claim_tasks_psycopg
+from outbox.drivers.postgresql.task_results import COMPLETE_POSTGRESQL, complete_parameters
 from outbox.tasks import TaskQueue
+
+_POSTGRESQL = PostgreSQLDriver()
 
 
 def psycopg_conninfo(queue: TaskQueue) -> str | None:
@@ -44,13 +48,13 @@ class PsycopgClaims:
         """The connection opens from `conninfo` at the first claim."""
         self.queue = queue
         self.owner = owner
-        self._lane = AsyncLane(conninfo, task_sql.claim_session("postgresql"))
+        self._lane = AsyncLane(conninfo, TASK_CLAIM_SESSION)
 
     async def claim(self, limit: int) -> list[Claim]:
         """Lease up to `limit` tasks to the owner (the claim must be one statement:
         TaskQueue.claim_is_one_statement)."""
         now = clock_value(self.queue.clock)
-        sql, fixed = task_sql.claim_tasks_psycopg(manual_clock=now is not None)
+        sql, fixed = claim_tasks_psycopg(_POSTGRESQL, manual_clock=now is not None)
         params = {**fixed, "claim_owner": self.owner, "lease": self.queue.lease, "limit": limit}
         if now is not None:
             params["now"] = now
@@ -91,13 +95,13 @@ class PsycopgFinishes:
         if completions:
             replies = task_results.done_reply_rows(completions, self.queue.reply_destination)
             now = clock_value(self.queue.clock)
-            params = task_sql.complete_parameters(completions, replies, now)
+            params = complete_parameters(completions, replies, now)
             async with (
                 self._lane.connection() as conn,
                 _commit_window(conn, "finish.before_commit"),
             ):
                 # Planned per run, as finish_many's (see outbox.db.dialect.UNPREPARED).
-                cursor = await conn.execute(task_sql.COMPLETE_POSTGRESQL, params, prepare=False)
+                cursor = await conn.execute(COMPLETE_POSTGRESQL, params, prepare=False)
                 done = {task_id for (task_id,) in await cursor.fetchall()}
                 if done:
                     failpoints.hit("finish.before_commit")

@@ -23,7 +23,14 @@ from sqlalchemy.sql.elements import ColumnElement
 
 from outbox.dead_filter import DeadFilter
 from outbox.drivers.records import ClaimedRow, FigureRow, KeyWalk, LeaseState, Settlement
-from outbox.drivers.task_interface import TaskIntakeDriver, TaskReconcileDriver
+from outbox.drivers.task_interface import (
+    TaskClaimsDriver,
+    TaskIntakeDriver,
+    TaskReconcileDriver,
+    TaskRenewalsDriver,
+    TaskResultsDriver,
+    TaskTransitionsDriver,
+)
 
 Now = float | None
 """A manual clock's time, or None for the database's clock."""
@@ -58,7 +65,8 @@ class DeadOutcome(NamedTuple):
 
 
 class DialectPieces(Protocol):
-    """SQL pieces the statement builders not yet behind the driver (tasks) share."""
+    """SQL pieces the statement builders behind the driver share: a backend's clock,
+    INSERT, list parameters, row locks."""
 
     name: str
     """The SQLAlchemy dialect name this driver runs on."""
@@ -179,6 +187,12 @@ class MessagesDriver(Protocol):
 
     def message(self, conn: Connection, reply_id: str) -> RowMapping | None:
         """One message row by reply_id, or None."""
+        ...
+
+    def messages_in_order(
+        self, conn: Connection, state: str | None, limit: int | None
+    ) -> list[RowMapping]:
+        """Messages in sequence order, optionally of one state, at most `limit` of them."""
         ...
 
     def unrouted(self, conn: Connection, now: Now) -> Unrouted:
@@ -350,6 +364,10 @@ class Driver(
     ConsoleDriver,
     RelayDriver,
     TaskIntakeDriver,
+    TaskClaimsDriver,
+    TaskTransitionsDriver,
+    TaskRenewalsDriver,
+    TaskResultsDriver,
     TaskReconcileDriver,
     Protocol,
 ):

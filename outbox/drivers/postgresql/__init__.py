@@ -16,12 +16,21 @@ from outbox.drivers.postgresql import receipts
 from outbox.drivers.postgresql import settle as settling
 from outbox.drivers.postgresql.claims import PostgreSQLClaims
 from outbox.drivers.postgresql.receipts import STATEMENT_NOW
+from outbox.drivers.postgresql.task_claims import PostgreSQLTaskClaims
+from outbox.drivers.postgresql.task_renewals import PostgreSQLTaskRenewals
+from outbox.drivers.postgresql.task_results import PostgreSQLTaskResults
 from outbox.drivers.records import Settlement
 
 
-class PostgreSQLDriver(PostgreSQLClaims, CommonDriver):
-    """PostgreSQL: the portable statements, and one-statement receipt inserts, claims and
-    settles of its own."""
+class PostgreSQLDriver(
+    PostgreSQLClaims,
+    PostgreSQLTaskClaims,
+    PostgreSQLTaskRenewals,
+    PostgreSQLTaskResults,
+    CommonDriver,
+):
+    """PostgreSQL: the portable statements, and one-statement receipt inserts, claims,
+    settles, task results and renewals of its own."""
 
     name = "postgresql"
     supports_skip_locked = True

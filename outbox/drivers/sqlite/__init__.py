@@ -16,10 +16,12 @@ from outbox.drivers.common import CommonDriver
 from outbox.drivers.records import Settlement
 from outbox.drivers.sqlite import settle as settling
 from outbox.drivers.sqlite.clock import DATABASE_NOW
+from outbox.drivers.sqlite.task_batches import SQLiteTaskBatches
 
 
-class SQLiteDriver(CommonDriver):
-    """SQLite: the portable statements, with its own clock and INSERT."""
+class SQLiteDriver(SQLiteTaskBatches, CommonDriver):
+    """SQLite: the portable statements, with its own clock and INSERT, and its batches of
+    task results and renewals."""
 
     name = "sqlite"
     supports_skip_locked = False
