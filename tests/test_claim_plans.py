@@ -16,8 +16,8 @@ import sqlalchemy as sa
 from psycopg import sql as psycopg_sql
 
 from outbox.db.dialect import bound_now
-from outbox.drivers import DRIVERS, driver_for
-from outbox.drivers.common import figures, leases
+from outbox.drivers import DRIVERS
+from outbox.drivers.common import figures, leases, task_reconcile
 from outbox.drivers.postgresql import claims, task_claims
 
 PARAMETER = re.compile(r"%\((\w+)\)s")
@@ -231,11 +231,11 @@ def test_the_task_claim_uses_the_claimable_index(db_url: str, capped: bool) -> N
     ("statement", "index"),
     [
         (
-            lambda dialect: driver_for(dialect).expire_past_deadline_statement(),
+            lambda name: task_reconcile.expire_past_deadline_statement(DRIVERS[name]),
             "ix_outbox_tasks_deadline",
         ),
         (
-            lambda dialect: driver_for(dialect).reap_expired_task_leases_statement(),
+            lambda name: task_reconcile.reap_expired_task_leases_statement(DRIVERS[name]),
             "ix_outbox_tasks_running_tenant",
         ),
         (lambda name: leases.reap_statement(DRIVERS[name]), "ix_outbox_messages_lease"),

@@ -12,7 +12,6 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple, Protocol
 
-import sqlalchemy as sa
 from sqlalchemy.engine import Connection, RowMapping
 
 Held = tuple[str, str, int]
@@ -63,14 +62,6 @@ class EndedTask(NamedTuple):
 
 class TaskReconcileDriver(Protocol):
     """Deadlines that passed and leases that expired, each a bounded guarded UPDATE."""
-
-    def expire_past_deadline_statement(self) -> sa.Update:
-        """expire_past_deadline's statement (:now, :limit), built once."""
-        ...
-
-    def reap_expired_task_leases_statement(self) -> sa.Update:
-        """reap_expired_task_leases's statement (:now, :limit), built once."""
-        ...
 
     def expire_past_deadline(
         self, conn: Connection, now: float | None, limit: int
