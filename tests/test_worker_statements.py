@@ -17,12 +17,11 @@ from support.commit_windows import looking
 
 from outbox import AuthContext, Envelope, TaskQueue
 from outbox.claim import Claim
-from outbox.completer import Finishes, QueueFinishes, batch_finishes
+from outbox.completer import Finishes, HeldFinishes, QueueFinishes, batch_finishes
 from outbox.failpoints import Crash, arm
 from outbox.handler_loop import WRITER_THREADS, HandlerLoop, LoopWake
 from outbox.producer import TaskClaims, worker_claims
 from outbox.testing import ManualClock
-from outbox.worker_psycopg import PsycopgFinishes
 
 T = TypeVar("T")
 OWNER = "lane-worker"
@@ -68,8 +67,8 @@ def receive(queue: TaskQueue, name: str, priority: int = 0, deadline: float = 4e
 def test_postgresql_claims_and_commits_on_held_connections_and_sqlite_through_the_queue(
     backend: str, task_claims: TaskClaims, finishes: Finishes
 ) -> None:
-    assert (task_claims.psycopg is not None) == (backend == "postgresql")
-    assert isinstance(finishes, PsycopgFinishes) == (backend == "postgresql")
+    assert (task_claims.held is not None) == (backend == "postgresql")
+    assert isinstance(finishes, HeldFinishes) == (backend == "postgresql")
 
 
 def test_a_claim_leases_tasks_in_claim_order_as_claim_many_does(
@@ -258,7 +257,7 @@ def test_a_closed_lane_refuses_statements(
     on(loop, task_claims.close())
     with pytest.raises(RuntimeError, match="closed"):
         on(loop, task_claims.claim(1, reconcile=False))
-    if isinstance(finishes, PsycopgFinishes):  # SQLite's batches are the queue's own
+    if isinstance(finishes, HeldFinishes):  # SQLite's batches are the queue's own
         on(loop, finishes.close())
         with pytest.raises(RuntimeError, match="closed"):
             on(loop, finishes.finish([(claim, "ok")]))
@@ -316,7 +315,7 @@ def test_a_queue_on_the_callers_engine_claims_and_commits_through_the_queue(
     try:
         with TaskQueue(engine) as queue:
             chosen = worker_claims(queue, loop, OWNER)
-            assert chosen.psycopg is None
+            assert chosen.held is None
             on(loop, chosen.close())
             assert type(batch_finishes(queue, loop)) is QueueFinishes
     finally:
@@ -351,10 +350,10 @@ def test_the_claims_connections_run_without_sorts_and_the_pool_keeps_its_setting
     # connection it runs on (tests/test_claim_plans.py).
     receive(queue, "t")
     assert len(on(loop, task_claims.claim(1, reconcile=False))) == 1
-    assert task_claims.psycopg is not None
+    assert task_claims.held is not None
 
     async def held_setting() -> str:
-        async with task_claims.psycopg._lane.connection() as conn:  # type: ignore[union-attr]
+        async with task_claims.held._lane.connection() as conn:  # type: ignore[union-attr]
             row = await (await conn.execute("SHOW enable_sort")).fetchone()
         assert row is not None
         return str(row[0])

@@ -25,6 +25,7 @@ from outbox.dead_filter import DeadFilter
 from outbox.drivers.records import ClaimedRow, FigureRow, KeyWalk, LeaseState, Settlement
 from outbox.drivers.task_interface import (
     TaskClaimsDriver,
+    TaskHeldConnectionsDriver,
     TaskIntakeDriver,
     TaskReconcileDriver,
     TaskRenewalsDriver,
@@ -369,6 +370,7 @@ class Driver(
     TaskRenewalsDriver,
     TaskResultsDriver,
     TaskReconcileDriver,
+    TaskHeldConnectionsDriver,
     Protocol,
 ):
     """One backend's executor of every family behind the interface."""

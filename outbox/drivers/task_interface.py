@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple, Protocol
 
-from sqlalchemy.engine import Connection, RowMapping
+from sqlalchemy.engine import Connection, Engine, RowMapping
 
 Held = tuple[str, str, int]
 """(task_id, owner, fence) of a held lease."""
@@ -170,4 +170,58 @@ class TaskResultsDriver(Protocol):
         self, conn: Connection, replies: Sequence[Mapping[str, Any]], now: float | None
     ) -> None:
         """Insert task reply rows as pending messages due `now`."""
+        ...
+
+
+class HeldTaskClaims(Protocol):
+    """A worker's claims on a connection it holds on its event loop, in autocommit."""
+
+    async def claim_tasks(
+        self, *, owner: str, now: float | None, lease: float, limit: int, window: str
+    ) -> list[dict[str, Any]]:
+        """Lease up to `limit` of the best claimable tasks to `owner` in one statement (no
+        tenant cap). While failpoint `window` is armed, in a transaction it hits before
+        its COMMIT once something was claimed."""
+        ...
+
+    async def close(self) -> None:
+        """Close the held connection; claims after this raise RuntimeError."""
+        ...
+
+
+class HeldTaskFinishes(Protocol):
+    """A worker's batches of results on a connection it holds on its event loop."""
+
+    async def complete_tasks(
+        self,
+        completions: Sequence[Completion],
+        replies: Sequence[Mapping[str, Any]],
+        now: float | None,
+        window: str,
+    ) -> set[str]:
+        """complete_tasks in one autocommit statement; the task_ids it changed. While
+        failpoint `window` is armed, in a transaction it hits before its COMMIT once
+        something was written."""
+        ...
+
+    async def close(self) -> None:
+        """Close the held connection; batches after this raise RuntimeError."""
+        ...
+
+
+class TaskHeldConnectionsDriver(Protocol):
+    """The worker's held connections on its event loop, where the backend has them, and
+    the errors its own client raises there."""
+
+    database_errors: tuple[type[Exception], ...]
+    """The backend's client's own database errors (besides SQLAlchemy's DBAPIError)."""
+
+    def held_task_claims(self, engine: Engine, owns_engine: bool) -> HeldTaskClaims | None:
+        """Claims on a held connection of `engine`'s database, opened at the first claim;
+        None where the backend has none, or where `engine` is a caller's (its connection
+        settings may live outside its URL)."""
+        ...
+
+    def held_task_finishes(self, engine: Engine, owns_engine: bool) -> HeldTaskFinishes | None:
+        """Batches of results on a held connection, as held_task_claims."""
         ...

@@ -3,12 +3,13 @@ they are."""
 
 from __future__ import annotations
 
+import sqlite3
 from collections.abc import Sequence
 from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.dialects import sqlite
-from sqlalchemy.engine import Connection
+from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.sql.elements import ColumnElement
 
 from outbox.drivers.base import Now
@@ -25,6 +26,15 @@ class SQLiteDriver(SQLiteTaskBatches, CommonDriver):
 
     name = "sqlite"
     supports_skip_locked = False
+    database_errors: tuple[type[Exception], ...] = (sqlite3.Error,)
+
+    def held_task_claims(self, engine: Engine, owns_engine: bool) -> None:
+        """None: SQLite's claims go through the pool (one writer, no event-loop client)."""
+        return
+
+    def held_task_finishes(self, engine: Engine, owns_engine: bool) -> None:
+        """None: SQLite's batches go through the pool, as its claims."""
+        return
 
     def database_now(self) -> ColumnElement[float]:
         """julianday('now') in epoch seconds."""
