@@ -364,3 +364,35 @@ def test_the_claims_connections_run_without_sorts_and_the_pool_keeps_its_setting
         assert conn.exec_driver_sql("SHOW enable_sort").scalar() == "off"
     with queue.engine.connect() as conn:
         assert conn.exec_driver_sql("SHOW enable_sort").scalar() == "on"
+
+
+@only_postgresql
+def test_a_claim_on_a_stand_in_for_the_busy_claims_lane_runs_without_sorts(
+    queue: TaskQueue,
+) -> None:
+    # The claim's plan needs the claims' setting on the connection it runs on, held or
+    # pooled; read there, just before the claim statement runs.
+    receive(queue, "t")
+    seen: list[str] = []
+
+    def setting_of_the_claim(conn: sa.Connection, cursor: Any, statement: str, *rest: Any) -> None:
+        if "picked" in statement and "outbox_tasks" in statement:
+            probe = conn.connection.dbapi_connection.cursor()  # type: ignore[union-attr]
+            try:
+                probe.execute("SHOW enable_sort")
+                seen.append(probe.fetchone()[0])
+            finally:
+                probe.close()
+
+    sa.event.listen(queue.engine, "before_cursor_execute", setting_of_the_claim)
+    try:
+        with queue._claims.connection() as held:  # busy: the claim takes a stand-in
+            [claim] = queue.claim_many("w", 1, reconcile=False)
+            assert held.exec_driver_sql("SHOW enable_sort").scalar() == "off"
+    finally:
+        sa.event.remove(queue.engine, "before_cursor_execute", setting_of_the_claim)
+    assert claim.owner == "w"
+    assert seen == ["off"]
+    with queue.engine.connect() as first, queue.engine.connect() as second:
+        for pooled in (first, second):
+            assert pooled.exec_driver_sql("SHOW enable_sort").scalar() == "on"
