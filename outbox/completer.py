@@ -5,9 +5,10 @@ unrun. This module writes it, and nothing else in the worker writes a task's end
 
 - A result joins a group commit (outbox.group_commit): results that finish
   together share one transaction, each still checked against its own lease and
-  fence and written with its reply. The batch goes through `finishes`: a held
-  psycopg connection on PostgreSQL (outbox.worker_psycopg), else TaskQueue's
-  SQLAlchemy Core statements on a writer thread (QueueFinishes).
+  fence and written with its reply. The batch goes through `finishes`: the
+  driver's held connection of the loop where it has one (PostgreSQL through
+  psycopg: HeldFinishes), else TaskQueue's statements on a writer thread
+  (QueueFinishes).
 - A result the batch did not commit (its lease lost, the result refused, a
   database error that failed the whole batch) is then written alone, so one bad
   completion cannot fail the others: on a writer thread, retried through
@@ -34,8 +35,11 @@ from typing import Any, Protocol
 
 import sqlalchemy as sa
 
+from outbox import failpoints, task_results
 from outbox.claim import Claim
 from outbox.db import retry
+from outbox.db.dialect import clock_value
+from outbox.drivers.task_interface import HeldTaskFinishes
 from outbox.errors import Fenced, InvalidMessage, PermanentFailure
 from outbox.group_commit import GroupCommit
 from outbox.handler_loop import HandlerLoop
@@ -43,7 +47,6 @@ from outbox.observability.worker_metrics import WorkerMetrics
 from outbox.running import Running
 from outbox.states import TaskState
 from outbox.tasks import TaskQueue
-from outbox.worker_psycopg import PsycopgFinishes, psycopg_conninfo
 
 log = logging.getLogger("outbox.worker")
 
@@ -99,10 +102,41 @@ class QueueFinishes:
         """The queue's connections stay the queue's."""
 
 
+class HeldFinishes:
+    """Batches in one autocommit statement on the driver's held connection of the loop."""
+
+    def __init__(self, queue: TaskQueue, held: HeldTaskFinishes) -> None:
+        """Results of `queue`'s tasks, written on `held`."""
+        self.queue = queue
+        self._held = held
+
+    async def finish(self, finished: Sequence[tuple[Claim, Any]]) -> list[bool]:
+        """Commit results with their replies, as finish_many does; per pair, whether it was.
+
+        A pair not committed was refused; TaskQueue.finish_many, writing it again,
+        says why. A database error raises: the statement may or may not have
+        committed, as a lost COMMIT answer leaves it.
+        """
+        refused, completions = task_results.prepare(finished)
+        replies = task_results.done_reply_rows(completions, self.queue.reply_destination)
+        now = clock_value(self.queue.clock)
+        done = await self._held.complete_tasks(completions, replies, now, "finish.before_commit")
+        failpoints.hit("finish.after_commit")
+        return [
+            error is None and claim.task_id in done
+            for error, (claim, _) in zip(refused, finished, strict=True)
+        ]
+
+    async def close(self) -> None:
+        """Close the held connection; batches after this raise RuntimeError."""
+        await self._held.close()
+
+
 def batch_finishes(queue: TaskQueue, loop: HandlerLoop) -> Finishes:
-    """The batch writer for a worker of `queue`: a held psycopg connection where it applies."""
-    conninfo = psycopg_conninfo(queue)
-    return QueueFinishes(queue, loop) if conninfo is None else PsycopgFinishes(queue, conninfo)
+    """The batch writer for a worker of `queue`: the driver's held connection where it has
+    one."""
+    held = queue.driver.held_task_finishes(queue.engine, queue.owns_engine)
+    return QueueFinishes(queue, loop) if held is None else HeldFinishes(queue, held)
 
 
 def finished_by_handler(queue: TaskQueue, claim: Claim) -> bool:

@@ -11,7 +11,6 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection, RowMapping
 
 from outbox.canonical import NotCanonical, canonical_bytes, sha256_hex
-from outbox.db import message_sql
 from outbox.db.dialect import is_missing_table
 from outbox.drivers import driver_for
 from outbox.errors import InvalidMessage, PayloadCollision, SchemaNotReady
@@ -229,8 +228,7 @@ def add_task_replies(
     """
     if not replies:
         return
-    rows = [{**row, "now": now} for row in task_reply_rows(replies, destination)]
-    conn.execute(message_sql.insert_task_replies(conn.dialect.name), rows)
+    driver_for(conn).insert_task_replies(conn, task_reply_rows(replies, destination), now)
 
 
 def add_message(

@@ -11,9 +11,9 @@ deadline) it sets that task's `stop` event: its result would be refused anyway.
 
 A claim goes through TaskQueue on a thread of its own (TaskClaims), never
 behind the writer threads (a write retried through an outage would hold up the
-claims, and with them the worker's liveness), or, on PostgreSQL through psycopg,
-on a held connection of the loop (outbox.worker_psycopg) while it is one
-statement (no reconciling, no tenant cap).
+claims, and with them the worker's liveness), or, where the driver holds a
+connection on the loop (PostgreSQL through psycopg), on it while it is one statement
+(no reconciling, no tenant cap).
 """
 
 from __future__ import annotations
@@ -26,23 +26,21 @@ import time
 from collections.abc import Callable
 from functools import partial
 
-import psycopg
 import sqlalchemy as sa
 
-from outbox.claim import Claim
+from outbox import failpoints
+from outbox.claim import Claim, claims_from_rows
 from outbox.completer import finished_by_handler
-from outbox.db.dialect import TASKS_NOTIFY_CHANNEL
+from outbox.db.dialect import TASKS_NOTIFY_CHANNEL, clock_value
 from outbox.drivers import driver_for
+from outbox.drivers.task_interface import HeldTaskClaims
 from outbox.errors import Fenced
 from outbox.handler_loop import HandlerLoop, LoopWake
 from outbox.observability.worker_metrics import WorkerMetrics
 from outbox.running import RunningTasks
 from outbox.tasks import TaskQueue
-from outbox.worker_psycopg import PsycopgClaims, psycopg_conninfo
 
 log = logging.getLogger("outbox.worker")
-DATABASE_ERRORS = (sa.exc.DBAPIError, psycopg.Error)
-"""What a claim raises when the database fails or cannot be reached."""
 # A claim reconciles this many times per lease: a task whose lease expired is retaken
 # within a quarter lease of its expiry.
 RECONCILES_PER_LEASE = 4
@@ -50,22 +48,36 @@ RECONCILES_PER_LEASE = 4
 
 class TaskClaims:
     """How the producer claims: TaskQueue.claim_many on a thread of its own, or, where
-    `psycopg` is given, one-statement claims on its held connection."""
+    `held` is given, one-statement claims on the driver's held connection."""
 
     def __init__(
-        self, queue: TaskQueue, loop: HandlerLoop, owner: str, psycopg: PsycopgClaims | None
+        self, queue: TaskQueue, loop: HandlerLoop, owner: str, held: HeldTaskClaims | None
     ) -> None:
         """Claims are leased to `owner` (a name the Worker has checked)."""
         self.queue = queue
         self.owner = owner
-        self.psycopg = psycopg
+        self.held = held
+        self.database_errors: tuple[type[Exception], ...] = (
+            sa.exc.DBAPIError,
+            *queue.driver.database_errors,
+        )
+        """What a claim raises when the database fails or cannot be reached."""
         self._loop = loop
         self._thread = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="outbox-claims")
 
     async def claim(self, limit: int, reconcile: bool) -> list[Claim]:
         """Lease up to `limit` tasks, reconciling first when asked (see claim_many)."""
-        if self.psycopg is not None and self.queue.claim_is_one_statement(reconcile):
-            return await self.psycopg.claim(limit)
+        if self.held is not None and self.queue.claim_is_one_statement(reconcile):
+            # As claim_many's: the same statement, and the same failpoints around it.
+            rows = await self.held.claim_tasks(
+                owner=self.owner,
+                now=clock_value(self.queue.clock),
+                lease=self.queue.lease,
+                limit=limit,
+                window="claim.before_commit",
+            )
+            failpoints.hit("claim.after_commit")
+            return claims_from_rows(rows)
         claim = partial(self.queue.claim_many, self.owner, limit, reconcile=reconcile)
         return await self._loop.loop.run_in_executor(self._thread, claim)
 
@@ -73,14 +85,13 @@ class TaskClaims:
         """End the claim thread (a claim running on it ends first) and the held connection;
         the queue's own connections stay the queue's."""
         self._thread.shutdown(wait=False)
-        if self.psycopg is not None:
-            await self.psycopg.close()
+        if self.held is not None:
+            await self.held.close()
 
 
 def worker_claims(queue: TaskQueue, loop: HandlerLoop, owner: str) -> TaskClaims:
-    """How a worker of `queue` claims: on a held psycopg connection where it applies."""
-    conninfo = psycopg_conninfo(queue)
-    held = None if conninfo is None else PsycopgClaims(queue, owner, conninfo)
+    """How a worker of `queue` claims: on the driver's held connection where it has one."""
+    held = queue.driver.held_task_claims(queue.engine, queue.owns_engine)
     return TaskClaims(queue, loop, owner, held)
 
 
@@ -178,7 +189,7 @@ class Producer:
             if claims and self.metrics is not None:
                 self.metrics.claimed(len(claims))
             return claims
-        except DATABASE_ERRORS as exc:
+        except self._claims.database_errors as exc:
             # Nothing was leased, or the leases expire and are taken again.
             log.warning("worker %s: claim failed (%s); trying again", self.owner, exc)
             return []

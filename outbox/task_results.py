@@ -1,6 +1,6 @@
 """A task's final result written with its reply, and why a claim was refused.
 
-Many results finish in one statement (task_sql): each row is matched by its
+Many results finish in one statement (the driver's): each row is matched by its
 task, owner and fence under the lease and deadline guard, so a stale holder's
 row is left as it is, and only the rows it changed get their reply.
 """
@@ -15,10 +15,10 @@ from sqlalchemy.engine import Connection
 
 from outbox.canonical import NotCanonical, canonical_bytes
 from outbox.claim import Claim
-from outbox.db import task_sql
-from outbox.db.dialect import is_postgresql
+from outbox.drivers import driver_for
+from outbox.drivers.task_interface import Completion
 from outbox.errors import Fenced, InvalidMessage, OutboxError
-from outbox.messages import TaskReply, add_task_replies, task_reply_rows
+from outbox.messages import TaskReply, task_reply_rows
 from outbox.states import TaskState
 
 MAX_RESULT_BYTES = 256 * 1024
@@ -36,25 +36,8 @@ def complete(
     Fenced that kept it out; the others are written regardless.
     """
     refused, completions = prepare(finished)
-    if is_postgresql(conn.dialect.name) and conn.dialect.driver == "psycopg":
-        # One statement in psycopg's own SQL: the fast path the worker takes.
-        replies = done_reply_rows(completions, destination)
-        done = task_sql.complete_tasks_with_replies(conn, completions, replies, now)
-    else:
-        if is_postgresql(conn.dialect.name):  # asyncpg, psycopg2: portable statements
-            done = task_sql.complete_tasks_one_by_one(conn, completions, now)
-        else:
-            done = task_sql.complete_tasks(conn, completions, now)
-        add_task_replies(
-            conn,
-            [
-                TaskReply(task_id, TaskState.DONE, result)
-                for task_id, _, _, result in completions
-                if task_id in done
-            ],
-            destination,
-            now,
-        )
+    replies = done_reply_rows(completions, destination)
+    done = driver_for(conn).complete_tasks(conn, completions, replies, now)
     for index, (claim, _) in enumerate(finished):
         if refused[index] is None and claim.task_id not in done:
             refused[index] = _fenced_after_write(conn, claim)
@@ -63,7 +46,7 @@ def complete(
 
 def prepare(
     finished: Sequence[tuple[Claim, Any]],
-) -> tuple[list[OutboxError | None], list[task_sql.Completion]]:
+) -> tuple[list[OutboxError | None], list[Completion]]:
     """Per (claim, result), the InvalidMessage or Fenced known before writing (else None),
     and the completions to write: one per task, each result encoded."""
     refused: list[OutboxError | None] = [None] * len(finished)
@@ -74,7 +57,7 @@ def prepare(
         other = newest.get(claim.task_id)
         if other is None or finished[other][0].fence < claim.fence:
             newest[claim.task_id] = index
-    completions: list[task_sql.Completion] = []
+    completions: list[Completion] = []
     for index, (claim, result) in enumerate(finished):
         if newest[claim.task_id] != index:
             refused[index] = Fenced(
@@ -93,10 +76,8 @@ def prepare(
     return refused, completions
 
 
-def done_reply_rows(
-    completions: Sequence[task_sql.Completion], destination: str
-) -> list[dict[str, Any]]:
-    """The reply rows of completions, in their order, for task_sql.complete_parameters."""
+def done_reply_rows(completions: Sequence[Completion], destination: str) -> list[dict[str, Any]]:
+    """The reply rows of completions, in their order (the driver's complete_tasks)."""
     return task_reply_rows(
         [TaskReply(task_id, TaskState.DONE, result) for task_id, _, _, result in completions],
         destination,
@@ -117,7 +98,7 @@ def _fenced_after_write(conn: Connection, claim: Claim) -> Fenced:
 
 def fenced(conn: Connection, claim: Claim) -> Fenced:
     """The Fenced error saying why `claim` no longer holds its task, read from the row."""
-    row = conn.execute(task_sql.select_task(claim.task_id)).mappings().first()
+    row = driver_for(conn).task_row(conn, claim.task_id)
     if row is None:
         why = "no such task"
     elif row["state"] != TaskState.RUNNING:

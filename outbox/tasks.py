@@ -16,24 +16,18 @@ from contextlib import contextmanager
 from typing import Any
 
 import sqlalchemy as sa
-from sqlalchemy.engine import Connection, Engine, RowMapping
+from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.orm import Session
 
 from outbox import failpoints, task_results
 from outbox.backoff import backoff_delay
 from outbox.claim import Claim, claims_from_rows
 from outbox.clock import Clock
-from outbox.db import message_sql, task_sql
 from outbox.db.caller import caller_connection
-from outbox.db.dialect import (
-    READ_ONLY,
-    autocommit_lane,
-    clock_value,
-    is_postgresql,
-    one_statement,
-)
+from outbox.db.dialect import READ_ONLY, autocommit_lane, clock_value, one_statement
 from outbox.db.handle import DatabaseHandle
 from outbox.db.lane import Lane
+from outbox.drivers.task_interface import Held
 from outbox.errors import BatchFailed, Fenced, OutboxError
 from outbox.intake import Ack, AuthContext, Envelope, accept, authorize, check_name
 from outbox.messages import (
@@ -49,6 +43,11 @@ from outbox.task_reconcile import reconcile_in
 
 RECONCILE_BATCH = 100
 MAX_REASON_CHARS = 2000
+
+
+def _held(claim: Claim) -> Held:
+    """The (task_id, owner, fence) naming `claim` in a guarded statement."""
+    return (claim.task_id, claim.owner, claim.fence)
 
 
 def _storable_reason(reason: object) -> str:
@@ -100,7 +99,7 @@ class TaskQueue(DatabaseHandle):
         self._open(url_or_engine)
         # A worker claims and finishes many times a second: each stream of statements
         # keeps a connection rather than checking one out (and pinging it) each time.
-        self._claims = autocommit_lane(self._engine, task_sql.claim_session(self._dialect))
+        self._claims = autocommit_lane(self._engine, self._driver.task_claim_session())
         self._finishes = autocommit_lane(self._engine)
         self._lanes = (self._claims, self._finishes)
 
@@ -180,10 +179,17 @@ class TaskQueue(DatabaseHandle):
             single=self.claim_is_one_statement(reconcile),
             lane=self._claims,
         ) as conn:
-            task_sql.claim_transaction_setting(conn)
+            self._driver.task_claim_transaction_setting(conn)
             if reconcile:
                 reconcile_in(conn, now, self.reply_destination, RECONCILE_BATCH)
-            rows = self._claim_rows(conn, owner, limit, now)
+            rows = self._driver.claim_tasks(
+                conn,
+                owner=owner,
+                now=now,
+                lease=self.lease,
+                limit=limit,
+                tenant_cap=self.tenant_cap,
+            )
             if rows:
                 failpoints.hit("claim.before_commit")
         failpoints.hit("claim.after_commit")
@@ -192,28 +198,6 @@ class TaskQueue(DatabaseHandle):
     def claim_is_one_statement(self, reconcile: bool) -> bool:
         """Whether a claim is one statement: it neither reconciles nor counts a tenant cap."""
         return not reconcile and self.tenant_cap is None
-
-    def _claim_rows(
-        self, conn: Connection, owner: str, limit: int, now: float | None
-    ) -> list[RowMapping]:
-        capped = self.tenant_cap is not None
-        statement = task_sql.claim_tasks(self._dialect, capped, manual_clock=now is not None)
-        params = {"now": now, "claim_owner": owner, "lease": self.lease, "limit": limit}
-        if not capped:
-            return list(conn.execute(statement, params).mappings())
-        if is_postgresql(self._dialect):
-            # Row locks alone would let two claimers take one tenant's last slot; SQLite
-            # has one writer at a time.
-            conn.execute(task_sql.lock_tenant_caps())
-        # One at a time, so a batch cannot push a tenant past its cap.
-        rows: list[RowMapping] = []
-        for _ in range(limit):
-            one = {**params, "limit": 1, "tenant_cap": self.tenant_cap}
-            row = conn.execute(statement, one).mappings().first()
-            if row is None:
-                break
-            rows.append(row)
-        return rows
 
     def renew(self, claim: Claim) -> Claim:
         """Extend the lease (heartbeat); Fenced when the task is no longer held by this claim."""
@@ -234,14 +218,12 @@ class TaskQueue(DatabaseHandle):
         held = [(claim.task_id, claim.owner, claim.fence) for claim in claims]
         answers: list[Claim | Fenced] = []
         with one_statement(self._engine) as conn:
-            renewed = task_sql.renew_leases(conn, held, self.lease, now)
+            renewed = self._driver.renew_leases(conn, held, self.lease, now)
             for claim, key in zip(claims, held, strict=True):
                 until = renewed.get(key)
                 if until is None:
                     # Not renewed: lost, or skipped while its row was locked. Ask again.
-                    until = conn.execute(
-                        task_sql.held_lease(self._dialect), self._holding(claim, now)
-                    ).scalar()
+                    until = self._driver.held_lease(conn, key, now)
                 if until is None:
                     answers.append(task_results.fenced(conn, claim))
                 else:
@@ -301,15 +283,9 @@ class TaskQueue(DatabaseHandle):
         delay = backoff_delay(claim.attempt, self.backoff, self.backoff_cap, self._rng)
         with self._engine.begin() as conn:
             now = clock_value(self.clock)
-            state = conn.execute(
-                task_sql.fail_task(self._dialect),
-                {
-                    **self._holding(claim, now),
-                    "reason": reason,
-                    "permanent": bool(permanent),
-                    "delay": delay,
-                },
-            ).scalar()
+            state = self._driver.fail_task(
+                conn, _held(claim), now, reason=reason, permanent=bool(permanent), delay=delay
+            )
             if state is None:
                 raise task_results.fenced(conn, claim)
             if state == TaskState.FAILED:
@@ -326,21 +302,14 @@ class TaskQueue(DatabaseHandle):
         """Give a claimed task back before its handler ran: pending at once, the attempt not
         counted. False when the claim no longer holds it (nothing changed)."""
         with self._engine.begin() as conn:
-            released = conn.execute(
-                task_sql.release_task(self._dialect), self._holding(claim, clock_value(self.clock))
-            ).first()
-        return released is not None
+            return self._driver.release_task(conn, _held(claim), clock_value(self.clock))
 
     def cancel(self, task_id: str, reason: str = "cancelled") -> bool:
         """Cancel a pending or running task with its reply; False when it is already final."""
         reason = _storable_reason(reason)
         with self._engine.begin() as conn:
             now = clock_value(self.clock)
-            cancelled = conn.execute(
-                task_sql.cancel_task(self._dialect),
-                {"cancelled_task": task_id, "reason": reason, "now": now},
-            )
-            if cancelled.rowcount != 1:
+            if not self._driver.cancel_task(conn, task_id, reason, now):
                 return False
             error = ReplyError(ErrorCode.CANCELLED, reason)
             add_task_replies(
@@ -358,33 +327,20 @@ class TaskQueue(DatabaseHandle):
             with self._engine.begin() as conn:
                 now = clock_value(self.clock)
                 counts = reconcile_in(conn, now, self.reply_destination, RECONCILE_BATCH)
-                counts["messages_requeued"] = len(
-                    conn.execute(
-                        message_sql.reap_expired_message_leases(self._dialect),
-                        {"now": now, "limit": RECONCILE_BATCH},
-                    ).all()
+                counts["messages_requeued"] = self._driver.reap_expired_message_leases(
+                    conn, now, RECONCILE_BATCH
                 )
             for key, value in counts.items():
                 totals[key] += value
             if max(counts.values()) < RECONCILE_BATCH:
                 return totals
 
-    @staticmethod
-    def _holding(claim: Claim, now: float | None) -> dict[str, Any]:
-        """The parameters naming `claim` in a guarded statement."""
-        return {
-            "held_task": claim.task_id,
-            "holder": claim.owner,
-            "held_fence": claim.fence,
-            "now": now,
-        }
-
     # --- reading ------------------------------------------------------------------
 
     def task(self, task_id: str) -> dict[str, Any] | None:
         """One task as a dict (payload and result decoded), or None."""
         with self._reading() as conn:
-            row = conn.execute(task_sql.select_task(task_id)).mappings().first()
+            row = self._driver.task_row(conn, task_id)
         if row is None:
             return None
         task = dict(row)
@@ -395,5 +351,5 @@ class TaskQueue(DatabaseHandle):
     def messages(self, state: str | None = None, limit: int | None = None) -> list[dict[str, Any]]:
         """Outbox messages in sequence order, optionally of one state."""
         with self._reading() as conn:
-            rows = conn.execute(message_sql.select_messages(state, limit)).mappings().all()
+            rows = self._driver.messages_in_order(conn, state, limit)
         return [message_dict(row) for row in rows]

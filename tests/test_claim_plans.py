@@ -15,17 +15,16 @@ import pytest
 import sqlalchemy as sa
 from psycopg import sql as psycopg_sql
 
-from outbox.db import task_sql
 from outbox.db.dialect import bound_now
-from outbox.drivers import DRIVERS, driver_for
-from outbox.drivers.common import figures, leases
-from outbox.drivers.postgresql import claims
+from outbox.drivers import DRIVERS
+from outbox.drivers.common import figures, leases, task_reconcile
+from outbox.drivers.postgresql import claims, task_claims
 
 PARAMETER = re.compile(r"%\((\w+)\)s")
 PG = DRIVERS["postgresql"]
 CLAIMS = PG.claim_session()
 """The setting of the relay's claims connection, which its statements' tests plan under."""
-TASK_CLAIMS = task_sql.claim_session("postgresql")
+TASK_CLAIMS = task_claims.TASK_CLAIM_SESSION
 """The setting of the worker's claims connection (and of a claim inside a transaction)."""
 
 
@@ -220,7 +219,7 @@ def test_the_task_claim_uses_the_claimable_index(db_url: str, capped: bool) -> N
     try:
         with engine.connect() as conn:
             plan = generic_plan(
-                conn, task_sql.claim_tasks("postgresql", capped, manual_clock=False), values
+                conn, task_claims.claim_tasks_statement(PG, capped, manual_clock=False), values
             )
     finally:
         engine.dispose()
@@ -232,11 +231,11 @@ def test_the_task_claim_uses_the_claimable_index(db_url: str, capped: bool) -> N
     ("statement", "index"),
     [
         (
-            lambda dialect: driver_for(dialect).expire_past_deadline_statement(),
+            lambda name: task_reconcile.expire_past_deadline_statement(DRIVERS[name]),
             "ix_outbox_tasks_deadline",
         ),
         (
-            lambda dialect: driver_for(dialect).reap_expired_task_leases_statement(),
+            lambda name: task_reconcile.reap_expired_task_leases_statement(DRIVERS[name]),
             "ix_outbox_tasks_running_tenant",
         ),
         (lambda name: leases.reap_statement(DRIVERS[name]), "ix_outbox_messages_lease"),
@@ -381,7 +380,7 @@ def test_the_task_claim_walks_the_claimable_index_behind_a_backlog_the_statistic
     values = {"now": None, "claim_owner": "w", "lease": 30.0, "limit": 100, "tenant_cap": 2}
     try:
         with engine.connect() as conn:
-            claim = task_sql.claim_tasks("postgresql", capped, manual_clock=False)
+            claim = task_claims.claim_tasks_statement(PG, capped, manual_clock=False)
             plan = generic_plan(conn, claim, values, mode, session=TASK_CLAIMS)
     finally:
         engine.dispose()

@@ -17,12 +17,11 @@ from support.commit_windows import looking
 
 from outbox import AuthContext, Envelope, TaskQueue
 from outbox.claim import Claim
-from outbox.completer import Finishes, QueueFinishes, batch_finishes
+from outbox.completer import Finishes, HeldFinishes, QueueFinishes, batch_finishes
 from outbox.failpoints import Crash, arm
 from outbox.handler_loop import WRITER_THREADS, HandlerLoop, LoopWake
 from outbox.producer import TaskClaims, worker_claims
 from outbox.testing import ManualClock
-from outbox.worker_psycopg import PsycopgFinishes
 
 T = TypeVar("T")
 OWNER = "lane-worker"
@@ -68,8 +67,8 @@ def receive(queue: TaskQueue, name: str, priority: int = 0, deadline: float = 4e
 def test_postgresql_claims_and_commits_on_held_connections_and_sqlite_through_the_queue(
     backend: str, task_claims: TaskClaims, finishes: Finishes
 ) -> None:
-    assert (task_claims.psycopg is not None) == (backend == "postgresql")
-    assert isinstance(finishes, PsycopgFinishes) == (backend == "postgresql")
+    assert (task_claims.held is not None) == (backend == "postgresql")
+    assert isinstance(finishes, HeldFinishes) == (backend == "postgresql")
 
 
 def test_a_claim_leases_tasks_in_claim_order_as_claim_many_does(
@@ -258,7 +257,7 @@ def test_a_closed_lane_refuses_statements(
     on(loop, task_claims.close())
     with pytest.raises(RuntimeError, match="closed"):
         on(loop, task_claims.claim(1, reconcile=False))
-    if isinstance(finishes, PsycopgFinishes):  # SQLite's batches are the queue's own
+    if isinstance(finishes, HeldFinishes):  # SQLite's batches are the queue's own
         on(loop, finishes.close())
         with pytest.raises(RuntimeError, match="closed"):
             on(loop, finishes.finish([(claim, "ok")]))
@@ -316,7 +315,7 @@ def test_a_queue_on_the_callers_engine_claims_and_commits_through_the_queue(
     try:
         with TaskQueue(engine) as queue:
             chosen = worker_claims(queue, loop, OWNER)
-            assert chosen.psycopg is None
+            assert chosen.held is None
             on(loop, chosen.close())
             assert type(batch_finishes(queue, loop)) is QueueFinishes
     finally:
@@ -351,10 +350,10 @@ def test_the_claims_connections_run_without_sorts_and_the_pool_keeps_its_setting
     # connection it runs on (tests/test_claim_plans.py).
     receive(queue, "t")
     assert len(on(loop, task_claims.claim(1, reconcile=False))) == 1
-    assert task_claims.psycopg is not None
+    assert task_claims.held is not None
 
     async def held_setting() -> str:
-        async with task_claims.psycopg._lane.connection() as conn:  # type: ignore[union-attr]
+        async with task_claims.held._lane.connection() as conn:  # type: ignore[union-attr]
             row = await (await conn.execute("SHOW enable_sort")).fetchone()
         assert row is not None
         return str(row[0])
@@ -365,3 +364,35 @@ def test_the_claims_connections_run_without_sorts_and_the_pool_keeps_its_setting
         assert conn.exec_driver_sql("SHOW enable_sort").scalar() == "off"
     with queue.engine.connect() as conn:
         assert conn.exec_driver_sql("SHOW enable_sort").scalar() == "on"
+
+
+@only_postgresql
+def test_a_claim_on_a_stand_in_for_the_busy_claims_lane_runs_without_sorts(
+    queue: TaskQueue,
+) -> None:
+    # The claim's plan needs the claims' setting on the connection it runs on, held or
+    # pooled; read there, just before the claim statement runs.
+    receive(queue, "t")
+    seen: list[str] = []
+
+    def setting_of_the_claim(conn: sa.Connection, cursor: Any, statement: str, *rest: Any) -> None:
+        if "picked" in statement and "outbox_tasks" in statement:
+            probe = conn.connection.dbapi_connection.cursor()  # type: ignore[union-attr]
+            try:
+                probe.execute("SHOW enable_sort")
+                seen.append(probe.fetchone()[0])
+            finally:
+                probe.close()
+
+    sa.event.listen(queue.engine, "before_cursor_execute", setting_of_the_claim)
+    try:
+        with queue._claims.connection() as held:  # busy: the claim takes a stand-in
+            [claim] = queue.claim_many("w", 1, reconcile=False)
+            assert held.exec_driver_sql("SHOW enable_sort").scalar() == "off"
+    finally:
+        sa.event.remove(queue.engine, "before_cursor_execute", setting_of_the_claim)
+    assert claim.owner == "w"
+    assert seen == ["off"]
+    with queue.engine.connect() as first, queue.engine.connect() as second:
+        for pooled in (first, second):
+            assert pooled.exec_driver_sql("SHOW enable_sort").scalar() == "on"

@@ -10,7 +10,6 @@ concept:
 - ``caller``: the connection behind the Session or Connection a caller hands in;
 - ``retry``: the retry policies built on tenacity that the worker, the relay and the
   receiver store share (which errors are transient, each driver says);
-- ``sql``: statement pieces every layer's statement builders use;
-- ``task_sql`` and ``message_sql``: the statement builders not yet behind the
-  driver interface (outbox.drivers, which holds the rest).
+- ``sql``: statement pieces every layer's statement builders use (the statements
+  themselves are the drivers', outbox.drivers).
 """

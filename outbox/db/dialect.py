@@ -54,25 +54,6 @@ def prepare_engine(engine: Engine) -> Engine:
     return engine
 
 
-# The SQL pieces below are the drivers' (outbox.drivers): these names serve the statement
-# builders not yet behind the driver interface (tasks).
-
-
-def insert_ignoring_conflicts(table: sa.Table, dialect_name: str) -> Any:
-    """INSERT that skips a row whose unique key already exists (the caller then compares)."""
-    return driver_for(dialect_name).insert_ignoring_conflicts(table)
-
-
-def upsert(table: sa.Table, dialect_name: str, keys: list[str], update: list[str]) -> Any:
-    """INSERT that, where the row with these `keys` exists, sets its `update` columns instead."""
-    return driver_for(dialect_name).upsert(table, keys, update)
-
-
-def supports_skip_locked(dialect_name: str) -> bool:
-    """Whether row locks with SKIP LOCKED exist (SQLite has one writer, so it needs none)."""
-    return driver_for(dialect_name).supports_skip_locked
-
-
 def missing_sqlite_file(url: str | sa.URL) -> str | None:
     """The path of a SQLite database file that does not exist (a typo, not a new database)."""
     parsed = sa.make_url(url)
@@ -98,22 +79,7 @@ def listen_conninfo(engine: Engine) -> str | None:
     return engine_conninfo(engine)
 
 
-def not_in_names(column: ColumnElement[str], name: str, dialect_name: str) -> Any:
-    """`column` is none of the names bound to parameter `name` (a list)."""
-    return driver_for(dialect_name).not_in_names(column, name)
-
-
-def in_names(column: ColumnElement[str], name: str, dialect_name: str) -> Any:
-    """`column` is one of the names bound to parameter `name` (a list)."""
-    return driver_for(dialect_name).in_names(column, name)
-
-
-# --- time -------------------------------------------------------------------------
-
-
-def database_now(dialect_name: str) -> ColumnElement[float]:
-    """SQL for the database's current time in epoch seconds."""
-    return driver_for(dialect_name).database_now()
+# --- time (the drivers' clocks, for the few statements of callers outside them) ----------
 
 
 def now_expression(clock: Clock | None, dialect_name: str) -> ColumnElement[float]:

@@ -17,7 +17,10 @@ would be a round trip on a connection it distrusts (idle, or after an error), an
 RESET would not restore a value the application's own pool events had set. One
 that reaches the pool some other way (a lane never closed, a caller closing the
 lane's connection) is discarded at its next checkout, so the setting never reaches
-another caller.
+another caller. A pooled connection standing in for the held one (busy, or the lane
+closed) gets the setting too, since the statements rely on it (the task claim's plan
+does), and is discarded after that one use: a stand-in is rare, a reconnect cheaper
+than a wrong plan.
 """
 
 from __future__ import annotations
@@ -63,12 +66,12 @@ class Lane:
     def connection(self) -> Iterator[Connection]:
         """The held connection when it is free, else a pooled one; autocommit either way."""
         if not self._lock.acquire(blocking=False):
-            with self._engine.connect() as pooled:
+            with self._stand_in() as pooled:
                 yield pooled
             return
         try:
             if self._closed:
-                with self._engine.connect() as pooled:
+                with self._stand_in() as pooled:
                     yield pooled
                 return
             held = self._take()
@@ -87,6 +90,22 @@ class Lane:
         self._closed = True
         with self._lock:
             self._drop()
+
+    @contextmanager
+    def _stand_in(self) -> Iterator[Connection]:
+        """A pooled connection for one caller, with the setup when there is one; such a
+        connection is discarded afterwards, never given back with the setting."""
+        with self._engine.connect() as pooled:
+            if self._setup is None:
+                yield pooled
+                return
+            try:
+                pooled.connection.info[_SET] = True  # first: a failed setup is discarded too
+                pooled.exec_driver_sql(self._setup)
+                yield pooled
+            finally:
+                with contextlib.suppress(Exception):
+                    pooled.invalidate()
 
     def _take(self) -> Connection:
         held = self._held

@@ -26,7 +26,15 @@ from outbox.drivers.engines import EngineDriver
 from outbox.drivers.errors import ErrorsDriver
 from outbox.drivers.notifications import NotificationsDriver
 from outbox.drivers.records import ClaimedRow, FigureRow, KeyWalk, LeaseState, Settlement
-from outbox.drivers.task_interface import TaskIntakeDriver, TaskReconcileDriver
+from outbox.drivers.task_interface import (
+    TaskClaimsDriver,
+    TaskHeldConnectionsDriver,
+    TaskIntakeDriver,
+    TaskReconcileDriver,
+    TaskRenewalsDriver,
+    TaskResultsDriver,
+    TaskTransitionsDriver,
+)
 
 Now = float | None
 """A manual clock's time, or None for the database's clock."""
@@ -61,7 +69,8 @@ class DeadOutcome(NamedTuple):
 
 
 class DialectPieces(Protocol):
-    """SQL pieces the statement builders not yet behind the driver (tasks) share."""
+    """SQL pieces the statement builders behind the driver share: a backend's clock,
+    INSERT, list parameters, row locks."""
 
     name: str
     """The SQLAlchemy dialect name this driver runs on."""
@@ -182,6 +191,12 @@ class MessagesDriver(Protocol):
 
     def message(self, conn: Connection, reply_id: str) -> RowMapping | None:
         """One message row by reply_id, or None."""
+        ...
+
+    def messages_in_order(
+        self, conn: Connection, state: str | None, limit: int | None
+    ) -> list[RowMapping]:
+        """Messages in sequence order, optionally of one state, at most `limit` of them."""
         ...
 
     def unrouted(self, conn: Connection, now: Now) -> Unrouted:
@@ -353,10 +368,15 @@ class Driver(
     ConsoleDriver,
     RelayDriver,
     TaskIntakeDriver,
+    TaskClaimsDriver,
+    TaskTransitionsDriver,
+    TaskRenewalsDriver,
+    TaskResultsDriver,
     TaskReconcileDriver,
     NotificationsDriver,
     EngineDriver,
     ErrorsDriver,
+    TaskHeldConnectionsDriver,
     Protocol,
 ):
     """One backend's executor of every family behind the interface."""

@@ -13,6 +13,10 @@ from typing import Protocol
 class ErrorsDriver(Protocol):
     """A backend's DBAPI errors, read."""
 
+    database_errors: tuple[type[Exception], ...]
+    """The errors the backend's own client raises where SQLAlchemy does not wrap them (a
+    held connection's), besides SQLAlchemy's DBAPIError."""
+
     def transient(self, error: BaseException | None) -> bool | None:
         """Whether `error` may pass on a second try on a fresh connection (a lost
         connection, a deadlock, a lock or resource that frees up); None when it is not an

@@ -116,8 +116,8 @@ def test_a_lanes_setup_stays_on_its_own_connection(engine: sa.Engine) -> None:
     with lane.connection() as conn:  # kept, with its setting
         assert raw(conn) is held
         assert cache_size(conn) == 1234
-        with lane.connection() as busy:  # a pooled one, without it
-            assert cache_size(busy) == DEFAULT_CACHE_SIZE
+        with lane.connection() as busy:  # a pooled one, with it too
+            assert cache_size(busy) == 1234
     with pytest.raises(sa.exc.OperationalError), lane.connection() as conn:
         conn.execute(sa.text("SELECT * FROM no_such_table"))
     # Dropped after the error: closed, never lent by the pool with the setting.
@@ -157,3 +157,25 @@ def test_a_setup_that_fails_leaves_no_connection_behind(engine: sa.Engine) -> No
     with lane.connection() as conn:
         assert cache_size(conn) == 1234
     lane.close()
+
+
+def test_a_stand_in_for_a_busy_or_closed_lane_has_the_setup_and_is_discarded(
+    engine: sa.Engine,
+) -> None:
+    lane = Lane(engine, SETUP)
+    with lane.connection() as conn:
+        held = raw(conn)
+        with lane.connection() as busy:
+            stand_in = raw(busy)
+            assert stand_in is not held
+            assert cache_size(busy) == 1234
+    with engine.connect() as first, engine.connect() as second:
+        assert stand_in not in (raw(first), raw(second))
+        assert cache_size(first) == cache_size(second) == DEFAULT_CACHE_SIZE
+    lane.close()
+    with lane.connection() as closed:
+        stand_in = raw(closed)
+        assert cache_size(closed) == 1234
+    with engine.connect() as first, engine.connect() as second:
+        assert stand_in not in (raw(first), raw(second))
+        assert cache_size(first) == cache_size(second) == DEFAULT_CACHE_SIZE

@@ -9,7 +9,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from outbox import AuthContext, Envelope, InvalidEnvelope, TaskQueue
-from outbox.drivers import driver_for
+from outbox.drivers import DRIVERS
+from outbox.drivers.common import task_reconcile
 from outbox.messages import are_reply_ids, is_reply_id
 from outbox.testing import ManualClock
 
@@ -26,14 +27,15 @@ def test_reconcile_steps_take_at_most_their_limit(
     clock.advance(queue.lease + 1)  # every lease expired (deadlines still ahead)
     with queue.engine.begin() as conn:
         params = {"now": clock(), "limit": 7}
-        reap = driver_for(backend).reap_expired_task_leases_statement()
+        reap = task_reconcile.reap_expired_task_leases_statement(DRIVERS[backend])
         reaped = conn.execute(reap, params).all()
         assert len(reaped) == 7
         conn.rollback()
     clock.advance(10)  # now every deadline has passed too
     with queue.engine.begin() as conn:
         params = {"now": clock(), "limit": 11}
-        expired = conn.execute(driver_for(backend).expire_past_deadline_statement(), params).all()
+        expire = task_reconcile.expire_past_deadline_statement(DRIVERS[backend])
+        expired = conn.execute(expire, params).all()
         assert len(expired) == 11
         conn.rollback()
 

@@ -23,7 +23,7 @@ from sqlalchemy.orm import Session
 
 from outbox import AuthContext, Claim, Envelope, Fenced, InvalidMessage, TaskQueue, task_results
 from outbox.canonical import MAX_DEPTH, MAX_NODES
-from outbox.db import task_sql
+from outbox.drivers import DRIVERS
 from outbox.tasks import MAX_REASON_CHARS, RECONCILE_BATCH
 from outbox.testing import ManualClock
 
@@ -285,7 +285,7 @@ def test_a_renewal_is_a_hot_update(queue: TaskQueue, clock: ManualClock) -> None
         updated_before, hot_before = conn.execute(counts).one()
         for beat in range(3):
             clock.advance(1)
-            assert len(task_sql.renew_leases(conn, held, LEASE, clock())) == 5, beat
+            assert len(DRIVERS["postgresql"].renew_leases(conn, held, LEASE, clock())) == 5, beat
         updated, hot = conn.execute(counts).one()
     assert (updated - updated_before, hot - hot_before) == (15, 15)
 

@@ -58,3 +58,15 @@ def test_pending_messages_no_live_relay_announces_are_unrouted(
     announce(conn, "orders", expires_at=START + 60)
     announce(conn, "billing", expires_at=START - 1)  # expired: no longer routes
     assert driver.unrouted(conn, START) == Unrouted(1, 20.0)
+
+
+def test_messages_are_read_in_sequence_order_by_state_and_limit(
+    driver: Driver, conn: sa.Connection
+) -> None:
+    ids = [published(driver, conn, f"r-{n}", START) for n in range(4)]
+    set_state(conn, "r-1", state="sent")
+    assert [row["id"] for row in driver.messages_in_order(conn, None, None)] == ids
+    pending = driver.messages_in_order(conn, "pending", None)
+    assert [row["reply_id"] for row in pending] == ["r-0", "r-2", "r-3"]
+    assert [row["id"] for row in driver.messages_in_order(conn, "pending", 2)] == [ids[0], ids[2]]
+    assert driver.messages_in_order(conn, "dead", None) == []

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from outbox import AuthContext, Claim, Envelope, TaskQueue
-from outbox.worker_psycopg import PsycopgFinishes
+from outbox.completer import HeldFinishes
 
 SOURCE = AuthContext("agent-a")
 
@@ -51,10 +51,10 @@ def before_result_writes(
 
     # QueueFinishes and the results written alone go through finish_many.
     monkeypatch.setattr(queue, "finish_many", finish_many)
-    real_held_finish = PsycopgFinishes.finish
+    real_held_finish = HeldFinishes.finish
 
-    async def held_finish(finishes: PsycopgFinishes, finished: Sequence[tuple[Claim, Any]]) -> Any:
+    async def held_finish(finishes: HeldFinishes, finished: Sequence[tuple[Claim, Any]]) -> Any:
         await asyncio.to_thread(hook, finished)
         return await real_held_finish(finishes, finished)
 
-    monkeypatch.setattr(PsycopgFinishes, "finish", held_finish)
+    monkeypatch.setattr(HeldFinishes, "finish", held_finish)

@@ -2,8 +2,8 @@
 
 A driver class is these classes put together (`CommonDriver`), with its backend's
 pieces (`DriverPieces`'s abstract methods) and its own versions of the statements
-that differ (PostgreSQL's receipt insert and claim; each backend's settle). A backend
-that differs more overrides more.
+that differ (PostgreSQL's receipt insert and claims; each backend's settle, task
+results and renewals). A backend that differs more overrides more.
 """
 
 from __future__ import annotations
@@ -19,8 +19,12 @@ from outbox.drivers.common.operations import OperationStatements
 from outbox.drivers.common.pieces import DriverPieces
 from outbox.drivers.common.receipts import ReceiptStatements
 from outbox.drivers.common.settle import SettleReads
+from outbox.drivers.common.task_claims import TaskClaimStatements
 from outbox.drivers.common.task_intake import TaskIntakeStatements
 from outbox.drivers.common.task_reconcile import TaskReconcileStatements
+from outbox.drivers.common.task_renewals import TaskRenewalStatements
+from outbox.drivers.common.task_results import TaskResultStatements
+from outbox.drivers.common.task_transitions import TaskTransitionStatements
 
 
 class CommonDriver(
@@ -35,6 +39,10 @@ class CommonDriver(
     AnnouncementStatements,
     FigureReads,
     TaskIntakeStatements,
+    TaskClaimStatements,
+    TaskTransitionStatements,
+    TaskRenewalStatements,
+    TaskResultStatements,
     TaskReconcileStatements,
     DriverPieces,
 ):

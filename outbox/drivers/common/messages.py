@@ -26,6 +26,16 @@ def select_message(reply_id: str) -> sa.Select[Any]:
     return sa.select(messages).where(messages.c.reply_id == reply_id)
 
 
+def select_messages(state: str | None, limit: int | None) -> sa.Select[Any]:
+    """Messages in sequence order, optionally of one state, at most `limit` of them."""
+    query = sa.select(messages).order_by(messages.c.id)
+    if state is not None:
+        query = query.where(messages.c.state == state)
+    if limit is not None:
+        query = query.limit(limit)
+    return query
+
+
 def unrouted(now: sa.ColumnElement[float]) -> sa.Select[int, float]:
     """How many pending messages no live relay delivers, and the age of the oldest.
 
@@ -60,6 +70,12 @@ class MessageStatements(DriverPieces):
     def message(self, conn: Connection, reply_id: str) -> RowMapping | None:
         """One message row by reply_id, or None."""
         return conn.execute(select_message(reply_id)).mappings().first()
+
+    def messages_in_order(
+        self, conn: Connection, state: str | None, limit: int | None
+    ) -> list[RowMapping]:
+        """Messages in sequence order, optionally of one state, at most `limit` of them."""
+        return list(conn.execute(select_messages(state, limit)).mappings())
 
     def unrouted(self, conn: Connection, now: Now) -> Unrouted:
         """Pending messages whose destination no live relay announces."""

@@ -9,7 +9,7 @@ from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql
-from sqlalchemy.engine import Connection
+from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.sql.elements import ColumnElement
 
 from outbox.drivers.base import Now
@@ -21,17 +21,43 @@ from outbox.drivers.postgresql import settle as settling
 from outbox.drivers.postgresql.claims import PostgreSQLClaims
 from outbox.drivers.postgresql.engine import PostgreSQLEngines
 from outbox.drivers.postgresql.errors import PostgreSQLErrors
+from outbox.drivers.postgresql.held_tasks import (
+    PsycopgHeldClaims,
+    PsycopgHeldFinishes,
+    held_conninfo,
+)
 from outbox.drivers.postgresql.receipts import STATEMENT_NOW
+from outbox.drivers.postgresql.task_claims import PostgreSQLTaskClaims
+from outbox.drivers.postgresql.task_renewals import PostgreSQLTaskRenewals
+from outbox.drivers.postgresql.task_results import PostgreSQLTaskResults
 from outbox.drivers.records import Settlement
 
 
-class PostgreSQLDriver(PostgreSQLClaims, PostgreSQLEngines, PostgreSQLErrors, CommonDriver):
-    """PostgreSQL: the portable statements, and one-statement receipt inserts, claims and
-    settles of its own."""
+class PostgreSQLDriver(
+    PostgreSQLClaims,
+    PostgreSQLTaskClaims,
+    PostgreSQLTaskRenewals,
+    PostgreSQLTaskResults,
+    PostgreSQLEngines,
+    PostgreSQLErrors,
+    CommonDriver,
+):
+    """PostgreSQL: the portable statements, and one-statement receipt inserts, claims,
+    settles, task results and renewals of its own."""
 
     name = "postgresql"
     supports_skip_locked = True
     fuses_reference_effect = True
+
+    def held_task_claims(self, engine: Engine, owns_engine: bool) -> PsycopgHeldClaims | None:
+        """Claims on a held psycopg connection of the loop, for an engine of the toolkit's."""
+        conninfo = held_conninfo(engine, owns_engine)
+        return None if conninfo is None else PsycopgHeldClaims(self, conninfo)
+
+    def held_task_finishes(self, engine: Engine, owns_engine: bool) -> PsycopgHeldFinishes | None:
+        """Batches of results on a held psycopg connection, as held_task_claims."""
+        conninfo = held_conninfo(engine, owns_engine)
+        return None if conninfo is None else PsycopgHeldFinishes(conninfo)
 
     def database_now(self) -> ColumnElement[float]:
         """The statement's time in epoch seconds."""

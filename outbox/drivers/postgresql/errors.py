@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import psycopg
+
 # Errors that pass with time: 40001 serialization failure, 40P01 deadlock, 40003
 # statement completion unknown, 25006 read-only transaction (a failover under way),
 # 55P03 lock not available, 57014 statement timeout or cancel.
@@ -14,6 +16,8 @@ UNDEFINED_TABLE = "42P01"
 
 class PostgreSQLErrors:
     """SQLSTATEs read."""
+
+    database_errors: tuple[type[Exception], ...] = (psycopg.Error,)
 
     def transient(self, error: BaseException | None) -> bool | None:
         """The SQLSTATEs and classes above; None for an error without a SQLSTATE."""

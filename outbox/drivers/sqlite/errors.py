@@ -8,6 +8,8 @@ import sqlite3
 class SQLiteErrors:
     """sqlite3's errors read."""
 
+    database_errors: tuple[type[Exception], ...] = (sqlite3.Error,)
+
     def transient(self, error: BaseException | None) -> bool | None:
         """Busy or locked, the one operational error that passes with time; None for an
         error that is not sqlite3's OperationalError."""

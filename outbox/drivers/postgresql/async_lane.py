@@ -1,8 +1,8 @@
 """An async lane: one held autocommit psycopg connection on an event loop (PostgreSQL).
 
-The worker's claims and finishes run on its event loop, as coroutines: a claim
-or a batch of results then costs no hop to a thread and back, which was most of
-a busy worker's CPU. The rules are those of outbox.db.lane: statements run one
+The worker's claims and finishes run on its event loop, as coroutines (see
+held_tasks): a claim or a batch of results then costs no hop to a thread and back,
+which was most of a busy worker's CPU. The rules are those of outbox.db.lane: statements run one
 at a time on the held connection; after any error or cancellation it is closed
 (its state is unknown) and the next statement opens another; one idle for longer
 than IDLE_SECONDS is replaced before the next statement, which then does not

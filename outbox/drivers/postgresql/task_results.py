@@ -1,0 +1,94 @@
+"""PostgreSQL's task results: a batch marked done and its replies inserted in one statement
+of arrays (through psycopg; other drivers of the caller's take the portable statements).
+
+The SQL text is the same whatever the batch size. It is planned per run: a generic
+plan may rescan the arrays once per row (see outbox.drivers.execution.UNPREPARED).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from sqlalchemy.engine import Connection
+
+from outbox.drivers.common.task_results import COMPLETE_SET, TaskResultStatements
+from outbox.drivers.common.task_transitions import HELD_IN_V
+from outbox.drivers.execution import UNPREPARED
+from outbox.drivers.postgresql.receipts import STATEMENT_NOW
+from outbox.drivers.task_interface import Completion
+
+PG_NOW = f"COALESCE(%(now)s::float8, {STATEMENT_NOW})"
+"""The batches' "now": a manual clock's, else the statement's time."""
+# The replies are written in the same statement, from the rows the UPDATE changed: one
+# round trip for a whole batch, and atomic alone.
+COMPLETE_POSTGRESQL = (
+    """WITH v AS (
+        SELECT * FROM unnest(
+            CAST(%(task_ids)s AS varchar[]), CAST(%(owners)s AS varchar[]),
+            CAST(%(fences)s AS bigint[]), CAST(%(results)s AS text[]),
+            CAST(%(reply_ids)s AS varchar[]), CAST(%(destinations)s AS varchar[]),
+            CAST(%(bodies)s AS bytea[]), CAST(%(hashes)s AS varchar[])
+        ) AS v(task_id, owner, fence, result, reply_id, destination, body, content_hash)
+    ), done AS (
+        UPDATE outbox_tasks AS t SET"""
+    + COMPLETE_SET.format(now=PG_NOW)
+    + "FROM v WHERE"
+    + HELD_IN_V.format(t="t", now=PG_NOW)
+    + """RETURNING t.task_id
+    ), replies AS (
+        INSERT INTO outbox_messages (reply_id, task_id, destination, body, content_hash,
+            headers, state, attempts, fence, available_at, created_at)
+        SELECT v.reply_id, v.task_id, v.destination, v.body,
+            v.content_hash, '{}', 'pending', 0, 0, """
+    + PG_NOW
+    + ", "
+    + PG_NOW
+    + """
+        FROM v JOIN done ON done.task_id = v.task_id
+    )
+    SELECT task_id FROM done"""
+)
+"""Mark held tasks done and insert the replies of those it changed; their task_ids."""
+
+
+def complete_parameters(
+    completions: Sequence[Completion], replies: Sequence[Mapping[str, Any]], now: float | None
+) -> dict[str, Any]:
+    """COMPLETE_POSTGRESQL's parameters: the completions and their reply rows as arrays."""
+    task_ids, owners, fences, results = (list(c) for c in zip(*completions, strict=True))
+    return {
+        "task_ids": task_ids,
+        "owners": owners,
+        "fences": fences,
+        "results": results,
+        "reply_ids": [row["reply_id"] for row in replies],
+        "destinations": [row["destination"] for row in replies],
+        "bodies": [row["body"] for row in replies],
+        "hashes": [row["content_hash"] for row in replies],
+        "now": now,
+    }
+
+
+class PostgreSQLTaskResults(TaskResultStatements):
+    """Task results on PostgreSQL: one statement of arrays through psycopg."""
+
+    def complete_tasks(
+        self,
+        conn: Connection,
+        completions: Sequence[Completion],
+        replies: Sequence[Mapping[str, Any]],
+        now: float | None,
+    ) -> set[str]:
+        """Mark held tasks done and insert the replies of those it changed in one statement
+        (psycopg's SQL; asyncpg or psycopg2 connections of a caller's take the portable
+        statements); the task_ids it changed."""
+        if conn.dialect.driver != "psycopg":
+            return super().complete_tasks(conn, completions, replies, now)
+        if not completions:
+            return set()
+        params = complete_parameters(completions, replies, now)
+        result = conn.exec_driver_sql(
+            COMPLETE_POSTGRESQL, params, execution_options={UNPREPARED: True}
+        )
+        return set(result.scalars().all())
