@@ -42,7 +42,9 @@ def test_held_claims_and_batches_lease_and_finish_as_the_pools(
     claims = driver.held_task_claims(engine, owns_engine=True)
     finishes = driver.held_task_finishes(engine, owns_engine=True)
     if claims is None or finishes is None:
-        pytest.skip(f"{driver.name} holds no connections on the loop")
+        # The test above holds which backends have none; a backend holds both or neither.
+        assert (claims, finishes) == (None, None)
+        return
     with engine.begin() as conn:
         for task_id, priority in (("low", 0), ("high", 5), ("third", 0)):
             driver.insert_task(conn, task_values(task_id, priority=priority, created_at=START))
