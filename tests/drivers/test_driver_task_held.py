@@ -46,8 +46,8 @@ def test_held_claims_and_batches_lease_and_finish_as_the_pools(
         assert (claims, finishes) == (None, None)
         return
     with engine.begin() as conn:
-        for task_id, priority in (("low", 0), ("high", 5), ("third", 0)):
-            driver.insert_task(conn, task_values(task_id, priority=priority, created_at=START))
+        for n, (task_id, priority) in enumerate((("low", 0), ("high", 5), ("third", 0))):
+            driver.insert_task(conn, task_values(task_id, priority=priority, created_at=START + n))
 
     async def claim_and_finish() -> tuple[list[str], set[str]]:
         try:
