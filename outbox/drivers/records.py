@@ -73,10 +73,10 @@ class KeyWalk:
     `cursors`: per destination, the last key the previous walk reached; the next walk
     goes on after it. `heads`: how many first messages a walk may take, None for the
     claim's limit. A claim whose keys' chains alone filled the room its first messages
-    left halves it: the keys are long, and fewer of them a claim leave the others to the
-    next claim, of this relay's pipeline or of another relay, so that several turns
-    deliver keyed messages at once instead of one turn holding every key. Any other claim
-    doubles it again (up to the limit).
+    left sets it to half the keys it took: the keys are long, and fewer of them a claim
+    leave the others to the next claim, of this relay's pipeline or of another relay, so
+    that several turns deliver keyed messages at once instead of one turn holding every
+    key. Any other claim doubles it again (up to the limit).
     """
 
     cursors: dict[str, str] = dataclasses.field(default_factory=dict)
@@ -89,7 +89,11 @@ class KeyWalk:
         taking = min(self.heads or limit, limit)
         room = limit - len(heads)
         if room > 0 and chained >= room:
-            self.heads = max(1, taking // 2)
+            # Half the keys taken, not half the walk's bound: with fewer keys than the
+            # bound, halving the bound took every key again, one whole turn per halving,
+            # while no other claim found a key to take.
+            keyed = sum(1 for h in heads if h.ordering_key is not None)
+            self.heads = max(1, min(taking, keyed) // 2)
         else:
             # Room left, or none left to chain into (other messages filled the claim): the
             # keys were not what crowded it, so the next walk may take more of them. Never
