@@ -1,7 +1,11 @@
-"""How many keys a PostgreSQL claim walks for: KeyWalk from claim to claim. No database."""
+"""How many keys a PostgreSQL claim walks for: KeyWalk from claim to claim, and the rounds
+within one claim (outbox.drivers.postgresql.claims.key_round_heads). No database."""
 
 from __future__ import annotations
 
+import pytest
+
+from outbox.drivers.postgresql.claims import key_round_heads
 from outbox.drivers.records import ClaimedRow, KeyWalk
 
 
@@ -38,3 +42,31 @@ def test_chains_that_leave_room_double_the_bound_and_unkeyed_claims_leave_it() -
     assert walk.heads == 8
     walk.after_claim(1000, [head(n, None) for n in range(1000)], 0)
     assert walk.heads == 8
+
+
+@pytest.mark.parametrize(
+    ("taken", "chained", "taking", "room", "expected"),
+    [
+        # Three keys of 170 took 510 of 1,000: the next round walks for three more.
+        (3, 507, 3, 490, 3),
+        # The walk found fewer keys than it walked for: no more are waiting.
+        (2, 338, 3, 660, 0),
+        # No room left, or no key taken: no next round.
+        (3, 997, 3, 0, 0),
+        (0, 0, 3, 1000, 0),
+        # Runs longer than the room: one key more, never none.
+        (1, 199, 1, 100, 1),
+        # Short runs: as many keys as fill the room, at most the room.
+        (4, 0, 4, 6, 6),
+    ],
+)
+def test_a_next_round_walks_for_as_many_keys_as_the_runs_say_fill_the_room(
+    taken: int, chained: int, taking: int, room: int, expected: int
+) -> None:
+    assert key_round_heads(heads(taken), chained, taking, room) == expected
+
+
+def test_unkeyed_first_messages_do_not_count_as_keys_taken() -> None:
+    # Two unkeyed messages and one key: the walk took one key of the two it walked for.
+    taken = [head(0, None), head(1, None), head(2)]
+    assert key_round_heads(taken, 5, 2, 100) == 0
