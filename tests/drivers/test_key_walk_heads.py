@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from outbox.drivers.postgresql.claims import key_round_heads
-from outbox.drivers.records import ClaimedRow, KeyWalk
+from outbox.drivers.records import FIRST_HEADS, ClaimedRow, KeyWalk
 
 
 def head(n: int, key: str | None = "k") -> ClaimedRow:
@@ -23,7 +23,7 @@ def heads(count: int) -> list[ClaimedRow]:
 def test_chains_that_fill_the_claim_halve_the_keys_it_took_not_the_walks_bound() -> None:
     # 100 keys in a claim of 1,000: halving the bound (1,000, then 500, 250, 125) took
     # every key again at each of four claims; half the keys taken is 50 at once.
-    walk = KeyWalk()
+    walk = KeyWalk(heads=None)
     walk.after_claim(1000, heads(100), 900)
     assert walk.heads == 50
     walk.after_claim(1000, heads(50), 950)
@@ -42,6 +42,19 @@ def test_chains_that_leave_room_double_the_bound_and_unkeyed_claims_leave_it() -
     assert walk.heads == 8
     walk.after_claim(1000, [head(n, None) for n in range(1000)], 0)
     assert walk.heads == 8
+
+
+def test_a_walk_that_found_fewer_keys_than_its_bound_leaves_it() -> None:
+    # The tail of a backlog of long keys: few keys left, their chains short. Doubled, the
+    # bound let the next backlog's first claim take every key again.
+    walk = KeyWalk(heads=6)
+    walk.after_claim(1000, heads(2), 40)
+    assert walk.heads == 6
+
+
+def test_a_relays_first_walk_takes_few_keys() -> None:
+    assert KeyWalk().heads == FIRST_HEADS
+    assert FIRST_HEADS <= 10
 
 
 @pytest.mark.parametrize(
