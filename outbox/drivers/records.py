@@ -66,32 +66,48 @@ class FigureRow(NamedTuple):
     age: float | None
 
 
+FIRST_HEADS = 8
+"""How many first messages a relay's first walk may take (KeyWalk.heads at the start)."""
+# Few: a first claim that took every key of a backlog of long keys held them all for its
+# turn, while every other claim, of its pipeline or of another relay, found none to take.
+# Short keys lose nothing by it: the claim walks on for more keys in further rounds
+# (outbox.drivers.postgresql.claims.KEY_ROUNDS), and the bound doubles at each claim.
+
+
 @dataclasses.dataclass
 class KeyWalk:
     """Where a relay's claims walk a destination's keys (PostgreSQL), from claim to claim.
 
     `cursors`: per destination, the last key the previous walk reached; the next walk
-    goes on after it. `heads`: how many first messages a walk may take, None for the
-    claim's limit. A claim whose keys' chains alone filled the room its first messages
-    left halves it: the keys are long, and fewer of them a claim leave the others to the
-    next claim, of this relay's pipeline or of another relay, so that several turns
-    deliver keyed messages at once instead of one turn holding every key. Any other claim
-    doubles it again (up to the limit).
+    goes on after it. `heads`: how many first messages a walk may take (FIRST_HEADS
+    at first), None for the claim's limit. A claim whose keys' chains alone filled the
+    room its first messages left sets it to half the keys it took: the keys are long,
+    and fewer of them a claim leave the others to the next claim, of this relay's
+    pipeline or of another relay, so that several turns deliver keyed messages at once
+    instead of one turn holding every key. Any other claim that took as many keys as it
+    could doubles it again (up to the limit).
     """
 
     cursors: dict[str, str] = dataclasses.field(default_factory=dict)
-    heads: int | None = None
+    heads: int | None = FIRST_HEADS
 
     def after_claim(self, limit: int, heads: Sequence[ClaimedRow], chained: int) -> None:
         """Adjust `heads` to a claim of `limit` that took `heads` and `chained` successors."""
-        if not any(h.ordering_key is not None for h in heads):
+        keyed = sum(1 for h in heads if h.ordering_key is not None)
+        if not keyed:
             return
         taking = min(self.heads or limit, limit)
         room = limit - len(heads)
         if room > 0 and chained >= room:
-            self.heads = max(1, taking // 2)
-        else:
+            # Half the keys taken, not half the walk's bound: with fewer keys than the
+            # bound, halving the bound took every key again, one whole turn per halving,
+            # while no other claim found a key to take.
+            self.heads = max(1, min(taking, keyed) // 2)
+        elif keyed >= taking:
             # Room left, or none left to chain into (other messages filled the claim): the
             # keys were not what crowded it, so the next walk may take more of them. Never
             # left low while unkeyed messages fill the claims.
             self.heads = min(limit, taking * 2)
+        # Otherwise the walk found fewer keys than it could take: the bound held nothing
+        # back, and stays. Raised there, at the tail of a backlog of long keys, it let the
+        # next backlog's first claims take every key again.

@@ -9,7 +9,10 @@ import pytest
 import sqlalchemy as sa
 from support.relay_helpers import SECRET, rows
 
+from outbox.drivers import driver_for
+from outbox.drivers.postgresql.claims import KEY_ROUNDS
 from outbox.drivers.postgresql.key_walk import KEY_WALK
+from outbox.drivers.records import FIRST_HEADS, ClaimedRow, KeyWalk
 from outbox.schema import messages
 from outbox.testing import ManualClock
 from relay import Relay, make_destination
@@ -130,3 +133,51 @@ def test_unkeyed_messages_are_not_held_behind_keys_whose_first_is_sending(
     insert(engine, clock, ("free-0", None), ("free-1", None))
     assert claim_and_send(relay) == ["free-0", "free-1"]
     assert claim_and_send(relay) == []
+
+
+def walk_claim(
+    engine: sa.Engine, clock: ManualClock, walk: KeyWalk, limit: int
+) -> list[ClaimedRow]:
+    """One claim of `limit` through the driver, walking keys from `walk`."""
+    with engine.begin() as conn:
+        return driver_for(engine).claim_messages(
+            conn,
+            owner="relay-1",
+            now=clock(),
+            lease=30,
+            limit=limit,
+            budget=3,
+            destinations=["default"],
+            keys=walk,
+        )
+
+
+@pytest.mark.parametrize(("runs", "keys_taken"), [(10, FIRST_HEADS), (1, 20)])
+def test_a_relays_first_claim_takes_few_long_keys_and_every_short_one(
+    engine: sa.Engine, clock: ManualClock, runs: int, keys_taken: int
+) -> None:
+    # Twenty keys: of ten messages each, the first claim leaves most keys to other claims,
+    # and is full all the same; of one message each, it takes them all.
+    keys = [f"k{n:02d}" for n in range(20)]
+    insert(engine, clock, *((f"{key}-{n}", key) for key in keys for n in range(runs)))
+    taken = walk_claim(engine, clock, KeyWalk(), 40)
+    assert len(taken) == min(40, 20 * runs)
+    assert len({row.ordering_key for row in taken}) == keys_taken
+
+
+def test_a_claim_whose_few_keys_leave_room_walks_on_for_more_keys(
+    engine: sa.Engine, clock: ManualClock
+) -> None:
+    # Six keys of three messages; the walk may take two keys, whose whole runs (six
+    # messages) leave a claim of ten with room: later rounds take more keys, and each key
+    # still has the start of its run, in order.
+    assert KEY_ROUNDS >= 3
+    keys = [f"k{n}" for n in range(6)]
+    insert(engine, clock, *((f"{key}-{n}", key) for key in keys for n in range(3)))
+    walk = KeyWalk(heads=2)
+    taken = walk_claim(engine, clock, walk, 10)
+    claimed = sorted(row.reply_id for row in taken)
+    assert claimed == [*(f"{key}-{n}" for key in keys[:3] for n in range(3)), "k3-0"]
+    # The bound moves on the first round alone: its two keys' runs left room, so it doubles.
+    assert walk.heads == 4
+    assert walk.cursors == {"default": "k3"}

@@ -84,7 +84,8 @@ def claim_statement(pieces: DriverPieces) -> Any:
             m.c.available_at <= now,
         )
         .order_by(m.c.available_at, m.c.id)
-        .limit(limit)
+        # Its own bound: a claim's later rounds walk keys alone (see KEY_ROUNDS).
+        .limit(sa.bindparam("unkeyed_limit", type_=sa.Integer()))
         .with_for_update(skip_locked=True)
         .lateral("unkeyed")
     )
@@ -227,6 +228,32 @@ def chain_statement(pieces: DriverPieces) -> Any:
     )
 
 
+KEY_ROUNDS = 3
+"""A PostgreSQL claim takes keys' first messages and their chains in at most this many rounds."""
+# A claim's walk takes at most `heads` first messages (KeyWalk), so that long keys spread
+# over several turns in flight. Behind keys of some hundred messages each, the few keys
+# a walk then takes can leave a claim half full (three keys of 170 messages in a claim of
+# 1,000): half-full turns, and more of them, each a POST and a settle. So while a round
+# took its bound of keys, every one's whole run, and left room, another round walks on
+# from the cursor for as many more keys as those runs say fill the room, and chains them.
+# Every round is the same two statements: a key's messages still leave in one claim, in
+# order, and its successors are still claimed only after its first message's claim.
+
+
+def key_round_heads(heads: Sequence[ClaimedRow], chained: int, taking: int, room: int) -> int:
+    """How many first messages the claim's next round walks for: 0 for no next round.
+
+    One only when the round took all `taking` keys it walked for and their chains ended
+    before their share of the room (the walk stopped at its bound, and more keys may be
+    waiting), and room is left; as many as the round's runs, on average, fill it.
+    """
+    keyed = sum(1 for h in heads if h.ordering_key is not None)
+    if room <= 0 or keyed == 0 or keyed < taking:
+        return 0
+    run = 1 + chained / keyed  # a key's first message and its chain, on average
+    return max(1, min(room, round(room / run)))
+
+
 class PostgreSQLClaims(ClaimStatements):
     """The claim on PostgreSQL: one statement for the first messages, one for their chains."""
 
@@ -248,18 +275,43 @@ class PostgreSQLClaims(ClaimStatements):
         keys: KeyWalk | None = None,
     ) -> list[ClaimedRow]:
         """Lease up to `limit` due messages: the oldest first, the first undelivered of each
-        key, and after each such first its key's next messages (see KEY_CHAIN).
+        key, and after each such first its key's next messages (see KEY_CHAIN), in up to
+        KEY_ROUNDS rounds while the keys' runs leave room (see key_round_heads).
 
         `keys` is where this relay's claims walk ordering keys (see KEY_WALK): this
         claim's walk goes on from it, and moves it.
         """
         params = claim_parameters(owner, now, lease, limit, budget, destinations, skip_destinations)
         walk = KeyWalk() if keys is None else keys
+        taking = min(walk.heads or limit, limit)
+        claimed: list[ClaimedRow] = []
+        for round_ in range(KEY_ROUNDS):
+            room = limit - len(claimed)
+            # A round that left room took every due unkeyed message it could lock: later
+            # rounds do not walk their index again (behind a drained backlog whose
+            # entries no vacuum has removed yet, a walk of some tens of milliseconds).
+            unkeyed = room if round_ == 0 else 0
+            heads, chained = self._claim_round(
+                conn, walk, {**params, "limit": room, "unkeyed_limit": unkeyed}, taking
+            )
+            claimed += heads
+            claimed += chained
+            if round_ == 0:
+                walk.after_claim(limit, heads, len(chained))
+            taking = key_round_heads(heads, len(chained), taking, limit - len(claimed))
+            if not taking:
+                break
+        return claimed
+
+    def _claim_round(
+        self, conn: Connection, walk: KeyWalk, params: dict[str, Any], taking: int
+    ) -> tuple[list[ClaimedRow], list[ClaimedRow]]:
+        """One round of a claim: up to `taking` keys' first messages, then their chains."""
         walked = {
             **params,
-            "key_cursors": [walk.cursors.get(d) for d in destinations],
-            "key_cap": KEY_WALK * limit,
-            "key_heads": min(walk.heads or limit, limit),
+            "key_cursors": [walk.cursors.get(d) for d in params["destinations"]],
+            "key_cap": KEY_WALK * params["limit"],
+            "key_heads": taking,
         }
         heads = []
         # Fetched at once: iterating the result would fetch row by row.
@@ -268,9 +320,7 @@ class PostgreSQLClaims(ClaimStatements):
                 walk.cursors[row.destination] = row.ordering_key
             else:
                 heads.append(ClaimedRow._make(row))
-        chained = self.claim_chains(conn, heads, params)
-        walk.after_claim(limit, heads, len(chained))
-        return heads + chained
+        return heads, self.claim_chains(conn, heads, params)
 
     def claim_chains(
         self, conn: Connection, heads: Sequence[ClaimedRow], params: dict[str, Any]
