@@ -304,14 +304,15 @@ at once, its attempt given back."""
 
 
 def _per_item(response: Response, batch: Sequence[Message]) -> dict[int, Outcome]:
+    answers: dict[str, str] = {}
+    errors: dict[str, Any] = {}
     try:
-        results = response.json()["results"]
-        answers = {str(item["reply_id"]): str(item["status"]) for item in results}
-        errors = {
-            str(item["reply_id"]): item["error"]
-            for item in results
-            if item.get("error") is not None and item["status"] == "retry"
-        }
+        for item in response.json()["results"]:
+            # One pass: a batch's answer has an item per message.
+            given = item["status"]
+            answers[str(item["reply_id"])] = str(given)
+            if given == "retry" and item.get("error") is not None:
+                errors[str(item["reply_id"])] = item["error"]
     except (ValueError, KeyError, TypeError, AttributeError):
         bad = Retry(response.status, "batch answer is not the expected JSON")
         return dict.fromkeys((m.id for m in batch), bad)
@@ -329,12 +330,14 @@ def _per_item(response: Response, batch: Sequence[Message]) -> dict[int, Outcome
     outcomes = {
         message.id: by_answer.get(answers.get(message.reply_id), omitted) for message in batch
     }
-    for message in batch:
+    for message in batch if errors else ():
         said = errors.get(message.reply_id)
         if said is not None:
             outcomes[message.id] = Retry(
                 status, truncate(f"the destination asked to retry this message: {said}")
             )
+    if "held" not in answers.values():
+        return outcomes  # nothing for the rule below to check
     return _held_only_behind_its_key(outcomes, batch, status)
 
 
