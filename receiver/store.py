@@ -74,12 +74,16 @@ class Receipt:
     duplicate: bool
 
 
+_BODY_TYPES = (bytes, bytearray, memoryview)
+"""What a body may be: a tuple, built once, where `bytes | ...` would build a union per item."""
+
+
 def _check_item(item: object, checked_id: bool) -> None:
     if not isinstance(item, tuple) or len(item) not in (2, 3):
         raise TypeError("an item is (reply_id, body) or (reply_id, body, ordering_key)")
     if not checked_id:
         check_reply_id(item[0])
-    if not isinstance(item[1], bytes | bytearray | memoryview):
+    if not isinstance(item[1], _BODY_TYPES):
         raise TypeError(f"body must be bytes, not {type(item[1]).__name__}")
     if len(item) == 3:
         check_ordering_key(item[2])

@@ -3,6 +3,7 @@ or the database refuses a settle: nothing sent twice while a lease holds, nothin
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Collection
 
@@ -17,6 +18,7 @@ from outbox.testing import ManualClock
 from relay import Relay, make_destination
 from relay import http_client as relay_http
 from relay.records import Message
+from relay.transports import http as http_module
 from relay.transports.http import pack_batches
 
 
@@ -56,6 +58,23 @@ def test_batches_respect_item_and_byte_limits() -> None:
     [(alone, body)] = pack_batches([message(1, b'"' + b"z" * 900 + b'"')], 100, 400)
     assert len(alone) == 1  # one reply too big still goes, alone
     assert len(body) > 400
+
+
+def test_a_batch_packed_whole_is_the_body_packed_item_by_item() -> None:
+    bodies = [b'"\\u00e9 \\" \xc3\xa9 \xe2\x80\xa8"', b'{"a":[1,2.5,null]}', b'"\\n\\t\\u0001"']
+    messages = [message(n, body) for n, body in enumerate(bodies)]
+    messages.append(message(3, b"{}")._replace(ordering_key="k", headers={"traceparent": "t-1"}))
+    whole = pack_batches(messages, max_items=10, max_bytes=10_000)
+    assert whole == http_module._packed_by_item(messages, 10, 10_000)
+    [(group, body)] = whole
+    assert group == messages
+    assert json.loads(body)["replies"][3] == {
+        "reply_id": "r-3",
+        "body": "{}",
+        "ordering_key": "k",
+        "headers": {"traceparent": "t-1"},
+    }
+    assert [item["body"].encode() for item in json.loads(body)["replies"][:3]] == bodies
 
 
 def test_a_refused_whole_batch_retries_but_a_refused_single_reply_is_dead(

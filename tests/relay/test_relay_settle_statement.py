@@ -1,7 +1,7 @@
 """The one-statement settle stays fenced and exact run after run.
 
 PostgreSQL switches a statement prepared five times to a generic plan; the settle
-runs unprepared (UNPREPARED) with binary arrays, so many runs in a row must keep
+runs unprepared (UNPREPARED) with its per-row columns as text, so many runs in a row must keep
 settling exactly the rows whose (id, fence) match, with every column as given.
 """
 
@@ -16,7 +16,7 @@ from support.relay_helpers import publish_many, rows
 
 from outbox.drivers import driver_for
 from outbox.drivers.postgresql.settle import SETTLE_POSTGRESQL, settle_parameters
-from relay.records import ClaimedRow, Settlement
+from relay.records import ClaimedRow, Message, Settlement
 
 TURNS = 12  # past psycopg's prepare threshold and PostgreSQL's five custom plans
 
@@ -76,6 +76,16 @@ def test_claimed_rows_are_read_into_records_in_their_returning_order() -> None:
     from outbox.drivers.common.claims import CLAIMED
 
     assert [c.name for c in CLAIMED] + ["previous_attempts"] == list(ClaimedRow._fields)
+
+
+def test_a_claimed_row_becomes_the_message_of_its_fields_with_or_without_headers() -> None:
+    # Message.from_row takes a usual row's first fields as they are.
+    assert Message._fields == ClaimedRow._fields[: len(Message._fields)]
+    plain = ClaimedRow(7, "r-7", "d", b"{}", "h", "{}", 2, 3, None, 9.5, 1)
+    keyed = plain._replace(body=memoryview(b"[]"), headers='{"a": "b"}', ordering_key="k")
+    assert Message.from_row(plain) == Message(7, "r-7", "d", b"{}", "h", {}, 2, 3, None, 9.5)
+    assert Message.from_row(keyed) == Message(7, "r-7", "d", b"[]", "h", {"a": "b"}, 2, 3, "k", 9.5)
+    assert type(Message.from_row(keyed).body) is bytes
 
 
 def test_settle_answers_exactly_the_rows_it_changed_among_many(engine: sa.Engine) -> None:
