@@ -4,6 +4,7 @@ results, and the wake-up of its producer."""
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import threading
 from collections.abc import Coroutine, Iterator
@@ -26,6 +27,8 @@ from outbox.worker_psycopg import PsycopgFinishes
 
 T = TypeVar("T")
 OWNER = "lane-worker"
+# A result as the batch carries it: quotes, a backslash, text beyond ASCII and Latin-1.
+RESULT = 'a "quoted" \\ é \u2028 \U0001f600'
 only_postgresql = pytest.mark.parametrize("backend", ["postgresql"], indirect=True)
 
 
@@ -124,15 +127,21 @@ def test_results_commit_with_their_replies_and_stale_claims_are_refused(
     a, b, c = on(loop, task_claims.claim(3, reconcile=False))
     stale = Claim(b.task_id, b.owner, b.fence + 7, b.attempt, b.payload)
     written = on(
-        loop, finishes.finish([(a, {"r": "a"}), (stale, {"r": "stale"}), (c, float("nan"))])
+        loop, finishes.finish([(a, {"r": RESULT}), (stale, {"r": "stale"}), (c, float("nan"))])
     )
     assert written == [True, False, False]  # a stale fence; a result that is not JSON
     states = {t: queue.task(t)["state"] for t in (a.task_id, b.task_id, c.task_id)}  # type: ignore[index]
     assert states == {a.task_id: "done", b.task_id: "running", c.task_id: "running"}
-    assert queue.task(a.task_id)["result"] == {"r": "a"}  # type: ignore[index]
+    assert queue.task(a.task_id)["result"] == {"r": RESULT}  # type: ignore[index]
     [reply] = queue.messages()
     assert reply["task_id"] == a.task_id
-    assert json.loads(reply["body"])["status"] == "done"
+    assert json.loads(reply["body"]) == {
+        "kind": "result",
+        "result": {"r": RESULT},
+        "status": "done",
+        "task_id": a.task_id,
+    }
+    assert reply["content_hash"] == hashlib.sha256(reply["body"]).hexdigest()
     # Written once: a second finish of the same claim changes nothing.
     assert on(loop, finishes.finish([(a, {"r": "again"})])) == [False]
     assert len(queue.messages()) == 1
