@@ -20,7 +20,7 @@ from outbox import AuthContext, Envelope, TaskQueue
 from outbox.claim import Claim
 from outbox.completer import Finishes, QueueFinishes, batch_finishes
 from outbox.failpoints import Crash, arm
-from outbox.handler_loop import WRITER_THREADS, HandlerLoop, LoopWake
+from outbox.handler_loop import WRITER_THREADS, HandlerLoop, HandlerThreads, LoopCall, LoopWake
 from outbox.producer import TaskClaims, worker_claims
 from outbox.testing import ManualClock
 from outbox.worker_psycopg import PsycopgFinishes
@@ -303,6 +303,55 @@ def test_a_wake_set_from_other_threads_reaches_the_waiter_once(loop: HandlerLoop
         return woken - started < 5, loop.loop.time() - woken >= 0.04
 
     assert on(loop, wait_twice()) == (True, True)
+
+
+def test_requests_made_while_a_call_is_queued_fold_into_it(loop: HandlerLoop) -> None:
+    calls: list[int] = []
+    call = LoopCall(loop.loop, lambda: calls.append(1))
+    busy, release = threading.Event(), threading.Event()
+
+    def hold_the_loop() -> None:
+        busy.set()
+        release.wait(10)
+
+    loop.loop.call_soon_threadsafe(hold_the_loop)
+    assert busy.wait(10)
+    for _ in range(5):
+        call.request()
+    release.set()
+    on(loop, asyncio.sleep(0))  # queued after the call: it has run by then
+    assert calls == [1]
+    call.request()  # not queued any more: a new call
+    on(loop, asyncio.sleep(0))
+    assert calls == [1, 1]
+
+
+def test_handler_threads_answer_every_call_that_returned_while_the_loop_was_busy(
+    loop: HandlerLoop,
+) -> None:
+    threads = HandlerThreads(loop, 3)
+    returned = threading.Semaphore(0)
+
+    def answer(value: int) -> int:
+        returned.release()
+        if value < 0:
+            raise ValueError(value)
+        return value
+
+    async def three_calls_on_a_held_loop() -> list[Any]:
+        calls = [asyncio.ensure_future(threads.run(partial(answer, n))) for n in (1, 2, -3)]
+        await asyncio.sleep(0)  # the calls are queued to the threads
+        for _ in calls:  # the loop is held while all three return
+            assert returned.acquire(timeout=10)
+        return await asyncio.gather(*calls, return_exceptions=True)
+
+    try:
+        one, two, failed = on(loop, three_calls_on_a_held_loop())
+    finally:
+        threads.close()
+    assert (one, two) == (1, 2)
+    assert isinstance(failed, ValueError)
+    assert failed.args == (-3,)
 
 
 def test_a_wake_set_on_the_loop_wakes_a_waiting_coroutine(loop: HandlerLoop) -> None:
