@@ -324,6 +324,10 @@ def complete_tasks_with_replies(
     return set(result.scalars().all())
 
 
+# Built once: json.dumps with options builds an encoder per call.
+_JSON_ROWS = json.JSONEncoder(ensure_ascii=False)
+
+
 def complete_parameters(
     completions: Sequence[Completion], replies: Sequence[dict[str, Any]], now: float | None
 ) -> dict[str, Any]:
@@ -332,7 +336,7 @@ def complete_parameters(
         (task_id, owner, fence, result, *_reply_columns(reply))
         for (task_id, owner, fence, result), reply in zip(completions, replies, strict=True)
     ]
-    return {"rows": json.dumps(rows, ensure_ascii=False), "now": now}
+    return {"rows": _JSON_ROWS.encode(rows), "now": now}
 
 
 def _reply_columns(reply: dict[str, Any]) -> tuple[str, str, str, str]:
