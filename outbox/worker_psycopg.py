@@ -96,8 +96,8 @@ class PsycopgFinishes:
                 self._lane.connection() as conn,
                 _commit_window(conn, "finish.before_commit"),
             ):
-                # Planned per run, as finish_many's (see outbox.db.dialect.UNPREPARED).
-                cursor = await conn.execute(task_sql.COMPLETE_POSTGRESQL, params, prepare=False)
+                # Prepared once used a few times, as finish_many's (see task_sql).
+                cursor = await conn.execute(task_sql.COMPLETE_POSTGRESQL, params)
                 done = {task_id for (task_id,) in await cursor.fetchall()}
                 if done:
                     failpoints.hit("finish.before_commit")
