@@ -12,6 +12,11 @@ MAX_NODES = 10_000
 MAX_BYTES = 64 * 1024
 
 JSONValue = Any
+# Built once: json.dumps with options builds an encoder per call, which cost as much as the
+# encoding of a small value (encode() keeps no state between calls).
+_CANONICAL = json.JSONEncoder(
+    sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
+)
 
 
 class NotCanonical(ValueError):
@@ -84,9 +89,7 @@ def canonical_bytes(
     """Canonical JSON: sorted keys, no spaces, UTF-8 unescaped, NaN and Infinity refused."""
     check_json_safe(value, max_depth=max_depth, max_nodes=max_nodes)
     try:
-        text = json.dumps(
-            value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
-        )
+        text = _CANONICAL.encode(value)
     except ValueError as exc:  # e.g. an int too long to render as text
         raise NotCanonical(str(exc)) from exc
     data = text.encode("utf-8")

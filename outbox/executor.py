@@ -81,7 +81,7 @@ class Executor:
         try:
             failure: Exception | None = None
             async with self._slots:  # claimed ahead: its lease is renewed while it waits
-                if running.stop.is_set():
+                if running.lost:
                     # Its lease was lost (or the worker gave up) before it ever ran.
                     log.warning("task %s: lease lost before it ran; discarded", claim.task_id)
                     self._count("discarded")

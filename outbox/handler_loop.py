@@ -18,6 +18,7 @@ import asyncio
 import concurrent.futures
 import contextlib
 import threading
+from collections import deque
 from collections.abc import Callable, Coroutine
 from queue import SimpleQueue
 from typing import Any, TypeVar
@@ -90,6 +91,38 @@ class HandlerLoop:
             self.loop.close()
 
 
+class LoopCall:
+    """Runs `callback` on a loop soon after request(), from any thread; requests made while
+    one call is queued fold into it.
+
+    call_soon_threadsafe wakes the loop through a write to its self-pipe: once per
+    request, a burst of them costs as many wake-ups and loop turns as it has requests.
+    """
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, callback: Callable[[], None]) -> None:
+        """Nothing is queued yet."""
+        self._loop = loop
+        self._callback = callback
+        self._lock = threading.Lock()
+        self._queued = False
+
+    def request(self) -> None:
+        """Queue the call unless one is queued already (any thread)."""
+        with self._lock:
+            if self._queued:
+                return
+            self._queued = True
+        # A closed loop has nobody left to call.
+        with contextlib.suppress(RuntimeError):
+            self._loop.call_soon_threadsafe(self._run)
+
+    def _run(self) -> None:
+        # Cleared before the call: a request made while it runs queues the next one.
+        with self._lock:
+            self._queued = False
+        self._callback()
+
+
 class LoopWake:
     """Wakes one coroutine of a HandlerLoop; set() from any thread, at most one call queued.
 
@@ -102,21 +135,14 @@ class LoopWake:
         """Nothing is waiting yet."""
         self._loop = loop
         self._event = asyncio.Event()
-        self._lock = threading.Lock()
-        self._queued = False
+        self._from_threads = LoopCall(loop.loop, self._event.set)
 
     def set(self) -> None:
         """Wake the waiter, or let its next wait() return at once (any thread)."""
         if threading.get_ident() == self._loop.thread_id:
             self._event.set()
-            return
-        with self._lock:
-            if self._queued:
-                return
-            self._queued = True
-        # A closed loop has nobody left waiting.
-        with contextlib.suppress(RuntimeError):
-            self._loop.loop.call_soon_threadsafe(self._set_queued)
+        else:
+            self._from_threads.request()
 
     async def wait(self, timeout: float) -> None:
         """Return once set (then clear it) or after `timeout` seconds (on the loop)."""
@@ -125,18 +151,14 @@ class LoopWake:
                 await asyncio.wait_for(self._event.wait(), timeout)
         self._event.clear()
 
-    def _set_queued(self) -> None:
-        with self._lock:
-            self._queued = False
-        self._event.set()
-
 
 class HandlerThreads:
     """Daemon threads that run plain handlers for tasks on a HandlerLoop, one call each.
 
     Daemon, so that a handler that never returns cannot keep the process from
     exiting once the worker has given up on it. Started once: a thread per task
-    cost a tenth of a busy worker's CPU.
+    cost a tenth of a busy worker's CPU. The answers reach the loop together: the
+    calls that return while the loop is busy are answered in one turn of it.
     """
 
     def __init__(self, loop: HandlerLoop, count: int, name: str = "outbox-handler") -> None:
@@ -146,6 +168,9 @@ class HandlerThreads:
         self._closed = False
         self._calls: SimpleQueue[tuple[Callable[[], Any], asyncio.Future[Any]] | None]
         self._calls = SimpleQueue()
+        # (future, whether it raised, its result or exception), in the order they returned.
+        self._answers: deque[tuple[asyncio.Future[Any], bool, Any]] = deque()
+        self._answering = LoopCall(self._loop, self._settle)
         for n in range(count):
             threading.Thread(target=self._serve, name=f"{name}-{n + 1}", daemon=True).start()
 
@@ -177,19 +202,21 @@ class HandlerThreads:
                 # for generators, it arrives as the RuntimeError it stands for.
                 failed = RuntimeError(f"handler raised StopIteration: {exc}")
                 failed.__cause__ = exc
-                self._answer(answer, answer.set_exception, failed)
+                self._answers.append((answer, True, failed))
             except BaseException as exc:  # noqa: BLE001 - the awaiting task decides
-                self._answer(answer, answer.set_exception, exc)
+                self._answers.append((answer, True, exc))
             else:
-                self._answer(answer, answer.set_result, value)
+                self._answers.append((answer, False, value))
+            self._answering.request()
 
-    def _answer(
-        self, answer: asyncio.Future[Any], setter: Callable[[Any], None], value: Any
-    ) -> None:
-        def settle() -> None:
-            if not answer.done():  # its task was cancelled meanwhile
-                setter(value)
-
-        # A closed loop has no task left waiting for the answer.
-        with contextlib.suppress(RuntimeError):
-            self._loop.call_soon_threadsafe(settle)
+    def _settle(self) -> None:
+        """Answer every call returned so far (on the loop)."""
+        answers = self._answers
+        while answers:
+            answer, raised, value = answers.popleft()
+            if answer.done():
+                continue  # its task was cancelled meanwhile
+            if raised:
+                answer.set_exception(value)
+            else:
+                answer.set_result(value)

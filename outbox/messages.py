@@ -29,6 +29,8 @@ MAX_HEADERS = 32
 MAX_HEADERS_BYTES = 16 * 1024
 # Task replies are "reply:" + task_id; publish() may not take ids from that namespace.
 TASK_REPLY_PREFIX = "reply:"
+# A string as JSON text, with an encoder built once rather than by json.dumps at each call.
+_JSON_TEXT = json.JSONEncoder(ensure_ascii=False)
 # A batch request is signed with a "batch:" id, which no message may take: a captured
 # batch request then cannot pass as one message at a receiver, nor the reverse.
 BATCH_ID_PREFIX = "batch:"
@@ -178,8 +180,8 @@ def task_reply_body(reply: TaskReply) -> bytes:
     a result at the limit was accepted and then failed every write of its reply.
     """
     if reply.result_json is not None and reply.error is None:
-        status = json.dumps(str(reply.status), ensure_ascii=False)
-        task_id = json.dumps(reply.task_id, ensure_ascii=False)
+        status = _JSON_TEXT.encode(str(reply.status))
+        task_id = _JSON_TEXT.encode(reply.task_id)
         body_text = (
             f'{{"kind":"result","result":{reply.result_json},"status":{status},'
             f'"task_id":{task_id}}}'

@@ -23,19 +23,39 @@ from outbox.claim import Claim
 CLAIM_AHEAD = 0.5
 
 
+# Guards the making of a claim's stop event, asked for by the loop and the heartbeat alike.
+_MAKING_STOP = threading.Lock()
+
+
 @dataclass
 class Running:
     """One held claim, from its lease until its outcome is written or abandoned."""
 
     claim: Claim
-    stop: threading.Event = field(default_factory=threading.Event)
-    lost: bool = False
+    lost: bool = False  # set before `stop` is: the worker holds the task no more
     written: bool = False  # its outcome is committed: a refused renewal is no news
     # An async handler's own stop event, set from other threads through this function.
     async_stop: asyncio.Event | None = None
     set_async_stop: Callable[[], None] | None = None
     task: asyncio.Task[None] | None = None  # its task on the loop, to cancel it
     busy: bool = True  # holds one of `concurrency` slots (see RunningTasks.free_slots)
+    _stop: threading.Event | None = field(default=None, repr=False)
+
+    @property
+    def stop(self) -> threading.Event:
+        """Set when the handler should stop; made when first asked for.
+
+        A plain handler is given it; an async handler's claim seldom needs it (its
+        handler has `async_stop`), and an Event per task cost a busy worker a few
+        percent of its CPU.
+        """
+        stop = self._stop
+        if stop is None:
+            with _MAKING_STOP:
+                stop = self._stop
+                if stop is None:
+                    stop = self._stop = threading.Event()
+        return stop
 
     @property
     def key(self) -> tuple[str, int]:
@@ -110,7 +130,8 @@ class RunningTasks:
             if self._held.pop(running.key, None) is not None and running.busy:
                 running.busy = False
                 self._busy -= 1
-        self.released.set()
+        if not self.released.is_set():  # setting it again costs its lock and a notify
+            self.released.set()
         self._changed()
 
     def abandon(self) -> list[Running]:

@@ -4,6 +4,7 @@ results, and the wake-up of its producer."""
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import threading
 from collections.abc import Coroutine, Iterator
@@ -19,12 +20,14 @@ from outbox import AuthContext, Envelope, TaskQueue
 from outbox.claim import Claim
 from outbox.completer import Finishes, HeldFinishes, QueueFinishes, batch_finishes
 from outbox.failpoints import Crash, arm
-from outbox.handler_loop import WRITER_THREADS, HandlerLoop, LoopWake
+from outbox.handler_loop import WRITER_THREADS, HandlerLoop, HandlerThreads, LoopCall, LoopWake
 from outbox.producer import TaskClaims, worker_claims
 from outbox.testing import ManualClock
 
 T = TypeVar("T")
 OWNER = "lane-worker"
+# A result as the batch carries it: quotes, a backslash, text beyond ASCII and Latin-1.
+RESULT = 'a "quoted" \\ é \u2028 \U0001f600'
 only_postgresql = pytest.mark.parametrize("backend", ["postgresql"], indirect=True)
 
 
@@ -123,15 +126,21 @@ def test_results_commit_with_their_replies_and_stale_claims_are_refused(
     a, b, c = on(loop, task_claims.claim(3, reconcile=False))
     stale = Claim(b.task_id, b.owner, b.fence + 7, b.attempt, b.payload)
     written = on(
-        loop, finishes.finish([(a, {"r": "a"}), (stale, {"r": "stale"}), (c, float("nan"))])
+        loop, finishes.finish([(a, {"r": RESULT}), (stale, {"r": "stale"}), (c, float("nan"))])
     )
     assert written == [True, False, False]  # a stale fence; a result that is not JSON
     states = {t: queue.task(t)["state"] for t in (a.task_id, b.task_id, c.task_id)}  # type: ignore[index]
     assert states == {a.task_id: "done", b.task_id: "running", c.task_id: "running"}
-    assert queue.task(a.task_id)["result"] == {"r": "a"}  # type: ignore[index]
+    assert queue.task(a.task_id)["result"] == {"r": RESULT}  # type: ignore[index]
     [reply] = queue.messages()
     assert reply["task_id"] == a.task_id
-    assert json.loads(reply["body"])["status"] == "done"
+    assert json.loads(reply["body"]) == {
+        "kind": "result",
+        "result": {"r": RESULT},
+        "status": "done",
+        "task_id": a.task_id,
+    }
+    assert reply["content_hash"] == hashlib.sha256(reply["body"]).hexdigest()
     # Written once: a second finish of the same claim changes nothing.
     assert on(loop, finishes.finish([(a, {"r": "again"})])) == [False]
     assert len(queue.messages()) == 1
@@ -293,6 +302,55 @@ def test_a_wake_set_from_other_threads_reaches_the_waiter_once(loop: HandlerLoop
         return woken - started < 5, loop.loop.time() - woken >= 0.04
 
     assert on(loop, wait_twice()) == (True, True)
+
+
+def test_requests_made_while_a_call_is_queued_fold_into_it(loop: HandlerLoop) -> None:
+    calls: list[int] = []
+    call = LoopCall(loop.loop, lambda: calls.append(1))
+    busy, release = threading.Event(), threading.Event()
+
+    def hold_the_loop() -> None:
+        busy.set()
+        release.wait(10)
+
+    loop.loop.call_soon_threadsafe(hold_the_loop)
+    assert busy.wait(10)
+    for _ in range(5):
+        call.request()
+    release.set()
+    on(loop, asyncio.sleep(0))  # queued after the call: it has run by then
+    assert calls == [1]
+    call.request()  # not queued any more: a new call
+    on(loop, asyncio.sleep(0))
+    assert calls == [1, 1]
+
+
+def test_handler_threads_answer_every_call_that_returned_while_the_loop_was_busy(
+    loop: HandlerLoop,
+) -> None:
+    threads = HandlerThreads(loop, 3)
+    returned = threading.Semaphore(0)
+
+    def answer(value: int) -> int:
+        returned.release()
+        if value < 0:
+            raise ValueError(value)
+        return value
+
+    async def three_calls_on_a_held_loop() -> list[Any]:
+        calls = [asyncio.ensure_future(threads.run(partial(answer, n))) for n in (1, 2, -3)]
+        await asyncio.sleep(0)  # the calls are queued to the threads
+        for _ in calls:  # the loop is held while all three return
+            assert returned.acquire(timeout=10)
+        return await asyncio.gather(*calls, return_exceptions=True)
+
+    try:
+        one, two, failed = on(loop, three_calls_on_a_held_loop())
+    finally:
+        threads.close()
+    assert (one, two) == (1, 2)
+    assert isinstance(failed, ValueError)
+    assert failed.args == (-3,)
 
 
 def test_a_wake_set_on_the_loop_wakes_a_waiting_coroutine(loop: HandlerLoop) -> None:
