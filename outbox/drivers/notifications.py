@@ -50,3 +50,19 @@ class NotificationsDriver(Protocol):
         notifications. `retry`: the pause after a failed connection; `on_notify`: called
         per notification and per (re)connection, if given (else read with clear and wait)."""
         ...
+
+
+class PollingOnly:
+    """A backend without notifications (SQLite, MySQL): no listener, whoever asked polls."""
+
+    def listener(
+        self,
+        engine: sa.Engine,
+        channel: str,
+        retry: float,
+        listening: threading.Event,
+        on_notify: Callable[[], None] | None = None,
+        logger: logging.Logger | None = None,
+    ) -> Wakeups | None:
+        """None: no notifications on this backend."""
+        return None

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import logging
-import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import sqlalchemy as sa
@@ -14,7 +12,6 @@ from sqlalchemy.sql.elements import ColumnElement
 
 from outbox.drivers.base import Now
 from outbox.drivers.common import CommonDriver
-from outbox.drivers.notifications import Wakeups
 from outbox.drivers.postgresql import listener as listen
 from outbox.drivers.postgresql import receipts
 from outbox.drivers.postgresql import settle as settling
@@ -107,14 +104,5 @@ class PostgreSQLDriver(
         """Settle held messages in one statement of binary arrays; the ids it changed."""
         return settling.settle(conn, owner, rows, now)
 
-    def listener(
-        self,
-        engine: sa.Engine,
-        channel: str,
-        retry: float,
-        listening: threading.Event,
-        on_notify: Callable[[], None] | None = None,
-        logger: logging.Logger | None = None,
-    ) -> Wakeups:
-        """One LISTEN connection on `channel`, kept up (outbox.drivers.postgresql.listener)."""
-        return listen.listener(engine, channel, retry, listening, on_notify, logger)
+    # One LISTEN connection on a channel, kept up (outbox.drivers.postgresql.listener).
+    listener = staticmethod(listen.listener)

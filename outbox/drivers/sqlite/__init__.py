@@ -3,9 +3,7 @@ they are."""
 
 from __future__ import annotations
 
-import logging
-import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import sqlalchemy as sa
@@ -15,7 +13,7 @@ from sqlalchemy.sql.elements import ColumnElement
 
 from outbox.drivers.base import Now
 from outbox.drivers.common import CommonDriver
-from outbox.drivers.notifications import Wakeups
+from outbox.drivers.notifications import PollingOnly
 from outbox.drivers.records import Settlement
 from outbox.drivers.sqlite import settle as settling
 from outbox.drivers.sqlite.clock import DATABASE_NOW
@@ -24,7 +22,7 @@ from outbox.drivers.sqlite.errors import SQLiteErrors
 from outbox.drivers.sqlite.task_batches import SQLiteTaskBatches
 
 
-class SQLiteDriver(SQLiteTaskBatches, SQLiteEngines, SQLiteErrors, CommonDriver):
+class SQLiteDriver(SQLiteTaskBatches, SQLiteEngines, SQLiteErrors, PollingOnly, CommonDriver):
     """SQLite: the portable statements, with its own clock and INSERT, and its batches of
     task results and renewals."""
 
@@ -65,15 +63,3 @@ class SQLiteDriver(SQLiteTaskBatches, SQLiteEngines, SQLiteErrors, CommonDriver)
     ) -> set[int]:
         """Settle held messages in one UPDATE FROM a JSON document; the ids it changed."""
         return settling.settle(conn, owner, rows, now)
-
-    def listener(
-        self,
-        engine: sa.Engine,
-        channel: str,
-        retry: float,
-        listening: threading.Event,
-        on_notify: Callable[[], None] | None = None,
-        logger: logging.Logger | None = None,
-    ) -> Wakeups | None:
-        """None: SQLite has no notifications, so whoever asked polls alone."""
-        return None
