@@ -69,6 +69,9 @@ def publish(
 
 def creation_context(headers: Mapping[str, str] | None) -> dict[str, str]:
     """The active span's trace context, unless the caller's headers carry trace context."""
-    if headers is not None and any(name.lower() in (TRACEPARENT, TRACESTATE) for name in headers):
+    # Runs before check_headers: headers of any shape reach it, and that check refuses them.
+    if isinstance(headers, Mapping) and any(
+        isinstance(name, str) and name.lower() in (TRACEPARENT, TRACESTATE) for name in headers
+    ):
         return {}
     return active_context()

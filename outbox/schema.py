@@ -74,7 +74,7 @@ tasks = sa.Table(
     sa.Column("updated_at", Epoch(), nullable=False),
     sa.Column("finished_at", Epoch()),
     # The creation context: the trace context of the span the task was received in
-    # (outbox.trace_context), for its runs' spans to link to (migration o0013).
+    # (outbox.trace_context; migration o0013), which TaskQueue.task() returns.
     sa.Column("traceparent", sa.String(55)),
     sa.Column("tracestate", sa.String(512)),
     sa.CheckConstraint(_in("state", TASK_STATES), name="state"),

@@ -216,6 +216,8 @@ class Dispatcher:
                 outcomes[message.id] = HELD
         # What is left of a parcel fits the limits the whole did; a transport may still
         # pack it in several parcels, which then go one after another.
+        if not going:
+            return  # every key of the parcel stopped: its messages are all held
         parts = [parcel] if len(going) == len(parcel.messages) else transport.parcels(going)
         for part in parts:
             sent = partial(_sent, transport, part)

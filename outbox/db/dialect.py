@@ -18,7 +18,6 @@ from outbox.db.lane import Lane
 from outbox.drivers import DRIVERS, UnsupportedDatabase, driver_for, driver_for_url
 from outbox.drivers.execution import READ_ONLY as READ_ONLY
 from outbox.drivers.execution import UNPREPARED as UNPREPARED
-from outbox.drivers.postgresql.conninfo import engine_conninfo
 
 # Migration o0002 installs a trigger that notifies this channel on every insert of messages.
 NOTIFY_CHANNEL = "outbox_messages"
@@ -66,17 +65,6 @@ def is_missing_table(exc: sa.exc.DBAPIError) -> bool:
     """Whether a statement failed because a table it names does not exist (no schema)."""
     return any(driver.is_missing_table(exc.orig) for driver in DRIVERS.values())
 
-
-def is_postgresql(dialect_name: str) -> bool:
-    """Whether this backend is PostgreSQL: arrays, NOTIFY, driver SQL of its own."""
-    return dialect_name == "postgresql"
-
-
-def listen_conninfo(engine: Engine) -> str | None:
-    """The libpq connection string for LISTEN on PostgreSQL; None where there is no NOTIFY."""
-    if not is_postgresql(engine.dialect.name):
-        return None
-    return engine_conninfo(engine)
 
 
 # --- time (the drivers' clocks, for the few statements of callers outside them) ----------

@@ -5,7 +5,7 @@ Not public API: the core, the relay and the receiver call it, users do not.
 `driver_for(engine)` (or a Connection, a Dialect or a dialect name) is the driver of
 that backend, `driver_for_url(url)` the driver of a URL's; `DRIVERS` is the only list
 of them, which tests/drivers runs its conformance suite against. The interface is
-`base.Driver`; what is behind it and what is still to move:
+`base.Driver`; what is behind it and what a new backend implements:
 docs/explanation/architecture.md, "Database drivers".
 """
 

@@ -176,7 +176,7 @@ def pack_batches(
     messages: Sequence[Message], max_items: int, max_bytes: int
 ) -> list[tuple[list[Message], bytes]]:
     """Split messages into batch bodies within the destination's item and byte limits."""
-    if orjson is not None and len(messages) <= max_items:
+    if orjson is not None and 0 < len(messages) <= max_items:
         # The usual claim fits one batch: orjson encodes it whole in C, byte for byte the
         # body the items below make (its strings escaped as the standard library's).
         items = [

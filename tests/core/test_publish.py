@@ -257,6 +257,18 @@ def test_headers_are_capped_in_count_and_size(
 
 
 @pytest.mark.parametrize(
+    ("headers", "said"),
+    [({1: "x"}, "invalid header name"), ([("x-a", "1")], "must be a mapping")],
+)
+def test_headers_of_the_wrong_shape_are_refused_as_invalid(
+    queue: TaskQueue, clock: ManualClock, headers: Any, said: str
+) -> None:
+    with pytest.raises(InvalidMessage, match=said):
+        publish_committed(queue, clock, headers=headers)
+    assert queue.messages() == []
+
+
+@pytest.mark.parametrize(
     ("name", "said"),
     [
         ("Webhook-Signature", "set by the relay"),

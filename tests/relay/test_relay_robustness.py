@@ -60,6 +60,12 @@ def test_batches_respect_item_and_byte_limits() -> None:
     assert len(body) > 400
 
 
+def test_no_messages_make_no_batch() -> None:
+    # A parcel whose keys all stopped leaves nothing to send: no empty batch request.
+    assert pack_batches([], max_items=10, max_bytes=10_000) == []
+    assert http_module._packed_by_item([], 10, 10_000) == []
+
+
 def test_a_batch_packed_whole_is_the_body_packed_item_by_item() -> None:
     bodies = [b'"\\u00e9 \\" \xc3\xa9 \xe2\x80\xa8"', b'{"a":[1,2.5,null]}', b'"\\n\\t\\u0001"']
     messages = [message(n, body) for n, body in enumerate(bodies)]

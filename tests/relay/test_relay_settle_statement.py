@@ -1,7 +1,7 @@
 """The one-statement settle stays fenced and exact run after run.
 
 PostgreSQL switches a statement prepared five times to a generic plan; the settle
-runs unprepared (UNPREPARED) with its per-row columns as text, so many runs in a row must keep
+runs unprepared (UNPREPARED) with binary arrays, so many runs in a row must keep
 settling exactly the rows whose (id, fence) match, with every column as given.
 """
 

@@ -22,6 +22,7 @@ from sqlalchemy.engine import Engine
 from outbox import failpoints
 from outbox.drivers.common.pieces import DriverPieces
 from outbox.drivers.postgresql.async_lane import AsyncLane
+from outbox.drivers.postgresql.conninfo import engine_conninfo
 from outbox.drivers.postgresql.task_claims import TASK_CLAIM_SESSION, claim_tasks_psycopg
 from outbox.drivers.postgresql.task_results import COMPLETE_POSTGRESQL, complete_parameters
 from outbox.drivers.task_interface import Completion
@@ -34,7 +35,7 @@ def held_conninfo(engine: Engine, owns_engine: bool) -> str | None:
         return None
     if not owns_engine:
         return None
-    return engine.url.set(drivername="postgresql").render_as_string(hide_password=False)
+    return engine_conninfo(engine)
 
 
 class PsycopgHeldClaims:
