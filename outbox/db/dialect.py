@@ -66,7 +66,6 @@ def is_missing_table(exc: sa.exc.DBAPIError) -> bool:
     return any(driver.is_missing_table(exc.orig) for driver in DRIVERS.values())
 
 
-
 # --- time (the drivers' clocks, for the few statements of callers outside them) ----------
 
 
