@@ -463,6 +463,7 @@ def timed_drain(
     try:
         launched = time.monotonic()
         at_launch = machine_busy_seconds(), server_seconds(server)
+        parts_at_launch = parts_seconds(engine, parts)
         with start_relays():
             # Timed from when every relay is up; what they sent while the others
             # started is subtracted.
@@ -494,7 +495,8 @@ def timed_drain(
         # A small backlog on a busy machine: most of it went while the last relay was
         # still starting, so that window would time almost nothing. Time the whole run.
         started, before, timed_from = launched, 0, "first relay started"
-        at_start = at_launch
+        # The parts over the same whole run: a relay started since counts its whole life.
+        at_start, parts_at_start = at_launch, parts_at_launch
     elapsed = finished - started
     busy = at_end[0] - at_start[0]
     served = cpu_between(at_start[1], at_end[1])
