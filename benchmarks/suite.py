@@ -752,17 +752,19 @@ def measure(runs: int, quick: bool) -> list[Row]:
             "postgresql",
             "tasks/s",
             waits,
-            ">= 0.8",
-            lambda r: r >= 0.8,
             ours="async_wait",
         )
     )
+    # Judged against the most 500 slots waiting 100 ms each can do (5,000 tasks/s), which
+    # lies below the no-op rate: against no-op the waits themselves would be the shortfall.
     rows.append(
         median_row(
             "async worker x500, 100 ms waits vs 500 / 0.1 s",
             "postgresql",
             "tasks/s",
             waits,
+            ">= 0.9",
+            lambda r: r >= 0.9,
             ours="async_wait",
             baseline="slot_bound",
         )
