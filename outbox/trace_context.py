@@ -11,7 +11,7 @@ provider configured), nothing is stored and nothing is spent beyond one lookup.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+from typing import Any
 
 TRACEPARENT = "traceparent"
 TRACESTATE = "tracestate"
@@ -21,28 +21,31 @@ MAX_TRACESTATE = 512
 
 def active_context() -> dict[str, str]:
     """The active span's traceparent (and tracestate, if any); {} without a valid span."""
-    return _reader()()
+    api = otel_trace()
+    if api is None or not api.get_current_span().get_span_context().is_valid:
+        return {}
+    carrier: dict[str, str] = {}
+    propagator().inject(carrier)
+    if len(carrier.get(TRACESTATE, "")) > MAX_TRACESTATE:
+        del carrier[TRACESTATE]
+    return {name: carrier[name] for name in (TRACEPARENT, TRACESTATE) if carrier.get(name)}
 
 
 @functools.cache
-def _reader() -> Callable[[], dict[str, str]]:
-    """The creation context's reader: OpenTelemetry's, or one that finds none."""
+def otel_trace() -> Any:
+    """The opentelemetry.trace module, or None when opentelemetry-api is not installed."""
     try:
         from opentelemetry import trace
-        from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
     except ModuleNotFoundError as exc:
         if exc.name is None or not exc.name.startswith("opentelemetry"):
             raise
-        return dict
-    propagator = TraceContextTextMapPropagator()
+        return None
+    return trace
 
-    def read() -> dict[str, str]:
-        if not trace.get_current_span().get_span_context().is_valid:
-            return {}
-        carrier: dict[str, str] = {}
-        propagator.inject(carrier)
-        if len(carrier.get(TRACESTATE, "")) > MAX_TRACESTATE:
-            del carrier[TRACESTATE]
-        return {name: carrier[name] for name in (TRACEPARENT, TRACESTATE) if carrier.get(name)}
 
-    return read
+@functools.cache
+def propagator() -> Any:
+    """The W3C Trace Context propagator (needs opentelemetry-api)."""
+    from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+    return TraceContextTextMapPropagator()

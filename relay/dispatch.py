@@ -18,7 +18,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from functools import partial
 from typing import NamedTuple
 
-from outbox import failpoints
+from outbox import failpoints, tracing
 from outbox.durations import duration_text
 from outbox.errors import ConfigError
 from outbox.redaction import redact, redact_quoted
@@ -290,6 +290,33 @@ def chains_together(messages: Sequence[Message]) -> list[Message]:
 
 
 async def _sent(transport: Transport, parcel: Parcel) -> dict[int, Outcome]:
+    """One outcome for each message of the parcel, in a `send` span when tracing is set up."""
+    if not tracing.configured():
+        return await _answered(transport, parcel)
+    messages = parcel.messages
+    destination = messages[0].destination
+    attributes: dict[str, str | int] = {
+        "messaging.system": transport.MESSAGING_SYSTEM,
+        "messaging.operation.type": "send",
+        "messaging.operation.name": "send",
+        "messaging.destination.name": destination,
+        **transport.span_attributes(),
+    }
+    if len(messages) == 1:
+        attributes["messaging.message.id"] = messages[0].reply_id
+    else:
+        attributes["messaging.batch.message_count"] = len(messages)
+    contexts = [m.headers for m in messages]
+    with tracing.operation(f"send {destination}", tracing.PRODUCER, attributes, contexts) as span:
+        answers = await _answered(transport, parcel)
+        failed = next((o for o in answers.values() if isinstance(o, Retry | Dead)), None)
+        if failed is not None:
+            kind = str(failed.status) if failed.status else type(failed).__name__.lower()
+            span.fail(kind, failed.error)
+    return answers
+
+
+async def _answered(transport: Transport, parcel: Parcel) -> dict[int, Outcome]:
     """One outcome for each message of the parcel, whatever the destination answered.
 
     Nothing a destination sends may raise out of delivery: the turn's other outcomes

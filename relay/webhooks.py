@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from types import MappingProxyType
 
 from outbox.signing import sign
+from outbox.tracing import annotate
 from relay.destination import Destination
 from relay.errors import TransportError
 from relay.http_client import HttpClient, Response
@@ -41,13 +42,15 @@ async def post(
 ) -> Response | Retry:
     """The whole answer to one POST, or the Retry that a timeout or transport error means."""
     try:
-        return await client.request(
+        response = await client.request(
             "POST", url, headers=headers, body=body, seconds=destination.timeout
         )
     except TimeoutError:
         return Retry(None, f"attempt exceeded {destination.timeout:g}s")
     except TransportError as exc:
         return Retry(None, truncate(str(exc)))
+    annotate({"http.response.status_code": response.status})
+    return response
 
 
 def snippet(response: Response) -> str:

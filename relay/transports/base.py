@@ -16,6 +16,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
 from types import ModuleType
+from typing import ClassVar
 
 from outbox.clients import optional_client
 from outbox.durations import duration_text
@@ -36,6 +37,10 @@ class Parcel:
 class Transport(ABC):
     """Delivery to one destination; its requests run on the relay's event loop."""
 
+    MESSAGING_SYSTEM: ClassVar[str]
+    """The `messaging.system` of this transport's send spans (OpenTelemetry's name for a
+    broker; docs/how-to/tracing.md for HTTP)."""
+
     def __init__(self, destination: Destination) -> None:
         """Nothing connects until the first request."""
         self.destination = destination
@@ -44,6 +49,10 @@ class Transport(ABC):
     def mode(self) -> str:
         """The label of this transport in metrics: its kind, unless the kind says more."""
         return self.destination.kind
+
+    def span_attributes(self) -> dict[str, str | int]:
+        """What this transport's send spans say beyond the messaging attributes."""
+        return {}
 
     @abstractmethod
     def parcels(self, messages: Sequence[Message]) -> list[Parcel]:

@@ -19,6 +19,7 @@ earlier item of its key that was not (a resend would not undo it).
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 from collections.abc import Mapping, Sequence
@@ -96,6 +97,7 @@ class HttpOptions(KindOptions):
 class HttpTransport(Transport):
     """The common part of HTTP transports: one pooled client, receipt lookup, retention."""
 
+    MESSAGING_SYSTEM = "webhook"
     RETENTION_HEADER = "outbox-receipt-retention"
 
     def __init__(self, destination: Destination) -> None:
@@ -111,6 +113,26 @@ class HttpTransport(Transport):
     def mode(self) -> str:
         """The label of this transport in metrics: single or batch."""
         return self.options.mode
+
+    @functools.cached_property
+    def post_url(self) -> str:
+        """Where deliveries are POSTed."""
+        return self.destination.url
+
+    @functools.cached_property
+    def _client_attributes(self) -> dict[str, str | int]:
+        url = urlsplit(self.post_url)
+        port = url.port or (443 if url.scheme == "https" else 80)
+        return {
+            "http.request.method": "POST",
+            "server.address": url.hostname or "",
+            "server.port": port,
+            "url.full": redact_urls(self.post_url),
+        }
+
+    def span_attributes(self) -> dict[str, str | int]:
+        """The HTTP client attributes: method, server, and the URL without credentials."""
+        return self._client_attributes
 
     async def holds(self, message: Message) -> bool | None:
         """GET <url>/<reply_id> and compare the content hash."""
@@ -259,6 +281,11 @@ def one_per_key(messages: Sequence[Message]) -> list[Sequence[Message]]:
 class HttpBatchTransport(HttpTransport):
     """Batches within max_batch_items and max_batch_bytes, POSTed to the batch url."""
 
+    @functools.cached_property
+    def post_url(self) -> str:
+        """The batch url: where batches are POSTed."""
+        return self.options.post_batch_url(self.destination.url)
+
     def parcels(self, messages: Sequence[Message]) -> list[Parcel]:
         """Messages packed into batch bodies; without ordered_batches, at most one message
         of a key per batch (a key's next one in a later batch, sent after it)."""
@@ -279,8 +306,7 @@ class HttpBatchTransport(HttpTransport):
         destination = self.destination
         batch_id = f"{BATCH_ID_PREFIX}{batch[0].id}-{batch[-1].id}-{len(batch)}"
         headers = request_headers(destination, batch_id, body)
-        url = self.options.post_batch_url(destination.url)
-        response = await post(self.client, destination, url, headers, body)
+        response = await post(self.client, destination, self.post_url, headers, body)
         if isinstance(response, Retry):
             return dict.fromkeys((m.id for m in batch), response)
         whole = classify(response.status, response.headers.get("retry-after"), snippet(response))

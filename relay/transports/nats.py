@@ -96,6 +96,8 @@ class NatsTransport(Transport):
     several times fewer CPU cycles per message than a request (and a timer) each.
     """
 
+    MESSAGING_SYSTEM = "nats"
+
     def __init__(self, destination: Destination) -> None:
         """Nothing connects until the first publish or retention check."""
         super().__init__(destination)

@@ -93,6 +93,8 @@ def routing_key(template: str, message: Message) -> str:
 class RabbitMqTransport(Transport):
     """Publishes each parcel's messages concurrently on one confirming channel."""
 
+    MESSAGING_SYSTEM = "rabbitmq"
+
     def __init__(self, destination: Destination) -> None:
         """Checks that the AMQP client is installed; nothing connects until the first send."""
         super().__init__(destination)

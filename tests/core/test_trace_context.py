@@ -124,10 +124,10 @@ def test_a_task_received_inside_a_span_keeps_its_context(
 @pytest.fixture
 def without_opentelemetry(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """opentelemetry as if it were not installed, for the readers made meanwhile."""
-    trace_context._reader.cache_clear()
+    trace_context.otel_trace.cache_clear()
     monkeypatch.setitem(sys.modules, "opentelemetry", None)
     yield
-    trace_context._reader.cache_clear()
+    trace_context.otel_trace.cache_clear()
 
 
 @pytest.mark.usefixtures("without_opentelemetry")

@@ -1,0 +1,170 @@
+"""Spans of the toolkit's own operations, after OpenTelemetry's messaging conventions.
+
+The relay's `send`, the receiver's and the consumers' `process` and the worker's task
+runs each open one span through operation(). A span names the message contexts it
+concerns (their creation contexts, outbox.trace_context): one as its parent, several as
+links. opentelemetry-api is optional (the `otel` extra); without it, or with no tracer
+provider configured (the API's proxy, before an SDK is set up), operation() yields a
+span that records nothing and reads no context: one check per operation.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any
+
+from outbox.trace_context import TRACEPARENT, TRACESTATE, otel_trace, propagator
+
+if TYPE_CHECKING:
+    from opentelemetry.trace import Span as OtelSpan
+    from opentelemetry.trace import Tracer
+
+INSTRUMENTATION = "outbox"
+"""The instrumentation scope's name: every span of the toolkit comes from it."""
+
+Attributes = Mapping[str, str | int | float | bool]
+CreationContext = Mapping[str, str]
+"""A message's `traceparent` and `tracestate` (its headers, or a task's columns)."""
+
+PRODUCER, CONSUMER, INTERNAL = "producer", "consumer", "internal"
+"""Span kinds, by name: the caller need not import OpenTelemetry."""
+
+
+class Span:
+    """The toolkit's handle on one operation's span; a recording one wraps OpenTelemetry's."""
+
+    recording = False
+
+    def set(self, attributes: Attributes) -> None:
+        """Add attributes (kept only by a recording span)."""
+
+    def fail(self, error_type: str, reason: str) -> None:
+        """Mark the operation failed: error status with `reason`, `error.type` set."""
+
+    def link(self, contexts: Sequence[CreationContext]) -> None:
+        """Link creation contexts known only once the operation has begun (a batch's)."""
+
+    def creation_context(self) -> dict[str, str]:
+        """This span's context as a creation context (traceparent, tracestate): {} when it
+        records nothing, so that what it writes stays as it was."""
+        return {}
+
+
+NOT_RECORDING = Span()
+
+
+class _Recording(Span):
+    recording = True
+
+    def __init__(self, span: OtelSpan) -> None:
+        self._span = span
+
+    def set(self, attributes: Attributes) -> None:
+        self._span.set_attributes(attributes)
+
+    def fail(self, error_type: str, reason: str) -> None:
+        from opentelemetry.trace import Status, StatusCode
+
+        self._span.set_attribute("error.type", error_type)
+        self._span.set_status(Status(StatusCode.ERROR, reason))
+
+    def link(self, contexts: Sequence[CreationContext]) -> None:
+        for linked in _span_contexts(contexts):
+            self._span.add_link(linked)
+
+    def creation_context(self) -> dict[str, str]:
+        from opentelemetry.trace import set_span_in_context
+
+        carrier: dict[str, str] = {}
+        propagator().inject(carrier, context=set_span_in_context(self._span))
+        return {name: carrier[name] for name in (TRACEPARENT, TRACESTATE) if carrier.get(name)}
+
+
+@contextmanager
+def operation(
+    name: str,
+    kind: str,
+    attributes: Attributes,
+    contexts: Sequence[CreationContext] = (),
+    *,
+    parented: bool = True,
+) -> Iterator[Span]:
+    """One operation's span, current while the block runs, ended when it leaves.
+
+    `contexts` are the creation contexts the operation concerns: with `parented` and
+    exactly one, the span continues that trace (its child); otherwise the span starts
+    its own trace, linked to each. An exception leaving the block is recorded on the
+    span, which is then marked failed.
+    """
+    tracer = _tracer()
+    if tracer is None:
+        yield NOT_RECORDING
+        return
+    from opentelemetry.trace import Link, SpanKind
+
+    parent = None
+    links: list[Link] = []
+    if parented and len(contexts) == 1:
+        parent = propagator().extract(contexts[0])
+    else:
+        links = [Link(linked) for linked in _span_contexts(contexts)]
+    with tracer.start_as_current_span(
+        name, context=parent, kind=SpanKind[kind.upper()], attributes=attributes, links=links
+    ) as span:
+        yield _Recording(span) if span.is_recording() else NOT_RECORDING
+
+
+def configured() -> bool:
+    """Whether spans are recorded at all: OpenTelemetry is installed and a tracer provider
+    is set up. Callers skip the work of describing an operation when not."""
+    return _provider() is not None
+
+
+def annotate(attributes: Attributes) -> None:
+    """Add attributes to the current span, when one records: a detail known deep inside
+    an operation (an HTTP status) added to the operation's span."""
+    if _provider() is None:
+        return
+    span = otel_trace().get_current_span()
+    if span.is_recording():
+        span.set_attributes(attributes)
+
+
+def _span_contexts(contexts: Sequence[CreationContext]) -> Iterator[Any]:
+    """The valid span contexts among creation contexts (a message may carry none)."""
+    read = propagator().extract
+    get_current_span = otel_trace().get_current_span
+    for context in contexts:
+        if TRACEPARENT in context:
+            linked = get_current_span(read(context)).get_span_context()
+            if linked.is_valid:
+                yield linked
+
+
+def _tracer() -> Tracer | None:
+    """The toolkit's tracer, or None without OpenTelemetry or a configured provider."""
+    provider = _provider()
+    if provider is None:
+        return None
+    return _tracer_of(provider)
+
+
+def _provider() -> Any:
+    """The global tracer provider when one is configured; None otherwise."""
+    api = otel_trace()
+    if api is None:
+        return None
+    provider = api.get_tracer_provider()
+    if isinstance(provider, api.ProxyTracerProvider | api.NoOpTracerProvider):
+        return None
+    return provider
+
+
+@functools.cache
+def _tracer_of(provider: Any) -> Tracer:
+    from outbox import __version__
+
+    tracer: Tracer = provider.get_tracer(INSTRUMENTATION, __version__)
+    return tracer

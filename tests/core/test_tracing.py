@@ -1,0 +1,102 @@
+"""The toolkit's spans (outbox.tracing): parents, links, failures, and nothing unconfigured."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import SpanKind, StatusCode
+
+from outbox import trace_context, tracing
+from tests.support.tracing import SPAN_ID, TRACE_ID, TRACEPARENT, named, spans, traceparent
+
+__all__ = ["spans"]  # the fixture, used by name
+
+OTHER = traceparent(0x1234, 0x5678)
+
+
+def test_one_context_is_the_parent(spans: InMemorySpanExporter) -> None:
+    with tracing.operation("send a", tracing.PRODUCER, {"n": 1}, [{"traceparent": TRACEPARENT}]):
+        pass
+    (span,) = named(spans.get_finished_spans(), "send a")
+    assert span.kind is SpanKind.PRODUCER
+    assert span.parent is not None
+    assert (span.parent.trace_id, span.parent.span_id) == (TRACE_ID, SPAN_ID)
+    assert span.context.trace_id == TRACE_ID
+    assert not span.links
+    assert dict(span.attributes or {}) == {"n": 1}
+
+
+def test_several_contexts_are_links_of_a_new_trace(spans: InMemorySpanExporter) -> None:
+    contexts = [{"traceparent": TRACEPARENT}, {}, {"traceparent": OTHER}, {"traceparent": "junk"}]
+    with tracing.operation("send b", tracing.PRODUCER, {}, contexts):
+        pass
+    (span,) = named(spans.get_finished_spans(), "send b")
+    assert span.parent is None
+    assert span.context.trace_id not in (TRACE_ID, 0x1234)
+    # The message without a context and the unreadable one are left out.
+    assert [(link.context.trace_id, link.context.span_id) for link in span.links] == [
+        (TRACE_ID, SPAN_ID),
+        (0x1234, 0x5678),
+    ]
+
+
+def test_one_context_is_a_link_when_not_parented(spans: InMemorySpanExporter) -> None:
+    contexts = [{"traceparent": TRACEPARENT}]
+    with tracing.operation("process c", tracing.CONSUMER, {}, contexts, parented=False):
+        pass
+    (span,) = named(spans.get_finished_spans(), "process c")
+    assert span.kind is SpanKind.CONSUMER
+    assert span.parent is None
+    assert [link.context.span_id for link in span.links] == [SPAN_ID]
+
+
+def test_a_failure_and_an_annotation_are_recorded(spans: InMemorySpanExporter) -> None:
+    with tracing.operation("send d", tracing.PRODUCER, {}) as span:
+        tracing.annotate({"http.response.status_code": 503})
+        span.fail("503", "HTTP 503: busy")
+    (ended,) = named(spans.get_finished_spans(), "send d")
+    assert ended.status.status_code is StatusCode.ERROR
+    assert ended.status.description == "HTTP 503: busy"
+    assert dict(ended.attributes or {}) == {"http.response.status_code": 503, "error.type": "503"}
+
+
+def test_an_exception_leaving_the_block_fails_the_span(spans: InMemorySpanExporter) -> None:
+    with pytest.raises(RuntimeError), tracing.operation("process e", tracing.CONSUMER, {}):
+        raise RuntimeError("boom")
+    (ended,) = named(spans.get_finished_spans(), "process e")
+    assert ended.status.status_code is StatusCode.ERROR
+    assert [event.name for event in ended.events] == ["exception"]
+
+
+def test_the_spans_own_context_is_a_creation_context(spans: InMemorySpanExporter) -> None:
+    with tracing.operation("process f", tracing.CONSUMER, {}) as span:
+        created = span.creation_context()
+        assert created == trace_context.active_context()
+    (ended,) = named(spans.get_finished_spans(), "process f")
+    own = ended.context
+    assert created == {
+        "traceparent": f"00-{own.trace_id:032x}-{own.span_id:016x}-{int(own.trace_flags):02x}"
+    }
+
+
+def test_unconfigured_nothing_records_and_nothing_is_read() -> None:
+    assert not tracing.configured()
+    with tracing.operation("send g", tracing.PRODUCER, {}, [{"traceparent": "junk"}]) as span:
+        tracing.annotate({"x": 1})
+        span.fail("x", "not recorded")
+        assert not span.recording
+        assert span.creation_context() == {}
+
+
+def test_without_opentelemetry_nothing_records(monkeypatch: pytest.MonkeyPatch) -> None:
+    trace_context.otel_trace.cache_clear()
+    monkeypatch.setitem(sys.modules, "opentelemetry", None)
+    try:
+        assert not tracing.configured()
+        with tracing.operation("send h", tracing.PRODUCER, {}) as span:
+            assert span is tracing.NOT_RECORDING
+    finally:
+        monkeypatch.undo()
+        trace_context.otel_trace.cache_clear()

@@ -1,0 +1,45 @@
+"""Spans of the real OpenTelemetry SDK, collected in memory for one test.
+
+The `spans` fixture sets an SDK tracer provider as the global one for the test alone and
+hands over its in-memory exporter: every span the toolkit ends meanwhile is there. The
+API lets a process set its global provider once; the test resets it afterwards, as
+OpenTelemetry's own test base does, so that the tests after it run unconfigured again.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+
+import pytest
+from opentelemetry import trace
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.util._once import Once
+
+TRACE_ID, SPAN_ID = 0x0AF7651916CD43DD8448EB211C80319C, 0xB7AD6B7169203331
+TRACEPARENT = f"00-{TRACE_ID:032x}-{SPAN_ID:016x}-01"
+"""A creation context as a publisher's span would leave it."""
+
+
+def traceparent(trace_id: int, span_id: int) -> str:
+    """A sampled W3C traceparent of these ids."""
+    return f"00-{trace_id:032x}-{span_id:016x}-01"
+
+
+@pytest.fixture
+def spans(monkeypatch: pytest.MonkeyPatch) -> Iterator[InMemorySpanExporter]:
+    """The exporter of the test's own global tracer provider (ended spans, at once)."""
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    monkeypatch.setattr(trace, "_TRACER_PROVIDER_SET_ONCE", Once())
+    monkeypatch.setattr(trace, "_TRACER_PROVIDER", None)
+    trace.set_tracer_provider(provider)
+    yield exporter
+    provider.shutdown()
+
+
+def named(finished: Sequence[ReadableSpan], name: str) -> list[ReadableSpan]:
+    """The finished spans called `name`, in the order they ended."""
+    return [span for span in finished if span.name == name]
