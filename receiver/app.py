@@ -20,6 +20,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from outbox import tracing
 from outbox.group_commit import GroupCommit
 from outbox.observability.probe import Probe
 from outbox.observability.server import METRICS_CONTENT_TYPE
@@ -29,6 +30,10 @@ from receiver.effects import Effect
 from receiver.guards import SingleHeaders
 from receiver.metrics import CountingStore, CountRequests, ReceiverMetrics
 from receiver.rules import MAX_BATCH_ITEMS, Answer, ReceiverRules, Store, error, receiver_rules
+from receiver.spans import HTTP_SYSTEM, creation_context, processing, record_outcomes
+
+SOURCE = "replies"
+"""`messaging.destination.name` of the HTTP receiver's process spans."""
 
 DEFAULT_MAX_BODY = 1_048_576
 READY_DEADLINE = 1.0
@@ -95,10 +100,13 @@ def build_app(
     metrics: ReceiverMetrics | None = None,
     database: Callable[[], object | None] | None = None,
     body_budget: int | None = None,
+    continue_traces: bool = False,
 ) -> Starlette:
     """A Starlette app answering with `rules`, counting into `metrics`; `database` (a
     Probe) says whether the database answers, for /readyz (None: always ready);
-    `body_budget` caps the body bytes held at once (None: 64 MiB, or max_body if larger)."""
+    `body_budget` caps the body bytes held at once (None: 64 MiB, or max_body if larger);
+    `continue_traces`: a single message's process span continues the publisher's trace
+    rather than linking to it (receiver.spans)."""
     metrics = metrics or ReceiverMetrics()
     if body_budget is None:
         body_budget = max(DEFAULT_BODY_BUDGET, rules.max_body)
@@ -131,13 +139,26 @@ def build_app(
         checked = rules.check_message(request.headers, body)
         if isinstance(checked, Answer):
             return _respond(checked)
-        return _respond(await group.submit(checked))
+        if not tracing.configured():
+            return _respond(await group.submit(checked))
+        context = creation_context(request.headers)
+        with processing(
+            HTTP_SYSTEM, SOURCE, [checked[0]], [context], continue_traces=continue_traces
+        ) as span:
+            answer = await group.submit(checked)
+            record_outcomes(span, [_outcome(answer)])
+        return _respond(answer)
 
     async def post_batch(request: Request) -> Response:
         body = await read_body(request)
         if isinstance(body, Answer):
             return _respond(body)
-        return _respond(await run_in_threadpool(rules.post_batch, request.headers, body))
+        if not tracing.configured():
+            return _respond(await run_in_threadpool(rules.post_batch, request.headers, body))
+        # The items (their ids and contexts) are read by the rules: they link them.
+        with processing(HTTP_SYSTEM, SOURCE, [], []) as span:
+            answer = await run_in_threadpool(rules.post_batch, request.headers, body, span)
+        return _respond(answer)
 
     async def get_receipt(request: Request) -> Response:
         reply_id = request.path_params["reply_id"]
@@ -178,6 +199,15 @@ def build_app(
     return app
 
 
+def _outcome(answer: Answer) -> str:
+    """A single message's dedupe outcome, as its answer says it."""
+    if answer.status == 200:
+        document = answer.document
+        duplicate = isinstance(document, dict) and document.get("duplicate") is True
+        return "duplicate" if duplicate else "stored"
+    return "conflict" if answer.status == 409 else "retry"
+
+
 def create_app(
     store: Store,
     secrets: Iterable[str | bytes],
@@ -188,6 +218,7 @@ def create_app(
     wall_clock: Callable[[], float] | None = None,
     metrics: ReceiverMetrics | None = None,
     body_budget: int | None = None,
+    continue_traces: bool = False,
 ) -> Starlette:
     """The receiver app: POST /replies, GET /replies/{reply_id}, /healthz, /readyz, /metrics.
 
@@ -197,7 +228,9 @@ def create_app(
     receiver.effects.record_effect); `wall_clock` replaces time.time for
     signature timestamps only, so fixed test vectors can be checked; `metrics`
     (default: new ones) is what /metrics shows; `body_budget` caps the body bytes
-    buffered at once across requests (None: 64 MiB, or max_body if larger).
+    buffered at once across requests (None: 64 MiB, or max_body if larger);
+    `continue_traces`: a single message's process span is the child of its creation
+    context rather than linked to it (receiver.spans).
     """
     if isinstance(secrets, str | bytes):
         raise TypeError("secrets must be a list of secrets, not one secret")
@@ -215,4 +248,4 @@ def create_app(
         effect=effect,
         wall_clock=wall_clock,
     )
-    return build_app(rules, metrics, database, body_budget)
+    return build_app(rules, metrics, database, body_budget, continue_traces)

@@ -48,9 +48,10 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Protocol
 
-from outbox import failpoints
+from outbox import failpoints, tracing
 from outbox.backoff import backoff_ceiling
 from outbox.errors import ConfigError
+from outbox.signing import ID_HEADER
 from receiver.dead_letters import LastTry
 from receiver.deliveries import Delivery, Invalid, check, ordering_key, shown_id, signing_keys
 from receiver.effect_failures import EffectFailures
@@ -59,6 +60,7 @@ from receiver.errors import StoreUnavailable
 from receiver.key_blocks import KeyBlocks
 from receiver.metrics import ConsumerMetrics
 from receiver.outcomes import REDELIVERED, Outcome
+from receiver.spans import creation_context, processing, record_outcomes
 from receiver.stoppable import Stoppable
 from receiver.store import BatchItem, Statuses
 
@@ -120,10 +122,13 @@ class Consumer(Stoppable):
         metrics: ConsumerMetrics | None = None,
         key_hold: float = DEFAULT_KEY_HOLD,
         max_deliveries: int = DEFAULT_MAX_DELIVERIES,
+        continue_traces: bool = False,
     ) -> None:
         """Verify with `secrets` (or nothing, unsigned=True); run `effect` per first receipt;
         `key_hold`: seconds a key waits for its failed message to come back (see above);
-        `max_deliveries`: deliveries whose effect raises before a message goes dead."""
+        `max_deliveries`: deliveries whose effect raises before a message goes dead;
+        `continue_traces`: a batch of one message's process span continues the publisher's
+        trace rather than linking to it (receiver.spans)."""
         if batch < 1:
             raise ConfigError(f"batch must be >= 1, got {batch}")
         if isinstance(max_deliveries, bool) or not isinstance(max_deliveries, int):
@@ -144,12 +149,34 @@ class Consumer(Stoppable):
         self.metrics = metrics or ConsumerMetrics()
         self.key_hold = float(key_hold)
         self.max_deliveries = max_deliveries
+        self.continue_traces = continue_traces
         self._effect_failures = EffectFailures(max_deliveries, backoff, backoff_cap)
         self._key_blocks = KeyBlocks(self.key_hold)
         self._failures = 0
 
+    @property
+    def source(self) -> str:
+        """What the consumer reads, as its process spans name it: a stream, a queue."""
+        return self.broker or "broker"
+
     def consume_batch_now(self, deliveries: Sequence[Delivery]) -> list[Outcome]:
-        """Check, store and run the effect in one transaction; an outcome per delivery."""
+        """Check, store and run the effect in one transaction; an outcome per delivery,
+        in a process span when tracing is set up."""
+        if not tracing.configured():
+            return self._consumed(deliveries)
+        with processing(
+            self.broker or "",
+            self.source,
+            [delivery.headers.get(ID_HEADER, "") for delivery in deliveries],
+            [creation_context(delivery.headers) for delivery in deliveries],
+            continue_traces=self.continue_traces,
+        ) as span:
+            outcomes = self._consumed(deliveries)
+            record_outcomes(span, outcomes)
+        return outcomes
+
+    def _consumed(self, deliveries: Sequence[Delivery]) -> list[Outcome]:
+        """consume_batch_now's work, untraced."""
         now = _monotonic()
         self._key_blocks.unblock_expired(now)
         outcomes: list[Outcome] = ["invalid"] * len(deliveries)

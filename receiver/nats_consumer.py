@@ -65,6 +65,11 @@ class NatsConsumer(Consumer):
 
     broker = "nats"
 
+    @property
+    def source(self) -> str:
+        """The stream read, as the process spans name it."""
+        return self.stream
+
     def __init__(
         self,
         store: BatchStore,

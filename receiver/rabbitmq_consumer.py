@@ -68,6 +68,11 @@ class RabbitMQConsumer(Consumer):
 
     broker = "rabbitmq"
 
+    @property
+    def source(self) -> str:
+        """The queue read, as the process spans name it."""
+        return self.queue
+
     def __init__(
         self,
         store: BatchStore,

@@ -51,11 +51,13 @@ from dataclasses import dataclass, field
 from json.encoder import encode_basestring
 from typing import Any, Protocol
 
+from outbox import tracing
 from outbox.errors import SignatureError
 from outbox.messages import BATCH_ID_PREFIX, ORDERING_KEY, are_reply_ids, is_reply_id
 from outbox.signing import SigningKey, verify
 from receiver.effects import Effect
 from receiver.errors import StoreUnavailable
+from receiver.spans import record_outcomes
 from receiver.store import BatchItem, Receipt
 from receiver.strict_json import MAX_DEPTH as MAX_DEPTH
 from receiver.strict_json import InvalidJSON as InvalidJSON
@@ -198,8 +200,11 @@ class ReceiverRules:
             for index, ((reply_id, _), status) in enumerate(zip(items, statuses, strict=True))
         ]
 
-    def post_batch(self, headers: Mapping[str, str], body: bytes) -> Answer:
-        """Decide POST /replies/batch: one transaction, one status per item (blocking)."""
+    def post_batch(
+        self, headers: Mapping[str, str], body: bytes, span: tracing.Span = tracing.NOT_RECORDING
+    ) -> Answer:
+        """Decide POST /replies/batch: one transaction, one status per item (blocking); the
+        items' creation contexts and outcomes go on `span`, the request's process span."""
         checked = self._checked(headers, body)
         if isinstance(checked, Answer):
             return checked
@@ -246,6 +251,9 @@ class ReceiverRules:
             for index, status in zip(positions, stored, strict=True):
                 statuses[index] = status
             errors = {positions[index]: reason for index, reason in _errors(stored).items()}
+        if span.recording:
+            span.link([items[index].get("headers") or {} for index in positions])
+            record_outcomes(span, statuses)
         return Answer(
             200,
             _results_json(
