@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 
@@ -23,6 +23,8 @@ class Claim:
     payload: dict[str, Any]
     lease_until: float | None = None
     deadline: float | None = None
+    creation: Mapping[str, str] | None = field(default=None, compare=False)
+    """The trace context the task was received in (traceparent, tracestate), if any."""
 
 
 def claims_from_rows(rows: Sequence[Mapping[Any, Any]]) -> list[Claim]:
@@ -37,6 +39,16 @@ def claims_from_rows(rows: Sequence[Mapping[Any, Any]]) -> list[Claim]:
             payload=json.loads(r["payload"]),
             lease_until=r["lease_until"],
             deadline=r["deadline"],
+            creation=_creation(r["traceparent"], r["tracestate"]),
         )
         for r in ordered
     ]
+
+
+def _creation(traceparent: str | None, tracestate: str | None) -> Mapping[str, str] | None:
+    """A claimed task's creation context, from its columns (most tasks have none)."""
+    if traceparent is None:
+        return None
+    if tracestate is None:
+        return {"traceparent": traceparent}
+    return {"traceparent": traceparent, "tracestate": tracestate}

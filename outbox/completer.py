@@ -28,7 +28,7 @@ the completer then finds it done under this very claim and writes nothing.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
 from typing import Any, Protocol
@@ -46,6 +46,7 @@ from outbox.handler_loop import HandlerLoop
 from outbox.observability.worker_metrics import WorkerMetrics
 from outbox.running import Running
 from outbox.states import TaskState
+from outbox.task_results import ReplyContexts
 from outbox.tasks import TaskQueue
 
 log = logging.getLogger("outbox.worker")
@@ -76,8 +77,11 @@ class Completer(Protocol):
 class Finishes(Protocol):
     """How a batch of results is committed, per backend."""
 
-    async def finish(self, finished: Sequence[tuple[Claim, Any]]) -> list[bool]:
+    async def finish(
+        self, finished: Sequence[tuple[Claim, Any]], contexts: ReplyContexts | None = None
+    ) -> list[bool]:
         """Commit results with their replies in one transaction; per pair, whether it was.
+        Each reply's creation context is its task's in `contexts` (None: the active span's).
 
         A database error raises and commits none (or, its answer lost, maybe all)."""
 
@@ -93,9 +97,11 @@ class QueueFinishes:
         self.queue = queue
         self._loop = loop
 
-    async def finish(self, finished: Sequence[tuple[Claim, Any]]) -> list[bool]:
+    async def finish(
+        self, finished: Sequence[tuple[Claim, Any]], contexts: ReplyContexts | None = None
+    ) -> list[bool]:
         """Commit results with their replies; a pair not committed was refused."""
-        refused = await self._loop.write(partial(self.queue.finish_many, finished))
+        refused = await self._loop.write(partial(self.queue.finish_many, finished, contexts))
         return [error is None for error in refused]
 
     async def close(self) -> None:
@@ -110,7 +116,9 @@ class HeldFinishes:
         self.queue = queue
         self._held = held
 
-    async def finish(self, finished: Sequence[tuple[Claim, Any]]) -> list[bool]:
+    async def finish(
+        self, finished: Sequence[tuple[Claim, Any]], contexts: ReplyContexts | None = None
+    ) -> list[bool]:
         """Commit results with their replies, as finish_many does; per pair, whether it was.
 
         A pair not committed was refused; TaskQueue.finish_many, writing it again,
@@ -118,7 +126,9 @@ class HeldFinishes:
         committed, as a lost COMMIT answer leaves it.
         """
         refused, completions = task_results.prepare(finished)
-        replies = task_results.done_reply_rows(completions, self.queue.reply_destination)
+        if contexts is None:
+            contexts = task_results.active_contexts(claim for claim, _ in finished)
+        replies = task_results.done_reply_rows(completions, self.queue.reply_destination, contexts)
         now = clock_value(self.queue.clock)
         done = await self._held.complete_tasks(completions, replies, now, "finish.before_commit")
         failpoints.hit("finish.after_commit")
@@ -177,11 +187,11 @@ class BatchedCompleter:
         running, claim = completion.running, completion.running.claim
         write: Callable[[], str]
         if completion.failure is not None:
-            write = partial(self._fail, claim, completion.failure)
+            write = partial(self._fail, claim, completion.failure, running.reply_context)
         elif await self._together.submit(completion):
             return  # committed with the results that finished meanwhile
         else:
-            write = partial(self._finish_alone, claim, completion.result)
+            write = partial(self._finish_alone, claim, completion.result, running.reply_context)
         # Single writes block: on a writer thread, while the other handlers go on.
         await self._loop.write(partial(self._settle, running, write))
 
@@ -204,7 +214,14 @@ class BatchedCompleter:
         if not held:
             return [False] * len(completions)
         try:
-            written = await self._finishes.finish([(c.running.claim, c.result) for c in held])
+            written = await self._finishes.finish(
+                [(c.running.claim, c.result) for c in held],
+                {
+                    c.running.claim.task_id: c.running.reply_context
+                    for c in held
+                    if c.running.reply_context
+                },
+            )
         except Exception as exc:  # noqa: BLE001 - nothing known committed: each is written alone
             log.warning(
                 "worker %s: %d results not committed together (%s); writing each alone",
@@ -221,21 +238,24 @@ class BatchedCompleter:
                 self._count("done")
         return [c.running.key in committed for c in completions]
 
-    def _finish_alone(self, claim: Claim, result: Any) -> str:
-        (refused,) = self.queue.finish_many([(claim, result)])
+    def _finish_alone(self, claim: Claim, result: Any, context: Mapping[str, str] | None) -> str:
+        (refused,) = self.queue.finish_many([(claim, result)], {claim.task_id: context or {}})
         if isinstance(refused, InvalidMessage):
             # The result cannot be stored (not JSON, too large): running the handler again
             # would repeat its side effects for the same refusal.
-            self.queue.fail(claim, f"result refused: {refused}", permanent=True)
+            self.queue.fail(
+                claim, f"result refused: {refused}", permanent=True, context=context or {}
+            )
             log.error("task %s: result refused (%s); failed", claim.task_id, refused)
             return "failed"
         if refused is not None:
             raise refused
         return "done"
 
-    def _fail(self, claim: Claim, exc: Exception) -> str:
+    def _fail(self, claim: Claim, exc: Exception, context: Mapping[str, str] | None) -> str:
         reason = f"{type(exc).__name__}: {exc}"
-        state = self.queue.fail(claim, reason, permanent=isinstance(exc, PermanentFailure))
+        permanent = isinstance(exc, PermanentFailure)
+        state = self.queue.fail(claim, reason, permanent=permanent, context=context or {})
         log.info("task %s attempt %d failed (%s): %s", claim.task_id, claim.attempt, state, reason)
         return "retry" if state == TaskState.PENDING else state
 

@@ -14,14 +14,16 @@ discarded; one that has not started when the worker stops is given back.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import inspect
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from functools import partial
 from typing import Any
 
+from outbox import tracing
 from outbox.claim import Claim
 from outbox.completer import Completer, Completion
 from outbox.handler_loop import HandlerLoop, HandlerThreads
@@ -30,6 +32,8 @@ from outbox.observability.worker_metrics import WorkerMetrics
 from outbox.running import Running, RunningTasks
 
 log = logging.getLogger("outbox.worker")
+SYSTEM, SOURCE = "outbox", "outbox_tasks"
+"""What a task run's span names as its messaging system and destination: the task table."""
 Handler = Callable[[Claim, Any], Any]
 """`handler(claim, stop)`: a plain function (stop: threading.Event) or an `async def`
 (stop: asyncio.Event)."""
@@ -92,10 +96,10 @@ class Executor:
                     return
                 started = time.perf_counter()
                 try:
-                    if self._threads is None:
-                        result = await self.handler(claim, running.async_stop)
+                    if tracing.configured():
+                        result = await self._traced(running)
                     else:
-                        result = await self._threads.run(partial(self.handler, claim, running.stop))
+                        result = await self._handled(running)
                 except Exception as exc:  # noqa: BLE001 - any handler error fails the attempt
                     failure = exc
             if self._threads is not None and failure is None and inspect.isawaitable(result):
@@ -120,6 +124,37 @@ class Executor:
             self._count("unrecorded")
         finally:
             self._running.release(running)
+
+    def _handled(self, running: Running, traced: bool = False) -> Awaitable[Any]:
+        """The handler's run on `running`'s claim: awaited, or on a handler thread (`traced`:
+        in a copy of this task's context, so that the run's span is current there too)."""
+        claim = running.claim
+        if self._threads is None:
+            return self.handler(claim, running.async_stop)  # type: ignore[no-any-return]
+        call = partial(self.handler, claim, running.stop)
+        if traced:
+            call = partial(contextvars.copy_context().run, call)
+        return self._threads.run(call)
+
+    async def _traced(self, running: Running) -> Any:
+        """_handled in the run's span, linked to the task's creation context; the span's
+        context becomes the reply's (Running.reply_context)."""
+        claim = running.claim
+        attributes: tracing.Attributes = {
+            "messaging.system": SYSTEM,
+            "messaging.operation.type": "process",
+            "messaging.operation.name": "run",
+            "messaging.destination.name": SOURCE,
+            "messaging.message.id": claim.task_id,
+            "outbox.task.attempt": claim.attempt,
+            "outbox.task.handler": handler_name(self.handler),
+        }
+        contexts = [claim.creation] if claim.creation else []
+        with tracing.operation(
+            f"process {SOURCE}", tracing.CONSUMER, attributes, contexts, parented=False
+        ) as span:
+            running.reply_context = span.creation_context()
+            return await self._handled(running, traced=True)
 
     def _refuse_awaitable(self, claim: Claim, result: object) -> None:
         """A plain handler returned a coroutine: stop the worker, write nothing for the task."""

@@ -168,6 +168,8 @@ class TaskReply(NamedTuple):
     status: str
     result_json: str | None = None
     error: ReplyError | None = None
+    creation: Mapping[str, str] | None = None
+    """The reply's creation context: the trace context of the run that answered."""
 
 
 def task_reply_body(reply: TaskReply) -> bytes:
@@ -212,7 +214,7 @@ def task_reply_rows(replies: Sequence[TaskReply], destination: str) -> list[dict
                 "ordering_key": None,
                 "body": body,
                 "content_hash": sha256_hex(body),
-                "headers": "{}",
+                "headers": _header_json({}, reply.creation) if reply.creation else "{}",
             }
         )
     return rows

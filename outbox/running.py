@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from outbox.claim import Claim
@@ -39,6 +39,8 @@ class Running:
     set_async_stop: Callable[[], None] | None = None
     task: asyncio.Task[None] | None = None  # its task on the loop, to cancel it
     busy: bool = True  # holds one of `concurrency` slots (see RunningTasks.free_slots)
+    # The trace context of the handler's run (outbox.tracing), its reply's creation context.
+    reply_context: Mapping[str, str] | None = None
     _stop: threading.Event | None = field(default=None, repr=False)
 
     @property

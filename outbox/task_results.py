@@ -7,7 +7,7 @@ row is left as it is, and only the rows it changed get their reply.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import sqlalchemy as sa
@@ -20,6 +20,10 @@ from outbox.drivers.task_interface import Completion
 from outbox.errors import Fenced, InvalidMessage, OutboxError
 from outbox.messages import TaskReply, task_reply_rows
 from outbox.states import TaskState
+from outbox.trace_context import active_context
+
+ReplyContexts = Mapping[str, Mapping[str, str]]
+"""Reply creation contexts (traceparent, tracestate) by task_id."""
 
 MAX_RESULT_BYTES = 256 * 1024
 
@@ -29,14 +33,18 @@ def complete(
     finished: Sequence[tuple[Claim, Any]],
     destination: str,
     now: float | None,
+    contexts: ReplyContexts | None = None,
 ) -> list[OutboxError | None]:
     """Write `done`, each result and its reply, on an open connection; never commits.
 
     Returns, per (claim, result), None when written, or the InvalidMessage or
-    Fenced that kept it out; the others are written regardless.
+    Fenced that kept it out; the others are written regardless. Each reply's creation
+    context is its task's in `contexts`, or by default the active span's.
     """
     refused, completions = prepare(finished)
-    replies = done_reply_rows(completions, destination)
+    if contexts is None:
+        contexts = active_contexts(claim for claim, _ in finished)
+    replies = done_reply_rows(completions, destination, contexts)
     done = driver_for(conn).complete_tasks(conn, completions, replies, now)
     for index, (claim, _) in enumerate(finished):
         if refused[index] is None and claim.task_id not in done:
@@ -76,12 +84,24 @@ def prepare(
     return refused, completions
 
 
-def done_reply_rows(completions: Sequence[Completion], destination: str) -> list[dict[str, Any]]:
-    """The reply rows of completions, in their order (the driver's complete_tasks)."""
+def done_reply_rows(
+    completions: Sequence[Completion], destination: str, contexts: ReplyContexts
+) -> list[dict[str, Any]]:
+    """The reply rows of completions, in their order (the driver's complete_tasks), each
+    with its task's creation context in `contexts`."""
     return task_reply_rows(
-        [TaskReply(task_id, TaskState.DONE, result) for task_id, _, _, result in completions],
+        [
+            TaskReply(task_id, TaskState.DONE, result, creation=contexts.get(task_id))
+            for task_id, _, _, result in completions
+        ],
         destination,
     )
+
+
+def active_contexts(claims: Iterable[Claim]) -> ReplyContexts:
+    """The active span's trace context as every claim's reply context ({} without one)."""
+    active = active_context()
+    return {claim.task_id: active for claim in claims} if active else {}
 
 
 def _fenced_after_write(conn: Connection, claim: Claim) -> Fenced:

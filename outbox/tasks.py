@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import random
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -40,6 +40,7 @@ from outbox.messages import (
 from outbox.states import ErrorCode, TaskState
 from outbox.task_intake import store_accepted
 from outbox.task_reconcile import reconcile_in
+from outbox.trace_context import active_context
 
 RECONCILE_BATCH = 100
 MAX_REASON_CHARS = 2000
@@ -260,25 +261,37 @@ class TaskQueue(DatabaseHandle):
         if refused is not None:
             raise refused
 
-    def finish_many(self, finished: Sequence[tuple[Claim, Any]]) -> list[OutboxError | None]:
+    def finish_many(
+        self,
+        finished: Sequence[tuple[Claim, Any]],
+        contexts: task_results.ReplyContexts | None = None,
+    ) -> list[OutboxError | None]:
         """Commit many (claim, result) pairs, each result with its reply, in one transaction.
 
         Returns, per pair, None when it was committed, or the InvalidMessage or
         Fenced that kept it out; the others commit regardless. A database error
-        raises and commits none.
+        raises and commits none. A reply's creation context is its task's in
+        `contexts` (the run's span), else the active span's.
         """
         # PostgreSQL writes the whole batch in one statement (see one_statement).
         with one_statement(self._engine, "finish.before_commit", lane=self._finishes) as conn:
             refused = task_results.complete(
-                conn, finished, self.reply_destination, clock_value(self.clock)
+                conn, finished, self.reply_destination, clock_value(self.clock), contexts
             )
             if None in refused:
                 failpoints.hit("finish.before_commit")
         failpoints.hit("finish.after_commit")
         return refused
 
-    def fail(self, claim: Claim, reason: str, permanent: bool = False) -> str:
-        """Record a failed attempt: back to pending after backoff, or `failed` with its reply."""
+    def fail(
+        self,
+        claim: Claim,
+        reason: str,
+        permanent: bool = False,
+        context: Mapping[str, str] | None = None,
+    ) -> str:
+        """Record a failed attempt: back to pending after backoff, or `failed` with its reply
+        (whose creation context is `context`, the run's span, else the active span's)."""
         reason = _storable_reason(reason)
         delay = backoff_delay(claim.attempt, self.backoff, self.backoff_cap, self._rng)
         with self._engine.begin() as conn:
@@ -292,7 +305,14 @@ class TaskQueue(DatabaseHandle):
                 code = ErrorCode.PERMANENT_FAILURE if permanent else ErrorCode.ATTEMPTS_EXHAUSTED
                 add_task_replies(
                     conn,
-                    [TaskReply(claim.task_id, state, error=ReplyError(code, reason))],
+                    [
+                        TaskReply(
+                            claim.task_id,
+                            state,
+                            error=ReplyError(code, reason),
+                            creation=active_context() if context is None else context,
+                        )
+                    ],
                     self.reply_destination,
                     now,
                 )

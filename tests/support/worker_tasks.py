@@ -45,16 +45,18 @@ def before_result_writes(
     """
     real_finish_many = queue.finish_many
 
-    def finish_many(finished: Sequence[tuple[Claim, Any]]) -> Any:
+    def finish_many(finished: Sequence[tuple[Claim, Any]], contexts: Any = None) -> Any:
         hook(finished)
-        return real_finish_many(finished)
+        return real_finish_many(finished, contexts)
 
     # QueueFinishes and the results written alone go through finish_many.
     monkeypatch.setattr(queue, "finish_many", finish_many)
     real_held_finish = HeldFinishes.finish
 
-    async def held_finish(finishes: HeldFinishes, finished: Sequence[tuple[Claim, Any]]) -> Any:
+    async def held_finish(
+        finishes: HeldFinishes, finished: Sequence[tuple[Claim, Any]], contexts: Any = None
+    ) -> Any:
         await asyncio.to_thread(hook, finished)
-        return await real_held_finish(finishes, finished)
+        return await real_held_finish(finishes, finished, contexts)
 
     monkeypatch.setattr(HeldFinishes, "finish", held_finish)

@@ -31,6 +31,8 @@ CLAIM_RETURNING = (
     tasks.c.priority,
     tasks.c.available_at,
     tasks.c.created_at,
+    tasks.c.traceparent,
+    tasks.c.tracestate,
 )
 
 

@@ -28,8 +28,10 @@ COMPLETE_POSTGRESQL = (
             CAST(%(task_ids)s AS varchar[]), CAST(%(owners)s AS varchar[]),
             CAST(%(fences)s AS bigint[]), CAST(%(results)s AS text[]),
             CAST(%(reply_ids)s AS varchar[]), CAST(%(destinations)s AS varchar[]),
-            CAST(%(bodies)s AS bytea[]), CAST(%(hashes)s AS varchar[])
-        ) AS v(task_id, owner, fence, result, reply_id, destination, body, content_hash)
+            CAST(%(bodies)s AS bytea[]), CAST(%(hashes)s AS varchar[]),
+            CAST(%(headers)s AS text[])
+        ) AS v(task_id, owner, fence, result, reply_id, destination, body, content_hash,
+            headers)
     ), done AS (
         UPDATE outbox_tasks AS t SET"""
     + COMPLETE_SET.format(now=PG_NOW)
@@ -40,7 +42,7 @@ COMPLETE_POSTGRESQL = (
         INSERT INTO outbox_messages (reply_id, task_id, destination, body, content_hash,
             headers, state, attempts, fence, available_at, created_at)
         SELECT v.reply_id, v.task_id, v.destination, v.body,
-            v.content_hash, '{}', 'pending', 0, 0, """
+            v.content_hash, v.headers, 'pending', 0, 0, """
     + PG_NOW
     + ", "
     + PG_NOW
@@ -66,6 +68,7 @@ def complete_parameters(
         "destinations": [row["destination"] for row in replies],
         "bodies": [row["body"] for row in replies],
         "hashes": [row["content_hash"] for row in replies],
+        "headers": [row["headers"] for row in replies],
         "now": now,
     }
 
