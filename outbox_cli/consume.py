@@ -76,14 +76,7 @@ def add_parser(
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     db_argument(parser, argparse.SUPPRESS)
-    flags = [option for option in OPTIONS if option.dest != "unsigned"]
-    add_flags(parser, flags, HELP, absent=argparse.SUPPRESS)
-    parser.add_argument(
-        "--unsigned",
-        action="store_true",
-        default=argparse.SUPPRESS,
-        help=f"{HELP['unsigned']} (env OUTBOX_RECEIVER_UNSIGNED)",
-    )
+    add_flags(parser, OPTIONS, HELP, absent=argparse.SUPPRESS)
     add_flags(parser, shared, helps, absent=argparse.SUPPRESS)
     return parser
 
@@ -148,6 +141,7 @@ def run(args: argparse.Namespace, secrets_from: Callable[[str | None], list[str]
             "batch": args.batch,
             "max_deliveries": args.max_deliveries,
             "metrics": metrics,
+            "continue_traces": args.continue_traces,
         }
         consumer = _consumer(args, source, store, common)
         # Only now: a refusal above is one plain line, like every bad command line.

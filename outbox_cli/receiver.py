@@ -27,7 +27,7 @@ from outbox.migrations import RECEIVER_BRANCH
 from outbox.process_gc import tune_for_long_run
 from outbox.signing import DEFAULT_TOLERANCE
 from outbox_cli import consume, processes, receiver_dead, upgrades
-from outbox_cli.arguments import parse_duration, positive_float, positive_int
+from outbox_cli.arguments import boolean, parse_duration, positive_float, positive_int
 from outbox_cli.logs import LOG_HELP, announce, configure_logging, log_options
 from outbox_cli.own_process import tune_if_own_process
 from outbox_cli.ports import listening_socket
@@ -86,6 +86,7 @@ SERVING_OPTIONS = (
     Option.of("receiver", "keep_alive", positive_float, DEFAULT_KEEP_ALIVE),
     Option.of("receiver", "body_budget", positive_int),
     Option.of("receiver", "workers", positive_int, 1),
+    Option.of("receiver", "continue_traces", boolean, False),
     *log_options("receiver"),
 )
 """Serving settings: each a flag, an OUTBOX_RECEIVER_* variable, or receiver.* in the file."""
@@ -106,6 +107,8 @@ HELP = {
     "body_budget": "request body bytes buffered at once; over it: 503 + Retry-After "
     "(default 64 MiB, at least max_body)",
     "workers": "processes serving the port, each with its own database pool and limits (default 1)",
+    "continue_traces": "a single message's process span (a batch of one, consuming) continues "
+    "the publisher's trace instead of linking to it (docs/how-to/tracing.md)",
     **LOG_HELP,
 }
 
@@ -142,7 +145,11 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="the published retention (default 30d); purging younger receipts is refused",
     )
     purge.add_argument("--batch", type=int, default=1000, help="rows deleted per transaction")
-    shared = [o for o in SERVING_OPTIONS if o.dest in ("secret_file", "log_format", "log_level")]
+    shared = [
+        o
+        for o in SERVING_OPTIONS
+        if o.dest in ("secret_file", "log_format", "log_level", "continue_traces")
+    ]
     consume.add_parser(actions, _db_argument, shared, HELP)
     receiver_dead.add_parser(actions, _db_argument)
     return parser
@@ -258,6 +265,7 @@ def _server(
             max_body=args.max_body,
             effect=record_effect if serving.reference_effect else None,
             body_budget=args.body_budget,
+            continue_traces=args.continue_traces,
         )
         # uvicorn's loggers go through ours (log_config=None: it installs no handlers), so
         # its lines are JSON too; one line per request would cost more than /metrics tells.

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from outbox.redaction import shown_value
+from outbox_cli.arguments import boolean
 
 CONFIG_ENV = "OUTBOX_CONFIG"
 DEFAULT_DB = "sqlite:///outbox.db"
@@ -59,8 +60,18 @@ def add_flags(
     absent: Any = None,
 ) -> None:
     """A flag per option, `absent` unless given (argparse.SUPPRESS on a subcommand, so a
-    value given before it survives): resolve() fills in the rest after parsing."""
+    value given before it survives): resolve() fills in the rest after parsing. A
+    true-or-false option is a switch: given, it is true."""
     for option in options:
+        if option.parse is boolean:
+            parser.add_argument(
+                option.flag,
+                action="store_const",
+                const=True,
+                default=absent,
+                help=f"{helps[option.dest]} (env {option.env})",
+            )
+            continue
         parser.add_argument(
             option.flag,
             type=option.parse,
