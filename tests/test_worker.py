@@ -9,7 +9,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -17,24 +17,13 @@ import pytest
 import sqlalchemy as sa
 from support.cli_helpers import one_line_error, running_in_thread
 from support.processes import PROCESS_EXIT, PROCESS_START, spawned
-from support.worker_tasks import before_result_writes, real_time_queue, submit
+from support.worker_tasks import before_result_writes, real_time_queue, submit, wait_until
 
 from outbox import AuthContext, Claim, Envelope, Fenced, TaskQueue
 from outbox.testing import ManualClock
 from outbox.worker import PermanentFailure, Worker
 
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def wait_until(condition: Callable[[], bool], seconds: float = 60) -> bool:
-    """Poll `condition()` until true or the deadline passes."""
-    deadline = time.monotonic() + seconds
-    pause = threading.Event()
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        pause.wait(0.01)
-    return condition()
 
 
 @pytest.fixture

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -15,7 +15,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import SpanKind, StatusCode
 from support.cli_helpers import running_in_thread
 from support.tracing import named, spans
-from support.worker_tasks import SOURCE, real_time_queue, submit
+from support.worker_tasks import SOURCE, real_time_queue, submit, wait_until
 
 from outbox import Claim, Envelope, TaskQueue
 from outbox.worker import PermanentFailure, Worker
@@ -29,17 +29,6 @@ RUN = "process outbox_tasks"
 def queue(db_url: str) -> Iterator[TaskQueue]:
     """A queue on the database clock: the worker's heartbeats run in real time."""
     yield from real_time_queue(db_url)
-
-
-def wait_until(condition: Callable[[], bool], seconds: float = 60) -> bool:
-    """Poll `condition()` until true or the deadline passes."""
-    deadline = time.monotonic() + seconds
-    pause = threading.Event()
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        pause.wait(0.01)
-    return condition()
 
 
 def traceparent_of(context: trace.SpanContext) -> str:
@@ -97,9 +86,7 @@ def test_a_run_links_its_creation_and_its_reply_continues_the_run(
         assert linked == expected
         assert span.attributes["outbox.task.attempt"] == 1  # type: ignore[index]
         own = named(finished, "handler's own")
-        assert any(
-            o.parent is not None and o.parent.span_id == span.context.span_id for o in own
-        )
+        assert any(o.parent is not None and o.parent.span_id == span.context.span_id for o in own)
     assert runs[failed].status.status_code is StatusCode.ERROR
     assert runs[done].status.status_code is StatusCode.UNSET
     replies = {row["task_id"]: row["headers"] for row in queue.messages()}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -21,6 +22,17 @@ def real_time_queue(db_url: str) -> Iterator[TaskQueue]:
     queue = TaskQueue(db_url, allowed_sources=("agent-a",), lease=2, backoff=60, backoff_cap=60)
     yield queue
     queue.close()
+
+
+def wait_until(condition: Callable[[], bool], seconds: float = 60) -> bool:
+    """Poll `condition()` until true or the deadline passes."""
+    deadline = time.monotonic() + seconds
+    pause = threading.Event()
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        pause.wait(0.01)
+    return condition()
 
 
 def submit(queue: TaskQueue, count: int) -> list[str]:
