@@ -14,7 +14,7 @@ from opentelemetry import trace
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
 from support.cli_helpers import running_in_thread
-from support.tracing import named, spans
+from support.tracing import named, spans, traceparent_of
 from support.worker_tasks import SOURCE, real_time_queue, submit
 
 from outbox import Claim, Envelope, TaskQueue
@@ -40,12 +40,6 @@ def wait_until(condition: Callable[[], bool], seconds: float = 60) -> bool:
             return True
         pause.wait(0.01)
     return condition()
-
-
-def traceparent_of(context: trace.SpanContext) -> str:
-    """The W3C traceparent of a span context."""
-    flags = int(context.trace_flags)
-    return f"00-{context.trace_id:032x}-{context.span_id:016x}-{flags:02x}"
 
 
 @pytest.mark.parametrize("kind", ["thread", "async"])
@@ -97,9 +91,7 @@ def test_a_run_links_its_creation_and_its_reply_continues_the_run(
         assert linked == expected
         assert span.attributes["outbox.task.attempt"] == 1  # type: ignore[index]
         own = named(finished, "handler's own")
-        assert any(
-            o.parent is not None and o.parent.span_id == span.context.span_id for o in own
-        )
+        assert any(o.parent is not None and o.parent.span_id == span.context.span_id for o in own)
     assert runs[failed].status.status_code is StatusCode.ERROR
     assert runs[done].status.status_code is StatusCode.UNSET
     replies = {row["task_id"]: row["headers"] for row in queue.messages()}
