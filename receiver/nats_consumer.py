@@ -88,9 +88,11 @@ class NatsConsumer(Consumer):
         key_hold: float = DEFAULT_KEY_HOLD,
         max_deliveries: int = DEFAULT_MAX_DELIVERIES,
         stall_after: float = DEFAULT_STALL_AFTER,
+        continue_traces: bool = False,
     ) -> None:
         """Consume `stream` through the durable consumer `durable` at `url` (nats:// or tls://);
-        `stall_after`: seconds a durable with work may go without advancing (see above)."""
+        `stall_after`: seconds a durable with work may go without advancing (see above);
+        `continue_traces`: see receiver.consume.Consumer."""
         nats_package()
         if not url.startswith(("nats://", "tls://")):
             raise ConfigError(f"a NATS url starts with nats:// or tls://, got {url.split(':')[0]}:")
@@ -111,6 +113,7 @@ class NatsConsumer(Consumer):
             metrics=metrics,
             key_hold=key_hold,
             max_deliveries=max_deliveries,
+            continue_traces=continue_traces,
         )
         self.url = url
         self.stream = stream

@@ -88,8 +88,10 @@ class RabbitMQConsumer(Consumer):
         metrics: ConsumerMetrics | None = None,
         key_hold: float = DEFAULT_KEY_HOLD,
         max_deliveries: int = DEFAULT_MAX_DELIVERIES,
+        continue_traces: bool = False,
     ) -> None:
-        """Consume `queue` at `url` (amqp:// or amqps://); `batch` is also the prefetch."""
+        """Consume `queue` at `url` (amqp:// or amqps://); `batch` is also the prefetch;
+        `continue_traces`: see receiver.consume.Consumer."""
         _aio_pika()
         if not url.startswith(("amqp://", "amqps://")):
             raise ConfigError(
@@ -108,6 +110,7 @@ class RabbitMQConsumer(Consumer):
             metrics=metrics,
             key_hold=key_hold,
             max_deliveries=max_deliveries,
+            continue_traces=continue_traces,
         )
         self.url = url
         self.queue = queue

@@ -57,7 +57,7 @@ from outbox.messages import BATCH_ID_PREFIX, ORDERING_KEY, are_reply_ids, is_rep
 from outbox.signing import SigningKey, verify
 from receiver.effects import Effect
 from receiver.errors import StoreUnavailable
-from receiver.spans import record_outcomes
+from receiver.spans import record_items
 from receiver.store import BatchItem, Receipt
 from receiver.strict_json import MAX_DEPTH as MAX_DEPTH
 from receiver.strict_json import InvalidJSON as InvalidJSON
@@ -252,8 +252,8 @@ class ReceiverRules:
                 statuses[index] = status
             errors = {positions[index]: reason for index, reason in _errors(stored).items()}
         if span.recording:
-            span.link([items[index].get("headers") or {} for index in positions])
-            record_outcomes(span, statuses)
+            contexts = [items[index].get("headers") or {} for index in positions]
+            record_items(span, ids, contexts, statuses)
         return Answer(
             200,
             _results_json(

@@ -71,3 +71,19 @@ def record_outcomes(span: tracing.Span, outcomes: Sequence[str]) -> None:
     }
     counts["messaging.batch.message_count"] = len(outcomes)
     span.set(counts)
+
+
+def record_items(
+    span: tracing.Span,
+    reply_ids: Sequence[object],
+    contexts: Sequence[Mapping[str, str]],
+    outcomes: Sequence[str],
+) -> None:
+    """What a request's span learns once its items are read (an HTTP batch's): a link to
+    each creation context, the message's id when it carries one, and the outcomes."""
+    if not span.recording:
+        return
+    span.link(contexts)
+    if len(reply_ids) == 1 and isinstance(reply_ids[0], str):
+        span.set({"messaging.message.id": reply_ids[0]})
+    record_outcomes(span, outcomes)

@@ -311,8 +311,10 @@ async def _sent(transport: Transport, parcel: Parcel) -> dict[int, Outcome]:
         answers = await _answered(transport, parcel)
         failed = next((o for o in answers.values() if isinstance(o, Retry | Dead)), None)
         if failed is not None:
-            kind = str(failed.status) if failed.status else type(failed).__name__.lower()
-            span.fail(kind, failed.error)
+            # A batch's item to retry carries the batch's 2xx: no error's type.
+            status = failed.status
+            failing = status is not None and status >= 300
+            span.fail(str(status) if failing else type(failed).__name__.lower(), failed.error)
     return answers
 
 

@@ -15,14 +15,13 @@ import time
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
 
 import httpx
 import pytest
 import sqlalchemy as sa
-import uvicorn
-from support.receiver_helpers import AppClient, free_port, stored_receipts, wait_until
+from support.receiver_helpers import AppClient, stored_receipts, wait_until
 from support.relay_helpers import SECRET, publish_many, rows
+from support.served import Served
 
 import outbox
 from examples import fastapi_receiver
@@ -34,33 +33,6 @@ from receiver import ReceiptStore
 from relay import Destination, Relay, make_destination
 
 OTHER_SECRET = "whsec_" + base64.b64encode(b"a-secret-the-example-never-saw").decode()
-
-
-class Served:
-    """An ASGI app served by uvicorn on a loopback port, in a thread of this process."""
-
-    def __init__(self, app: Any) -> None:
-        self.port = free_port()
-        self.base = f"http://127.0.0.1:{self.port}"
-        config = uvicorn.Config(
-            app, host="127.0.0.1", port=self.port, log_level="error", timeout_graceful_shutdown=1
-        )
-        self._server = uvicorn.Server(config)
-        self._thread = threading.Thread(target=self._server.run, daemon=True)
-
-    def __enter__(self) -> Served:
-        self._thread.start()
-
-        def started() -> bool:
-            assert self._thread.is_alive(), "uvicorn stopped before it started serving"
-            return bool(self._server.started)
-
-        wait_until(started, 10, "uvicorn to serve the example")
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._server.should_exit = True
-        self._thread.join(timeout=10)
 
 
 @dataclass

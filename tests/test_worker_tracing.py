@@ -14,7 +14,7 @@ from opentelemetry import trace
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
 from support.cli_helpers import running_in_thread
-from support.tracing import named, spans
+from support.tracing import named, spans, traceparent_of
 from support.worker_tasks import SOURCE, real_time_queue, submit, wait_until
 
 from outbox import Claim, Envelope, TaskQueue
@@ -29,12 +29,6 @@ RUN = "process outbox_tasks"
 def queue(db_url: str) -> Iterator[TaskQueue]:
     """A queue on the database clock: the worker's heartbeats run in real time."""
     yield from real_time_queue(db_url)
-
-
-def traceparent_of(context: trace.SpanContext) -> str:
-    """The W3C traceparent of a span context."""
-    flags = int(context.trace_flags)
-    return f"00-{context.trace_id:032x}-{context.span_id:016x}-{flags:02x}"
 
 
 @pytest.mark.parametrize("kind", ["thread", "async"])

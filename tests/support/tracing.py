@@ -8,13 +8,15 @@ OpenTelemetry's own test base does, so that the tests after it run unconfigured 
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
 
 import pytest
 from opentelemetry import trace
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import SpanContext
 from opentelemetry.util._once import Once
 
 TRACE_ID, SPAN_ID = 0x0AF7651916CD43DD8448EB211C80319C, 0xB7AD6B7169203331
@@ -25,6 +27,22 @@ TRACEPARENT = f"00-{TRACE_ID:032x}-{SPAN_ID:016x}-01"
 def traceparent(trace_id: int, span_id: int) -> str:
     """A sampled W3C traceparent of these ids."""
     return f"00-{trace_id:032x}-{span_id:016x}-01"
+
+
+def traceparent_of(context: SpanContext) -> str:
+    """The W3C traceparent of a span context."""
+    flags = int(context.trace_flags)
+    return f"00-{context.trace_id:032x}-{context.span_id:016x}-{flags:02x}"
+
+
+def ids(context: SpanContext | None) -> tuple[int, int] | None:
+    """A span context's trace and span ids (None for no context: a root span's parent)."""
+    return None if context is None else (context.trace_id, context.span_id)
+
+
+def linked(span: ReadableSpan) -> list[tuple[int, int]]:
+    """The trace and span ids of each span a span links to, in order."""
+    return [(link.context.trace_id, link.context.span_id) for link in span.links]
 
 
 @pytest.fixture
@@ -43,3 +61,23 @@ def spans(monkeypatch: pytest.MonkeyPatch) -> Iterator[InMemorySpanExporter]:
 def named(finished: Sequence[ReadableSpan], name: str) -> list[ReadableSpan]:
     """The finished spans called `name`, in the order they ended."""
     return [span for span in finished if span.name == name]
+
+
+def refuse_tracing(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Make the toolkit's span making and context reading (outbox.tracing.operation and
+    its propagator) fail the caller, and note each use in the list returned: with no
+    tracer provider configured, nothing may reach them."""
+    from outbox import tracing
+
+    touched: list[str] = []
+
+    def refused(name: str) -> Callable[..., Any]:
+        def use(*args: object, **kwargs: object) -> Any:
+            touched.append(name)
+            raise AssertionError(f"tracing.{name} used with no tracer provider configured")
+
+        return use
+
+    for name in ("operation", "propagator"):
+        monkeypatch.setattr(tracing, name, refused(name))
+    return touched

@@ -1,0 +1,37 @@
+"""An ASGI app served by uvicorn on a loopback port, in a thread of the test's process."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import uvicorn
+
+from support.receiver_helpers import free_port, wait_until
+
+
+class Served:
+    """An ASGI app served by uvicorn on a loopback port, in a thread of this process."""
+
+    def __init__(self, app: Any) -> None:
+        self.port = free_port()
+        self.base = f"http://127.0.0.1:{self.port}"
+        config = uvicorn.Config(
+            app, host="127.0.0.1", port=self.port, log_level="error", timeout_graceful_shutdown=1
+        )
+        self._server = uvicorn.Server(config)
+        self._thread = threading.Thread(target=self._server.run, daemon=True)
+
+    def __enter__(self) -> Served:
+        self._thread.start()
+
+        def started() -> bool:
+            assert self._thread.is_alive(), "uvicorn stopped before it started serving"
+            return bool(self._server.started)
+
+        wait_until(started, 10, "uvicorn to serve the app")
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._server.should_exit = True
+        self._thread.join(timeout=10)
