@@ -58,7 +58,7 @@ def test_held_claims_and_batches_lease_and_finish_as_the_pools(
             completions.append(("third", "w", 1, '"not held"'))
             replies = [
                 {"reply_id": f"r:{c[0]}", "task_id": c[0], "destination": "d", "body": b"{}"}
-                | {"content_hash": "h"}
+                | {"content_hash": "h", "headers": "{}"}
                 for c in completions
             ]
             done = await finishes.complete_tasks(completions, replies, now, "y")
