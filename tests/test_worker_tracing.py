@@ -97,9 +97,7 @@ def test_a_run_links_its_creation_and_its_reply_continues_the_run(
         assert linked == expected
         assert span.attributes["outbox.task.attempt"] == 1  # type: ignore[index]
         own = named(finished, "handler's own")
-        assert any(
-            o.parent is not None and o.parent.span_id == span.context.span_id for o in own
-        )
+        assert any(o.parent is not None and o.parent.span_id == span.context.span_id for o in own)
     assert runs[failed].status.status_code is StatusCode.ERROR
     assert runs[done].status.status_code is StatusCode.UNSET
     replies = {row["task_id"]: row["headers"] for row in queue.messages()}
