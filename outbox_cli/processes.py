@@ -43,7 +43,8 @@ SHUTDOWN_GRACE = 30.0
 PARENT_POLL = 1.0
 """Seconds between a worker's looks for a new parent, where the kernel cannot tell it."""
 PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
-# How a worker ends when asked: uvicorn returns, or re-raises the SIGTERM it caught.
+# How a worker ends when asked: it returns (the receiver's, stopping.sigterm_ends), or
+# the SIGTERM it was sent ends it.
 ASKED_TO_STOP = (0, -signal.SIGTERM)
 
 log = logging.getLogger("outbox.cli")

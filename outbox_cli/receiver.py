@@ -32,6 +32,7 @@ from outbox_cli.logs import LOG_HELP, announce, configure_logging, log_options
 from outbox_cli.own_process import tune_if_own_process
 from outbox_cli.ports import listening_socket
 from outbox_cli.settings import Option, add_flags, config_path
+from outbox_cli.stopping import sigterm_ends
 from receiver.app import DEFAULT_MAX_BODY
 from receiver.request_guard import DEFAULT_HEADER_LIMIT, DEFAULT_REQUEST_TIMEOUT
 
@@ -235,14 +236,17 @@ def _serve(args: argparse.Namespace, serving: Serving) -> int:
 def _worker(sock: socket.socket, settings: tuple[argparse.Namespace, Serving]) -> None:
     """One of `--workers` processes: serve the parent's socket until SIGTERM."""
     args, serving = settings
-    configure_logging(args.log_format, args.log_level)
-    server, store = _server(args, serving, load_secrets(args.secret_file))
-    try:
-        # A worker process of the command's own, whoever started the command.
-        tune_for_long_run()
-        server.run(sockets=[sock])
-    finally:
-        store.close()
+    # uvicorn raises the SIGTERM it caught again once it has shut down: it ends the block
+    # here, and the process exits through its exit handlers (stopping.py).
+    with sigterm_ends():
+        configure_logging(args.log_format, args.log_level)
+        server, store = _server(args, serving, load_secrets(args.secret_file))
+        try:
+            # A worker process of the command's own, whoever started the command.
+            tune_for_long_run()
+            server.run(sockets=[sock])
+        finally:
+            store.close()
 
 
 def _server(

@@ -8,6 +8,11 @@ KeyboardInterrupt traceback. Meanwhile both now raise StopSignal in the main thr
 which ends any wait there (psycopg's connect included) and is reported as a stop asked
 for. uvicorn restores these handlers when it has shut down and raises the signal it
 caught again: that too ends here, as the clean stop it was.
+
+A process of `outbox receiver --workers N` is no command line of its own: its SIGTERM
+ends the block it serves in (sigterm_ends), for the same reason. Ended by the signal's
+default action instead, a process skips its `finally` blocks and its exit handlers,
+where an OpenTelemetry SDK exports the spans it still holds.
 """
 
 from __future__ import annotations
@@ -45,6 +50,19 @@ def runs_until_stopped(args: argparse.Namespace) -> bool:
 
 def _raise_stop(signum: int, frame: FrameType | None) -> None:
     raise StopSignal(signum)
+
+
+@contextlib.contextmanager
+def sigterm_ends() -> Iterator[None]:
+    """While inside, SIGTERM raises StopSignal in the main thread, which ends the block
+    quietly, so the process goes on to exit normally; SIGINT is left as it is."""
+    previous = signal.signal(signal.SIGTERM, _raise_stop)
+    try:
+        yield
+    except StopSignal:
+        pass
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 @contextlib.contextmanager

@@ -51,11 +51,16 @@ def spans(monkeypatch: pytest.MonkeyPatch) -> Iterator[InMemorySpanExporter]:
     exporter = InMemorySpanExporter()
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(exporter))
+    set_global_for_the_test(provider, monkeypatch)
+    yield exporter
+    provider.shutdown()
+
+
+def set_global_for_the_test(provider: TracerProvider, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Make `provider` the global tracer provider until `monkeypatch` is undone."""
     monkeypatch.setattr(trace, "_TRACER_PROVIDER_SET_ONCE", Once())
     monkeypatch.setattr(trace, "_TRACER_PROVIDER", None)
     trace.set_tracer_provider(provider)
-    yield exporter
-    provider.shutdown()
 
 
 def named(finished: Sequence[ReadableSpan], name: str) -> list[ReadableSpan]:
