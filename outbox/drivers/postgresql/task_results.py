@@ -42,7 +42,7 @@ COMPLETE_POSTGRESQL = (
         INSERT INTO outbox_messages (reply_id, task_id, destination, body, content_hash,
             headers, state, attempts, fence, available_at, created_at)
         SELECT v.reply_id, v.task_id, v.destination, v.body,
-            v.content_hash, v.headers, 'pending', 0, 0, """
+            v.content_hash, COALESCE(v.headers, '{}'), 'pending', 0, 0, """
     + PG_NOW
     + ", "
     + PG_NOW
@@ -59,6 +59,7 @@ def complete_parameters(
 ) -> dict[str, Any]:
     """COMPLETE_POSTGRESQL's parameters: the completions and their reply rows as arrays."""
     task_ids, owners, fences, results = (list(c) for c in zip(*completions, strict=True))
+    headers = [row["headers"] for row in replies]
     return {
         "task_ids": task_ids,
         "owners": owners,
@@ -68,7 +69,9 @@ def complete_parameters(
         "destinations": [row["destination"] for row in replies],
         "bodies": [row["body"] for row in replies],
         "hashes": [row["content_hash"] for row in replies],
-        "headers": [row["headers"] for row in replies],
+        # Replies carry headers only when traced: no array to encode otherwise (unnest pads
+        # the missing column with NULLs).
+        "headers": headers if any(h != "{}" for h in headers) else None,
         "now": now,
     }
 
