@@ -82,7 +82,9 @@ def exporting(endpoint: str) -> Launcher:
     through the SDK's default batch span processor."""
     return Launcher(
         "exporting",
-        prefix=(instrument_command(),),
+        # `--` ends the wrapper's own options: without it, argparse takes the relay's
+        # `--config` for an ambiguous abbreviation of `--configurator` and exits.
+        prefix=(instrument_command(), "--"),
         env={
             "OTEL_SERVICE_NAME": "outbox-benchmark",
             "OTEL_TRACES_EXPORTER": "otlp",

@@ -54,3 +54,18 @@ def test_an_exporting_process_sends_its_spans_to_the_sink_by_the_time_it_ends() 
         requests, size = sink.exports.snapshot()
     assert requests >= 1
     assert size > 0
+
+
+def test_an_exporting_launcher_passes_the_command_its_options_untouched() -> None:
+    with otlp_sink() as sink:
+        exporting = trace_cost.exporting(sink.endpoint)
+        # `--config` is the relay's; the wrapper must not read it as one of its own.
+        done = subprocess.run(
+            exporting.command("-c", "import sys; print(sys.argv[1:])", "--config", "relay.toml"),
+            env=exporting.environment(),
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=60,
+        )
+    assert done.stdout.strip() == "['--config', 'relay.toml']"
