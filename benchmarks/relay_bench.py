@@ -36,6 +36,7 @@ from sqlalchemy.orm import Session
 
 import outbox
 import receiver
+from benchmarks import launcher as launch
 from benchmarks.cpu import (
     PartSeconds,
     cpu_between,
@@ -45,8 +46,10 @@ from benchmarks.cpu import (
     process_cpu_seconds,
 )
 from outbox.canonical import canonical_bytes, sha256_hex
+from outbox.messages import check_headers
 from outbox.receiver_tables import receipts
 from outbox.schema import messages
+from outbox.trace_context import TRACEPARENT
 from relay.config import Destination
 
 ADMIN_URL = os.environ.get("OUTBOXDEV_BENCH_PG_URL", "postgresql+psycopg://postgres@127.0.0.1/test")
@@ -98,15 +101,17 @@ def pending_row(
     available_at: float = 0.0,
     ordering_key: str | None = None,
     destination: str = "default",
+    headers: str = "{}",
 ) -> dict[str, Any]:
-    """An outbox_messages row as publish() would write it, for bare inserts."""
+    """An outbox_messages row as publish() would write it, for bare inserts; `headers` is
+    the headers column (canonical JSON, outbox.messages.check_headers)."""
     return {
         "reply_id": reply_id,
         "destination": destination,
         "ordering_key": ordering_key,
         "body": body,
         "content_hash": sha256_hex(body),
-        "headers": "{}",
+        "headers": headers,
         "state": "pending",
         "attempts": 0,
         "fence": 0,
@@ -115,11 +120,19 @@ def pending_row(
     }
 
 
-def prefill(url: str, count: int) -> None:
-    """Insert `count` pending messages in large batches (setup, not measured)."""
+def prefill(url: str, count: int, *, creation_contexts: bool = False) -> None:
+    """Insert `count` pending messages in large batches (setup, not measured).
+
+    With `creation_contexts`, each carries a traceparent of its own, as messages published
+    inside their requests' spans do (outbox.trace_context).
+    """
     engine = outbox.create_engine(url)
     rows = [
-        pending_row(f"bench-{n}", canonical_bytes({"kind": "result", "n": n, "payload": "x" * 64}))
+        pending_row(
+            f"bench-{n}",
+            canonical_bytes({"kind": "result", "n": n, "payload": "x" * 64}),
+            headers=creation_headers(n) if creation_contexts else "{}",
+        )
         for n in range(count)
     ]
     with engine.begin() as conn:
@@ -133,19 +146,27 @@ def prefill(url: str, count: int) -> None:
     engine.dispose()
 
 
+def creation_headers(n: int) -> str:
+    """The headers column of message `n` published inside a sampled span of a trace of its
+    own: its creation context, as publish() stores it."""
+    traceparent = f"00-{n + 1:032x}-{n + 1:016x}-01"
+    return check_headers(None, {TRACEPARENT: traceparent})
+
+
 @contextmanager
 def receiver_process(url: str, workdir: Path, *, reference_effect: bool = True) -> Iterator[str]:
     """The reference receiver in its own process; yields its /replies URL.
 
     Without `reference_effect` it stores receipts and nothing else, as the bare receiver
     does (benchmarks.receipts_receiver): what the comparisons with the bare relay use.
+    Started by the launcher in effect (benchmarks.launcher).
     """
     secret_file = workdir / "secret"
     secret_file.write_text(SECRET + "\n")
     port = free_port()
+    launcher = launch.current()
     proc = subprocess.Popen(
-        [
-            sys.executable,
+        launcher.command(
             "-m",
             "outbox_cli" if reference_effect else "benchmarks.receipts_receiver",
             "receiver",
@@ -155,8 +176,9 @@ def receiver_process(url: str, workdir: Path, *, reference_effect: bool = True) 
             str(port),
             "--secret-file",
             str(secret_file),
-        ],
+        ),
         cwd=ROOT,
+        env=launcher.environment(),
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
     )
@@ -244,12 +266,12 @@ def relay_processes(
 @contextmanager
 def started_relays(url: str, config: Path, count: int) -> Iterator[None]:
     """`count` `outbox relay` processes reading `config`, from when each answers its health
-    check; SIGTERMed and reaped after."""
+    check; SIGTERMed and reaped after. Started by the launcher in effect (benchmarks.launcher)."""
     ports = [free_port() for _ in range(count)]
+    launcher = launch.current()
     procs = [
         subprocess.Popen(
-            [
-                sys.executable,
+            launcher.command(
                 "-m",
                 "outbox_cli",
                 "relay",
@@ -263,8 +285,9 @@ def started_relays(url: str, config: Path, count: int) -> Iterator[None]:
                 "WARNING",
                 "--metrics-port",
                 str(port),
-            ],
+            ),
             cwd=ROOT,
+            env=launcher.environment(),
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
         )

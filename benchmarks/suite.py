@@ -13,6 +13,8 @@ the ceiling), drains into NATS JetStream and RabbitMQ against the HTTP batch
 drain and against the best of a sweep of bare publishers into the same broker,
 with the consumers' rate (benchmarks.broker_drain, benchmarks.broker_ceiling),
 live latency, and against the bare relay at the same paced producer rate,
+the cost of tracing (benchmarks.trace_cost: drain and paced live latency traced and
+exporting against not configured, and not configured against OpenTelemetry not importable),
 task throughput against PGQueuer, a worker's waiting handlers and its NOTIFY
 wake-up (benchmarks.worker_waits), cost growth with a large history, the database's
 cost per delivered message and per finished task (benchmarks.db_cost), and the same
@@ -56,6 +58,7 @@ from benchmarks import (
     receiver_cpu,
     sweep,
     task_throughput,
+    trace_cost,
     worker_waits,
 )
 from benchmarks.relay_bench import (
@@ -488,6 +491,49 @@ def keyed_rows(size: Sizes, keyed: list[Run], paced: list[Run]) -> list[Row]:
     return rows
 
 
+# --- tracing ------------------------------------------------------------------------------
+
+
+def tracing_rows(tracing: list[Run]) -> list[Row]:
+    """Tracing configured and exporting against not configured, in the drain and the paced
+    live run; not configured against OpenTelemetry not importable, in the drain
+    (benchmarks.trace_cost, each comparison in both orders)."""
+    load = f"{bare_relay.LIVE_PRODUCERS} x {bare_relay.LIVE_RATE:g}/s"
+    return [
+        ordered_row(
+            "drain, tracing configured and exporting vs not configured",
+            "postgresql",
+            "messages/s",
+            tracing,
+            ("drain_traced", "drain_off"),
+            ("drain_traced_after", "drain_off_after"),
+            ">= 0.8",
+            at_least(0.8),
+        ),
+        ordered_row(
+            "drain, opentelemetry-api installed but no provider vs not importable",
+            "postgresql",
+            "messages/s",
+            tracing,
+            ("drain_off", "drain_absent"),
+            ("drain_off_after", "drain_absent"),
+            ">= 0.95",
+            at_least(0.95),
+        ),
+        ordered_row(
+            f"live p50, tracing configured vs not configured ({load})",
+            "postgresql",
+            "ms",
+            tracing,
+            ("live_traced_p50_ms", "live_off_p50_ms"),
+            ("live_traced_after_p50_ms", "live_off_p50_ms"),
+            "<= 1.25",
+            at_most(1.25),
+            worse=max,
+        ),
+    ]
+
+
 # --- the table ----------------------------------------------------------------------------
 
 
@@ -728,6 +774,10 @@ def measure(runs: int, quick: bool) -> list[Row]:
     )
     keyed = repeat("keyed drains", runs, lambda: keyed_comparisons(size))
     rows += keyed_rows(size, keyed, paced)
+    tracing = repeat(
+        "tracing cost", runs, lambda: trace_cost.measure(size.drain, size.live_seconds)
+    )
+    rows += tracing_rows(tracing)
     task_throughput.require_pgqueuer()  # a missing baseline is an error, not a skip
     throughput = repeat("task throughput", runs, lambda: task_throughput.run(quick))
     for scenario, ours in (
@@ -1181,6 +1231,22 @@ BASELINES = (
     "cycling through its own 5 (a key's messages 100 ms apart), against our unkeyed runs "
     "before and after it; commit-to-receipt p50 and p99, the higher of the two orders' "
     "ratios judged.",
+    "tracing (benchmarks/trace_cost.py): the drain of ours (2 relays, batch mode, the "
+    "receiver storing receipts only) on a fresh prefill of the full size whose every message "
+    "carries a creation context of its own (a traceparent, as published inside a traced "
+    "request), and the paced live run (the same producers at the same pace, one relay), "
+    "with the relay and receiver processes started three ways: configured and exporting "
+    "(under `opentelemetry-instrument` with OTEL_TRACES_EXPORTER=otlp over http/protobuf to "
+    "a local sink in the benchmark's process that answers 200 and counts what it takes, "
+    "the SDK's default batch span processor, metrics and logs not exported; a run that "
+    "exported nothing fails), not configured (opentelemetry-api installed, no tracer "
+    "provider: as every other row runs), and not importable (`opentelemetry` blocked in "
+    "those processes by a sitecustomize, as in an install without the `otel` extra). A "
+    "process started each way is first asked what the toolkit sees. Each run: drains "
+    "exporting, not configured, not importable, not configured, exporting; then live "
+    "exporting, not configured, exporting; each comparison so has a pair in each order, "
+    "the less favourable judged. Every traced drain and live run's export requests and "
+    "bytes are in the row's runs.",
     "tasks: PGQueuer (the `bench` extra) draining as many no-op jobs (its entrypoint an "
     "`async def`) with its own dequeue and completion, in as many processes, each taking "
     "batches of 10; ours, 2 Worker processes at concurrency 10 (and 5 claimed ahead), with a "

@@ -13,6 +13,7 @@ from benchmarks.suite import (
     keyed_rows,
     ordered_row,
     sweep_lines,
+    tracing_rows,
 )
 
 
@@ -127,3 +128,28 @@ def test_keyed_rows_judge_each_shape_against_the_unkeyed_drains_of_its_size() ->
     # 14 / 8 = 1.75 with the unkeyed run after it: the higher latency ratio is judged.
     assert (p50.ratio, p50.met) == (1.75, False)
     assert rows["keyed live p99 vs unkeyed"].met is None
+
+
+def test_tracing_rows_pair_each_run_with_the_one_beside_it() -> None:
+    # In run order: traced, off, absent, off_after, traced_after; live traced, off, after.
+    drains = {
+        "drain_traced": 800.0,
+        "drain_off": 1000.0,
+        "drain_absent": 1000.0,
+        "drain_off_after": 900.0,
+        "drain_traced_after": 630.0,
+    }
+    live = {"live_traced_p50_ms": 6.0, "live_off_p50_ms": 5.0, "live_traced_after_p50_ms": 7.0}
+    rows = {row.scenario.split(" (")[0]: row for row in tracing_rows([drains | live])}
+    traced = rows["drain, tracing configured and exporting vs not configured"]
+    # 800 / 1000 traced first; 630 / 900 with the drain not configured first: 0.7 judged.
+    assert traced.orders == {OURS_FIRST: 0.8, BASELINE_FIRST: 0.7}
+    assert (traced.ratio, traced.met) == (0.7, False)
+    unconfigured = rows["drain, opentelemetry-api installed but no provider vs not importable"]
+    assert unconfigured.orders == {OURS_FIRST: 1.0, BASELINE_FIRST: 0.9}
+    assert (unconfigured.ratio, unconfigured.met) == (0.9, False)  # under 0.95
+    p50 = rows["live p50, tracing configured vs not configured"]
+    assert "(4 x 50/s)" in p50.scenario
+    # 6 / 5 traced first, 7 / 5 after: the higher latency ratio is judged against 1.25.
+    assert p50.orders == {OURS_FIRST: 1.2, BASELINE_FIRST: 1.4}
+    assert (p50.ratio, p50.met) == (1.4, False)

@@ -103,6 +103,9 @@ def check_results(document: dict[str, Any], table: str) -> None:
         ("keyed drain rate, one key, single mode", "postgresql"),
         ("keyed live p50 vs unkeyed", "postgresql"),
         ("keyed live p99 vs unkeyed", "postgresql"),
+        ("drain, tracing configured and exporting vs not configured", "postgresql"),
+        ("drain, opentelemetry-api installed but no provider vs not importable", "postgresql"),
+        ("live p50, tracing configured vs not configured", "postgresql"),
         ("receiver CPU per stored reply, batches of 1,000", "postgresql"),
         ("tasks vs PGQueuer, thread handlers", "postgresql"),
         ("tasks vs PGQueuer, async handlers", "postgresql"),
@@ -181,6 +184,9 @@ def check_results(document: dict[str, Any], table: str) -> None:
         ("live p99 vs bare relay", "postgresql"),
         ("keyed drain vs unkeyed, one key", "postgresql"),
         ("keyed live p50 vs unkeyed", "postgresql"),
+        ("drain, tracing configured and exporting vs not configured", "postgresql"),
+        ("drain, opentelemetry-api installed but no provider vs not importable", "postgresql"),
+        ("live p50, tracing configured vs not configured", "postgresql"),
     } <= ordered
     for key in ordered:
         assert set(rows[key]["orders"]) == {"ours first", "baseline first"}, rows[key]
@@ -198,6 +204,16 @@ def check_results(document: dict[str, Any], table: str) -> None:
         points = [run[f"{swept}_{point.label}"] for point in sweep.QUICK]
         assert run[swept] == max(points) == row["baseline"], row
         assert "won: " in row["scenario"]
+    # Every traced run exported spans (the suite fails otherwise: this checks it counted).
+    traced = rows[("live p50, tracing configured vs not configured", "postgresql")]["runs"][0]
+    exports = {k: v for k, v in traced.items() if k.endswith("_exports")}
+    assert set(exports) == {
+        "drain_traced_exports",
+        "drain_traced_after_exports",
+        "live_traced_exports",
+        "live_traced_after_exports",
+    }, traced
+    assert all(count > 0 for count in exports.values()), traced
     pages = rows[("console slowest page", "postgresql")]["runs"][0]
     assert pages["slowest_ms"] > 0
     assert pages["slowest_ms"] == max(v for k, v in pages.items() if k.endswith("_median_ms"))
