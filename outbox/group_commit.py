@@ -14,6 +14,7 @@ written at once.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 from collections.abc import Awaitable, Callable
 from typing import Generic, TypeVar
 
@@ -46,7 +47,9 @@ class GroupCommit(Generic[T, R]):
         answer: asyncio.Future[R] = loop.create_future()
         self._waiting.append((item, answer))
         if self._writer is None:
-            self._writer = loop.create_task(self._write_all())
+            # In a context of its own: the writer serves every submitter, so it must not
+            # carry the first one's (its current span would parent the others' writes).
+            self._writer = loop.create_task(self._write_all(), context=contextvars.Context())
         return await answer
 
     def _next_batch(self) -> list[tuple[T, asyncio.Future[R]]]:

@@ -5,12 +5,14 @@ runs each open one span through operation(). A span names the message contexts i
 concerns (their creation contexts, outbox.trace_context): one as its parent, several as
 links. opentelemetry-api is optional (the `otel` extra); without it, or with no tracer
 provider configured (the API's proxy, before an SDK is set up), operation() yields a
-span that records nothing and reads no context: one check per operation.
+span that records nothing and reads no context: one check per operation. A tracer that
+fails is logged and left out: tracing never changes what an operation does.
 """
 
 from __future__ import annotations
 
 import functools
+import logging
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
@@ -20,6 +22,8 @@ from outbox.trace_context import TRACEPARENT, TRACESTATE, otel_trace, propagator
 if TYPE_CHECKING:
     from opentelemetry.trace import Span as OtelSpan
     from opentelemetry.trace import Tracer
+
+log = logging.getLogger("outbox.tracing")
 
 INSTRUMENTATION = "outbox"
 """The instrumentation scope's name: every span of the toolkit comes from it."""
@@ -47,19 +51,21 @@ class Span:
         """Link creation contexts known only once the operation has begun (a batch's)."""
 
     def creation_context(self) -> dict[str, str]:
-        """This span's context as a creation context (traceparent, tracestate): {} when it
-        records nothing, so that what it writes stays as it was."""
+        """This span's context as a creation context (traceparent, tracestate); {} without
+        a span, so that what it writes stays as it was."""
         return {}
 
 
 NOT_RECORDING = Span()
 
 
-class _Recording(Span):
-    recording = True
+class _Traced(Span):
+    """An OpenTelemetry span; one sampled out records nothing but still has a context,
+    which what it writes carries on (with its sampling decision)."""
 
     def __init__(self, span: OtelSpan) -> None:
         self._span = span
+        self.recording = span.is_recording()
 
     def set(self, attributes: Attributes) -> None:
         self._span.set_attributes(attributes)
@@ -77,6 +83,8 @@ class _Recording(Span):
     def creation_context(self) -> dict[str, str]:
         from opentelemetry.trace import set_span_in_context
 
+        if not self._span.get_span_context().is_valid:
+            return {}
         carrier: dict[str, str] = {}
         propagator().inject(carrier, context=set_span_in_context(self._span))
         return {name: carrier[name] for name in (TRACEPARENT, TRACESTATE) if carrier.get(name)}
@@ -96,12 +104,37 @@ def operation(
     `contexts` are the creation contexts the operation concerns: with `parented` and
     exactly one, the span continues that trace (its child); otherwise the span starts
     its own trace, linked to each. An exception leaving the block is recorded on the
-    span, which is then marked failed.
+    span, which is then marked failed. A span that cannot be started or ended is logged,
+    never raised: the operation goes on as if untraced.
     """
     tracer = _tracer()
     if tracer is None:
         yield NOT_RECORDING
         return
+    try:
+        started = _started(tracer, name, kind, attributes, contexts, parented)
+        span = started.__enter__()
+    except Exception:  # noqa: BLE001 - a tracer's fault must not become the operation's
+        _failed("start")
+        yield NOT_RECORDING
+        return
+    try:
+        yield _Traced(span)
+    except BaseException as exc:
+        _end(started, exc)
+        raise
+    _end(started, None)
+
+
+def _started(
+    tracer: Tracer,
+    name: str,
+    kind: str,
+    attributes: Attributes,
+    contexts: Sequence[CreationContext],
+    parented: bool,
+) -> Any:
+    """The context manager of the operation's span, current while entered."""
     from opentelemetry.trace import Link, SpanKind
 
     parent = None
@@ -110,10 +143,36 @@ def operation(
         parent = propagator().extract(contexts[0])
     else:
         links = [Link(linked) for linked in _span_contexts(contexts)]
-    with tracer.start_as_current_span(
+    return tracer.start_as_current_span(
         name, context=parent, kind=SpanKind[kind.upper()], attributes=attributes, links=links
-    ) as span:
-        yield _Recording(span) if span.is_recording() else NOT_RECORDING
+    )
+
+
+def _end(started: Any, exc: BaseException | None) -> None:
+    """End the span (recording `exc`, if any); a tracer's failure is logged, not raised."""
+    try:
+        if exc is None:
+            started.__exit__(None, None, None)
+        else:
+            started.__exit__(type(exc), exc, exc.__traceback__)
+    except Exception as raised:  # noqa: BLE001 - see operation()
+        if raised is not exc:
+            _failed("end")
+
+
+def _failed(step: str) -> None:
+    """Log a tracer's failure: once with its traceback, then at debug level."""
+    first = not _failed_before
+    _failed_before.append(step)
+    log.log(
+        logging.WARNING if first else logging.DEBUG,
+        "tracing: a span could not %s; the operation goes on untraced",
+        step,
+        exc_info=first,
+    )
+
+
+_failed_before: list[str] = []
 
 
 def configured() -> bool:

@@ -147,6 +147,7 @@ def build_app(
         ) as span:
             answer = await group.submit(checked)
             record_outcomes(span, [_outcome(answer)])
+            _refused(span, answer)
         return _respond(answer)
 
     async def post_batch(request: Request) -> Response:
@@ -158,6 +159,7 @@ def build_app(
         # The items (their ids and contexts) are read by the rules: they link them.
         with processing(HTTP_SYSTEM, SOURCE, [], []) as span:
             answer = await run_in_threadpool(rules.post_batch, request.headers, body, span)
+            _refused(span, answer)
         return _respond(answer)
 
     async def get_receipt(request: Request) -> Response:
@@ -197,6 +199,15 @@ def build_app(
     app.add_middleware(_RetentionHeader, headers=rules.retention_headers())
     app.add_middleware(CountRequests, metrics=metrics)
     return app
+
+
+def _refused(span: tracing.Span, answer: Answer) -> None:
+    """Mark the span failed when the request was refused or could not be stored (a 409 is
+    a dedupe outcome, a conflict, not a failure of the receiver)."""
+    if answer.status >= 400 and answer.status != 409:
+        document = answer.document
+        reason = document.get("error") if isinstance(document, dict) else None
+        span.fail(str(answer.status), str(reason or f"HTTP {answer.status}"))
 
 
 def _outcome(answer: Answer) -> str:

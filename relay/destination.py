@@ -117,6 +117,12 @@ def check_url(url: str, options_class: type[KindOptions]) -> None:
             f"destination url of kind {options_class.KIND} must be {shown}://host..., "
             f"got {redact_urls(url)!r}"
         )
+    if parts.scheme in ("http", "https"):
+        # A port outside 0-65535 would fail every request (broker URLs are their clients').
+        try:
+            parts.port  # noqa: B018 - reading it is the check
+        except ValueError as exc:
+            raise ConfigError(f"destination url {redact_urls(url)!r}: {exc}") from None
 
 
 @dataclass(frozen=True)

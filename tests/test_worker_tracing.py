@@ -14,7 +14,7 @@ from opentelemetry import trace
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
 from support.cli_helpers import running_in_thread
-from support.tracing import named, spans, traceparent_of
+from support.tracing import named, refuse_tracing, spans, traceparent_of
 from support.worker_tasks import SOURCE, real_time_queue, submit, wait_until
 
 from outbox import Claim, Envelope, TaskQueue
@@ -90,8 +90,9 @@ def test_a_run_links_its_creation_and_its_reply_continues_the_run(
 
 
 def test_unconfigured_a_run_records_nothing_and_replies_carry_no_context(
-    queue: TaskQueue,
+    queue: TaskQueue, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    touched = refuse_tracing(monkeypatch)
     (task_id,) = submit(queue, 1)
 
     def handler(claim: Claim, stop: threading.Event) -> str:
@@ -101,3 +102,4 @@ def test_unconfigured_a_run_records_nothing_and_replies_carry_no_context(
     with running_in_thread(Worker(queue, handler, concurrency=1, poll_interval=0.05)):
         assert wait_until(lambda: queue.task(task_id)["state"] == "done")  # type: ignore[index]
     assert [row["headers"] for row in queue.messages()] == [{}]
+    assert touched == []  # no span made, no context read

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import threading
 from collections.abc import Sequence
 from typing import Any
@@ -170,3 +171,25 @@ def test_a_write_answering_the_wrong_count_fails_its_batch() -> None:
             await group.submit(1)
 
     asyncio.run(scenario())
+
+
+def test_the_writer_carries_no_submitters_context() -> None:
+    # Its current span would otherwise parent every other submitter's writes.
+    submitter: contextvars.ContextVar[str] = contextvars.ContextVar("submitter", default="none")
+    seen: list[str] = []
+
+    async def write(items: list[str]) -> list[str]:
+        seen.append(submitter.get())
+        return items
+
+    async def submit(commit: GroupCommit[str, str], name: str) -> str:
+        submitter.set(name)
+        return await commit.submit(name)
+
+    async def both() -> list[str]:
+        commit: GroupCommit[str, str] = GroupCommit(write)
+        return list(await asyncio.gather(submit(commit, "first"), submit(commit, "second")))
+
+    assert asyncio.run(both()) == ["first", "second"]
+    assert seen
+    assert set(seen) == {"none"}

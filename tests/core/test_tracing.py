@@ -5,11 +5,21 @@ from __future__ import annotations
 import sys
 
 import pytest
+from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.sdk.trace.sampling import ALWAYS_OFF
 from opentelemetry.trace import SpanKind, StatusCode
+from support.tracing import (
+    SPAN_ID,
+    TRACE_ID,
+    TRACEPARENT,
+    named,
+    set_global_for_the_test,
+    spans,
+    traceparent,
+)
 
 from outbox import trace_context, tracing
-from tests.support.tracing import SPAN_ID, TRACE_ID, TRACEPARENT, named, spans, traceparent
 
 __all__ = ["spans"]  # the fixture, used by name
 
@@ -100,3 +110,41 @@ def test_without_opentelemetry_nothing_records(monkeypatch: pytest.MonkeyPatch) 
     finally:
         monkeypatch.undo()
         trace_context.otel_trace.cache_clear()
+
+
+def test_a_span_sampled_out_still_gives_its_context_on(monkeypatch: pytest.MonkeyPatch) -> None:
+    set_global_for_the_test(TracerProvider(sampler=ALWAYS_OFF), monkeypatch)
+    with tracing.operation("process i", tracing.CONSUMER, {}) as span:
+        assert not span.recording
+        created = span.creation_context()
+    # What the operation writes carries the trace on, with its decision: not sampled.
+    _version, trace_id, span_id, flags = created["traceparent"].split("-")
+    assert int(trace_id, 16)
+    assert int(span_id, 16)
+    assert int(flags, 16) & 0x01 == 0  # the sampled flag is off
+
+
+class FailingProvider(TracerProvider):
+    """An SDK whose spans cannot start: a tracer's fault, not the operation's."""
+
+    def get_tracer(self, *args: object, **kwargs: object) -> FailingTracer:  # type: ignore[override]
+        return FailingTracer()
+
+
+class FailingTracer:
+    def start_as_current_span(self, *args: object, **kwargs: object) -> object:
+        raise RuntimeError("exporter misconfigured")
+
+
+def test_a_tracer_that_fails_leaves_the_operation_untraced(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    set_global_for_the_test(FailingProvider(), monkeypatch)
+    ran = []
+    with tracing.operation("send j", tracing.PRODUCER, {}) as span:
+        ran.append(span.recording)
+    assert ran == [False]
+    assert "a span could not start" in caplog.text
+    # The operation's own error still leaves as it is.
+    with pytest.raises(KeyError), tracing.operation("send k", tracing.PRODUCER, {}):
+        raise KeyError("the operation's")

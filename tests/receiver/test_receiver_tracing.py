@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-from opentelemetry.trace import SpanKind
+from opentelemetry.trace import SpanKind, StatusCode
 from support.receiver_helpers import SECRET, AppClient, signed, stored_receipts
 from support.tracing import ids, linked, named, refuse_tracing, spans, traceparent
 
@@ -164,3 +164,14 @@ def test_unconfigured_the_receiver_reads_no_context(
     assert post_batch(app, item("r-2", "{}", CONTEXTS[0])) == ["stored"]
     assert touched == []
     assert sorted(stored_receipts(db_url)) == ["r-1", "r-2"]
+
+
+def test_a_refused_batch_is_a_failed_span(store: ReceiptStore, spans: InMemorySpanExporter) -> None:
+    body = json.dumps({"replies": [item("r-1", "{}", CONTEXTS[0])]}).encode()
+    headers = signed("batch:1-1-1", body)
+    headers["webhook-signature"] = "v1,bm90IGEgc2lnbmF0dXJl"
+    assert client(store).post("/replies/batch", content=body, headers=headers).status_code == 401
+    (span,) = processed(spans)
+    assert span.status.status_code is StatusCode.ERROR
+    assert span.attributes["error.type"] == "401"  # type: ignore[index]
+    assert "signature" in (span.status.description or "")

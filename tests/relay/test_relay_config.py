@@ -135,6 +135,11 @@ def test_the_environment_wins_over_the_file_key_by_key() -> None:
             {},
             r"secret_env: \$UNSET_SECRET is not set",
         ),
+        (
+            {"destinations": {"b": {"url": "http://b.example:99999/replies", "unsigned": True}}},
+            {},
+            "Port out of range",
+        ),
     ],
 )
 def test_bad_destinations_are_refused_naming_where_they_came_from(
