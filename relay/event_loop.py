@@ -16,6 +16,19 @@ def new_event_loop() -> asyncio.AbstractEventLoop:
     return uvloop.new_event_loop()
 
 
+def cancel_remaining(loop: asyncio.AbstractEventLoop) -> None:
+    """Cancel the tasks still on `loop` and let them end, as asyncio.run does before it
+    closes its loop: a client library's background tasks (a NATS subscription's reader
+    after its server went away) would otherwise be collected after the loop closed, and
+    fail there."""
+    remaining = asyncio.all_tasks(loop)
+    if not remaining:
+        return
+    for task in remaining:
+        task.cancel()
+    loop.run_until_complete(asyncio.gather(*remaining, return_exceptions=True))
+
+
 async def done_unless_stopped(work: Awaitable[None], stop: asyncio.Future[Any]) -> bool:
     """Run `work` unless `stop` comes first: True when it ended, False when it was cancelled.
 

@@ -30,7 +30,7 @@ from outbox.drivers.notifications import Wakeups
 from outbox.observability.probe import Probe
 from relay.config import Destination, check_destinations, check_relay_settings
 from relay.dispatch import Dispatcher, Turn, retry_window
-from relay.event_loop import done_unless_stopped, new_event_loop
+from relay.event_loop import cancel_remaining, done_unless_stopped, new_event_loop
 from relay.leases import RelayLeases
 from relay.metrics import RelayMetrics
 from relay.pipeline import Claimed, Pipeline, by_destination
@@ -127,6 +127,8 @@ class Relay(DatabaseHandle):
         loop = getattr(self, "_loop", None)
         if loop is not None and not loop.is_closed():
             loop.run_until_complete(self.dispatcher.close())
+            cancel_remaining(loop)
+            loop.run_until_complete(loop.shutdown_asyncgens())
             # A settle abandoned at shutdown may still run in a worker thread: let it end
             # before the engine goes away under it.
             loop.run_until_complete(loop.shutdown_default_executor())

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from collections.abc import Iterator
@@ -441,3 +442,13 @@ def test_retention_checks_ask_every_destination_at_once(
             opener.join()
     warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
     assert not any("not checked" in text for text in warned), warned
+
+
+def test_close_ends_the_tasks_a_client_left_on_the_loop(db_url: str, clock: ManualClock) -> None:
+    # A NATS subscription's reader, say, still waiting when its server went away: collected
+    # after the loop closed, it would fail there instead of ending here.
+    destination = make_destination("http://127.0.0.1:9/replies", secret=SECRET)
+    relay = Relay(db_url, {"default": destination}, clock=clock)
+    left = relay._loop.create_task(asyncio.Event().wait())
+    relay.close()
+    assert left.cancelled()
