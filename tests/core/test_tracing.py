@@ -148,3 +148,23 @@ def test_a_tracer_that_fails_leaves_the_operation_untraced(
     # The operation's own error still leaves as it is.
     with pytest.raises(KeyError), tracing.operation("send k", tracing.PRODUCER, {}):
         raise KeyError("the operation's")
+
+
+@pytest.mark.parametrize(("setting", "kept"), [(None, 128), ("5", 5), ("junk", 128)])
+def test_a_span_links_the_first_contexts_up_to_the_sdks_bound(
+    spans: InMemorySpanExporter, monkeypatch: pytest.MonkeyPatch, setting: str | None, kept: int
+) -> None:
+    if setting is None:
+        monkeypatch.delenv("OTEL_SPAN_LINK_COUNT_LIMIT", raising=False)
+    else:
+        monkeypatch.setenv("OTEL_SPAN_LINK_COUNT_LIMIT", setting)
+    tracing.link_limit.cache_clear()
+    try:
+        contexts = [{"traceparent": traceparent(n + 1, n + 1)} for n in range(300)]
+        with tracing.operation("send l", tracing.PRODUCER, {}, contexts):
+            pass
+    finally:
+        tracing.link_limit.cache_clear()
+    (span,) = named(spans.get_finished_spans(), "send l")
+    # The first ones, in the messages' order: the rest are never read.
+    assert [link.context.trace_id for link in span.links] == list(range(1, kept + 1))
