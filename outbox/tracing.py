@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import os
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
@@ -197,7 +196,8 @@ def _span_contexts(contexts: Sequence[CreationContext]) -> Iterator[Any]:
     first link_limit() of them."""
     read = propagator().extract
     get_current_span = otel_trace().get_current_span
-    room = link_limit()
+    limit = link_limit()
+    room = len(contexts) if limit is None else limit
     for context in contexts:
         if room <= 0:
             return
@@ -208,21 +208,15 @@ def _span_contexts(contexts: Sequence[CreationContext]) -> Iterator[Any]:
                 yield linked
 
 
-DEFAULT_LINK_LIMIT = 128
-"""The SDK's own default bound on a span's links."""
-
-
-@functools.cache
-def link_limit() -> int:
-    """How many message contexts a span links at most: the SDK's bound, as
-    OTEL_SPAN_LINK_COUNT_LIMIT sets it (128 by default). Reading more, the SDK would drop
-    them: a batch of 1,000 read every context and spent a fifth of the traced drain."""
-    value = os.environ.get("OTEL_SPAN_LINK_COUNT_LIMIT", "")
-    try:
-        limit = int(value)
-    except ValueError:
-        return DEFAULT_LINK_LIMIT
-    return limit if limit >= 0 else DEFAULT_LINK_LIMIT
+def link_limit() -> int | None:
+    """How many message contexts a span links at most: the SDK provider's bound on a span's
+    links (128 unless OTEL_SPAN_LINK_COUNT_LIMIT or its SpanLimits say otherwise; None:
+    no bound, or a provider that keeps its own). Read past it, the SDK drops them: a batch
+    of 1,000 read every context and spent a fifth of the traced drain."""
+    # The SDK's limits, as it parsed them; a private attribute, read defensively.
+    limits = getattr(_provider(), "_span_limits", None)
+    max_links = getattr(limits, "max_links", None)
+    return max_links if isinstance(max_links, int) and max_links >= 0 else None
 
 
 def _tracer() -> Tracer | None:

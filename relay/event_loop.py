@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Awaitable
 from typing import Any
+
+log = logging.getLogger("outbox.relay")
 
 
 def new_event_loop() -> asyncio.AbstractEventLoop:
@@ -16,17 +19,27 @@ def new_event_loop() -> asyncio.AbstractEventLoop:
     return uvloop.new_event_loop()
 
 
+CANCEL_WAIT = 1.0
+"""Seconds close() waits for the tasks it cancels to end."""
+
+
 def cancel_remaining(loop: asyncio.AbstractEventLoop) -> None:
     """Cancel the tasks still on `loop` and let them end, as asyncio.run does before it
     closes its loop: a client library's background tasks (a NATS subscription's reader
     after its server went away) would otherwise be collected after the loop closed, and
-    fail there."""
+    fail there. A task that will not end within CANCEL_WAIT, or that fails as it ends, is
+    logged: closing goes on."""
     remaining = asyncio.all_tasks(loop)
     if not remaining:
         return
     for task in remaining:
         task.cancel()
-    loop.run_until_complete(asyncio.gather(*remaining, return_exceptions=True))
+    done, pending = loop.run_until_complete(asyncio.wait(remaining, timeout=CANCEL_WAIT))
+    for task in pending:
+        log.warning("closing: a task did not end when cancelled: %r", task)
+    for task in done:
+        if not task.cancelled() and task.exception() is not None:
+            log.warning("closing: a task failed as it ended: %r", task.exception())
 
 
 async def done_unless_stopped(work: Awaitable[None], stop: asyncio.Future[Any]) -> bool:

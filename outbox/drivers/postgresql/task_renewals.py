@@ -20,15 +20,15 @@ from outbox.drivers.task_interface import Held
 RENEW_POSTGRESQL = (
     """WITH v AS (
         SELECT * FROM unnest(
-            CAST(%(task_ids)b AS varchar[]), CAST(%(owners)b AS varchar[]),
-            CAST(%(fences)b AS bigint[])
+            CAST(%(task_ids)s AS varchar[]), CAST(%(owners)s AS varchar[]),
+            CAST(%(fences)s AS bigint[])
         ) AS v(task_id, owner, fence)
     ), held AS MATERIALIZED (
         SELECT t.task_id FROM outbox_tasks AS t, v
         WHERE"""
     + HELD_IN_V.format(t="t", now=PG_NOW)
     # The ids again as an array: primary-key probes, not a walk over every running task.
-    + """AND t.task_id = ANY(CAST(%(task_ids)b AS varchar[]))
+    + """AND t.task_id = ANY(CAST(%(task_ids)s AS varchar[]))
         FOR UPDATE OF t SKIP LOCKED
     )
     UPDATE outbox_tasks AS t SET """
