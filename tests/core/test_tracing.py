@@ -6,7 +6,6 @@ import sys
 
 import pytest
 from opentelemetry.sdk.trace import SpanLimits, TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.sdk.trace.sampling import ALWAYS_OFF
 from opentelemetry.trace import SpanKind, StatusCode
@@ -14,6 +13,7 @@ from support.tracing import (
     SPAN_ID,
     TRACE_ID,
     TRACEPARENT,
+    exporting_for_the_test,
     named,
     set_global_for_the_test,
     spans,
@@ -153,30 +153,21 @@ def test_a_tracer_that_fails_leaves_the_operation_untraced(
 
 @pytest.mark.parametrize(
     ("limits", "kept"),
-    [(None, 128), (SpanLimits(max_links=5), 5), (SpanLimits(max_links=0), 0)],
+    [
+        (None, 128),
+        (SpanLimits(max_links=5), 5),
+        (SpanLimits(max_links=0), 0),
+        (SpanLimits(max_links=SpanLimits.UNSET), 300),  # no bound: every context
+    ],
 )
 def test_a_span_links_the_first_contexts_up_to_the_sdks_bound(
     monkeypatch: pytest.MonkeyPatch, limits: SpanLimits | None, kept: int
 ) -> None:
-    exporter = InMemorySpanExporter()
     provider = TracerProvider(span_limits=limits) if limits else TracerProvider()
-    provider.add_span_processor(SimpleSpanProcessor(exporter))
-    set_global_for_the_test(provider, monkeypatch)
+    exporter = exporting_for_the_test(provider, monkeypatch)
     contexts = [{"traceparent": traceparent(n + 1, n + 1)} for n in range(300)]
     with tracing.operation("send l", tracing.PRODUCER, {}, contexts):
         pass
     (span,) = named(exporter.get_finished_spans(), "send l")
     # The first ones, in the order given: the rest are never read.
     assert [link.context.trace_id for link in span.links] == list(range(1, kept + 1))
-
-
-def test_without_a_bound_every_context_is_linked(monkeypatch: pytest.MonkeyPatch) -> None:
-    exporter = InMemorySpanExporter()
-    provider = TracerProvider(span_limits=SpanLimits(max_links=SpanLimits.UNSET))
-    provider.add_span_processor(SimpleSpanProcessor(exporter))
-    set_global_for_the_test(provider, monkeypatch)
-    contexts = [{"traceparent": traceparent(n + 1, n + 1)} for n in range(300)]
-    with tracing.operation("send m", tracing.PRODUCER, {}, contexts):
-        pass
-    (span,) = named(exporter.get_finished_spans(), "send m")
-    assert len(span.links) == 300

@@ -45,14 +45,22 @@ def linked(span: ReadableSpan) -> list[tuple[int, int]]:
     return [(link.context.trace_id, link.context.span_id) for link in span.links]
 
 
+def exporting_for_the_test(
+    provider: TracerProvider, monkeypatch: pytest.MonkeyPatch
+) -> InMemorySpanExporter:
+    """Make `provider` global for the test, exporting each ended span at once to the
+    in-memory exporter returned."""
+    exporter = InMemorySpanExporter()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    set_global_for_the_test(provider, monkeypatch)
+    return exporter
+
+
 @pytest.fixture
 def spans(monkeypatch: pytest.MonkeyPatch) -> Iterator[InMemorySpanExporter]:
     """The exporter of the test's own global tracer provider (ended spans, at once)."""
-    exporter = InMemorySpanExporter()
     provider = TracerProvider()
-    provider.add_span_processor(SimpleSpanProcessor(exporter))
-    set_global_for_the_test(provider, monkeypatch)
-    yield exporter
+    yield exporting_for_the_test(provider, monkeypatch)
     provider.shutdown()
 
 
