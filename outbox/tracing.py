@@ -47,9 +47,6 @@ class Span:
     def fail(self, error_type: str, reason: str) -> None:
         """Mark the operation failed: error status with `reason`, `error.type` set."""
 
-    def link(self, contexts: Sequence[CreationContext]) -> None:
-        """Link creation contexts known only once the operation has begun (a batch's)."""
-
     def creation_context(self) -> dict[str, str]:
         """This span's context as a creation context (traceparent, tracestate); {} without
         a span, so that what it writes stays as it was."""
@@ -76,10 +73,6 @@ class _Traced(Span):
         self._span.set_attribute("error.type", error_type)
         self._span.set_status(Status(StatusCode.ERROR, reason))
 
-    def link(self, contexts: Sequence[CreationContext]) -> None:
-        for linked in _span_contexts(contexts):
-            self._span.add_link(linked)
-
     def creation_context(self) -> dict[str, str]:
         from opentelemetry.trace import set_span_in_context
 
@@ -98,21 +91,24 @@ def operation(
     contexts: Sequence[CreationContext] = (),
     *,
     parented: bool = True,
+    start_time: int | None = None,
 ) -> Iterator[Span]:
     """One operation's span, current while the block runs, ended when it leaves.
 
     `contexts` are the creation contexts the operation concerns: with `parented` and
     exactly one, the span continues that trace (its child); otherwise the span starts
-    its own trace, linked to each. An exception leaving the block is recorded on the
-    span, which is then marked failed. A span that cannot be started or ended is logged,
-    never raised: the operation goes on as if untraced.
+    its own trace, linked to each. `start_time` (epoch nanoseconds) is when the
+    operation began, for one whose contexts were read before its span could start. An
+    exception leaving the block is recorded on the span, which is then marked failed. A
+    span that cannot be started or ended is logged, never raised: the operation goes on
+    as if untraced.
     """
     tracer = _tracer()
     if tracer is None:
         yield NOT_RECORDING
         return
     try:
-        started = _started(tracer, name, kind, attributes, contexts, parented)
+        started = _started(tracer, name, kind, attributes, contexts, parented, start_time)
         span = started.__enter__()
     except Exception:  # noqa: BLE001 - a tracer's fault must not become the operation's
         _failed("start")
@@ -133,6 +129,7 @@ def _started(
     attributes: Attributes,
     contexts: Sequence[CreationContext],
     parented: bool,
+    start_time: int | None,
 ) -> Any:
     """The context manager of the operation's span, current while entered."""
     from opentelemetry.trace import Link, SpanKind
@@ -144,7 +141,12 @@ def _started(
     else:
         links = [Link(linked) for linked in _span_contexts(contexts)]
     return tracer.start_as_current_span(
-        name, context=parent, kind=SpanKind[kind.upper()], attributes=attributes, links=links
+        name,
+        context=parent,
+        kind=SpanKind[kind.upper()],
+        attributes=attributes,
+        links=links,
+        start_time=start_time,
     )
 
 

@@ -11,6 +11,7 @@ the database does not answer) and GET /metrics (receiver.metrics).
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterable
 
 from starlette.applications import Starlette
@@ -156,9 +157,26 @@ def build_app(
             return _respond(body)
         if not tracing.configured():
             return _respond(await run_in_threadpool(rules.post_batch, request.headers, body))
-        # The items (their ids and contexts) are read by the rules: they link them.
-        with processing(HTTP_SYSTEM, SOURCE, [], []) as span:
-            answer = await run_in_threadpool(rules.post_batch, request.headers, body, span)
+        # The span needs the items' contexts to start (a batch of one may continue its
+        # message's trace), so it starts once they are read, dated from the request.
+        began = time.time_ns()
+        read = await run_in_threadpool(rules.read_batch, request.headers, body)
+        if isinstance(read, Answer):
+            ids, contexts, single = [], [], False
+        else:
+            ids, contexts, single = read.reply_ids(), read.contexts(), len(read.items) == 1
+        with processing(
+            HTTP_SYSTEM,
+            SOURCE,
+            ids,
+            contexts,
+            continue_traces=continue_traces and single,
+            start_time=began,
+        ) as span:
+            if isinstance(read, Answer):
+                answer = read
+            else:
+                answer = await run_in_threadpool(rules.store_batch, read, span)
             _refused(span, answer)
         return _respond(answer)
 

@@ -57,7 +57,7 @@ from outbox.messages import BATCH_ID_PREFIX, ORDERING_KEY, are_reply_ids, is_rep
 from outbox.signing import SigningKey, verify
 from receiver.effects import Effect
 from receiver.errors import StoreUnavailable
-from receiver.spans import record_items
+from receiver.spans import record_outcomes
 from receiver.store import BatchItem, Receipt
 from receiver.strict_json import MAX_DEPTH as MAX_DEPTH
 from receiver.strict_json import InvalidJSON as InvalidJSON
@@ -122,6 +122,29 @@ def is_json_content_type(value: str | None) -> bool:
         ):
             return False
     return True
+
+
+@dataclass(frozen=True)
+class ReadBatch:
+    """A batch request that passed its checks, its items read: what storing it needs."""
+
+    items: list[Any]
+    """The request's items as sent, in order."""
+    ids: list[Any]
+    """Each item's reply_id as sent (None when the item is not an object)."""
+    valid: list[BatchItem]
+    """The items to store."""
+    positions: list[int]
+    """Where each valid item stands among `items`."""
+
+    def reply_ids(self) -> list[str]:
+        """Every item's reply_id, or none when some item has none that can name it."""
+        ids = self.ids
+        return ids if all(isinstance(i, str) for i in ids) else []
+
+    def contexts(self) -> list[Mapping[str, str]]:
+        """The headers of each valid item, among which its creation context."""
+        return [self.items[index].get("headers") or {} for index in self.positions]
 
 
 @dataclass(frozen=True)
@@ -200,11 +223,13 @@ class ReceiverRules:
             for index, ((reply_id, _), status) in enumerate(zip(items, statuses, strict=True))
         ]
 
-    def post_batch(
-        self, headers: Mapping[str, str], body: bytes, span: tracing.Span = tracing.NOT_RECORDING
-    ) -> Answer:
-        """Decide POST /replies/batch: one transaction, one status per item (blocking); the
-        items' creation contexts and outcomes go on `span`, the request's process span."""
+    def post_batch(self, headers: Mapping[str, str], body: bytes) -> Answer:
+        """Decide POST /replies/batch: one transaction, one status per item (blocking)."""
+        read = self.read_batch(headers, body)
+        return read if isinstance(read, Answer) else self.store_batch(read)
+
+    def read_batch(self, headers: Mapping[str, str], body: bytes) -> ReadBatch | Answer:
+        """The checks of POST /replies/batch and its items read (no I/O), or the refusal."""
         checked = self._checked(headers, body)
         if isinstance(checked, Answer):
             return checked
@@ -215,7 +240,6 @@ class ReceiverRules:
         items = document.get("replies") if isinstance(document, dict) else None
         if not isinstance(items, list) or not 1 <= len(items) <= MAX_BATCH_ITEMS:
             return error(400, f'expected {{"replies": [1..{MAX_BATCH_ITEMS} items]}}')
-        statuses = ["invalid"] * len(items)
         valid: list[BatchItem] = []
         positions: list[int] = []
         ids: list[Any] = [
@@ -242,22 +266,26 @@ class ReceiverRules:
             # An unkeyed item stays a pair: what a store of an application's own knew.
             valid.append((reply_id, data) if key is None else (reply_id, data, key))
             positions.append(index)
+        return ReadBatch(items, ids, valid, positions)
+
+    def store_batch(self, read: ReadBatch, span: tracing.Span = tracing.NOT_RECORDING) -> Answer:
+        """Store a read batch's valid items in one transaction (blocking): one status per
+        item, their outcomes on `span`, the request's process span."""
+        statuses = ["invalid"] * len(read.items)
         errors: dict[int, str] = {}
-        if valid:
+        if read.valid:
             try:
-                stored = self.store.accept_many(valid, self.effect, isolate=True)
+                stored = self.store.accept_many(read.valid, self.effect, isolate=True)
             except StoreUnavailable:
                 return UNAVAILABLE
-            for index, status in zip(positions, stored, strict=True):
+            for index, status in zip(read.positions, stored, strict=True):
                 statuses[index] = status
-            errors = {positions[index]: reason for index, reason in _errors(stored).items()}
-        if span.recording:
-            contexts = [items[index].get("headers") or {} for index in positions]
-            record_items(span, ids, contexts, statuses)
+            errors = {read.positions[index]: reason for index, reason in _errors(stored).items()}
+        record_outcomes(span, statuses)
         return Answer(
             200,
             _results_json(
-                [reply_id if isinstance(reply_id, str) else "" for reply_id in ids],
+                [reply_id if isinstance(reply_id, str) else "" for reply_id in read.ids],
                 statuses,
                 errors,
             ),

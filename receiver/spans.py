@@ -35,10 +35,12 @@ def processing(
     contexts: Sequence[Mapping[str, str]],
     *,
     continue_traces: bool = False,
+    start_time: int | None = None,
 ) -> Iterator[tracing.Span]:
     """The `process {source}` span of the messages `reply_ids` (one for a single message;
-    none when a batch's ids are read later), linked to `contexts` (or, with
-    `continue_traces` and one message, its child)."""
+    none when they cannot be named), linked to `contexts` (or, with `continue_traces` and
+    one message, its child); `start_time` (epoch nanoseconds) when the request began
+    before its contexts were read."""
     attributes: dict[str, str | int | float | bool] = {
         "messaging.system": system,
         "messaging.operation.type": "process",
@@ -55,6 +57,7 @@ def processing(
         attributes,
         contexts,
         parented=continue_traces and len(contexts) == 1,
+        start_time=start_time,
     ) as span:
         yield span
 
@@ -71,19 +74,3 @@ def record_outcomes(span: tracing.Span, outcomes: Sequence[str]) -> None:
     }
     counts["messaging.batch.message_count"] = len(outcomes)
     span.set(counts)
-
-
-def record_items(
-    span: tracing.Span,
-    reply_ids: Sequence[object],
-    contexts: Sequence[Mapping[str, str]],
-    outcomes: Sequence[str],
-) -> None:
-    """What a request's span learns once its items are read (an HTTP batch's): a link to
-    each creation context, the message's id when it carries one, and the outcomes."""
-    if not span.recording:
-        return
-    span.link(contexts)
-    if len(reply_ids) == 1 and isinstance(reply_ids[0], str):
-        span.set({"messaging.message.id": reply_ids[0]})
-    record_outcomes(span, outcomes)

@@ -5,6 +5,8 @@ the dedupe outcome of a single message or a batch's counts by outcome."""
 from __future__ import annotations
 
 import json
+import time
+from collections.abc import Mapping
 from typing import Any
 
 import pytest
@@ -16,6 +18,7 @@ from support.tracing import ids, linked, named, refuse_tracing, spans, tracepare
 
 from receiver import ReceiptStore, create_app
 from receiver.effects import record_effect
+from receiver.rules import ReceiverRules
 
 __all__ = ["spans"]  # the fixture, used by name
 
@@ -147,12 +150,50 @@ def test_a_batch_is_one_span_linked_to_each_items_creation_with_counts(
 def test_a_batch_of_one_names_its_message(store: ReceiptStore, spans: InMemorySpanExporter) -> None:
     assert post_batch(client(store), item("one", "{}", CONTEXTS[0])) == ["stored"]
     (span,) = processed(spans)
-    assert linked(span) == [CONTEXTS[0]]
+    assert (span.parent, linked(span)) == (None, [CONTEXTS[0]])
     assert dict(span.attributes or {}) == {
         **MESSAGING,
         "messaging.message.id": "one",
         "outbox.dedupe.outcome": "stored",
     }
+
+
+def test_with_continue_traces_a_batch_of_one_is_its_creations_child(
+    store: ReceiptStore, spans: InMemorySpanExporter
+) -> None:
+    # A relay in batch mode sends a trickle as batches of one: they continue as singles do.
+    assert post_batch(client(store, True), item("one", "{}", CONTEXTS[0])) == ["stored"]
+    (span,) = processed(spans)
+    assert ids(span.parent) == CONTEXTS[0]
+    assert span.context.trace_id == CONTEXTS[0][0]
+    assert linked(span) == []
+    assert span.attributes["messaging.message.id"] == "one"  # type: ignore[index]
+
+
+def test_with_continue_traces_a_batch_with_one_valid_item_of_two_is_linked(
+    store: ReceiptStore, spans: InMemorySpanExporter
+) -> None:
+    batch = [item("one", "{}", CONTEXTS[0]), item("bad", "{NaN}", CONTEXTS[1])]
+    assert post_batch(client(store, True), *batch) == ["stored", "invalid"]
+    (span,) = processed(spans)
+    assert (span.parent, linked(span)) == (None, [CONTEXTS[0]])
+
+
+def test_a_batch_span_starts_when_the_request_is_taken_not_once_its_items_are_read(
+    store: ReceiptStore, spans: InMemorySpanExporter, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    reading: list[int] = []
+    read_batch = ReceiverRules.read_batch
+
+    def timed(self: ReceiverRules, headers: Mapping[str, str], body: bytes) -> object:
+        reading.append(time.time_ns())
+        return read_batch(self, headers, body)
+
+    monkeypatch.setattr(ReceiverRules, "read_batch", timed)
+    assert post_batch(client(store, True), item("one", "{}", CONTEXTS[0])) == ["stored"]
+    (span,) = processed(spans)
+    assert span.start_time is not None
+    assert span.start_time <= reading[0]
 
 
 def test_unconfigured_the_receiver_reads_no_context(
