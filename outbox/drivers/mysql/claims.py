@@ -176,7 +176,7 @@ class MySQLClaims(DriverPieces):
         """Lease up to `limit` due messages, the first undelivered of each key, and their
         keys' next messages; `keys` is not used (no key cursor: the pick is the walk)."""
         params = claim_parameters(owner, now, lease, limit, budget, destinations, skip_destinations)
-        previous: dict[int, int] = dict(conn.execute(pick_statement(self), params).tuples().all())
+        previous = {row[0]: row[1] for row in conn.execute(pick_statement(self), params)}
         heads = self.lease(conn, previous, params)
         return heads + self.claim_chains(conn, heads, params)
 

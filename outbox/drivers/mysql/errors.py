@@ -7,6 +7,8 @@ an error is recognised by the module its class comes from and read by its number
 
 from __future__ import annotations
 
+from functools import cached_property
+
 DEADLOCK = 1213
 LOCK_WAIT_TIMEOUT = 1205
 NO_SUCH_TABLE = 1146
@@ -34,8 +36,14 @@ def error_number(error: BaseException | None) -> int | None:
 class MySQLErrors:
     """Error numbers read."""
 
-    # No held connections of its own: every error comes wrapped in SQLAlchemy's DBAPIError.
-    database_errors: tuple[type[Exception], ...] = ()
+    @cached_property
+    def database_errors(self) -> tuple[type[Exception], ...]:
+        """PyMySQL's errors, imported at the first look (the mysql extra may be absent)."""
+        try:
+            import pymysql
+        except ImportError:
+            return ()
+        return (pymysql.err.MySQLError,)
 
     def transient(self, error: BaseException | None) -> bool | None:
         """Deadlocks, lock waits that ran out, lost connections (TRANSIENT); None for an

@@ -54,6 +54,16 @@ def new_id(result: CursorResult[Any]) -> int:
     return int(key[0])
 
 
+def select_oldest(cutoff: sa.ColumnElement[float], batch: int) -> sa.Select[Any]:
+    """Up to `batch` receipts received before `cutoff`, oldest first."""
+    return (
+        sa.select(receipts.c.reply_id)
+        .where(receipts.c.received_at < cutoff)
+        .order_by(receipts.c.received_at)
+        .limit(batch)
+    )
+
+
 class MySQLInserts(ReceiptStatements):
     """publish()'s insert, the inbox row, receipts, the audit row and resolve."""
 
@@ -136,3 +146,12 @@ class MySQLInserts(ReceiptStatements):
         statement = requeues.insert().values(**values, requested_at=self.now_sql(now))
         audit_id = new_id(conn.execute(statement))
         return dict(conn.execute(select_audit(audit_id)).mappings().one())
+
+    def purge_receipts(self, conn: Connection, now: Now, older_than: float, batch: int) -> int:
+        """Delete up to `batch` receipts received over `older_than` seconds ago, oldest
+        first; how many. Chosen first, then deleted by key: MariaDB takes no LIMIT in an
+        IN subquery."""
+        chosen = list(conn.execute(select_oldest(self.now_sql(now) - older_than, batch)).scalars())
+        if not chosen:
+            return 0
+        return int(conn.execute(receipts.delete().where(receipts.c.reply_id.in_(chosen))).rowcount)
