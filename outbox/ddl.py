@@ -1,9 +1,10 @@
 """What the migrations and the declared schema build differently on MySQL and MariaDB.
 
-Tables: InnoDB (row locks, SKIP LOCKED, transactional DDL aside), utf8mb4 with the
-binary collation utf8mb4_bin, so that identifiers (reply_id, task ids, destinations,
-ordering keys) compare byte for byte as on PostgreSQL and SQLite: under a case- and
-accent-insensitive collation 'A' and 'a' would be one reply_id. Bodies and payloads:
+Tables: InnoDB (row locks, SKIP LOCKED), utf8mb4 with a binary NO PAD collation
+(utf8mb4_nopad_bin on MariaDB, utf8mb4_0900_bin on MySQL 8), so that identifiers
+(reply_id, task ids, destinations, ordering keys) compare byte for byte as on PostgreSQL
+and SQLite: under a case- and accent-insensitive collation 'A' and 'a' would be one
+reply_id, and under a PAD SPACE one (utf8mb4_bin) 'a' and 'a '. Bodies and payloads:
 LONGBLOB and LONGTEXT, where BLOB and TEXT stop at 64 KiB.
 
 Indexes: MySQL has no partial indexes. Each PostgreSQL index whose predicate names a
@@ -34,9 +35,27 @@ MYSQL = ("mysql", "mariadb")
 TABLE_OPTIONS: dict[str, Any] = {
     f"{dialect}_{option}": value
     for dialect in MYSQL
-    for option, value in (("engine", "InnoDB"), ("charset", "utf8mb4"), ("collate", "utf8mb4_bin"))
+    for option, value in (("engine", "InnoDB"), ("charset", "utf8mb4"))
 }
-"""The table options of every table of the toolkit on MySQL and MariaDB (ignored elsewhere)."""
+"""The declared tables' options on MySQL and MariaDB (ignored elsewhere); the migrations
+add the binary collation of the server they run on (table_options)."""
+MARIADB_COLLATION = "utf8mb4_nopad_bin"
+MYSQL_COLLATION = "utf8mb4_0900_bin"
+# Binary and NO PAD: utf8mb4_bin pads with spaces when it compares, so 'order-1' and
+# 'order-1 ' would be one reply_id. MariaDB (10.2+) and MySQL 8 name their NO PAD binary
+# collations differently.
+
+
+def table_options() -> dict[str, Any]:
+    """TABLE_OPTIONS with the NO PAD binary collation of the server a migration runs on."""
+    bind = op.get_bind()
+    if not on_mysql(bind):
+        return TABLE_OPTIONS
+    mariadb = bool(getattr(bind.dialect, "is_mariadb", False))
+    collation = MARIADB_COLLATION if mariadb else MYSQL_COLLATION
+    return TABLE_OPTIONS | {f"{dialect}_collate": collation for dialect in MYSQL}
+
+
 LongBinary = sa.LargeBinary().with_variant(mysql.LONGBLOB(), *MYSQL)
 """Bytes of any length: LONGBLOB on MySQL, whose BLOB holds 64 KiB."""
 LongText = sa.Text().with_variant(mysql.LONGTEXT(), *MYSQL)

@@ -152,7 +152,8 @@ def mysql_scratch_database(server: sa.Engine, prefix: str) -> Iterator[str]:
     """A new, empty MySQL database named `prefix` and a random suffix, dropped at the end."""
     name = f"{prefix}_{uuid.uuid4().hex[:12]}"
     with server.connect() as conn:
-        conn.execute(sa.text(f"CREATE DATABASE `{name}` CHARACTER SET utf8mb4 COLLATE utf8mb4_bin"))
+        # The server's default collation, case-insensitive: the tables bring their own.
+        conn.execute(sa.text(f"CREATE DATABASE `{name}` CHARACTER SET utf8mb4"))
     try:
         yield server.url.set(database=name).render_as_string(hide_password=False)
     finally:

@@ -4,11 +4,12 @@ Revision ID: o0001
 Revises:
 Create Date: 2026-11-29
 
-On MySQL and MariaDB the tables are InnoDB in utf8mb4_bin (identifiers compared byte for
-byte), bodies LONGBLOB and payloads LONGTEXT, and each partial index whose predicate
-names a state is built as its InnoDB counterpart, a full index leading with `state`, so
-that a claim walks exactly the pending range in claim order and stops at its LIMIT
-however much history the table holds (outbox.ddl says each one and why).
+On MySQL and MariaDB the tables are InnoDB in utf8mb4 with a binary NO PAD collation
+(identifiers compared byte for byte), bodies LONGBLOB and payloads LONGTEXT, and each
+partial index whose predicate names a state is built as its InnoDB counterpart, a full
+index leading with `state`, so that a claim walks exactly the pending range in claim
+order and stops at its LIMIT however much history the table holds (outbox.ddl says
+each one and why).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 
 from alembic import op
-from outbox.ddl import TABLE_OPTIONS, LongBinary, LongText, create_partial_index
+from outbox.ddl import LongBinary, LongText, create_partial_index, table_options
 
 revision: str = "o0001"
 down_revision: str | None = None
@@ -43,7 +44,7 @@ def upgrade() -> None:
         sa.Column("received_at", sa.Double(), nullable=False),
         sa.PrimaryKeyConstraint("principal", "message_id", name=op.f("pk_outbox_inbox")),
         sa.UniqueConstraint("task_id", name=op.f("uq_outbox_inbox_task_id")),
-        **TABLE_OPTIONS,
+        **table_options(),
     )
     op.create_table(
         "outbox_tasks",
@@ -71,7 +72,7 @@ def upgrade() -> None:
             "attempts >= 0 AND attempts <= max_attempts", name=op.f("ck_outbox_tasks_attempts")
         ),
         sa.PrimaryKeyConstraint("task_id", name=op.f("pk_outbox_tasks")),
-        **TABLE_OPTIONS,
+        **table_options(),
     )
     create_partial_index(
         "ix_outbox_tasks_claimable",
@@ -112,7 +113,7 @@ def upgrade() -> None:
         sa.PrimaryKeyConstraint("id", name=op.f("pk_outbox_messages")),
         sa.UniqueConstraint("reply_id", name=op.f("uq_outbox_messages_reply_id")),
         sa.UniqueConstraint("task_id", name=op.f("uq_outbox_messages_task_id")),
-        **TABLE_OPTIONS,
+        **table_options(),
     )
     create_partial_index(
         "ix_outbox_messages_deliverable",

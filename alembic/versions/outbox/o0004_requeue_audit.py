@@ -12,7 +12,7 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 
 from alembic import op
-from outbox.ddl import TABLE_OPTIONS, LongText
+from outbox.ddl import LongText, table_options
 
 revision: str = "o0004"
 down_revision: str | None = "o0003"
@@ -36,7 +36,7 @@ def upgrade() -> None:
         sa.Column("previous_status", sa.Integer(), nullable=True),
         sa.Column("previous_error", LongText, nullable=True),
         sa.PrimaryKeyConstraint("id", name=op.f("pk_outbox_requeues")),
-        **TABLE_OPTIONS,
+        **table_options(),
     )
     op.create_index("ix_outbox_requeues_reply_id", "outbox_requeues", ["reply_id"])
 

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 
 from alembic import op
-from outbox.ddl import TABLE_OPTIONS, LongBinary
+from outbox.ddl import LongBinary, table_options
 
 revision: str = "r0001"
 down_revision: str | None = None
@@ -30,7 +30,7 @@ def upgrade() -> None:
         sa.Column("body", LongBinary, nullable=False),
         sa.Column("received_at", sa.Double(), nullable=False),
         sa.PrimaryKeyConstraint("reply_id", name=op.f("pk_receiver_receipts")),
-        **TABLE_OPTIONS,
+        **table_options(),
     )
     op.create_index("ix_receiver_receipts_received_at", "receiver_receipts", ["received_at"])
     op.create_table(
@@ -40,7 +40,7 @@ def upgrade() -> None:
         sa.Column("body", LongBinary, nullable=False),
         sa.Column("created_at", sa.Double(), nullable=False),
         sa.PrimaryKeyConstraint("id", name=op.f("pk_receiver_effects")),
-        **TABLE_OPTIONS,
+        **table_options(),
     )
     op.create_index(op.f("ix_receiver_effects_reply_id"), "receiver_effects", ["reply_id"])
 

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 
 from alembic import op
-from outbox.ddl import TABLE_OPTIONS, LongBinary, LongText
+from outbox.ddl import LongBinary, LongText, table_options
 
 revision: str = "r0002"
 down_revision: str | None = "r0001"
@@ -34,7 +34,7 @@ def upgrade() -> None:
         sa.Column("broker_ref", sa.String(400), nullable=True),
         sa.Column("dead_at", sa.Double(), nullable=False),
         sa.PrimaryKeyConstraint("reply_id", name=op.f("pk_receiver_dead_letters")),
-        **TABLE_OPTIONS,
+        **table_options(),
     )
     op.create_index("ix_receiver_dead_letters_dead_at", "receiver_dead_letters", ["dead_at"])
 
