@@ -14,6 +14,7 @@ from collections.abc import Iterator
 import pytest
 import sqlalchemy as sa
 from support.driver_helpers import START, message_row, published
+from support.task_rows import task_values
 
 from outbox.db.dialect import create_engine
 from outbox.db.retry import is_transient, waited_for_lock
@@ -87,6 +88,21 @@ def test_concurrent_claims_skip_each_others_rows(
         # SKIP LOCKED: the second claim neither waits for the first nor takes its rows.
         with impatient.begin():
             assert claim(driver, impatient, "relay-2", limit=10) == ["m2", "m3"]
+
+
+def test_a_reconcile_under_way_leaves_the_due_tasks_to_a_claim(
+    driver: Driver, engine: sa.Engine, impatient: sa.Connection
+) -> None:
+    # A locking walk of (state, deadline) for past deadlines would lock the record that
+    # ends it, the pending task due next, and a concurrent claim would skip that task.
+    with engine.begin() as conn:
+        driver.insert_task(conn, task_values("due"))
+    with engine.begin() as reconciling:
+        assert driver.expire_past_deadline(reconciling, START + 10, 10) == []
+        assert driver.reap_expired_task_leases(reconciling, START + 10, 10) == []
+        with impatient.begin():
+            rows = driver.claim_tasks(impatient, owner="w", now=START + 10, lease=30.0, limit=1)
+            assert [row["task_id"] for row in rows] == ["due"]
 
 
 def test_a_deadlock_is_transient_for_the_one_retry_policy(

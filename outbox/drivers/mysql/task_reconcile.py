@@ -1,6 +1,13 @@
-"""Reconciling tasks on MySQL: each a locking pick of at most :limit rows (SKIP LOCKED:
-two reconcilers share the work), an UPDATE by task_id, and, for reaped leases, a read
-of the states they went to."""
+"""Reconciling tasks on MySQL: candidates read along the index without locks, then locked
+by primary key with the conditions checked again (SKIP LOCKED: two reconcilers share the
+work), an UPDATE by task_id, and, for reaped leases, a read of the states they went to.
+
+Not one locking walk of the index: InnoDB locks each record a locking range scan reads,
+the first one past the range's end too, before it knows that record is out of range.
+The deadline walk ends on the pending task due next, which a worker's claim then
+skipped as locked: with a reconcile in every claim's transaction, two claimers of one
+task could both come back empty. Probes by primary key lock the rows they name alone.
+"""
 
 from __future__ import annotations
 
@@ -10,9 +17,11 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
+from outbox.db.sql import state_literal
 from outbox.drivers.common.pieces import DriverPieces
 from outbox.drivers.common.task_reconcile import (
     DEADLINE_PASSED,
+    UNFINISHED,
     TaskReconcileStatements,
     expired_values,
     lease_expired_pick,
@@ -27,8 +36,22 @@ from outbox.states import TaskState
 
 @functools.cache
 def deadline_pick(pieces: DriverPieces) -> sa.Select[Any]:
-    """Past-deadline unfinished tasks, locked."""
-    return past_deadline_pick(pieces.bound_now()).with_for_update(skip_locked=True)
+    """Up to :limit past-deadline unfinished tasks' ids, read without locks."""
+    return past_deadline_pick(pieces.bound_now())
+
+
+@functools.cache
+def deadline_lock(pieces: DriverPieces) -> sa.Select[Any]:
+    """The :picked tasks still unfinished and past their deadline, locked by primary key."""
+    return (
+        sa.select(tasks.c.task_id)
+        .where(
+            by_keys(tasks.c.task_id),
+            tasks.c.state.in_(UNFINISHED),
+            tasks.c.deadline <= pieces.bound_now(),
+        )
+        .with_for_update(skip_locked=True)
+    )
 
 
 @functools.cache
@@ -40,8 +63,30 @@ def expire_update(pieces: DriverPieces) -> sa.Update:
 
 @functools.cache
 def lease_pick(pieces: DriverPieces) -> sa.Select[Any]:
-    """Running tasks whose lease expired, locked."""
-    return lease_expired_pick(pieces.bound_now()).with_for_update(skip_locked=True)
+    """Up to :limit running tasks' ids whose lease expired, read without locks."""
+    return lease_expired_pick(pieces.bound_now())
+
+
+@functools.cache
+def lease_lock(pieces: DriverPieces) -> sa.Select[Any]:
+    """The :picked tasks still running past their lease, locked by primary key."""
+    return (
+        sa.select(tasks.c.task_id)
+        .where(
+            by_keys(tasks.c.task_id),
+            tasks.c.state == state_literal(TaskState.RUNNING),
+            tasks.c.lease_until <= pieces.bound_now(),
+        )
+        .with_for_update(skip_locked=True)
+    )
+
+
+def locked(conn: Connection, pick: Any, lock: Any, params: dict[str, Any]) -> list[Any]:
+    """The candidates `pick` reads that `lock` then locks by primary key."""
+    candidates = picked(conn, pick, params)
+    if not candidates:
+        return []
+    return picked(conn, lock, {**params, "picked": candidates})
 
 
 @functools.cache
@@ -67,7 +112,7 @@ class MySQLTaskReconcile(TaskReconcileStatements):
     ) -> list[EndedTask]:
         """Move up to `limit` pending or running tasks past their deadline to expired."""
         params = {"now": now, "limit": limit}
-        ids = picked(conn, deadline_pick(self), params)
+        ids = locked(conn, deadline_pick(self), deadline_lock(self), params)
         if ids:
             conn.execute(expire_update(self), {**params, "picked": ids})
         return [EndedTask(task_id, TaskState.EXPIRED.value, DEADLINE_PASSED) for task_id in ids]
@@ -78,6 +123,6 @@ class MySQLTaskReconcile(TaskReconcileStatements):
         """Return up to `limit` running tasks whose lease expired to pending, or fail them
         when out of attempts."""
         params = {"now": now, "limit": limit}
-        ids = picked(conn, lease_pick(self), params)
+        ids = locked(conn, lease_pick(self), lease_lock(self), params)
         rows = write_picked(conn, lease_update(self), read_ended(), ids, params)
         return [EndedTask(task_id, state, why) for task_id, state, why in rows]
