@@ -1,9 +1,9 @@
 """publish() on MySQL inside the host's own transaction: a Session of the application's
 engine (its own isolation level), and an AsyncSession on asyncmy through outbox.asyncio.
 
-The insert runs in a savepoint of the caller's transaction (outbox.drivers.mysql.once):
-a rollback of the caller's transaction takes the message back, a second publish of the
-same reply_id in it finds the first.
+A duplicate key undoes only its statement (outbox.drivers.mysql.once): a second publish
+of the same reply_id in the caller's transaction finds the first and the transaction
+goes on; a rollback of the caller's transaction takes the message back.
 """
 
 from __future__ import annotations

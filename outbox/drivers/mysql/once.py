@@ -3,9 +3,10 @@
 MySQL's INSERT IGNORE would also turn a too-long value into a silently truncated one
 (an identifier cut short is another identifier), and with the CLIENT_FOUND_ROWS flag
 SQLAlchemy sets, ON DUPLICATE KEY UPDATE counts a row it left alone as one it wrote.
-So the row is inserted inside a savepoint of the caller's transaction: a duplicate key
-rolls back that one statement and says the row was there. A writer of the same key
-still in flight makes the INSERT wait for its end, as PostgreSQL's ON CONFLICT does.
+So the row is inserted plainly: InnoDB rolls back only the statement a duplicate key
+fails, the caller's transaction goes on (no savepoint needed, unlike PostgreSQL's), and
+the error says the row was there. A writer of the same key still in flight makes the
+INSERT wait for its end, as PostgreSQL's ON CONFLICT does.
 """
 
 from __future__ import annotations
@@ -21,14 +22,11 @@ DUPLICATE_KEY = 1062
 
 
 def insert_once(conn: Connection, statement: Any, params: Any = None) -> CursorResult[Any] | None:
-    """Run an INSERT in a savepoint: its result, or None when a unique key already held it."""
-    savepoint = conn.begin_nested()
+    """Run an INSERT: its result, or None when a unique key already held its row (or one of
+    its rows: the whole statement is then undone)."""
     try:
-        result = conn.execute(statement, params)
+        return conn.execute(statement, params)
     except sa.exc.IntegrityError as exc:
-        savepoint.rollback()
         if error_number(exc.orig) != DUPLICATE_KEY:
             raise
         return None
-    savepoint.commit()
-    return result
