@@ -18,6 +18,8 @@ from outbox.drivers.mysql import MySQLDriver
 from outbox.drivers.postgresql import PostgreSQLDriver
 from outbox.drivers.sqlite import SQLiteDriver
 
+# MySQL's first: PyMySQL's errors carry a SQLSTATE as well, which PostgreSQL's reading
+# (outbox.db.retry asks each driver in this order) would judge by PostgreSQL's codes.
 DRIVERS: dict[str, Driver] = {
     driver.name: driver for driver in (MySQLDriver(), PostgreSQLDriver(), SQLiteDriver())
 }

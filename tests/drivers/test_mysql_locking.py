@@ -145,6 +145,23 @@ def test_a_deadlock_is_transient_for_the_one_retry_policy(
     assert not waited_for_lock(deadlocks[0])
 
 
+def test_a_lock_wait_that_ran_out_is_retried_by_the_one_policy_after_its_wait(
+    driver: Driver, engine: sa.Engine, impatient: sa.Connection
+) -> None:
+    # Error 1205 has SQLSTATE HY000, which PostgreSQL's reading would call permanent: the
+    # policy must hear MySQL's driver on it.
+    with engine.begin() as conn:
+        published(driver, conn, "held", START)
+    lock = sa.text("SELECT id FROM outbox_messages WHERE reply_id = 'held' FOR UPDATE")
+    with engine.begin() as holder:
+        holder.execute(lock)
+        with impatient.begin(), pytest.raises(sa.exc.OperationalError) as waited:
+            impatient.execute(lock)
+    assert waited.value.orig.args[0] == 1205
+    assert is_transient(waited.value)
+    assert waited_for_lock(waited.value)
+
+
 def test_identifiers_compare_and_bodies_come_back_byte_for_byte(
     driver: Driver, conn: sa.Connection
 ) -> None:
