@@ -65,3 +65,24 @@ class MySQLEngines:
 
     def prepare_engine(self, engine: sa.Engine) -> None:
         """Nothing per connection: the isolation level is create_engine's option."""
+
+    def server_refusal(self, conn: sa.Connection) -> str | None:
+        """A binary log in statement format (binlog_refusal), read from the server."""
+        log_bin, binlog_format = conn.execute(sa.text("SELECT @@log_bin, @@binlog_format")).one()
+        return binlog_refusal(bool(log_bin), str(binlog_format))
+
+
+def binlog_refusal(log_bin: bool, binlog_format: str) -> str | None:
+    """Why a binary log in this format cannot take the claims, or None.
+
+    Which rows `SKIP LOCKED` takes depends on the locks of the moment, so a replica
+    replaying the statement would change other rows: statement-based logging refuses it
+    (MariaDB error 4175) or logs it unsafely. Row-based and mixed logging (which logs such
+    a statement by rows) replay the rows it changed.
+    """
+    if log_bin and binlog_format.upper() == "STATEMENT":
+        return (
+            "the server logs statements (binlog_format=STATEMENT), and SKIP LOCKED, which "
+            "every claim runs, is unsafe to replay: set binlog_format to ROW or MIXED"
+        )
+    return None
