@@ -4,6 +4,7 @@ on a backend without RETURNING: each its statements in the caller's transaction.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from functools import cached_property
 from typing import Any
 
 import sqlalchemy as sa
@@ -67,11 +68,15 @@ def select_oldest(cutoff: sa.ColumnElement[float], batch: int) -> sa.Select[Any]
 class MySQLInserts(ReceiptStatements):
     """publish()'s insert, the inbox row, receipts, the audit row and resolve."""
 
+    @cached_property
+    def insert_one_message(self) -> Any:
+        """INSERT one message as pending, due at :now or the database's clock; built once."""
+        return message_values(messages.insert(), self.bound_now())
+
     def insert_message(self, conn: Connection, row: dict[str, Any], now: Now) -> RowMapping | None:
         """Insert one message as pending and due now unless its reply_id exists: the new
         row (read back by its id), or None when it existed."""
-        statement = message_values(messages.insert(), self.now_sql(now)).values(**row)
-        result = insert_once(conn, statement)
+        result = insert_once(conn, self.insert_one_message, {**row, "now": now})
         if result is None:
             return None
         return conn.execute(select_message_by_id(new_id(result))).mappings().one()
