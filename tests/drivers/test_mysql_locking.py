@@ -19,6 +19,7 @@ from support.task_rows import task_values
 from outbox.db.dialect import create_engine
 from outbox.db.retry import is_transient, waited_for_lock
 from outbox.drivers import Driver
+from outbox.drivers.mysql import tenant_lock
 
 pytestmark = pytest.mark.parametrize("backend", ["mysql"], indirect=True)
 LEASE = 30.0
@@ -103,6 +104,31 @@ def test_a_reconcile_under_way_leaves_the_due_tasks_to_a_claim(
         with impatient.begin():
             rows = driver.claim_tasks(impatient, owner="w", now=START + 10, lease=30.0, limit=1)
             assert [row["task_id"] for row in rows] == ["due"]
+
+
+def test_capped_claims_wait_for_each_others_commit(
+    driver: Driver, engine: sa.Engine, impatient: sa.Connection, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Two pending tasks of one tenant, a cap of one: the second claimer must count the
+    # first one's running task, so it cannot claim while that claim's transaction is open.
+    monkeypatch.setattr(tenant_lock, "TAKE", sa.text(f"SELECT GET_LOCK('{tenant_lock.NAME}', 0)"))
+    with engine.begin() as conn:
+        driver.insert_task(conn, task_values("one", created_at=START))
+        driver.insert_task(conn, task_values("two", created_at=START + 1))
+
+    def capped_claim(conn: sa.Connection, owner: str) -> list[str]:
+        rows = driver.claim_tasks(
+            conn, owner=owner, now=START + 10, lease=30.0, limit=1, tenant_cap=1
+        )
+        return [row["task_id"] for row in rows]
+
+    with engine.begin() as first:
+        assert capped_claim(first, "w1") == ["one"]
+        # Row locks alone would let it take "two", counting no running task of the tenant.
+        with impatient.begin(), pytest.raises(tenant_lock.TenantCapsBusy):
+            capped_claim(impatient, "w2")
+    with engine.begin() as second:
+        assert capped_claim(second, "w2") == []
 
 
 def test_a_deadlock_is_transient_for_the_one_retry_policy(

@@ -15,6 +15,7 @@ from typing import Any
 import sqlalchemy as sa
 
 from outbox.clients import optional_client
+from outbox.drivers.mysql.tenant_lock import release_on_checkin
 
 OWN_DRIVER = "pymysql"
 """The DBAPI of the mysql extra, for a URL that names none."""
@@ -64,7 +65,9 @@ class MySQLEngines:
         return options
 
     def prepare_engine(self, engine: sa.Engine) -> None:
-        """Nothing per connection: the isolation level is create_engine's option."""
+        """The release of the capped claims' lock when a connection returns to the pool
+        (the isolation level is create_engine's option)."""
+        release_on_checkin(engine)
 
     def server_refusal(self, conn: sa.Connection) -> str | None:
         """A binary log in statement format (binlog_refusal), read from the server."""

@@ -22,6 +22,7 @@ from outbox.drivers.common.task_claims import (
     claimable_pick,
     lease_values,
 )
+from outbox.drivers.mysql import tenant_lock
 from outbox.drivers.mysql.picks import by_keys, picked, write_picked
 from outbox.schema import tasks
 from outbox.states import TaskState
@@ -69,6 +70,7 @@ class MySQLTaskClaims(TaskClaimStatements):
         params: dict[str, Any] = {"now": now, "claim_owner": owner, "lease": lease}
         if tenant_cap is None:
             return self.lease_picked(conn, task_pick(self, False, manual), manual, params, limit)
+        self.lock_tenant_caps(conn)
         # One at a time, so a batch cannot push a tenant past its cap.
         rows: list[RowMapping] = []
         capped = {**params, "tenant_cap": tenant_cap}
@@ -86,3 +88,7 @@ class MySQLTaskClaims(TaskClaimStatements):
         ids = picked(conn, pick, {**params, "limit": limit})
         rows = write_picked(conn, task_lease(self, manual), read_claimed_tasks(), ids, params)
         return [row._mapping for row in rows]
+
+    def lock_tenant_caps(self, conn: Connection) -> None:
+        """Serialize capped claims until their transaction has ended (tenant_lock)."""
+        tenant_lock.lock_tenant_caps(conn)
