@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from outbox.schema import POSTGRESQL_ONLY_INDEXES
+from outbox.schema import index_on_backend
 
 # Every table of the toolkit (its version table outbox_alembic_version included) has one of
 # these prefixes, also the tables of a newer release this code does not declare yet.
@@ -40,8 +40,9 @@ def include_object(
 
 
 def only_ours(dialect_name: str) -> tuple[Callable[..., bool], IncludeObject]:
-    """Our env.py's (include_name, include_object): the toolkit's tables alone, and on other
-    backends than PostgreSQL without the indexes PostgreSQL alone has."""
+    """Our env.py's (include_name, include_object): the toolkit's tables alone, each backend
+    with the indexes its migrations build (PostgreSQL's own, the partial ones or their
+    InnoDB counterparts: outbox.schema.index_on_backend)."""
 
     def name_filter(name: str | None, type_: str, parent_names: Mapping[str, str | None]) -> bool:
         return type_ != "table" or is_ours(name)
@@ -49,7 +50,7 @@ def only_ours(dialect_name: str) -> tuple[Callable[..., bool], IncludeObject]:
     def object_filter(
         obj: Any, name: str | None, type_: str, reflected: bool, compare_to: Any
     ) -> bool:
-        if type_ == "index" and name in POSTGRESQL_ONLY_INDEXES and dialect_name != "postgresql":
+        if type_ == "index" and not index_on_backend(name, dialect_name):
             return False
         return type_ != "table" or is_ours(name)
 

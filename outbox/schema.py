@@ -11,6 +11,16 @@ from typing import Any
 
 import sqlalchemy as sa
 
+from outbox.ddl import (
+    INNODB_INDEXES,
+    INNODB_NAMES,
+    MYSQL,
+    TABLE_OPTIONS,
+    BuiltOn,
+    LongBinary,
+    LongText,
+    innodb_index,
+)
 from outbox.states import DeadDecision, MessageState, TaskState
 
 NAMING_CONVENTION = {
@@ -46,9 +56,10 @@ inbox = sa.Table(
     sa.Column("principal", sa.String(200), primary_key=True),
     sa.Column("message_id", sa.String(128), primary_key=True),
     sa.Column("content_hash", sa.String(64), nullable=False),
-    sa.Column("content", sa.Text(), nullable=False),
+    sa.Column("content", LongText, nullable=False),
     sa.Column("task_id", sa.String(64), nullable=False, unique=True),
     sa.Column("received_at", Epoch(), nullable=False),
+    **TABLE_OPTIONS,
 )
 
 tasks = sa.Table(
@@ -56,7 +67,7 @@ tasks = sa.Table(
     metadata,
     sa.Column("task_id", sa.String(64), primary_key=True),
     sa.Column("tenant_id", sa.String(200), nullable=False),
-    sa.Column("payload", sa.Text(), nullable=False),
+    sa.Column("payload", LongText, nullable=False),
     sa.Column("priority", sa.Integer(), nullable=False),
     sa.Column("deadline", Epoch(), nullable=False),
     sa.Column("hops", sa.Integer(), nullable=False),
@@ -67,8 +78,8 @@ tasks = sa.Table(
     sa.Column("owner", sa.String(200)),
     sa.Column("lease_until", Epoch()),
     sa.Column("fence", sa.BigInteger(), nullable=False),
-    sa.Column("result", sa.Text()),
-    sa.Column("last_error", sa.Text()),
+    sa.Column("result", LongText),
+    sa.Column("last_error", LongText),
     sa.Column("cancel_requested_at", Epoch()),
     sa.Column("created_at", Epoch(), nullable=False),
     sa.Column("updated_at", Epoch(), nullable=False),
@@ -88,6 +99,7 @@ tasks = sa.Table(
         "deadline",
         **_partial("state IN ('pending', 'running')"),
     ),
+    **TABLE_OPTIONS,
 )
 # Migration o0011 leaves 30% of each outbox_tasks page free (fillfactor 70) on PostgreSQL:
 # a renewal is HOT only when its new row version fits on the page.
@@ -109,16 +121,16 @@ messages = sa.Table(
     sa.Column("task_id", sa.String(64)),
     sa.Column("destination", sa.String(200), nullable=False),
     sa.Column("ordering_key", sa.String(200)),
-    sa.Column("body", sa.LargeBinary(), nullable=False),
+    sa.Column("body", LongBinary, nullable=False),
     sa.Column("content_hash", sa.String(64), nullable=False),
-    sa.Column("headers", sa.Text(), nullable=False),
+    sa.Column("headers", LongText, nullable=False),
     sa.Column("state", sa.String(16), nullable=False),
     sa.Column("attempts", sa.Integer(), nullable=False),
     sa.Column("available_at", Epoch(), nullable=False),
     sa.Column("owner", sa.String(200)),
     sa.Column("lease_until", Epoch()),
     sa.Column("fence", sa.BigInteger(), nullable=False),
-    sa.Column("last_error", sa.Text()),
+    sa.Column("last_error", LongText),
     sa.Column("last_status", sa.Integer()),
     sa.Column("created_at", Epoch(), nullable=False),
     sa.Column("sent_at", Epoch()),
@@ -142,6 +154,7 @@ messages = sa.Table(
         "id",
         **_partial("state IN ('pending', 'sending') AND ordering_key IS NOT NULL"),
     ),
+    **TABLE_OPTIONS,
 )
 # Claims and settles change `state`, which the partial indexes name: never HOT. Room on the
 # page keeps their new row versions there, where the WAL holds only the bytes that changed:
@@ -158,16 +171,17 @@ requeues = sa.Table(
     sa.Column("id", BigIdentity, primary_key=True, autoincrement=True),
     sa.Column("reply_id", sa.String(200), nullable=False),
     sa.Column("requested_by", sa.String(200), nullable=False),
-    sa.Column("reason", sa.Text(), nullable=False),
+    sa.Column("reason", LongText, nullable=False),
     sa.Column("requested_at", Epoch(), nullable=False),
     sa.Column("receipt", sa.String(16), nullable=False),
     sa.Column("forced", sa.Boolean(), nullable=False),
     sa.Column("previous_attempts", sa.Integer(), nullable=False),
     sa.Column("previous_status", sa.Integer()),
-    sa.Column("previous_error", sa.Text()),
+    sa.Column("previous_error", LongText),
     sa.Column("action", sa.String(16), nullable=False),
     sa.CheckConstraint(_in("action", DEAD_DECISIONS), name="action"),
     sa.Index("ix_outbox_requeues_reply_id", "reply_id"),
+    **TABLE_OPTIONS,
 )
 
 POSTGRESQL_ONLY_INDEXES = frozenset({"ix_outbox_messages_routable", "ix_outbox_messages_unkeyed"})
@@ -218,6 +232,7 @@ relays = sa.Table(
     sa.Column("destination", sa.String(200), primary_key=True),
     sa.Column("expires_at", Epoch(), nullable=False),
     sa.Index("ix_outbox_relays_destination", "destination"),
+    **TABLE_OPTIONS,
 )
 
 # What `outbox console` charts per minute, each read through its timestamp's index over
@@ -230,3 +245,22 @@ sa.Index("ix_outbox_messages_created", messages.c.created_at, postgresql_using="
 sa.Index("ix_outbox_messages_sent", messages.c.sent_at, **_partial("state = 'sent'"))
 sa.Index("ix_outbox_messages_died", messages.c.available_at, **_partial("state = 'dead'"))
 sa.Index("ix_outbox_tasks_finished", tasks.c.finished_at, **_partial("finished_at IS NOT NULL"))
+
+# MySQL has no partial indexes: each state-predicated one is built on PostgreSQL and SQLite
+# alone, and its InnoDB counterpart (outbox.ddl, which says why) on MySQL alone.
+for _table in (tasks, messages):
+    for _index in list(_table.indexes):
+        if _index.name in INNODB_INDEXES:
+            _index.ddl_if(callable_=BuiltOn("postgresql", "sqlite"))
+            innodb_index(_table, str(_index.name))
+
+
+def index_on_backend(name: str | None, dialect_name: str) -> bool:
+    """Whether the index `name` is one the migrations build on this backend."""
+    if name in POSTGRESQL_ONLY_INDEXES:
+        return dialect_name == "postgresql"
+    if name in INNODB_INDEXES:
+        return dialect_name not in MYSQL
+    if name in INNODB_NAMES:
+        return dialect_name in MYSQL
+    return True

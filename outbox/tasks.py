@@ -59,6 +59,8 @@ def _storable_reason(reason: object) -> str:
 class TaskQueue(DatabaseHandle):
     """Durable intake, fenced task leases, and results committed with their replies."""
 
+    _claims_rows = True
+
     _lanes: tuple[Lane, ...] = ()  # none yet while the schema is checked
 
     def __init__(

@@ -45,6 +45,8 @@ LEASE_MARGIN = 0.5  # seconds: the last attempt of a turn must end this long bef
 class Relay(DatabaseHandle):
     """A fenced relay: leases outbox messages and delivers them with backoff."""
 
+    _claims_rows = True
+
     def __init__(
         self,
         url_or_engine: str | sa.URL | Engine,

@@ -1,8 +1,9 @@
-"""Fixtures: every store test runs on SQLite and PostgreSQL.
+"""Fixtures: every store test runs on SQLite and PostgreSQL, the driver conformance suite
+(tests/drivers) on MySQL or MariaDB too.
 
-Each run gets its own PostgreSQL database (dropped at the end) and each test
+Each run gets its own PostgreSQL and MySQL databases (dropped at the end) and each test
 starts from empty tables; SQLite tests get a fresh copy of a migrated file.
-Under CI=true a PostgreSQL that cannot be reached fails the run.
+Under CI=true a PostgreSQL or MariaDB that cannot be reached fails the run.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import os
 import shutil
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -24,6 +26,9 @@ from outbox.testing import ManualClock
 
 PG_ADMIN_URL = os.environ.get(
     "OUTBOXDEV_TEST_PG_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test"
+)
+MYSQL_ADMIN_URL = os.environ.get(
+    "OUTBOXDEV_TEST_MYSQL_URL", "mysql+pymysql://root@127.0.0.1:3306/mysql"
 )
 START = 1_000_000.0
 
@@ -126,6 +131,52 @@ def pg_database(pg_empty_database: str) -> str:
 
 
 @pytest.fixture(scope="session")
+def mysql_server() -> Iterator[sa.Engine]:
+    """An admin engine on the local MySQL or MariaDB; fails under CI, skips elsewhere, when
+    unreachable."""
+    engine = sa.create_engine(MYSQL_ADMIN_URL, isolation_level="AUTOCOMMIT")
+    try:
+        with engine.connect() as conn:
+            conn.execute(sa.text("select 1"))
+    except sa.exc.OperationalError as exc:
+        engine.dispose()
+        if IN_CI:
+            pytest.fail(f"MariaDB is required under CI=true and is unreachable: {exc}")
+        pytest.skip(f"MySQL or MariaDB unreachable at {MYSQL_ADMIN_URL}")
+    yield engine
+    engine.dispose()
+
+
+@contextmanager
+def mysql_scratch_database(server: sa.Engine, prefix: str) -> Iterator[str]:
+    """A new, empty MySQL database named `prefix` and a random suffix, dropped at the end."""
+    name = f"{prefix}_{uuid.uuid4().hex[:12]}"
+    with server.connect() as conn:
+        # The server's default collation, case-insensitive: the tables bring their own.
+        conn.execute(sa.text(f"CREATE DATABASE `{name}` CHARACTER SET utf8mb4"))
+    try:
+        yield server.url.set(database=name).render_as_string(hide_password=False)
+    finally:
+        with server.connect() as conn:
+            conn.execute(sa.text(f"DROP DATABASE IF EXISTS `{name}`"))
+
+
+@pytest.fixture(scope="session")
+def mysql_database(mysql_server: sa.Engine) -> Iterator[str]:
+    """The run's (and this xdist worker's) MySQL database with both branches migrated."""
+    with mysql_scratch_database(mysql_server, "outbox_test") as url:
+        upgrade_all(url)
+        yield url
+
+
+@pytest.fixture
+def mysql_blank_url(mysql_server: sa.Engine) -> Iterator[str]:
+    """An empty MySQL database of this test's own (for tests that migrate), dropped after."""
+    with mysql_scratch_database(mysql_server, "outbox_mig") as url:
+        yield url
+
+
+@pytest.fixture(scope="session")
 def sqlite_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A migrated SQLite file that each test copies."""
     path = tmp_path_factory.mktemp("template") / "template.db"
@@ -133,6 +184,7 @@ def sqlite_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
+# MySQL is not among these yet: tests/drivers runs every registered driver, MySQL's too.
 @pytest.fixture(params=["sqlite", "postgresql"])
 def backend(request: pytest.FixtureRequest) -> str:
     """The backend under test."""
@@ -146,8 +198,12 @@ def db_url(backend: str, request: pytest.FixtureRequest, tmp_path: Path) -> str:
         path = tmp_path / "test.db"
         shutil.copyfile(request.getfixturevalue("sqlite_template"), path)
         return f"sqlite:///{path}"
-    url: str = request.getfixturevalue("pg_database")
-    engine = sa.create_engine(sa.make_url(url).set(drivername="postgresql+psycopg"))
+    if backend == "mysql":
+        url: str = request.getfixturevalue("mysql_database")
+        engine = sa.create_engine(url)
+    else:
+        url = request.getfixturevalue("pg_database")
+        engine = sa.create_engine(sa.make_url(url).set(drivername="postgresql+psycopg"))
     with engine.begin() as conn:
         for statement in emptying_statements(backend):
             conn.execute(sa.text(statement))

@@ -24,10 +24,10 @@ def test_db_upgrade_then_current(tmp_path: Path, capsys: pytest.CaptureFixture[s
 
 
 def test_unsupported_database_is_a_one_line_error(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["db", "upgrade", "--db", "mysql://nobody@localhost/x"]) == 2
+    assert main(["db", "upgrade", "--db", "oracle://localhost/x"]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("outbox: error: database URL 'mysql://nobody@localhost/x': ")
-    assert "unsupported database 'mysql'" in err
+    assert err.startswith("outbox: error: database URL 'oracle://localhost/x': ")
+    assert "unsupported database 'oracle'" in err
     assert err.count("\n") == 1
 
 

@@ -131,8 +131,8 @@ def test_an_unreachable_database_is_one_line_naming_it_and_exit_3(
             "database URL 'postgresql://app:<redacted>@db:5432x/app': ",
         ),
         (
-            "mysql://app:s3cret@db/app",
-            "database URL 'mysql://app:<redacted>@db/app': unsupported database 'mysql'",
+            "oracle://app:s3cret@db/app",
+            "database URL 'oracle://app:<redacted>@db/app': unsupported database 'oracle'",
         ),
     ],
 )

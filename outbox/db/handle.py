@@ -13,6 +13,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
 from outbox.drivers import Driver, driver_for
+from outbox.errors import ConfigError
 from outbox.migrations import OUTBOX_BRANCH, engine_for, ensure_current
 
 
@@ -21,6 +22,8 @@ class DatabaseHandle:
 
     _engine: Engine
     _owns_engine: bool = False
+    _claims_rows: bool = False
+    """Whether this object claims rows (SKIP LOCKED): it then checks that the server can."""
     _dialect: str
     _driver: Driver
 
@@ -31,14 +34,24 @@ class DatabaseHandle:
         self._engine, self._owns_engine = engine_for(url_or_engine, **options)
         try:
             self._check_schema(branch)
+            self._driver = driver_for(self._engine)
+            if self._claims_rows:
+                self._check_server()
         except BaseException:
             self.close()
             raise
         self._dialect = self._engine.dialect.name
-        self._driver = driver_for(self._engine)
 
     def _check_schema(self, branch: str) -> None:
         ensure_current(self._engine, branch)
+
+    def _check_server(self) -> None:
+        """ConfigError when the server's setting makes the claims unsafe (the driver says)."""
+        with self._engine.connect() as conn:
+            refusal = self._driver.server_refusal(conn)
+        if refusal is not None:
+            url = self._engine.url.render_as_string(hide_password=True)
+            raise ConfigError(f"database {url}: {refusal}")
 
     @property
     def engine(self) -> Engine:

@@ -14,13 +14,17 @@ from __future__ import annotations
 import sqlalchemy as sa
 
 from outbox.drivers.base import Driver
+from outbox.drivers.mysql import MySQLDriver
 from outbox.drivers.postgresql import PostgreSQLDriver
 from outbox.drivers.sqlite import SQLiteDriver
 
+# MySQL's first: PyMySQL's errors carry a SQLSTATE as well, which PostgreSQL's reading
+# (outbox.db.retry asks each driver in this order) would judge by PostgreSQL's codes.
 DRIVERS: dict[str, Driver] = {
-    driver.name: driver for driver in (PostgreSQLDriver(), SQLiteDriver())
+    driver.name: driver for driver in (MySQLDriver(), PostgreSQLDriver(), SQLiteDriver())
 }
-"""Every driver, by the name of the SQLAlchemy dialect it runs on."""
+"""Every driver, by the name of the SQLAlchemy dialect it runs on (the MySQL driver also
+runs on the `mariadb` dialect: see driver_for)."""
 
 
 class UnsupportedDatabase(ValueError):
@@ -30,10 +34,15 @@ class UnsupportedDatabase(ValueError):
 def driver_for(target: str | sa.Engine | sa.Connection | sa.Dialect) -> Driver:
     """The driver of a dialect name, or of an Engine's, a Connection's or a Dialect's backend."""
     name = target if isinstance(target, str) else _dialect_name(target)
-    try:
-        return DRIVERS[name]
-    except KeyError:
-        raise UnsupportedDatabase(f"unsupported database {name!r}: use {_names()}") from None
+    found = DRIVERS.get(name)
+    if found is not None:
+        return found
+    # A dialect of its own name on the same backend: SQLAlchemy's `mariadb://` URLs get a
+    # dialect named "mariadb", a MySQL dialect that insists on a MariaDB server.
+    for driver in DRIVERS.values():
+        if name in driver.url_backends:
+            return driver
+    raise UnsupportedDatabase(f"unsupported database {name!r}: use {_names()}")
 
 
 def driver_for_url(url: str | sa.URL) -> Driver:

@@ -38,3 +38,7 @@ class EngineDriver(Protocol):
     def prepare_engine(self, engine: sa.Engine) -> None:
         """Install the backend's connection discipline on `engine`, once."""
         ...
+
+    def server_refusal(self, conn: sa.Connection) -> str | None:
+        """Why the server `conn` is on cannot run the toolkit's claims safely, or None."""
+        ...

@@ -13,9 +13,12 @@ from typing import Protocol
 class ErrorsDriver(Protocol):
     """A backend's DBAPI errors, read."""
 
-    database_errors: tuple[type[Exception], ...]
-    """The errors the backend's own client raises where SQLAlchemy does not wrap them (a
-    held connection's), besides SQLAlchemy's DBAPIError."""
+    @property
+    def database_errors(self) -> tuple[type[Exception], ...]:
+        """The errors the backend's own client raises where SQLAlchemy does not wrap them (a
+        held connection's), besides SQLAlchemy's DBAPIError (read-only: a driver may import
+        an optional client at the first look)."""
+        ...
 
     def transient(self, error: BaseException | None) -> bool | None:
         """Whether `error` may pass on a second try on a fresh connection (a lost

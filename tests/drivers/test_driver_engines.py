@@ -36,3 +36,8 @@ def test_prepare_engine_twice_installs_once(driver: Driver, db_url: str) -> None
 def test_a_url_of_no_drivers_backend_is_refused_naming_the_supported_ones() -> None:
     with pytest.raises(UnsupportedDatabase, match=r"^unsupported database 'mssql': use "):
         driver_for_url("mssql+pyodbc://db/app")
+
+
+def test_the_test_server_lets_the_claims_run(driver: Driver, engine: sa.Engine) -> None:
+    with engine.connect() as conn:
+        assert driver.server_refusal(conn) is None

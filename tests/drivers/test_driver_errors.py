@@ -49,8 +49,9 @@ def test_a_lock_wait_that_ran_out_is_transient(
         holder.execute(sa.text(f"INSERT INTO {table} (id) VALUES (1)"))
         error = lock_wait_error(engine, table, backend, db_url)
     assert driver.transient(error) is True
-    # SQLite's busy timeout already waited; PostgreSQL's toolkit statements skip locks.
-    assert driver.waited_for_lock(error) == (backend == "sqlite")
+    # SQLite's busy timeout and InnoDB's lock wait timeout already waited; PostgreSQL's
+    # toolkit statements skip locks.
+    assert driver.waited_for_lock(error) == (backend in ("sqlite", "mysql"))
 
 
 def lock_wait_error(engine: sa.Engine, table: str, backend: str, db_url: str) -> BaseException:
@@ -65,7 +66,11 @@ def lock_wait_error(engine: sa.Engine, table: str, backend: str, db_url: str) ->
         finally:
             raw.close()
     with engine.connect() as waiter:
-        waiter.execute(sa.text("SET lock_timeout = '50ms'"))
+        if backend == "mysql":
+            # Whole seconds on MySQL 8; MariaDB takes fractions (and 0, no wait at all).
+            waiter.execute(sa.text("SET SESSION innodb_lock_wait_timeout = 1"))
+        else:
+            waiter.execute(sa.text("SET lock_timeout = '50ms'"))
         with pytest.raises(sa.exc.DBAPIError) as timed_out:
             waiter.execute(sa.text(f"INSERT INTO {table} (id) VALUES (1)"))
     return timed_out.value.orig  # type: ignore[return-value]

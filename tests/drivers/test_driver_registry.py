@@ -11,7 +11,7 @@ from outbox.drivers.base import Driver
 
 
 def test_every_driver_is_registered_under_its_dialect_name() -> None:
-    assert sorted(DRIVERS) == ["postgresql", "sqlite"]
+    assert sorted(DRIVERS) == ["mysql", "postgresql", "sqlite"]
     for name, driver in DRIVERS.items():
         assert driver.name == name
         assert driver_for(name) is driver
@@ -27,8 +27,8 @@ def test_a_driver_is_chosen_by_an_engine_a_connection_or_a_dialect() -> None:
 
 
 def test_an_unsupported_backend_is_refused_by_name() -> None:
-    with pytest.raises(UnsupportedDatabase, match=r"unsupported database 'mysql'.*postgresql"):
-        driver_for("mysql")
+    with pytest.raises(UnsupportedDatabase, match=r"unsupported database 'oracle'.*postgresql"):
+        driver_for("oracle")
     # A ValueError, as make_url's own refusal of an unsupported URL.
     with pytest.raises(ValueError, match="mssql"):
         driver_for(mssql.dialect())
@@ -48,3 +48,10 @@ def test_each_driver_implements_the_whole_interface(name: str) -> None:
         if not member.startswith("_") and not hasattr(driver, member)
     ]
     assert missing == []
+
+
+def test_the_mariadb_dialect_runs_on_the_mysql_driver() -> None:
+    # SQLAlchemy names the dialect of a mariadb:// URL "mariadb", of a mysql:// one "mysql".
+    assert sa.create_engine("mariadb+pymysql://db/app").dialect.name == "mariadb"
+    assert driver_for("mariadb") is DRIVERS["mysql"]
+    assert driver_for(sa.create_engine("mariadb+pymysql://db/app")) is DRIVERS["mysql"]

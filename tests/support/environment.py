@@ -39,4 +39,6 @@ def emptying_statements(backend: str) -> list[str]:
             f"SELECT setval(pg_get_serial_sequence('{table}', 'id'), 1, false)"
             for table in SERIAL_TABLES
         ]
+    if backend == "mysql":
+        statements += [f"ALTER TABLE {table} AUTO_INCREMENT = 1" for table in SERIAL_TABLES]
     return statements

@@ -14,9 +14,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-import sqlalchemy as sa
-
 from alembic import op
+from outbox.ddl import create_partial_index, drop_partial_index
 
 revision: str = "o0003"
 down_revision: str | None = "o0002"
@@ -24,24 +23,18 @@ branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
 NAME = "uq_outbox_messages_task_id"
-WHERE = sa.text("task_id IS NOT NULL")
+WHERE = "task_id IS NOT NULL"
 
 
 def upgrade() -> None:
     # Batch mode: SQLite can drop a table constraint only by rebuilding the table.
     with op.batch_alter_table("outbox_messages") as batch:
         batch.drop_constraint(NAME, type_="unique")
-    op.create_index(
-        NAME,
-        "outbox_messages",
-        ["task_id"],
-        unique=True,
-        postgresql_where=WHERE,
-        sqlite_where=WHERE,
-    )
+    # MySQL's plain unique index never compares NULLs either: the same rule, unfiltered.
+    create_partial_index(NAME, "outbox_messages", ["task_id"], WHERE, unique=True)
 
 
 def downgrade() -> None:
-    op.drop_index(NAME, table_name="outbox_messages")
+    drop_partial_index(NAME, "outbox_messages")
     with op.batch_alter_table("outbox_messages") as batch:
         batch.create_unique_constraint(NAME, ["task_id"])

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 
 from alembic import op
+from outbox.ddl import LongText, table_options
 
 revision: str = "o0004"
 down_revision: str | None = "o0003"
@@ -27,14 +28,15 @@ def upgrade() -> None:
         sa.Column("id", BigIdentity, autoincrement=True, nullable=False),
         sa.Column("reply_id", sa.String(200), nullable=False),
         sa.Column("requested_by", sa.String(200), nullable=False),
-        sa.Column("reason", sa.Text(), nullable=False),
+        sa.Column("reason", LongText, nullable=False),
         sa.Column("requested_at", sa.Double(), nullable=False),
         sa.Column("receipt", sa.String(16), nullable=False),
         sa.Column("forced", sa.Boolean(), nullable=False),
         sa.Column("previous_attempts", sa.Integer(), nullable=False),
         sa.Column("previous_status", sa.Integer(), nullable=True),
-        sa.Column("previous_error", sa.Text(), nullable=True),
+        sa.Column("previous_error", LongText, nullable=True),
         sa.PrimaryKeyConstraint("id", name=op.f("pk_outbox_requeues")),
+        **table_options(),
     )
     op.create_index("ix_outbox_requeues_reply_id", "outbox_requeues", ["reply_id"])
 

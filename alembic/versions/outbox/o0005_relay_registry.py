@@ -12,6 +12,7 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 
 from alembic import op
+from outbox.ddl import table_options
 
 revision: str = "o0005"
 down_revision: str | None = "o0004"
@@ -26,6 +27,7 @@ def upgrade() -> None:
         sa.Column("destination", sa.String(200), nullable=False),
         sa.Column("expires_at", sa.Double(), nullable=False),
         sa.PrimaryKeyConstraint("owner", "destination", name=op.f("pk_outbox_relays")),
+        **table_options(),
     )
     op.create_index("ix_outbox_relays_destination", "outbox_relays", ["destination"])
     if op.get_bind().dialect.name == "postgresql":

@@ -13,9 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-import sqlalchemy as sa
-
-from alembic import op
+from outbox.ddl import create_partial_index, drop_partial_index
 
 revision: str = "o0007"
 down_revision: str | None = "o0006"
@@ -23,18 +21,12 @@ branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
 NAME = "ix_outbox_messages_dead"
-WHERE = sa.text("state = 'dead'")
+WHERE = "state = 'dead'"
 
 
 def upgrade() -> None:
-    op.create_index(
-        NAME,
-        "outbox_messages",
-        ["destination", "id"],
-        postgresql_where=WHERE,
-        sqlite_where=WHERE,
-    )
+    create_partial_index(NAME, "outbox_messages", ["destination", "id"], WHERE)
 
 
 def downgrade() -> None:
-    op.drop_index(NAME, table_name="outbox_messages")
+    drop_partial_index(NAME, "outbox_messages")

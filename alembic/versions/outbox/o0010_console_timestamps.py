@@ -18,11 +18,9 @@ bounds, and messages are written in about created_at order.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
-
-import sqlalchemy as sa
 
 from alembic import op
+from outbox.ddl import create_partial_index, drop_partial_index, on_mysql
 
 revision: str = "o0010"
 down_revision: str | None = "o0009"
@@ -38,15 +36,21 @@ INDEXES = (
 
 
 def upgrade() -> None:
+    mysql = on_mysql(op.get_bind())
     for name, table, column, where in INDEXES:
-        if where is None:
-            options: dict[str, Any] = {"postgresql_using": "brin"}
+        # An operator may have built them beforehand, CONCURRENTLY (docs/reference/schema.md);
+        # MySQL 8 has no IF NOT EXISTS for an index, and no BRIN: a B-tree.
+        if where is not None:
+            create_partial_index(name, table, [column], where, if_not_exists=True)
+        elif mysql:
+            op.create_index(name, table, [column])
         else:
-            options = {"postgresql_where": sa.text(where), "sqlite_where": sa.text(where)}
-        # An operator may have built them beforehand, CONCURRENTLY (docs/reference/schema.md).
-        op.create_index(name, table, [column], if_not_exists=True, **options)
+            op.create_index(name, table, [column], if_not_exists=True, postgresql_using="brin")
 
 
 def downgrade() -> None:
-    for name, table, _, _ in reversed(INDEXES):
-        op.drop_index(name, table_name=table)
+    for name, table, _, where in reversed(INDEXES):
+        if where is None:
+            op.drop_index(name, table_name=table)
+        else:
+            drop_partial_index(name, table)

@@ -23,9 +23,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-import sqlalchemy as sa
-
 from alembic import op
+from outbox.ddl import create_partial_index, drop_partial_index
 
 revision: str = "o0011"
 down_revision: str | None = "o0010"
@@ -34,12 +33,12 @@ depends_on: str | Sequence[str] | None = None
 
 FILLFACTOR = 70
 LEASE_INDEX = "ix_outbox_tasks_lease"
-RUNNING = sa.text("state = 'running'")
+RUNNING = "state = 'running'"
 
 
 def upgrade() -> None:
     # An operator may have dropped it beforehand, CONCURRENTLY (docs/reference/schema.md).
-    op.drop_index(LEASE_INDEX, table_name="outbox_tasks", if_exists=True)
+    drop_partial_index(LEASE_INDEX, "outbox_tasks", if_exists=True)
     if op.get_bind().dialect.name == "postgresql":
         op.execute(f"ALTER TABLE outbox_tasks SET (fillfactor = {FILLFACTOR})")
 
@@ -47,10 +46,4 @@ def upgrade() -> None:
 def downgrade() -> None:
     if op.get_bind().dialect.name == "postgresql":
         op.execute("ALTER TABLE outbox_tasks RESET (fillfactor)")
-    op.create_index(
-        LEASE_INDEX,
-        "outbox_tasks",
-        ["lease_until"],
-        postgresql_where=RUNNING,
-        sqlite_where=RUNNING,
-    )
+    create_partial_index(LEASE_INDEX, "outbox_tasks", ["lease_until"], RUNNING)

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 
 from alembic import op
+from outbox.ddl import LongBinary, LongText, table_options
 
 revision: str = "r0002"
 down_revision: str | None = "r0001"
@@ -24,15 +25,16 @@ def upgrade() -> None:
         "receiver_dead_letters",
         sa.Column("reply_id", sa.String(200), nullable=False),
         sa.Column("content_hash", sa.String(64), nullable=False),
-        sa.Column("body", sa.LargeBinary(), nullable=False),
-        sa.Column("headers", sa.Text(), nullable=False),
-        sa.Column("reason", sa.Text(), nullable=False),
+        sa.Column("body", LongBinary, nullable=False),
+        sa.Column("headers", LongText, nullable=False),
+        sa.Column("reason", LongText, nullable=False),
         sa.Column("failures", sa.Integer(), nullable=False),
         sa.Column("deliveries", sa.Integer(), nullable=True),
         sa.Column("broker", sa.String(20), nullable=True),
         sa.Column("broker_ref", sa.String(400), nullable=True),
         sa.Column("dead_at", sa.Double(), nullable=False),
         sa.PrimaryKeyConstraint("reply_id", name=op.f("pk_receiver_dead_letters")),
+        **table_options(),
     )
     op.create_index("ix_receiver_dead_letters_dead_at", "receiver_dead_letters", ["dead_at"])
 

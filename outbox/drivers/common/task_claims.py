@@ -77,20 +77,21 @@ def claimable_pick(now: sa.ColumnElement[float], capped: bool) -> sa.Select[Any]
     return pick
 
 
+def lease_values(now: sa.ColumnElement[float]) -> dict[str, Any]:
+    """The SET of a claim: running under :claim_owner for :lease, a new fence, an attempt."""
+    return {
+        "state": TaskState.RUNNING.value,
+        "owner": sa.bindparam("claim_owner", type_=sa.String()),
+        "lease_until": now + sa.bindparam("lease", type_=sa.Double()),
+        "fence": tasks.c.fence + 1,
+        "attempts": tasks.c.attempts + 1,
+        "updated_at": now,
+    }
+
+
 def lease_update(now: sa.ColumnElement[float]) -> sa.Update:
     """The UPDATE that leases picked tasks to :claim_owner for :lease, RETURNING the claim."""
-    return (
-        sa.update(tasks)
-        .values(
-            state=TaskState.RUNNING.value,
-            owner=sa.bindparam("claim_owner", type_=sa.String()),
-            lease_until=now + sa.bindparam("lease", type_=sa.Double()),
-            fence=tasks.c.fence + 1,
-            attempts=tasks.c.attempts + 1,
-            updated_at=now,
-        )
-        .returning(*CLAIM_RETURNING)
-    )
+    return sa.update(tasks).values(**lease_values(now)).returning(*CLAIM_RETURNING)
 
 
 @functools.cache

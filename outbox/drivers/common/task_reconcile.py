@@ -7,6 +7,7 @@ Each statement picks at most :limit rows along a partial index of unfinished tas
 from __future__ import annotations
 
 import functools
+from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
@@ -17,31 +18,69 @@ from outbox.drivers.task_interface import EndedTask
 from outbox.schema import tasks
 from outbox.states import TaskState
 
+UNFINISHED = (state_literal(TaskState.PENDING), state_literal(TaskState.RUNNING))
+DEADLINE_PASSED = "deadline passed"
+
+
+def past_deadline_pick(now: sa.ColumnElement[float]) -> sa.Select[Any]:
+    """Up to :limit pending or running tasks' ids whose deadline passed."""
+    pick = tasks.alias("pick")
+    return (
+        sa.select(pick.c.task_id)
+        .where(pick.c.state.in_(UNFINISHED), pick.c.deadline <= now)
+        .limit(limit_parameter())
+    )
+
+
+def expired_values(now: sa.ColumnElement[float]) -> dict[str, Any]:
+    """The SET of a task whose deadline passed."""
+    return {
+        "state": TaskState.EXPIRED.value,
+        "lease_until": None,
+        "last_error": DEADLINE_PASSED,
+        "finished_at": now,
+        "updated_at": now,
+    }
+
+
+def lease_expired_pick(now: sa.ColumnElement[float]) -> sa.Select[Any]:
+    """Up to :limit running tasks' ids whose lease expired."""
+    pick = tasks.alias("pick")
+    return (
+        sa.select(pick.c.task_id)
+        .where(pick.c.state == state_literal(TaskState.RUNNING), pick.c.lease_until <= now)
+        .limit(limit_parameter())
+    )
+
+
+def lease_expired_values(now: sa.ColumnElement[float]) -> dict[str, Any]:
+    """The SET of a running task whose lease expired: pending again, or failed when out of
+    attempts."""
+    exhausted = tasks.c.attempts >= tasks.c.max_attempts
+    return {
+        "state": sa.case((exhausted, TaskState.FAILED.value), else_=TaskState.PENDING.value),
+        "last_error": sa.case(
+            (exhausted, "lease expired with no attempts left"), else_="lease expired"
+        ),
+        "finished_at": sa.case((exhausted, now), else_=None),
+        "available_at": now,
+        "lease_until": None,
+        "updated_at": now,
+    }
+
 
 @functools.cache
 def expire_past_deadline_statement(pieces: DriverPieces) -> sa.Update:
     """Move up to :limit pending or running tasks past their deadline to expired; built once."""
     now = pieces.bound_now()
-    pick = tasks.alias("pick")
-    unfinished = (state_literal(TaskState.PENDING), state_literal(TaskState.RUNNING))
-    chosen = (
-        sa.select(pick.c.task_id)
-        .where(pick.c.state.in_(unfinished), pick.c.deadline <= now)
-        .limit(limit_parameter())
-    )
+    chosen = past_deadline_pick(now)
     return (
         sa.update(tasks)
         .where(
             tasks.c.task_id.in_(picked_once(chosen, pieces.supports_skip_locked)),
-            tasks.c.state.in_(unfinished),
+            tasks.c.state.in_(UNFINISHED),
         )
-        .values(
-            state=TaskState.EXPIRED.value,
-            lease_until=None,
-            last_error="deadline passed",
-            finished_at=now,
-            updated_at=now,
-        )
+        .values(**expired_values(now))
         .returning(tasks.c.task_id, tasks.c.last_error)
     )
 
@@ -51,29 +90,14 @@ def reap_expired_task_leases_statement(pieces: DriverPieces) -> sa.Update:
     """Return up to :limit running tasks whose lease expired to pending, or fail them when
     out of attempts; built once."""
     now = pieces.bound_now()
-    pick = tasks.alias("pick")
-    chosen = (
-        sa.select(pick.c.task_id)
-        .where(pick.c.state == state_literal(TaskState.RUNNING), pick.c.lease_until <= now)
-        .limit(limit_parameter())
-    )
-    exhausted = tasks.c.attempts >= tasks.c.max_attempts
+    chosen = lease_expired_pick(now)
     return (
         sa.update(tasks)
         .where(
             tasks.c.task_id.in_(picked_once(chosen, pieces.supports_skip_locked)),
             tasks.c.state == state_literal(TaskState.RUNNING),
         )
-        .values(
-            state=sa.case((exhausted, TaskState.FAILED.value), else_=TaskState.PENDING.value),
-            last_error=sa.case(
-                (exhausted, "lease expired with no attempts left"), else_="lease expired"
-            ),
-            finished_at=sa.case((exhausted, now), else_=None),
-            available_at=now,
-            lease_until=None,
-            updated_at=now,
-        )
+        .values(**lease_expired_values(now))
         .returning(tasks.c.task_id, tasks.c.state, tasks.c.last_error)
     )
 

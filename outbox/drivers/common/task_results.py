@@ -29,6 +29,17 @@ COMPLETE_SET = """
 """The batches' SET clause: done, with the result of the row of `v`."""
 
 
+def done_values(now: sa.ColumnElement[float]) -> dict[str, Any]:
+    """The SET of a task done with :result."""
+    return {
+        "state": TaskState.DONE.value,
+        "result": sa.bindparam("result", type_=sa.Text()),
+        "lease_until": None,
+        "finished_at": now,
+        "updated_at": now,
+    }
+
+
 @functools.cache
 def complete_task_statement(pieces: DriverPieces) -> sa.Update:
     """Mark one held task done with :result; built once."""
@@ -36,13 +47,7 @@ def complete_task_statement(pieces: DriverPieces) -> sa.Update:
     return (
         sa.update(tasks)
         .where(held_guard(now))
-        .values(
-            state=TaskState.DONE.value,
-            result=sa.bindparam("result", type_=sa.Text()),
-            lease_until=None,
-            finished_at=now,
-            updated_at=now,
-        )
+        .values(**done_values(now))
         .returning(tasks.c.task_id)
     )
 

@@ -43,31 +43,44 @@ def holding(held: Held, now: float | None) -> dict[str, Any]:
     return {"held_task": task_id, "holder": owner, "held_fence": fence, "now": now}
 
 
+def fail_values(now: sa.ColumnElement[float]) -> dict[str, Any]:
+    """The SET of a failure: pending again after :delay, or failed when :permanent or out of
+    attempts; :reason its last error."""
+    permanent = sa.bindparam("permanent", type_=sa.Boolean())
+    final = sa.or_(permanent, tasks.c.attempts >= tasks.c.max_attempts)
+    return {
+        "state": sa.case((final, TaskState.FAILED.value), else_=TaskState.PENDING.value),
+        "available_at": sa.case(
+            (final, tasks.c.available_at),
+            else_=now + sa.bindparam("delay", type_=sa.Double()),
+        ),
+        "finished_at": sa.case((final, now), else_=None),
+        "lease_until": None,
+        "last_error": sa.bindparam("reason", type_=sa.Text()),
+        "updated_at": now,
+    }
+
+
 @functools.cache
 def fail_task_statement(pieces: DriverPieces) -> sa.Update:
     """Send a held task back to pending after :delay, or to failed when it has no attempts left.
-
     :permanent fails it at once; :reason is stored as its last error. Built once.
     """
     now = pieces.bound_now()
-    permanent = sa.bindparam("permanent", type_=sa.Boolean())
-    final = sa.or_(permanent, tasks.c.attempts >= tasks.c.max_attempts)
     return (
-        sa.update(tasks)
-        .where(held_guard(now))
-        .values(
-            state=sa.case((final, TaskState.FAILED.value), else_=TaskState.PENDING.value),
-            available_at=sa.case(
-                (final, tasks.c.available_at),
-                else_=now + sa.bindparam("delay", type_=sa.Double()),
-            ),
-            finished_at=sa.case((final, now), else_=None),
-            lease_until=None,
-            last_error=sa.bindparam("reason", type_=sa.Text()),
-            updated_at=now,
-        )
-        .returning(tasks.c.state)
+        sa.update(tasks).where(held_guard(now)).values(**fail_values(now)).returning(tasks.c.state)
     )
+
+
+def release_values(now: sa.ColumnElement[float]) -> dict[str, Any]:
+    """The SET of a release: pending and due at once, its claim's attempt returned."""
+    return {
+        "state": TaskState.PENDING.value,
+        "available_at": now,
+        "lease_until": None,
+        "attempts": tasks.c.attempts - 1,
+        "updated_at": now,
+    }
 
 
 @functools.cache
@@ -77,13 +90,7 @@ def release_task_statement(pieces: DriverPieces) -> sa.Update:
     return (
         sa.update(tasks)
         .where(held_guard(now))
-        .values(
-            state=TaskState.PENDING.value,
-            available_at=now,
-            lease_until=None,
-            attempts=tasks.c.attempts - 1,
-            updated_at=now,
-        )
+        .values(**release_values(now))
         .returning(tasks.c.state)
     )
 

@@ -43,6 +43,10 @@ class PostgreSQLEngines:
             options["connect_args"] = {"connect_timeout": CONNECT_TIMEOUT}
         return options
 
+    def server_refusal(self, conn: sa.Connection) -> str | None:
+        """None: nothing of the server's setting makes its claims unsafe."""
+        return None
+
     def prepare_engine(self, engine: sa.Engine) -> None:
         """Run statements marked UNPREPARED without a prepared plan."""
         if not event.contains(engine, "do_execute", _execute_unprepared):

@@ -41,6 +41,10 @@ class SQLiteEngines:
             )
         return {}
 
+    def server_refusal(self, conn: sa.Connection) -> str | None:
+        """None: nothing of the server's setting makes its claims unsafe."""
+        return None
+
     def prepare_engine(self, engine: sa.Engine) -> None:
         """Install the transaction discipline (see the module's docstring)."""
         if not event.contains(engine, "begin", _begin):

@@ -1,0 +1,235 @@
+"""The relay's claim on MySQL: a locking pick with SKIP LOCKED, an UPDATE by id, a read.
+
+The pick walks the pending messages in claim order (state, available_at, id: the
+InnoDB counterpart of PostgreSQL's partial index of pending messages, named
+ix_outbox_messages_state_deliverable) and stops at its limit; SKIP LOCKED passes over
+the rows another relay's claim is taking. Each key's next messages are then walked
+along ix_outbox_messages_state_ordering, locked (no other claim can take them: their
+key's first message is this relay's), and leased the same way.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection
+
+from outbox.db.sql import limit_parameter, state_literal
+from outbox.drivers.base import Now
+from outbox.drivers.common.claims import (
+    CLAIMED,
+    chain_room,
+    claim_parameters,
+    claim_values,
+    first_undelivered_of_its_key,
+    qualifies,
+    routed_here,
+    successors,
+)
+from outbox.drivers.common.pieces import DriverPieces
+from outbox.drivers.mysql.picks import by_keys, picked, write_picked
+from outbox.drivers.records import ClaimedRow, KeyWalk
+from outbox.schema import messages
+from outbox.states import MessageState
+
+
+@functools.cache
+def pick_statement(pieces: DriverPieces) -> sa.Select[Any]:
+    """Up to :limit claimable messages' ids and attempts, in claim order, locked; built once."""
+    m = messages.alias("m")
+    now = pieces.bound_now()
+    return (
+        sa.select(m.c.id, m.c.attempts)
+        .where(
+            m.c.state == state_literal(MessageState.PENDING),
+            m.c.available_at <= now,
+            first_undelivered_of_its_key(m),
+            routed_here(pieces, m),
+        )
+        .order_by(m.c.available_at, m.c.id)
+        .limit(limit_parameter())
+        .with_for_update(skip_locked=True)
+    )
+
+
+@functools.cache
+def lease_statement(pieces: DriverPieces) -> sa.Update:
+    """Lease the :picked messages to :claim_owner; built once."""
+    return (
+        sa.update(messages)
+        .where(by_keys(messages.c.id))
+        .values(**claim_values(pieces.bound_now(), messages.c.attempts))
+    )
+
+
+@functools.cache
+def read_claimed() -> sa.Select[Any]:
+    """The claimed columns of the :picked messages."""
+    return sa.select(*CLAIMED).where(by_keys(messages.c.id)).order_by(messages.c.id)
+
+
+@functools.cache
+def chain_statement(pieces: DriverPieces) -> sa.Select[Any]:
+    """One key's next messages after its first, in id order, locked; built once."""
+    s = messages.alias("s")
+    return (
+        sa.select(s.c.id, s.c.attempts, qualifies(s, pieces.bound_now()))
+        .where(
+            *successors(
+                s,
+                sa.bindparam("destination", type_=sa.String()),
+                sa.bindparam("key", type_=sa.String()),
+                sa.bindparam("head", type_=sa.BigInteger()),
+            )
+        )
+        .order_by(s.c.id)
+        .limit(sa.bindparam("share", type_=sa.Integer()))
+        .with_for_update()
+    )
+
+
+@functools.cache
+def adopt_pick() -> sa.Select[Any]:
+    """:claim_owner's messages still marked sending, locked."""
+    return (
+        sa.select(messages.c.id)
+        .where(
+            messages.c.state == state_literal(MessageState.SENDING),
+            messages.c.owner == sa.bindparam("claim_owner", type_=sa.String()),
+        )
+        .with_for_update()
+    )
+
+
+@functools.cache
+def adopt_statement(pieces: DriverPieces) -> sa.Update:
+    """Re-lease the :picked messages under a new fence; built once."""
+    now = pieces.bound_now()
+    return (
+        sa.update(messages)
+        .where(by_keys(messages.c.id))
+        .values(
+            lease_until=now + sa.bindparam("lease", type_=sa.Double()), fence=messages.c.fence + 1
+        )
+    )
+
+
+@functools.cache
+def read_adopted() -> sa.Select[Any]:
+    """The adopted messages as a claim returns them."""
+    previous = (messages.c.attempts - 1).label("previous_attempts")
+    return sa.select(*CLAIMED, previous).where(by_keys(messages.c.id)).order_by(messages.c.id)
+
+
+@functools.cache
+def reap_pick(pieces: DriverPieces) -> sa.Select[Any]:
+    """Up to :limit messages whose delivery lease expired, locked, skipping locked ones."""
+    return (
+        sa.select(messages.c.id)
+        .where(
+            messages.c.state == state_literal(MessageState.SENDING),
+            messages.c.lease_until <= pieces.bound_now(),
+        )
+        .limit(limit_parameter())
+        .with_for_update(skip_locked=True)
+    )
+
+
+@functools.cache
+def reap_statement(pieces: DriverPieces) -> sa.Update:
+    """Return the :picked messages to pending; the relay then decides their fate."""
+    return (
+        sa.update(messages)
+        .where(by_keys(messages.c.id))
+        .values(
+            state=MessageState.PENDING.value,
+            lease_until=None,
+            available_at=pieces.bound_now(),
+            last_error="lease expired",
+        )
+    )
+
+
+class MySQLClaims(DriverPieces):
+    """Claim, chains, adopt and reap, each a locking pick, an UPDATE and a read."""
+
+    def claim_session(self) -> str | None:
+        """No session settings."""
+        return None
+
+    def claim_messages(
+        self,
+        conn: Connection,
+        *,
+        owner: str,
+        now: Now,
+        lease: float,
+        limit: int,
+        budget: int,
+        destinations: Sequence[str],
+        skip_destinations: Sequence[str] = (),
+        keys: KeyWalk | None = None,
+    ) -> list[ClaimedRow]:
+        """Lease up to `limit` due messages, the first undelivered of each key, and their
+        keys' next messages; `keys` is not used (no key cursor: the pick is the walk)."""
+        params = claim_parameters(owner, now, lease, limit, budget, destinations, skip_destinations)
+        previous = {row[0]: row[1] for row in conn.execute(pick_statement(self), params)}
+        heads = self.lease(conn, previous, params)
+        return heads + self.claim_chains(conn, heads, params)
+
+    def lease(
+        self, conn: Connection, previous: dict[int, int], params: dict[str, Any]
+    ) -> list[ClaimedRow]:
+        """Lease the picked messages (id: attempts before the claim); their claimed rows."""
+        rows = write_picked(conn, lease_statement(self), read_claimed(), list(previous), params)
+        return [ClaimedRow._make((*row, previous[row.id])) for row in rows]
+
+    def claim_chains(
+        self, conn: Connection, heads: Sequence[ClaimedRow], params: dict[str, Any]
+    ) -> list[ClaimedRow]:
+        """Lease the next messages of the keys whose first messages were just leased."""
+        keyed, room, share = chain_room(heads, params["limit"], params["budget"])
+        if not keyed:
+            return []
+        chains: list[list[tuple[int, int]]] = []
+        for head in keyed:
+            walk = {
+                **params,
+                "destination": head.destination,
+                "key": head.ordering_key,
+                "head": head.id,
+                "share": share,
+            }
+            chain: list[tuple[int, int]] = []
+            for successor_id, attempts, ok in conn.execute(chain_statement(self), walk):
+                if not ok:
+                    break
+                chain.append((successor_id, attempts))
+            chains.append(chain)
+        previous: dict[int, int] = {}
+        for rank in range(max(len(c) for c in chains)):
+            for chain in chains:
+                if rank < len(chain) and len(previous) < room:
+                    previous[chain[rank][0]] = chain[rank][1]
+        return self.lease(conn, previous, params)
+
+    def adopt_messages(
+        self, conn: Connection, *, owner: str, now: Now, lease: float
+    ) -> list[ClaimedRow]:
+        """Re-lease this owner's messages still marked sending, under a new fence (see
+        the portable adopt_messages for when it runs)."""
+        params = {"now": now, "claim_owner": owner, "lease": lease}
+        ids = picked(conn, adopt_pick(), params)
+        rows = write_picked(conn, adopt_statement(self), read_adopted(), ids, params)
+        return [ClaimedRow._make(row) for row in rows]
+
+    def reap_expired_message_leases(self, conn: Connection, now: Now, limit: int) -> int:
+        """Return up to `limit` messages whose delivery lease expired to pending; how many."""
+        params = {"now": now, "limit": limit}
+        ids = picked(conn, reap_pick(self), params)
+        if ids:
+            conn.execute(reap_statement(self), {**params, "picked": ids})
+        return len(ids)

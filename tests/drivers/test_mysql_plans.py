@@ -1,0 +1,100 @@
+"""EXPLAIN guard on MySQL: each locking pick walks its state-led InnoDB index in order,
+with no sort, beside a history of finished rows (outbox.ddl says why each index)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+
+from outbox.drivers import Driver
+from outbox.drivers.mysql.claims import pick_statement, reap_pick
+from outbox.drivers.mysql.task_claims import task_pick
+from outbox.drivers.mysql.task_reconcile import deadline_pick
+
+pytestmark = pytest.mark.parametrize("backend", ["mysql"], indirect=True)
+HISTORY = 5_000
+PENDING = 50
+PARAMS: dict[str, Any] = {
+    "now": 1e7,
+    "claim_owner": "relay-1",
+    "lease": 30.0,
+    "limit": 10,
+    "budget": 3,
+    "destinations": ["orders"],
+    "skip_destinations": [],
+    "tenant_cap": 2,
+}
+
+
+@pytest.fixture
+def seeded(engine: sa.Engine) -> sa.Engine:
+    """HISTORY sent messages and done tasks, PENDING pending of each, the statistics fresh."""
+    message = (
+        "INSERT INTO outbox_messages (reply_id, destination, ordering_key, body, content_hash,"
+        " headers, state, attempts, available_at, fence, created_at) VALUES"
+        " (%s, 'orders', %s, 'x', 'h', '{}', %s, 1, %s, 1, %s)"
+    )
+    task = (
+        "INSERT INTO outbox_tasks (task_id, tenant_id, payload, priority, deadline, hops, state,"
+        " attempts, max_attempts, available_at, fence, created_at, updated_at) VALUES"
+        " (%s, 'agent-a', '{}', 0, 9e9, 0, %s, 1, 3, %s, 1, %s, %s)"
+    )
+    rows = [(f"h{n}", f"k{n % 50}" if n % 3 == 0 else None, "sent", n, n) for n in range(HISTORY)]
+    rows += [(f"p{n}", None, "pending", HISTORY + n, HISTORY + n) for n in range(PENDING)]
+    tasks = [(f"t{n}", "done", n, n, n) for n in range(HISTORY)]
+    tasks += [(f"q{n}", "pending", HISTORY + n, n, n) for n in range(PENDING)]
+    with engine.begin() as conn:
+        conn.exec_driver_sql(message, rows)
+        conn.exec_driver_sql(task, tasks)
+    with engine.connect() as conn:
+        conn.exec_driver_sql("ANALYZE TABLE outbox_messages, outbox_tasks").all()
+    return engine
+
+
+@pytest.fixture
+def plan(seeded: sa.Engine) -> Any:
+    """EXPLAIN of a statement with PARAMS: (table, key, extra) of each row of its plan."""
+
+    def explain(conn: Any, cursor: Any, statement: str, *rest: Any) -> tuple[str, Any]:
+        return "EXPLAIN " + statement, rest[0]
+
+    def planned(statement: Any) -> list[tuple[str, str | None, str]]:
+        sa.event.listen(seeded, "before_cursor_execute", explain, retval=True)
+        try:
+            with seeded.connect() as conn:
+                rows = conn.execute(statement, PARAMS).mappings().all()
+        finally:
+            sa.event.remove(seeded, "before_cursor_execute", explain)
+        return [(row["table"], row["key"], row["Extra"] or "") for row in rows]
+
+    return planned
+
+
+def walks(steps: list[tuple[str, str | None, str]], table: str, index: str) -> None:
+    """`table`'s step of a plan reads `index` and sorts nothing."""
+    (step,) = [s for s in steps if s[0] == table]
+    assert step[1] == index, steps
+    assert "filesort" not in step[2], steps
+
+
+def test_the_relays_claim_walks_the_pending_messages_in_claim_order(
+    driver: Driver, plan: Any
+) -> None:
+    walks(plan(pick_statement(driver)), "m", "ix_outbox_messages_state_deliverable")
+
+
+def test_the_reaper_walks_the_sending_messages_by_lease(driver: Driver, plan: Any) -> None:
+    walks(plan(reap_pick(driver)), "outbox_messages", "ix_outbox_messages_state_lease")
+
+
+@pytest.mark.parametrize("capped", [False, True])
+def test_the_task_claim_walks_the_pending_tasks_in_claim_order(
+    driver: Driver, plan: Any, capped: bool
+) -> None:
+    walks(plan(task_pick(driver, capped, True)), "candidate", "ix_outbox_tasks_state_claimable")
+
+
+def test_expiry_walks_the_unfinished_tasks_by_deadline(driver: Driver, plan: Any) -> None:
+    walks(plan(deadline_pick(driver)), "pick", "ix_outbox_tasks_state_deadline")
