@@ -35,7 +35,7 @@ from uv import find_uv_bin
 ROOT = Path(__file__).resolve().parents[1]
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
 DISTRIBUTION = PYPROJECT["project"]["name"]
-USER_EXTRAS = ("fast", "nats", "rabbitmq", "otel")
+USER_EXTRAS = ("fast", "nats", "rabbitmq", "otel", "mysql")
 """The extras a user installs; `dev` and `bench` are the project's own."""
 PACKAGES = ("outbox", "relay", "receiver", "outbox_cli")
 MIGRATIONS = ("alembic", "outbox/_alembic")
