@@ -40,7 +40,7 @@ TABLE_OPTIONS: dict[str, Any] = {
 """The declared tables' options on MySQL and MariaDB (ignored elsewhere); the migrations
 add the binary collation of the server they run on (table_options)."""
 MARIADB_COLLATION = "utf8mb4_nopad_bin"
-MYSQL_COLLATION = "utf8mb4_0900_bin"
+MYSQL_COLLATION = "utf8mb4_0900_bin"  # MySQL 8.0.17+: the reason for that floor
 # Binary and NO PAD: utf8mb4_bin pads with spaces when it compares, so 'order-1' and
 # 'order-1 ' would be one reply_id. MariaDB (10.2+) and MySQL 8 name their NO PAD binary
 # collations differently.

@@ -1,5 +1,6 @@
-"""A MySQL server whose binary log records statements cannot take SKIP LOCKED claims: the
-worker's queue and the relay refuse it at start, naming the setting."""
+"""A MySQL server whose binary log records statements cannot take SKIP LOCKED claims, nor
+an engine of the application's at REPEATABLE READ: the worker's queue and the relay
+refuse either at start, naming the setting."""
 
 from __future__ import annotations
 
@@ -53,3 +54,18 @@ def test_the_queue_and_the_relay_refuse_such_a_server_at_start(
         TaskQueue(db_url)
     with pytest.raises(ConfigError, match=r"binlog_format=STATEMENT"):
         Relay(db_url, {"orders": make_destination("http://127.0.0.1:9/", secret="s" * 32)})
+
+
+@pytest.mark.parametrize("backend", ["mysql"], indirect=True)
+def test_an_engine_of_the_applications_at_repeatable_read_is_refused_until_read_committed(
+    db_url: str,
+) -> None:
+    own = sa.create_engine(db_url, isolation_level="REPEATABLE READ")
+    try:
+        with pytest.raises(ConfigError, match=r"REPEATABLE READ.*READ COMMITTED"):
+            TaskQueue(own)
+        with pytest.raises(ConfigError, match=r"REPEATABLE READ.*READ COMMITTED"):
+            Relay(own, {"orders": make_destination("http://127.0.0.1:9/", secret="s" * 32)})
+        TaskQueue(own.execution_options(isolation_level="READ COMMITTED")).close()
+    finally:
+        own.dispose()

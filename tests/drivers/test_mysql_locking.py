@@ -9,6 +9,7 @@ byte for byte.
 from __future__ import annotations
 
 import threading
+import uuid
 from collections.abc import Iterator
 
 import pytest
@@ -111,7 +112,7 @@ def test_capped_claims_wait_for_each_others_commit(
 ) -> None:
     # Two pending tasks of one tenant, a cap of one: the second claimer must count the
     # first one's running task, so it cannot claim while that claim's transaction is open.
-    monkeypatch.setattr(tenant_lock, "TAKE", sa.text(f"SELECT GET_LOCK('{tenant_lock.NAME}', 0)"))
+    monkeypatch.setattr(tenant_lock, "TAKE", sa.text(f"SELECT GET_LOCK({tenant_lock.NAME}, 0)"))
     with engine.begin() as conn:
         driver.insert_task(conn, task_values("one", created_at=START))
         driver.insert_task(conn, task_values("two", created_at=START + 1))
@@ -129,6 +130,37 @@ def test_capped_claims_wait_for_each_others_commit(
             capped_claim(impatient, "w2")
     with engine.begin() as second:
         assert capped_claim(second, "w2") == []
+
+
+def test_a_capped_claim_that_waited_out_the_lock_is_tried_again_not_fatal(driver: Driver) -> None:
+    # A worker's producer retries what its driver names a database error; anything else
+    # ends the worker, and one stalled claimer would stop every other capped worker.
+    assert issubclass(tenant_lock.TenantCapsBusy, driver.database_errors)
+
+
+def test_the_caps_lock_is_this_databases_own(engine: sa.Engine, impatient: sa.Connection) -> None:
+    other = f"outbox_other_{uuid.uuid4().hex[:12]}"
+    with engine.connect() as conn:
+        conn.execute(sa.text(f"CREATE DATABASE `{other}`"))
+    try:
+        with engine.connect() as conn, conn.begin():
+            tenant_lock.lock_tenant_caps(conn)
+            with impatient.begin():
+                # Held here: not in this database on another session, free in another one.
+                assert (
+                    impatient.execute(sa.text(f"SELECT IS_FREE_LOCK({tenant_lock.NAME})")).scalar()
+                    == 0
+                )
+                own = impatient.execute(sa.text("SELECT DATABASE()")).scalar_one()
+                impatient.execute(sa.text(f"USE `{other}`"))
+                assert (
+                    impatient.execute(sa.text(f"SELECT IS_FREE_LOCK({tenant_lock.NAME})")).scalar()
+                    == 1
+                )
+                impatient.execute(sa.text(f"USE `{own}`"))
+    finally:
+        with engine.connect() as conn:
+            conn.execute(sa.text(f"DROP DATABASE IF EXISTS `{other}`"))
 
 
 def test_a_deadlock_is_transient_for_the_one_retry_policy(
@@ -200,3 +232,23 @@ def test_identifiers_compare_and_bodies_come_back_byte_for_byte(
     assert stored is not None
     assert bytes(stored["body"]) == body
     assert driver.insert_message(conn, message_row("Order-1"), START) is None
+
+
+def test_a_chain_neither_waits_on_rows_others_hold_nor_skips_one_of_its_key(
+    driver: Driver, engine: sa.Engine, impatient: sa.Connection
+) -> None:
+    # Keys interleaved in id order; another transaction holds one row of another key (a
+    # relay settling it) and the key's third message (another claim's, say).
+    with engine.begin() as conn:
+        for n in range(4):
+            published(driver, conn, f"k-{n}", START - 10 + n, ordering_key="k")
+            published(driver, conn, f"y-{n}", START - 10 + n, ordering_key="y")
+    hold = sa.text("SELECT id FROM outbox_messages WHERE reply_id IN ('y-1', 'k-2') FOR UPDATE")
+    with engine.connect() as other, other.begin():
+        other.execute(hold)
+        with impatient.begin():
+            # No lock wait (it would raise 1205 after one second here); k's chain ends
+            # before k-2, whose lock is held, and k-3 waits for it; y's first is claimed
+            # and its chain stops at y-1.
+            taken = claim(driver, impatient, "relay-b")
+    assert taken == ["k-0", "k-1", "y-0"]

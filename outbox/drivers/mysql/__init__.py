@@ -2,7 +2,7 @@
 no notifications.
 
 Where PostgreSQL writes and returns rows in one statement, this driver runs a locking
-pick (`FOR UPDATE`, `SKIP LOCKED` where claimers compete: MySQL 8.0.1+, MariaDB
+pick (`FOR UPDATE`, `SKIP LOCKED` where claimers compete: MySQL 8.0.17+, MariaDB
 10.6+), an UPDATE by primary key and a read, all in the caller's transaction (see
 `picks`). Workers and relays poll. Both `mysql` and `mariadb` dialect names run on it.
 """

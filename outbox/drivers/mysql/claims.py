@@ -73,7 +73,14 @@ def read_claimed() -> sa.Select[Any]:
 
 @functools.cache
 def chain_statement(pieces: DriverPieces) -> sa.Select[Any]:
-    """One key's next messages after its first, in id order, locked; built once."""
+    """One key's next messages after its first, in id order, read without locks; built once.
+
+    A locking walk would wait on every row it passes that another transaction holds: a
+    relay settling another key's rows, an application still inserting into this key, for
+    up to innodb_lock_wait_timeout, with the heads' locks held meanwhile. The walk reads
+    what is committed, as a PostgreSQL claim's snapshot does; chain_lock then locks what
+    it found by primary key.
+    """
     s = messages.alias("s")
     return (
         sa.select(s.c.id, s.c.attempts, qualifies(s, pieces.bound_now()))
@@ -87,7 +94,17 @@ def chain_statement(pieces: DriverPieces) -> sa.Select[Any]:
         )
         .order_by(s.c.id)
         .limit(sa.bindparam("share", type_=sa.Integer()))
-        .with_for_update()
+    )
+
+
+@functools.cache
+def chain_lock() -> sa.Select[Any]:
+    """Those of the :picked messages still pending, locked by primary key, skipping any
+    another transaction holds (a chain is cut at the first one not returned)."""
+    return (
+        sa.select(messages.c.id)
+        .where(by_keys(messages.c.id), messages.c.state == state_literal(MessageState.PENDING))
+        .with_for_update(skip_locked=True)
     )
 
 
@@ -209,6 +226,13 @@ class MySQLClaims(DriverPieces):
                     break
                 chain.append((successor_id, attempts))
             chains.append(chain)
+        walked = [successor_id for chain in chains for successor_id, _ in chain]
+        if not walked:
+            return []
+        # A message claimed or settled since the walk read it, or locked by another claim,
+        # ends its chain there: a key's later messages never go without it.
+        locked = set(picked(conn, chain_lock(), {"picked": walked}))
+        chains = [_until_missing(chain, locked) for chain in chains]
         previous: dict[int, int] = {}
         for rank in range(max(len(c) for c in chains)):
             for chain in chains:
@@ -233,3 +257,11 @@ class MySQLClaims(DriverPieces):
         if ids:
             conn.execute(reap_statement(self), {**params, "picked": ids})
         return len(ids)
+
+
+def _until_missing(chain: list[tuple[int, int]], locked: set[int]) -> list[tuple[int, int]]:
+    """The chain's messages up to the first one not in `locked`."""
+    for index, (successor_id, _) in enumerate(chain):
+        if successor_id not in locked:
+            return chain[:index]
+    return chain

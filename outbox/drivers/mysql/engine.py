@@ -4,8 +4,10 @@ bounded connect, utf8mb4 on the wire.
 The toolkit's own engines run at READ COMMITTED: at REPEATABLE READ, InnoDB's locking
 reads take gap and next-key locks, and a claim's `FOR UPDATE SKIP LOCKED` walk then
 blocks, or deadlocks with, the inserts of concurrent publishers into the gaps it
-walked. An engine the application made keeps its own isolation (its transactions are
-its own); the toolkit's statements there only lock the rows they pick.
+walked. An engine the application gives a worker's queue or a relay must be at READ
+COMMITTED too (`engine.execution_options(isolation_level="READ COMMITTED")` shares its
+pool): they refuse one at another level at start (isolation_refusal). publish() into
+the application's own transaction takes no locking read, whatever its level.
 """
 
 from __future__ import annotations
@@ -70,9 +72,23 @@ class MySQLEngines:
         release_on_checkin(engine)
 
     def server_refusal(self, conn: sa.Connection) -> str | None:
-        """A binary log in statement format (binlog_refusal), read from the server."""
+        """A binary log in statement format (binlog_refusal), read from the server, or an
+        isolation level other than READ COMMITTED on the engine's connections."""
         log_bin, binlog_format = conn.execute(sa.text("SELECT @@log_bin, @@binlog_format")).one()
-        return binlog_refusal(bool(log_bin), str(binlog_format))
+        return binlog_refusal(bool(log_bin), str(binlog_format)) or isolation_refusal(
+            conn.get_isolation_level()
+        )
+
+
+def isolation_refusal(level: str) -> str | None:
+    """Why the claims cannot run at isolation `level`, or None (see the module's docstring)."""
+    if level.upper().replace("_", " ") == "READ COMMITTED":
+        return None
+    return (
+        f"the engine's transactions run at {level}, where the claims' locking reads take "
+        "gap locks that hold publishers behind them: pass a URL, or the engine as "
+        'engine.execution_options(isolation_level="READ COMMITTED")'
+    )
 
 
 def binlog_refusal(log_bin: bool, binlog_format: str) -> str | None:

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from functools import cached_property
 
+from outbox.drivers.mysql.tenant_lock import TenantCapsBusy
+
 DEADLOCK = 1213
 LOCK_WAIT_TIMEOUT = 1205
 NO_SUCH_TABLE = 1146
@@ -38,12 +40,14 @@ class MySQLErrors:
 
     @cached_property
     def database_errors(self) -> tuple[type[Exception], ...]:
-        """PyMySQL's errors, imported at the first look (the mysql extra may be absent)."""
+        """PyMySQL's errors, imported at the first look (the mysql extra may be absent), and
+        a capped claim that waited out another's lock: the claim is tried again, as after
+        any other wait the database ran out of."""
         try:
             import pymysql
         except ImportError:
-            return ()
-        return (pymysql.err.MySQLError,)
+            return (TenantCapsBusy,)
+        return (pymysql.err.MySQLError, TenantCapsBusy)
 
     def transient(self, error: BaseException | None) -> bool | None:
         """Deadlocks, lock waits that ran out, lost connections (TRANSIENT); None for an

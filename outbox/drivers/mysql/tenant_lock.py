@@ -17,12 +17,15 @@ import sqlalchemy as sa
 from sqlalchemy import event
 from sqlalchemy.engine import Connection
 
-NAME = "outbox_tenant_caps"
+NAME = "CONCAT('outbox_caps_', MD5(DATABASE()))"
+"""The lock's name, of this database's own: named locks are the server's, and capped claims
+of unrelated databases on one server must not wait for each other (MySQL takes at most
+64 characters, a database name alone as many)."""
 WAIT = 30
 """Seconds a capped claim waits for another's transaction to end."""
 HELD = "outbox_tenant_caps_held"
 """The pooled connection's info key while it holds the lock."""
-TAKE = sa.text(f"SELECT GET_LOCK('{NAME}', {WAIT})")
+TAKE = sa.text(f"SELECT GET_LOCK({NAME}, {WAIT})")
 
 
 class TenantCapsBusy(TimeoutError):
@@ -34,7 +37,7 @@ def lock_tenant_caps(conn: Connection) -> None:
     if conn.connection.info.get(HELD):
         return  # MySQL's named locks nest: one is enough
     if conn.execute(TAKE).scalar() != 1:
-        raise TenantCapsBusy(f"another capped claim held {NAME} for {WAIT} s")
+        raise TenantCapsBusy(f"another capped claim held the tenant caps' lock for {WAIT} s")
     conn.connection.info[HELD] = True
 
 
@@ -49,6 +52,6 @@ def _release(dbapi_connection: Any, record: Any) -> None:
         return
     cursor = dbapi_connection.cursor()
     try:
-        cursor.execute(f"DO RELEASE_LOCK('{NAME}')")
+        cursor.execute(f"DO RELEASE_LOCK({NAME})")
     finally:
         cursor.close()
