@@ -45,6 +45,9 @@ SMOKE_TOOLS = ("pytest", "httpx")
 SMOKE_TESTS = ROOT / "tests" / "package"
 UNDER_TEST_ENV = "OUTBOXDEV_PACKAGE_UNDER_TEST"
 """tests/package/conftest.py: the site-packages folder the packages must be imported from."""
+EXTRAS_ENV = "OUTBOXDEV_PACKAGE_EXTRAS"
+"""The extras the venv under test installed, comma-separated: a test of an extra's takes
+that, not what happens to import, as the truth (an extra that lost its package fails)."""
 LOWEST_LISTING = "versions at the lower bounds"
 OUTPUT_TAIL = 60
 """Lines of a failed step's output the summary repeats."""
@@ -259,6 +262,7 @@ def check_venv(venv: Venv, wheel: Path, work: Path, smoke: Path) -> None:
         env,
         timeout=120,
     ).output.strip()
+    env[EXTRAS_ENV] = ",".join(venv.extras)
     step(
         "package tests (tests/package)",
         [python, "-m", "pytest", "-p", "no:cacheprovider", "-q", "--rootdir", smoke, smoke],

@@ -59,7 +59,9 @@ def _storable_reason(reason: object) -> str:
 class TaskQueue(DatabaseHandle):
     """Durable intake, fenced task leases, and results committed with their replies."""
 
-    _claims_rows = True
+    # Not at start: a service that only receives tasks claims nothing, whatever the server.
+    # The first claim or reconcile checks the server once (a Worker asks when it is made).
+    _claims_rows = False
 
     _lanes: tuple[Lane, ...] = ()  # none yet while the schema is checked
 
@@ -175,6 +177,7 @@ class TaskQueue(DatabaseHandle):
         check_name("owner", owner)
         if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
             raise ValueError(f"limit must be an int >= 1, got {limit!r}")
+        self.check_claims()
         now = clock_value(self.clock)
         with one_statement(
             self._engine,
@@ -342,8 +345,13 @@ class TaskQueue(DatabaseHandle):
             )
         return True
 
+    def check_claims(self) -> None:
+        """ConfigError when the server or the engine makes claims unsafe (checked once)."""
+        self._check_server()
+
     def reconcile(self) -> dict[str, int]:
         """Expire tasks past their deadline and reclaim expired task and delivery leases."""
+        self.check_claims()
         totals = {"expired": 0, "requeued": 0, "failed": 0, "messages_requeued": 0}
         while True:
             with self._engine.begin() as conn:

@@ -93,6 +93,7 @@ class Worker:
                 raise ValueError(f"{name} must be a positive number of seconds, got {value!r}")
         if not self.heartbeat < queue.lease:
             raise ValueError("heartbeat must be shorter than the lease, or leases would lapse")
+        queue.check_claims()
         self.queue = queue
         self.handler = handler
         self.owner = check_name("owner", owner or f"worker-{socket.gethostname()}-{os.getpid()}")

@@ -24,6 +24,7 @@ class DatabaseHandle:
     _owns_engine: bool = False
     _claims_rows: bool = False
     """Whether this object claims rows (SKIP LOCKED): it then checks that the server can."""
+    _server_checked: bool = False
     _dialect: str
     _driver: Driver
 
@@ -47,11 +48,14 @@ class DatabaseHandle:
 
     def _check_server(self) -> None:
         """ConfigError when the server's setting makes the claims unsafe (the driver says)."""
+        if self._server_checked:
+            return
         with self._engine.connect() as conn:
             refusal = self._driver.server_refusal(conn)
         if refusal is not None:
             url = self._engine.url.render_as_string(hide_password=True)
             raise ConfigError(f"database {url}: {refusal}")
+        self._server_checked = True
 
     @property
     def engine(self) -> Engine:

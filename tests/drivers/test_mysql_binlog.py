@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import sqlalchemy as sa
 
-from outbox import TaskQueue
+from outbox import TaskQueue, Worker
 from outbox.drivers import Driver
 from outbox.drivers.mysql.engine import MySQLEngines, binlog_refusal
 from outbox.errors import ConfigError
@@ -50,8 +50,13 @@ def test_the_queue_and_the_relay_refuse_such_a_server_at_start(
 ) -> None:
     statements = binlog_refusal(log_bin=True, binlog_format="STATEMENT")
     monkeypatch.setattr(MySQLEngines, "server_refusal", lambda self, conn: statements)
-    with pytest.raises(ConfigError, match=r"binlog_format=STATEMENT"):
-        TaskQueue(db_url)
+    with TaskQueue(db_url) as queue:  # receiving tasks claims nothing: not refused
+        with pytest.raises(ConfigError, match=r"binlog_format=STATEMENT"):
+            queue.claim_many("w", 1)
+        with pytest.raises(ConfigError, match=r"binlog_format=STATEMENT"):
+            Worker(queue, lambda task: None)
+        with pytest.raises(ConfigError, match=r"binlog_format=STATEMENT"):
+            queue.reconcile()
     with pytest.raises(ConfigError, match=r"binlog_format=STATEMENT"):
         Relay(db_url, {"orders": make_destination("http://127.0.0.1:9/", secret="s" * 32)})
 
@@ -62,10 +67,24 @@ def test_an_engine_of_the_applications_at_repeatable_read_is_refused_until_read_
 ) -> None:
     own = sa.create_engine(db_url, isolation_level="REPEATABLE READ")
     try:
-        with pytest.raises(ConfigError, match=r"REPEATABLE READ.*READ COMMITTED"):
-            TaskQueue(own)
+        refused = pytest.raises(ConfigError, match=r"REPEATABLE READ.*READ COMMITTED")
+        with TaskQueue(own) as queue, refused:
+            Worker(queue, lambda task: None)
         with pytest.raises(ConfigError, match=r"REPEATABLE READ.*READ COMMITTED"):
             Relay(own, {"orders": make_destination("http://127.0.0.1:9/", secret="s" * 32)})
-        TaskQueue(own.execution_options(isolation_level="READ COMMITTED")).close()
+        with TaskQueue(own.execution_options(isolation_level="READ COMMITTED")) as queue:
+            assert queue.claim_many("w", 1) == []
+    finally:
+        own.dispose()
+
+
+@pytest.mark.parametrize("backend", ["mysql"], indirect=True)
+def test_an_engine_in_autocommit_is_refused(db_url: str) -> None:
+    own = sa.create_engine(db_url, isolation_level="AUTOCOMMIT")
+    try:
+        with pytest.raises(ConfigError, match=r"autocommit"):
+            Relay(own, {"orders": make_destination("http://127.0.0.1:9/", secret="s" * 32)})
+        with TaskQueue(own) as queue, pytest.raises(ConfigError, match=r"autocommit"):
+            queue.claim_many("w", 1)
     finally:
         own.dispose()

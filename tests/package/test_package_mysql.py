@@ -19,7 +19,15 @@ ADMIN_URL = sa.make_url(
     os.environ.get("OUTBOXDEV_TEST_MYSQL_URL", "mysql+pymysql://root@127.0.0.1:3306/mysql")
 )
 """The MariaDB (or MySQL) the check may create a database on, as the suite's conftest reads it."""
-EXTRA_INSTALLED = importlib.util.find_spec("pymysql") is not None
+EXTRAS = os.environ.get("OUTBOXDEV_PACKAGE_EXTRAS")
+"""The extras .ci/package_check.py installed in this venv; unset in the dev install."""
+EXTRA_INSTALLED = (
+    "mysql" in EXTRAS.split(",")
+    if EXTRAS is not None
+    else importlib.util.find_spec("pymysql") is not None
+)
+"""Whether the mysql extra is installed: as the check says, so that an extra that lost its
+package fails the test with it rather than passing the one without it."""
 IN_CI = os.environ.get("CI", "").lower() == "true"
 
 

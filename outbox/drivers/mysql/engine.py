@@ -74,7 +74,17 @@ class MySQLEngines:
     def server_refusal(self, conn: sa.Connection) -> str | None:
         """A binary log in statement format (binlog_refusal), read from the server, or an
         isolation level other than READ COMMITTED on the engine's connections."""
-        log_bin, binlog_format = conn.execute(sa.text("SELECT @@log_bin, @@binlog_format")).one()
+        log_bin, binlog_format, autocommit = conn.execute(
+            sa.text("SELECT @@log_bin, @@binlog_format, @@autocommit")
+        ).one()
+        if autocommit:
+            # Each statement its own transaction: a claim's locking pick would release its
+            # locks before its UPDATE, and another claim could pick the same rows.
+            return (
+                "the engine's connections are in autocommit, where a claim's row locks end "
+                "with its first statement: pass a URL, or an engine with transactions at "
+                'READ COMMITTED (isolation_level="READ COMMITTED")'
+            )
         return binlog_refusal(bool(log_bin), str(binlog_format)) or isolation_refusal(
             conn.get_isolation_level()
         )
