@@ -34,7 +34,9 @@ message (by reply_id): a later message of the key that arrives first (the broker
 hand it over before the redelivery) is ``held``. The block ends when the blocking
 message is stored, a duplicate, a conflict or dead, or when it has not come back
 for ``key_hold`` seconds (it went to another consumer, or the broker gave up on it).
-The blocks live in this process only.
+A key whose blocker is stored in a batch that held a later message of the key is then
+blocked by that message: given back after the key's messages already waiting in the
+broker, it may come again after them. The blocks live in this process only.
 
 The signature is verified without a freshness limit: a message may wait in the broker
 for hours while its consumer is down, and a replayed message is only a duplicate.
@@ -183,6 +185,7 @@ class Consumer(Stoppable):
         items: list[BatchItem] = []
         positions: list[int] = []
         redelivered: list[str] = []
+        keyed: dict[int, tuple[str, str]] = {}  # index -> (ordering key, reply_id)
         for index, delivery in enumerate(deliveries):
             try:
                 reply_id = check(delivery, self.keys)
@@ -199,6 +202,8 @@ class Consumer(Stoppable):
                 # these checks, so this is another message under its id (a forgery).
                 continue
             key = ordering_key(delivery)
+            if key is not None:
+                keyed[index] = (key, reply_id)
             blocker = self._key_blocks.blocker(key)
             if blocker is not None and blocker != reply_id:
                 outcomes[index] = "held"
@@ -221,6 +226,12 @@ class Consumer(Stoppable):
                 outcomes[index] = status
                 if len(item) == 3 and item[2] is not None:
                     self._key_blocks.follow(item[2], item[0], status, now)
+        for index, (key, reply_id) in keyed.items():
+            if outcomes[index] in REDELIVERED:
+                # A message held behind a blocker that this same batch stored goes back to
+                # the broker after the later messages of its key given back before it: were
+                # the key free now, the first of those to come back would be applied first.
+                self._key_blocks.keep(key, reply_id, now)
         for outcome in outcomes:
             self.metrics.consumed.labels(outcome).inc()
         return outcomes

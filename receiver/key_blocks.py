@@ -3,7 +3,8 @@
 A key whose message ended ``retry`` is blocked by that message (by reply_id): a later
 message of the key that arrives first is ``held``. The block ends when the blocking
 message is settled for good (stored, duplicate, conflict or dead), or when it has not
-come back for ``hold`` seconds. The blocks live in this process only.
+come back for ``hold`` seconds. A message of a free key given back to the broker
+unapplied blocks it too (see ``keep``). The blocks live in this process only.
 """
 
 from __future__ import annotations
@@ -39,6 +40,11 @@ class KeyBlocks:
                 self._blocked[key] = (reply_id, now + self.hold)
         elif outcome in ACKNOWLEDGED:
             self._unblock(key, reply_id)
+
+    def keep(self, key: str, reply_id: str, now: float) -> None:
+        """Block `key` by `reply_id`, given back to the broker, unless `key` is blocked already."""
+        if key not in self._blocked:
+            self._blocked[key] = (reply_id, now + self.hold)
 
     def _unblock(self, key: str | None, reply_id: str | None) -> None:
         """Unblock `key` if `reply_id` is the message it waits for."""

@@ -117,8 +117,11 @@ def test_a_dead_message_releases_its_key_in_its_batch_and_after(
     ]
     again = [message("c1", "C", redelivered=True), message("c2", "C", redelivered=True)]
     assert consumer.consume_batch_now(again) == ["dead", "held"]
+    # c2, held beside c1's death, now blocks C: c3 waits for it, whichever comes back first.
+    assert consumer.consume_batch_now([message("c3", "C", redelivered=True)]) == ["held"]
     later = [message("c2", "C", redelivered=True), message("c3", "C", redelivered=True)]
-    assert consumer.consume_batch_now(later) == ["stored", "stored"]
+    assert consumer.consume_batch_now(later) == ["stored", "held"]
+    assert consumer.consume_batch_now([message("c3", "C", redelivered=True)]) == ["stored"]
     assert set(stored_receipts(db_url)) == {"a2", "b1", "c2", "c3", "d1"}
     assert {row["reply_id"] for row in store.dead_letters()} == {"a1", "c1"}
 

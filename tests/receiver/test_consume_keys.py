@@ -68,6 +68,27 @@ def test_an_invalid_message_under_the_blockers_id_does_not_release_its_key(
     assert consumer.consume_batch_now([message("c2", "C")]) == ["stored"]
 
 
+def test_a_message_held_beside_its_stored_blocker_keeps_its_key_blocked(
+    store: ReceiptStore,
+) -> None:
+    effect = InOrder("a2")
+    consumer = Consumer(store, unsigned=True, effect=effect, backoff=1e-9, backoff_cap=1e-9)
+    first = [message("a1", "A"), message("a2", "A"), message("a3", "A")]
+    assert consumer.consume_batch_now(first) == ["stored", "retry", "held"]
+    assert consumer.consume_batch_now([message("a4", "A")]) == ["held"]
+    effect.failing.clear()
+    # a3 was checked against the block before a2 was stored: held, and given back to the
+    # broker behind a4, which the broker may then hand over first.
+    assert consumer.consume_batch_now([message("a2", "A"), message("a3", "A")]) == [
+        "stored",
+        "held",
+    ]
+    assert consumer.consume_batch_now([message("a4", "A")]) == ["held"]
+    assert consumer.consume_batch_now([message("a3", "A")]) == ["stored"]
+    assert consumer.consume_batch_now([message("a4", "A")]) == ["stored"]
+    assert effect.out_of_order == []
+
+
 def test_a_blocker_that_does_not_come_back_releases_its_key_after_key_hold(
     store: ReceiptStore, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
