@@ -84,20 +84,30 @@ def upgrade_all(url: str) -> None:
     receiver.upgrade(url)
 
 
-@pytest.fixture(scope="session")
-def pg_server() -> Iterator[sa.Engine]:
-    """An admin engine on the local server; fails under CI, skips elsewhere, when unreachable."""
-    engine = sa.create_engine(PG_ADMIN_URL, isolation_level="AUTOCOMMIT")
+@contextmanager
+def admin_engine(url: str, server: str) -> Iterator[sa.Engine]:
+    """An autocommit engine on a local `server`; fails under CI, skips elsewhere, when
+    unreachable."""
+    engine = sa.create_engine(url, isolation_level="AUTOCOMMIT")
     try:
         with engine.connect() as conn:
             conn.execute(sa.text("select 1"))
     except sa.exc.OperationalError as exc:
         engine.dispose()
         if IN_CI:
-            pytest.fail(f"PostgreSQL is required under CI=true and is unreachable: {exc}")
-        pytest.skip(f"PostgreSQL unreachable at {PG_ADMIN_URL}")
-    yield engine
-    engine.dispose()
+            pytest.fail(f"{server} is required under CI=true and is unreachable: {exc}")
+        pytest.skip(f"{server} unreachable at {url}")
+    try:
+        yield engine
+    finally:
+        engine.dispose()
+
+
+@pytest.fixture(scope="session")
+def pg_server() -> Iterator[sa.Engine]:
+    """An admin engine on the local PostgreSQL."""
+    with admin_engine(PG_ADMIN_URL, "PostgreSQL") as engine:
+        yield engine
 
 
 @pytest.fixture(scope="session")
@@ -132,19 +142,9 @@ def pg_database(pg_empty_database: str) -> str:
 
 @pytest.fixture(scope="session")
 def mysql_server() -> Iterator[sa.Engine]:
-    """An admin engine on the local MySQL or MariaDB; fails under CI, skips elsewhere, when
-    unreachable."""
-    engine = sa.create_engine(MYSQL_ADMIN_URL, isolation_level="AUTOCOMMIT")
-    try:
-        with engine.connect() as conn:
-            conn.execute(sa.text("select 1"))
-    except sa.exc.OperationalError as exc:
-        engine.dispose()
-        if IN_CI:
-            pytest.fail(f"MariaDB is required under CI=true and is unreachable: {exc}")
-        pytest.skip(f"MySQL or MariaDB unreachable at {MYSQL_ADMIN_URL}")
-    yield engine
-    engine.dispose()
+    """An admin engine on the local MySQL or MariaDB."""
+    with admin_engine(MYSQL_ADMIN_URL, "MariaDB") as engine:
+        yield engine
 
 
 @contextmanager

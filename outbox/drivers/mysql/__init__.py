@@ -14,11 +14,12 @@ from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.dialects import mysql
-from sqlalchemy.engine import Connection, Engine
+from sqlalchemy.engine import Connection
 from sqlalchemy.sql.elements import ColumnElement
 
 from outbox.drivers.base import Now
 from outbox.drivers.common import CommonDriver
+from outbox.drivers.common.pooled import PooledTaskConnections
 from outbox.drivers.mysql import settle as settling
 from outbox.drivers.mysql.claims import MySQLClaims
 from outbox.drivers.mysql.clock import DATABASE_NOW
@@ -43,6 +44,7 @@ class MySQLDriver(
     MySQLEngines,
     MySQLErrors,
     PollingOnly,
+    PooledTaskConnections,
     CommonDriver,
 ):
     """MySQL and MariaDB: the portable statements where they run as they are, and its own
@@ -50,14 +52,6 @@ class MySQLDriver(
 
     name = "mysql"
     supports_skip_locked = True
-
-    def held_task_claims(self, engine: Engine, owns_engine: bool) -> None:
-        """None: claims go through the pool."""
-        return
-
-    def held_task_finishes(self, engine: Engine, owns_engine: bool) -> None:
-        """None: batches go through the pool, as claims."""
-        return
 
     def database_now(self) -> ColumnElement[float]:
         """NOW(6) in epoch seconds."""

@@ -8,11 +8,12 @@ from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.dialects import sqlite
-from sqlalchemy.engine import Connection, Engine
+from sqlalchemy.engine import Connection
 from sqlalchemy.sql.elements import ColumnElement
 
 from outbox.drivers.base import Now
 from outbox.drivers.common import CommonDriver
+from outbox.drivers.common.pooled import PooledTaskConnections
 from outbox.drivers.notifications import PollingOnly
 from outbox.drivers.records import Settlement
 from outbox.drivers.sqlite import settle as settling
@@ -22,20 +23,19 @@ from outbox.drivers.sqlite.errors import SQLiteErrors
 from outbox.drivers.sqlite.task_batches import SQLiteTaskBatches
 
 
-class SQLiteDriver(SQLiteTaskBatches, SQLiteEngines, SQLiteErrors, PollingOnly, CommonDriver):
+class SQLiteDriver(
+    SQLiteTaskBatches,
+    SQLiteEngines,
+    SQLiteErrors,
+    PollingOnly,
+    PooledTaskConnections,
+    CommonDriver,
+):
     """SQLite: the portable statements, with its own clock and INSERT, and its batches of
     task results and renewals."""
 
     name = "sqlite"
     supports_skip_locked = False
-
-    def held_task_claims(self, engine: Engine, owns_engine: bool) -> None:
-        """None: SQLite's claims go through the pool (one writer, no event-loop client)."""
-        return
-
-    def held_task_finishes(self, engine: Engine, owns_engine: bool) -> None:
-        """None: SQLite's batches go through the pool, as its claims."""
-        return
 
     def database_now(self) -> ColumnElement[float]:
         """julianday('now') in epoch seconds."""
