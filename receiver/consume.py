@@ -34,9 +34,10 @@ message (by reply_id): a later message of the key that arrives first (the broker
 hand it over before the redelivery) is ``held``. The block ends when the blocking
 message is stored, a duplicate, a conflict or dead, or when it has not come back
 for ``key_hold`` seconds (it went to another consumer, or the broker gave up on it).
-A key whose blocker is stored in a batch that held a later message of the key is then
-blocked by that message: given back after the key's messages already waiting in the
-broker, it may come again after them. The blocks live in this process only.
+The messages of a key given back unapplied wait in the order the consumer first saw
+them; when the blocker is settled, the first of them blocks the key in turn, since the
+broker may hand them over again in any order (receiver.key_blocks). The blocks live in
+this process only.
 
 The signature is verified without a freshness limit: a message may wait in the broker
 for hours while its consumer is down, and a replayed message is only a duplicate.
@@ -228,9 +229,8 @@ class Consumer(Stoppable):
                     self._key_blocks.follow(item[2], item[0], status, now)
         for index, (key, reply_id) in keyed.items():
             if outcomes[index] in REDELIVERED:
-                # A message held behind a blocker that this same batch stored goes back to
-                # the broker after the later messages of its key given back before it: were
-                # the key free now, the first of those to come back would be applied first.
+                # Given back, it may come again after a later message of its key: the key
+                # then waits for the first of its messages given back (KeyBlocks).
                 self._key_blocks.keep(key, reply_id, now)
         for outcome in outcomes:
             self.metrics.consumed.labels(outcome).inc()

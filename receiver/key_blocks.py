@@ -1,10 +1,14 @@
 """Ordering keys a consumer holds back: each behind the first of its messages to be retried.
 
 A key whose message ended ``retry`` is blocked by that message (by reply_id): a later
-message of the key that arrives first is ``held``. The block ends when the blocking
-message is settled for good (stored, duplicate, conflict or dead), or when it has not
-come back for ``hold`` seconds. A message of a free key given back to the broker
-unapplied blocks it too (see ``keep``). The blocks live in this process only.
+message of the key that arrives first is ``held``. Every message of a key given back to
+the broker unapplied (``retry`` or ``held``) waits, in the order this consumer first saw
+them, which is the key's order (a broker first delivers a key's messages in the order
+the relay published them; it may deliver them again in any order). When the blocking
+message is settled for good (stored, duplicate, conflict or dead), the key's first
+waiting message blocks it in turn, so the broker handing over a later one first changes
+nothing. A block ends, and the key's waiting messages are forgotten, when its blocking
+message has not come back for ``hold`` seconds. The blocks live in this process only.
 """
 
 from __future__ import annotations
@@ -24,6 +28,9 @@ class KeyBlocks:
         self.hold = hold
         self._blocked: dict[str, tuple[str, float]] = {}
         """Ordering key -> (reply_id of its message to be applied first, monotonic deadline)."""
+        self._waiting: dict[str, dict[str, None]] = {}
+        """Ordering key -> the reply_ids of its messages given back unapplied, in the order
+        first seen."""
 
     def blocker(self, key: str | None) -> str | None:
         """The reply_id `key` waits for, or None when it is free (or there is no key)."""
@@ -39,23 +46,31 @@ class KeyBlocks:
             if blocker is None or blocker[0] == reply_id:
                 self._blocked[key] = (reply_id, now + self.hold)
         elif outcome in ACKNOWLEDGED:
-            self._unblock(key, reply_id)
+            waiting = self._waiting.get(key, {})
+            waiting.pop(reply_id, None)
+            if self._blocked.get(key, ("", 0.0))[0] == reply_id:
+                del self._blocked[key]
+                if waiting:
+                    self._blocked[key] = (next(iter(waiting)), now + self.hold)
+            if not waiting:
+                self._waiting.pop(key, None)
 
     def keep(self, key: str, reply_id: str, now: float) -> None:
-        """Block `key` by `reply_id`, given back to the broker, unless `key` is blocked already."""
+        """Note `reply_id`, given back to the broker unapplied, among `key`'s waiting
+        messages; block a free `key` by the first of them."""
+        waiting = self._waiting.setdefault(key, {})
+        waiting.setdefault(reply_id, None)
         if key not in self._blocked:
-            self._blocked[key] = (reply_id, now + self.hold)
-
-    def _unblock(self, key: str | None, reply_id: str | None) -> None:
-        """Unblock `key` if `reply_id` is the message it waits for."""
-        if key is not None and self._blocked.get(key, ("", 0.0))[0] == reply_id:
-            del self._blocked[key]
+            self._blocked[key] = (next(iter(waiting)), now + self.hold)
 
     def unblock_expired(self, now: float) -> None:
         """Give up waiting for failed messages that have not come back within `hold`."""
         for key, (reply_id, deadline) in list(self._blocked.items()):
             if deadline <= now:
                 del self._blocked[key]
+                # Messages that did not come back either (another consumer took them):
+                # forgotten with the block, or the key would wait `hold` for each in turn.
+                self._waiting.pop(key, None)
                 log.warning(
                     "reply_id %s was not delivered again within %.0f s; the later messages "
                     "of its ordering key are no longer held back",

@@ -89,6 +89,49 @@ def test_a_message_held_beside_its_stored_blocker_keeps_its_key_blocked(
     assert effect.out_of_order == []
 
 
+def test_a_later_message_stored_beside_the_blocker_waits_for_the_one_given_back_before_it(
+    store: ReceiptStore,
+) -> None:
+    effect = InOrder("a2")
+    consumer = Consumer(store, unsigned=True, effect=effect, backoff=1e-9, backoff_cap=1e-9)
+    assert consumer.consume_batch_now([message("a1", "A"), message("a2", "A")]) == [
+        "stored",
+        "retry",
+    ]
+    assert consumer.consume_batch_now([message("a3", "A")]) == ["held"]
+    effect.failing.clear()
+    # The broker hands a4 over with a2 before a3 comes back: a3, given back first, is next.
+    assert consumer.consume_batch_now([message("a2", "A"), message("a4", "A")]) == [
+        "stored",
+        "held",
+    ]
+    assert consumer.consume_batch_now([message("a4", "A")]) == ["held"]
+    assert consumer.consume_batch_now([message("a3", "A")]) == ["stored"]
+    assert consumer.consume_batch_now([message("a4", "A")]) == ["stored"]
+    assert effect.out_of_order == []
+
+
+def test_a_blocker_settled_in_a_batch_without_its_keys_next_message_passes_the_block_on(
+    store: ReceiptStore,
+) -> None:
+    effect = InOrder("a2")
+    consumer = Consumer(store, unsigned=True, effect=effect, backoff=1e-9, backoff_cap=1e-9)
+    assert consumer.consume_batch_now([message("a1", "A"), message("a2", "A")]) == [
+        "stored",
+        "retry",
+    ]
+    assert consumer.consume_batch_now([message("a3", "A"), message("a4", "A")]) == ["held"] * 2
+    effect.failing.clear()
+    assert consumer.consume_batch_now([message("a2", "A")]) == ["stored"]
+    assert consumer.consume_batch_now([message("a4", "A")]) == ["held"]
+    assert consumer.consume_batch_now([message("a3", "A"), message("a4", "A")]) == [
+        "stored",
+        "held",
+    ]
+    assert consumer.consume_batch_now([message("a4", "A")]) == ["stored"]
+    assert effect.out_of_order == []
+
+
 def test_a_blocker_that_does_not_come_back_releases_its_key_after_key_hold(
     store: ReceiptStore, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:

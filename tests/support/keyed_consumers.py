@@ -105,7 +105,7 @@ def a_failing_message_holds_back_its_key_alone(broker: KeyedBroker, db_url: str)
         asyncio.run(scenario())
     finally:
         store.close()
-    assert effect.out_of_order == []
+    assert effect.out_of_order == [], effect.out_of_order
     assert len(stored_receipts(db_url)) == count_effects(db_url) == 8
 
 
