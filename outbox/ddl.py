@@ -171,8 +171,12 @@ def drop_partial_index(name: str, table: str, *, if_exists: bool = False) -> Non
         op.drop_index(counterpart[0], table_name=table)
 
 
-INNODB_NAMES = frozenset(c[0] for c in INNODB_INDEXES.values() if c is not None)
-"""The counterparts' names."""
+MYSQL_ROUTABLE = "ix_outbox_messages_state_routable"
+"""MySQL's claim order per destination: (state, destination, available_at, id). Not a
+counterpart: PostgreSQL claims along indexes of its own (ix_outbox_messages_unkeyed) and
+SQLite's one relay walks ix_outbox_messages_deliverable."""
+INNODB_NAMES = frozenset(c[0] for c in INNODB_INDEXES.values() if c is not None) | {MYSQL_ROUTABLE}
+"""The indexes built on MySQL alone: the counterparts and MYSQL_ROUTABLE."""
 
 
 def innodb_index(table: sa.Table, name: str) -> sa.Index | None:

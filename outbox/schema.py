@@ -15,6 +15,7 @@ from outbox.ddl import (
     INNODB_INDEXES,
     INNODB_NAMES,
     MYSQL,
+    MYSQL_ROUTABLE,
     TABLE_OPTIONS,
     BuiltOn,
     LongBinary,
@@ -212,6 +213,15 @@ sa.Index(
     messages.c.id,
     postgresql_where=sa.text(UNKEYED_PENDING),
 ).ddl_if(dialect="postgresql")
+
+# MySQL relays claim per destination too (outbox.drivers.mysql.claims), along this index.
+sa.Index(
+    MYSQL_ROUTABLE,
+    messages.c.state,
+    messages.c.destination,
+    messages.c.available_at,
+    messages.c.id,
+).ddl_if(callable_=BuiltOn(*MYSQL))
 
 # Dead messages per destination, for the relay's metrics at every scrape and `outbox dead
 # list --destination`: only dead rows are indexed, so delivered history is never read.

@@ -1,11 +1,14 @@
 """The relay's claim on MySQL: a locking pick with SKIP LOCKED, an UPDATE by id, a read.
 
-The pick walks the pending messages in claim order (state, available_at, id: the
-InnoDB counterpart of PostgreSQL's partial index of pending messages, named
-ix_outbox_messages_state_deliverable) and stops at its limit; SKIP LOCKED passes over
-the rows another relay's claim is taking. Each key's next messages are then walked
-along ix_outbox_messages_state_ordering, locked (no other claim can take them: their
-key's first message is this relay's), and leased the same way.
+Each destination the relay delivers is picked on its own, walking that destination's
+pending messages in claim order along ix_outbox_messages_state_routable (state,
+destination, available_at, id) and stopping at its limit, so that messages of
+destinations it does not deliver (another relay's, or unrouted ones piling up behind a
+typo) are never walked; SKIP LOCKED passes over the rows another relay's claim is
+taking. The picks are merged in claim order and the first `limit` leased; the rest stay
+pending (their locks end with the claim's transaction). Each key's next messages are
+then walked along ix_outbox_messages_state_ordering, locked (no other claim can take
+them: their key's first message is this relay's), and leased the same way.
 """
 
 from __future__ import annotations
@@ -26,7 +29,6 @@ from outbox.drivers.common.claims import (
     claim_values,
     first_undelivered_of_its_key,
     qualifies,
-    routed_here,
     successors,
 )
 from outbox.drivers.common.pieces import DriverPieces
@@ -38,16 +40,17 @@ from outbox.states import MessageState
 
 @functools.cache
 def pick_statement(pieces: DriverPieces) -> sa.Select[Any]:
-    """Up to :limit claimable messages' ids and attempts, in claim order, locked; built once."""
+    """Up to :limit claimable messages of :destination (id, attempts, due time), in claim
+    order, locked; built once."""
     m = messages.alias("m")
     now = pieces.bound_now()
     return (
-        sa.select(m.c.id, m.c.attempts)
+        sa.select(m.c.id, m.c.attempts, m.c.available_at)
         .where(
             m.c.state == state_literal(MessageState.PENDING),
+            m.c.destination == sa.bindparam("destination", type_=sa.String()),
             m.c.available_at <= now,
             first_undelivered_of_its_key(m),
-            routed_here(pieces, m),
         )
         .order_by(m.c.available_at, m.c.id)
         .limit(limit_parameter())
@@ -193,7 +196,15 @@ class MySQLClaims(DriverPieces):
         """Lease up to `limit` due messages, the first undelivered of each key, and their
         keys' next messages; `keys` is not used (no key cursor: the pick is the walk)."""
         params = claim_parameters(owner, now, lease, limit, budget, destinations, skip_destinations)
-        previous = {row[0]: row[1] for row in conn.execute(pick_statement(self), params)}
+        busy = set(skip_destinations)
+        candidates = [
+            row
+            for destination in dict.fromkeys(destinations)
+            if destination not in busy
+            for row in conn.execute(pick_statement(self), {**params, "destination": destination})
+        ]
+        candidates.sort(key=lambda row: (row.available_at, row.id))
+        previous = {row.id: row.attempts for row in candidates[:limit]}
         heads = self.lease(conn, previous, params)
         return heads + self.claim_chains(conn, heads, params)
 
