@@ -18,7 +18,7 @@ import socket
 
 import sqlalchemy as sa
 
-from outbox.db.dialect import make_url
+from outbox.db.dialect import create_engine
 from outbox.errors import ConfigError
 from outbox.redaction import redact, redact_unparsed_url
 from receiver.errors import StoreUnavailable
@@ -45,9 +45,11 @@ class PortUnavailable(Exception):
 
 
 def check_database_url(url: str) -> None:
-    """ConfigError naming a database URL that cannot be parsed or is not supported."""
+    """ConfigError naming a database URL that cannot be parsed or is not supported, or
+    whose DBAPI is not installed."""
     try:
-        make_url(url)
+        # An engine connects only when first used: this loads the URL's DBAPI, no more.
+        create_engine(url).dispose()
     except sa.exc.ArgumentError:
         raise ConfigError(
             # Unparsed, its password cannot be told from its host: all before the last '@' goes.

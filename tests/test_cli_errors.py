@@ -145,6 +145,16 @@ def test_a_malformed_database_url_is_one_line_naming_it_and_exit_2(
         assert "s3cret" not in printed, argv
 
 
+def test_a_dbapi_the_url_names_but_not_installed_is_one_line_and_exit_2(
+    secret_file: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setitem(sys.modules, "MySQLdb", None)  # mysqlclient absent, installed or not
+    for argv in every_command(secret_file):
+        line, printed = failed([*argv, "--db", "mysql+mysqldb://app:s3cret@db/app"], 2, capsys)
+        assert "needs the Python module 'MySQLdb'" in line, (argv, line)
+        assert "s3cret" not in printed, argv
+
+
 @pytest.fixture
 def ready_db(tmp_path: Path, sqlite_template: Path) -> str:
     """A SQLite database with both schemas."""

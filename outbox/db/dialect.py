@@ -18,6 +18,7 @@ from outbox.db.lane import Lane
 from outbox.drivers import DRIVERS, UnsupportedDatabase, driver_for, driver_for_url
 from outbox.drivers.execution import READ_ONLY as READ_ONLY
 from outbox.drivers.execution import UNPREPARED as UNPREPARED
+from outbox.errors import ConfigError
 
 # Migration o0002 installs a trigger that notifies this channel on every insert of messages.
 NOTIFY_CHANNEL = "outbox_messages"
@@ -40,7 +41,19 @@ def create_engine(url: str | sa.URL, **kwargs: Any) -> Engine:
             kwargs[option] = default | kwargs.get(option, {})
         else:
             kwargs.setdefault(option, default)
-    return prepare_engine(sa.create_engine(parsed, **kwargs))
+    try:
+        engine = sa.create_engine(parsed, **kwargs)
+    except sa.exc.NoSuchModuleError:
+        raise ConfigError(f"no database driver is named {parsed.drivername!r}") from None
+    except ImportError as exc:
+        # The driver's own DBAPI is named by engine_options (with the extra to install);
+        # this is one a URL names explicitly (mysql+mysqldb, mariadb+mariadbconnector).
+        backend = parsed.get_backend_name()
+        raise ConfigError(
+            f"database driver {parsed.drivername!r} needs the Python module {exc.name!r}, "
+            f"which is not installed (a plain {backend}:// URL runs on the toolkit's own)"
+        ) from None
+    return prepare_engine(engine)
 
 
 def prepare_engine(engine: Engine) -> Engine:

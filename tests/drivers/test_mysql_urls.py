@@ -47,3 +47,23 @@ def test_a_missing_driver_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> No
     monkeypatch.setitem(sys.modules, "pymysql", None)  # makes `import pymysql` fail
     with pytest.raises(ConfigError, match=r"pip install 'outbox-relay\[mysql\]'"):
         create_engine("mysql://u@db/app")
+
+
+@pytest.mark.parametrize(
+    ("url", "said"),
+    [
+        (
+            "mysql+mysqldb://u@db/app",
+            "database driver 'mysql+mysqldb' needs the Python module 'MySQLdb', which is not "
+            "installed (a plain mysql:// URL runs on the toolkit's own)",
+        ),
+        ("mysql+nosuch://u@db/app", "no database driver is named 'mysql+nosuch'"),
+    ],
+)
+def test_a_dbapi_the_url_names_that_cannot_load_is_one_clear_error(
+    url: str, said: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(sys.modules, "MySQLdb", None)  # mysqlclient absent, installed or not
+    with pytest.raises(ConfigError) as raised:
+        create_engine(url)
+    assert str(raised.value) == said
