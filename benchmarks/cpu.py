@@ -75,7 +75,7 @@ def _argv(pid: int) -> str:
         return ""
 
 
-def _port_owners(pids: set[int]) -> dict[int, int]:
+def port_owners(pids: set[int]) -> dict[int, int]:
     """Local TCP port -> the pid among `pids` holding that socket."""
     inode_pid: dict[str, int] = {}
     for pid in pids:
@@ -113,7 +113,7 @@ def part_cpu_seconds(
     """
     stats = {pid: (parent, cpu) for pid, _, parent, cpu in _processes()}
     parts = {pid: part_of(_argv(pid)) for pid in _tree(os.getpid(), stats) - {os.getpid()}}
-    owners = _port_owners({pid for pid, part in parts.items() if part is not None})
+    owners = port_owners({pid for pid, part in parts.items() if part is not None})
     reading: PartSeconds = {}
     for pid, part in parts.items():
         if part is not None and pid in stats:

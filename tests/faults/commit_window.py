@@ -8,6 +8,12 @@ while it is stopped, then SIGKILLed without being resumed:
   the tables the point's statements write: the server holds the transaction's
   uncommitted writes. After the kill, that transaction id is `aborted`
   (pg_xact_status): the writes rolled back.
+- MySQL and MariaDB: one of the node's sessions (found by the local ports of the
+  node's sockets, which the server's process list shows as the client's) holds an
+  InnoDB transaction that has changed rows and holds write intention (IX) locks on the
+  tables the point's statements write (faults.innodb_window). After the kill, that
+  transaction is gone from InnoDB's status: the server rolled it back when the
+  client's connection closed.
 - SQLite: the node holds the database's write lock (a test connection's
   BEGIN IMMEDIATE is refused at once): its transaction is open. SQLite has no
   server to ask what the transaction wrote; that it never committed is what
@@ -28,6 +34,8 @@ from dataclasses import dataclass
 import sqlalchemy as sa
 
 import outbox
+from benchmarks.cpu import port_owners
+from faults.innodb_window import client_ports, open_transactions
 from faults.nodes import Node
 
 WRITES = {
@@ -120,6 +128,8 @@ def _look_and_kill(engine: sa.Engine, node: Node, point: str) -> Held:
         # The lock dies with the process; a node waiting for it may take it at once.
         _kill(node)
         return Held(node.name, (), frozenset())
+    if engine.dialect.name in ("mysql", "mariadb"):
+        return _look_and_kill_innodb(engine, node, point)
     with engine.connect() as conn:
         rows = conn.execute(_OPEN_WRITES, {"name": node.name}).all()
     holding = [
@@ -143,6 +153,30 @@ def _look_and_kill(engine: sa.Engine, node: Node, point: str) -> Held:
 
     _wait(aborted, f"{node.name}'s transactions {xids} to roll back")
     return Held(node.name, xids, frozenset().union(*(set(r.written) for r in holding)))
+
+
+def _look_and_kill_innodb(engine: sa.Engine, node: Node, point: str) -> Held:
+    ports = {port for port, pid in port_owners({node.pid}).items() if pid == node.pid}
+    sessions = {s for s, port in client_ports(engine).items() if port in ports}
+    found = open_transactions(engine)
+    holding = [
+        t
+        for t in found
+        if t.thread_id in sessions and t.rows_changed > 0 and WRITES[point] <= t.written
+    ]
+    assert holding, (
+        f"{node.name} stopped at {point}, but the server holds no transaction of it with "
+        f"writes to {sorted(WRITES[point])}: its sessions {sorted(sessions)} (ports "
+        f"{sorted(ports)}); every open transaction: {found}\n{node.tail()}"
+    )
+    _kill(node)
+    trx_ids = {t.trx_id for t in holding}
+
+    def rolled_back() -> bool:
+        return not trx_ids & {t.trx_id for t in open_transactions(engine)}
+
+    _wait(rolled_back, f"{node.name}'s transactions {sorted(trx_ids)} to roll back")
+    return Held(node.name, (), frozenset().union(*(t.written for t in holding)))
 
 
 def _kill(node: Node) -> None:

@@ -104,6 +104,7 @@ def crash_round(system: System, point: str, width: int) -> tuple[int, Tally]:
     return kills, found
 
 
+@pytest.mark.parametrize("backend", ["sqlite", "postgresql", "mysql"], indirect=True)
 @pytest.mark.parametrize("point", sorted(ROLE_OF))
 def test_a_process_killed_at_each_failpoint_loses_nothing(
     point: str, backend: str, db_url: str, tmp_path: Path, soak: bool
