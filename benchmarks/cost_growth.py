@@ -2,7 +2,7 @@
 
 Run alone: .venv/bin/python -m benchmarks.cost_growth [--quick]
 
-One run measures, on fresh PostgreSQL databases:
+One run measures, on fresh PostgreSQL databases, then (the first two) on MariaDB:
 - the task claim's median latency and the relay's drain rate on a database
   with no history and on one with N finished rows (done tasks and their sent
   replies), claims alternating between the two; the partial indexes should
@@ -20,13 +20,14 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterable, Iterator
-from contextlib import ExitStack, contextmanager
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import AbstractContextManager, ExitStack, contextmanager
 from pathlib import Path
 
 import sqlalchemy as sa
 
 import outbox
+from benchmarks.databases import analyze, fresh_mysql_database
 from benchmarks.relay_bench import (
     DRAIN_DEADLINE_SECONDS,
     children_running,
@@ -41,6 +42,7 @@ from benchmarks.relay_bench import (
 )
 from benchmarks.task_throughput import prefill_tasks
 from outbox.canonical import canonical_bytes
+from outbox.ddl import MYSQL
 from outbox.messages import TASK_REPLY_PREFIX, TaskReply, task_reply_body
 from outbox.schema import messages
 from outbox.tasks import TaskQueue
@@ -96,7 +98,41 @@ PENDING_MESSAGES = sa.text(
     "FROM generate_series(0, :rows - 1) AS n, "
     "LATERAL (SELECT convert_to(:body_head || n || :body_tail, 'UTF8') AS body) AS b"
 )
+# The same rows on MariaDB, numbered by its sequence engine (seq_1_to_N, a table whose
+# name holds the bounds), with no LATERAL (MariaDB has none): MySQL 8 has no such tables,
+# and these figures are MariaDB's.
+MYSQL_HISTORY_TASKS = (
+    "INSERT INTO outbox_tasks (task_id, tenant_id, payload, priority, deadline, hops, state, "
+    "attempts, max_attempts, available_at, owner, fence, result, created_at, updated_at, "
+    "finished_at) "
+    "SELECT SHA2(CONCAT('history-', seq), 256), 'bench-source', "
+    "CONCAT(:payload_head, seq, :payload_tail), 0, :now - seq * 0.001 + 86400, 0, 'done', 1, 3, "
+    ":now - seq * 0.001, 'bench-worker', 1, 'null', :now - seq * 0.001, "
+    ":now - seq * 0.001 + 0.01, :now - seq * 0.001 + 0.01 "
+    "FROM seq_1_to_{rows}"
+)
+MYSQL_HISTORY_REPLIES = sa.text(
+    "INSERT INTO outbox_messages (reply_id, task_id, destination, body, content_hash, headers, "
+    "state, attempts, available_at, owner, fence, last_status, created_at, sent_at) "
+    "SELECT CONCAT(:reply_prefix, t.task_id), t.task_id, 'default', "
+    "CONCAT(:body_head, t.task_id, :body_tail), "
+    "SHA2(CONCAT(:body_head, t.task_id, :body_tail), 256), '{}', 'sent', 1, t.finished_at, "
+    "'bench-relay', 1, 200, t.finished_at, t.finished_at + 0.05 "
+    "FROM outbox_tasks AS t WHERE t.state = 'done'"
+)
+MYSQL_PENDING_MESSAGES = (
+    "INSERT INTO outbox_messages (reply_id, destination, body, content_hash, headers, state, "
+    "attempts, fence, available_at, created_at) "
+    "SELECT CONCAT('bench-', seq), 'default', CONCAT(:body_head, seq, :body_tail), "
+    "SHA2(CONCAT(:body_head, seq, :body_tail), 256), '{{}}', 'pending', 0, 0, 0, :now "
+    "FROM seq_0_to_{last}"
+)
 MARKER = "987654321"
+
+
+def on_mysql(engine: sa.Engine) -> bool:
+    """Whether `engine` is on MySQL or MariaDB."""
+    return engine.dialect.name in MYSQL
 
 
 def around_marker(body: bytes) -> tuple[str, str]:
@@ -109,10 +145,13 @@ def add_history(url: str, rows: int) -> None:
     """Insert `rows` done tasks and their sent replies (see settle_tables for statistics)."""
     engine = outbox.create_engine(url)
     try:
+        mysql = on_mysql(engine)
+        tasks = sa.text(MYSQL_HISTORY_TASKS.format(rows=rows)) if mysql else HISTORY_TASKS
+        replies = MYSQL_HISTORY_REPLIES if mysql else HISTORY_REPLIES
         with timed(f"history of {rows:,} done tasks and sent replies"), engine.begin() as conn:
             payload_head, payload_tail = around_marker(canonical_bytes({"n": int(MARKER)}))
             conn.execute(
-                HISTORY_TASKS,
+                tasks,
                 {
                     "rows": rows,
                     "now": time.time(),
@@ -122,7 +161,7 @@ def add_history(url: str, rows: int) -> None:
             )
             body_head, body_tail = around_marker(task_reply_body(TaskReply(MARKER, "done", "null")))
             conn.execute(
-                HISTORY_REPLIES,
+                replies,
                 {"reply_prefix": TASK_REPLY_PREFIX, "body_head": body_head, "body_tail": body_tail},
             )
     finally:
@@ -136,6 +175,10 @@ def settle_tables(url: str) -> None:
     """
     engine = outbox.create_engine(url, isolation_level="AUTOCOMMIT")
     try:
+        if on_mysql(engine):  # InnoDB purges old row versions itself: statistics only
+            with timed("analyze"):
+                analyze(engine, "outbox_tasks", "outbox_messages")
+            return
         with timed("vacuum analyze"), engine.connect() as conn:
             conn.exec_driver_sql("VACUUM ANALYZE outbox_tasks, outbox_messages")
     finally:
@@ -152,14 +195,13 @@ def prefill_messages(url: str, rows: int) -> int:
             # The body relay_bench.prefill gives message n.
             body = canonical_bytes({"kind": "result", "n": int(MARKER), "payload": "x" * 64})
             head, tail = around_marker(body)
+            pending = PENDING_MESSAGES
+            if on_mysql(engine):
+                pending = sa.text(MYSQL_PENDING_MESSAGES.format(last=rows - 1))
             conn.execute(
-                PENDING_MESSAGES,
-                {"rows": rows, "now": time.time(), "body_head": head, "body_tail": tail},
+                pending, {"rows": rows, "now": time.time(), "body_head": head, "body_tail": tail}
             )
-        with engine.connect() as conn:
-            conn.execution_options(isolation_level="AUTOCOMMIT").exec_driver_sql(
-                "ANALYZE outbox_messages"
-            )
+        analyze(engine, "outbox_messages")
     finally:
         engine.dispose()
     return first_id
@@ -267,25 +309,37 @@ def sizes(quick: bool) -> tuple[int, int, int]:
     return (20_000, 5_000, 5_000) if quick else (1_000_000, 100_000, 1_000_000)
 
 
-def run(quick: bool) -> dict[str, float]:
-    """One run: claim latency and drain rate with 0 and N history rows, then the relay's RSS."""
-    history, drained, rss_rows = sizes(quick)
-    figures: dict[str, float] = {"history_rows": history}
-    with fresh_database() as empty, fresh_database() as full:
+def growth(
+    fresh: Callable[[], AbstractContextManager[str]], history: int, drained: int, prefix: str = ""
+) -> dict[str, float]:
+    """Claim latency and drain rate on a database of `fresh` with no history and on one with
+    `history` finished rows, as figures named with `prefix`."""
+    figures: dict[str, float] = {}
+    with fresh() as empty, fresh() as full:
         urls = {"empty": empty, "history": full}
         add_history(full, history)
         for url in urls.values():
             settle_tables(url)
         for label, url in urls.items():
             # Before the claims, which leave their pending replies behind.
-            figures[f"drain_rate_{label}"] = drain_rate(url, drained)
+            figures[f"{prefix}drain_rate_{label}"] = drain_rate(url, drained)
         for label, latency in claim_latencies(urls).items():
-            figures[f"claim_us_{label}"] = latency
+            figures[f"{prefix}claim_us_{label}"] = latency
     for label in urls:
         log(
-            f"  {label}: claim {figures[f'claim_us_{label}']:,.0f} us, "
-            f"drain {figures[f'drain_rate_{label}']:,.0f}/s"
+            f"  {prefix}{label}: claim {figures[f'{prefix}claim_us_{label}']:,.0f} us, "
+            f"drain {figures[f'{prefix}drain_rate_{label}']:,.0f}/s"
         )
+    return figures
+
+
+def run(quick: bool) -> dict[str, float]:
+    """One run: claim latency and drain rate with 0 and N history rows on PostgreSQL, then
+    on MySQL (figures prefixed `mysql_`), then the relay's RSS (PostgreSQL)."""
+    history, drained, rss_rows = sizes(quick)
+    figures: dict[str, float] = {"history_rows": history}
+    figures |= growth(fresh_database, history, drained)
+    figures |= growth(fresh_mysql_database, history, drained, "mysql_")
     with fresh_database() as url:
         figures["relay_rss_mb"] = relay_rss_while_draining(url, rss_rows)
     log(f"  relay peak RSS draining {rss_rows:,}: {figures['relay_rss_mb']:.0f} MB")

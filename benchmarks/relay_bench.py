@@ -45,6 +45,7 @@ from benchmarks.cpu import (
     parts_between,
     process_cpu_seconds,
 )
+from benchmarks.databases import analyze
 from outbox.canonical import canonical_bytes, sha256_hex
 from outbox.messages import check_headers
 from outbox.receiver_tables import receipts
@@ -138,11 +139,7 @@ def prefill(url: str, count: int, *, creation_contexts: bool = False) -> None:
     with engine.begin() as conn:
         for start in range(0, count, 20_000):
             conn.execute(sa.insert(messages), rows[start : start + 20_000])
-    with engine.connect() as conn:
-        # Planner statistics, as autovacuum would have them on a live table.
-        conn.execution_options(isolation_level="AUTOCOMMIT").exec_driver_sql(
-            "ANALYZE outbox_messages"
-        )
+    analyze(engine, "outbox_messages")
     engine.dispose()
 
 
@@ -484,6 +481,7 @@ def timed_drain(
     """
     engine = outbox.create_engine(url)
     try:
+        checkpoint(engine)
         launched = time.monotonic()
         at_launch = machine_busy_seconds(), server_seconds(server)
         parts_at_launch = parts_seconds(engine, parts)
@@ -541,6 +539,22 @@ def timed_drain(
         "windowed": windowed,
         **cpu,
     }
+
+
+def checkpoint(engine: sa.Engine) -> None:
+    """On PostgreSQL, a CHECKPOINT: every timed drain then starts at the same point of the
+    server's checkpoint cycle.
+
+    A run writes several gigabytes of WAL, so the server checkpoints every half minute or
+    so (max_wal_size); after each checkpoint the first change of every page writes the
+    whole page to the WAL. Left to chance, one drain starts just after a checkpoint and
+    pays for every page it touches while the next pays for few, whichever side of a
+    comparison each is.
+    """
+    if engine.dialect.name != "postgresql":
+        return
+    with engine.connect() as conn:
+        conn.execution_options(isolation_level="AUTOCOMMIT").exec_driver_sql("CHECKPOINT")
 
 
 @dataclass(frozen=True)

@@ -61,6 +61,7 @@ from benchmarks import (
     trace_cost,
     worker_waits,
 )
+from benchmarks.databases import fresh_mysql_database
 from benchmarks.relay_bench import (
     ROOT,
     SECRET,
@@ -246,12 +247,20 @@ def publish_overhead(url: str, transactions: int) -> Run:
 
 
 def publish_both(transactions: int) -> Run:
-    """Publish overhead on PostgreSQL, then on a SQLite file."""
+    """Publish overhead on PostgreSQL, then on a SQLite file, then on MySQL."""
     with fresh_database() as url:
         pg = publish_overhead(url, transactions)
     with sqlite_file("publish.db") as url:
         lite = publish_overhead(url, transactions)
-    return {**pg, "sqlite_ours": lite["ours"], "sqlite_baseline": lite["baseline"]}
+    with fresh_mysql_database() as url:
+        my = publish_overhead(url, transactions)
+    return {
+        **pg,
+        "sqlite_ours": lite["ours"],
+        "sqlite_baseline": lite["baseline"],
+        "mysql_ours": my["ours"],
+        "mysql_baseline": my["baseline"],
+    }
 
 
 def async_publish_overhead(url: str, transactions: int) -> Run:
@@ -336,12 +345,20 @@ def sqlite_drain(total: int) -> float:
         return complete_rate(drain_backlog(url, total, "batch", 2, 1000, 1, receiver_url))
 
 
+def mysql_drain(total: int) -> float:
+    """Messages per second two relays deliver from MySQL to a receiver on the same database."""
+    with fresh_mysql_database() as url:
+        prefill(url, total)
+        return complete_rate(drain_backlog(url, total, "batch", 2, 1000, 1))
+
+
 def drains(size: Sizes, points: tuple[sweep.Point, ...]) -> Run:
     """Messages per second, each on a fresh prefill of the same size: our relays (batch mode,
     2 relays), the naive loop, the bare relays swept over `points` (the best is `bare`), our
     relays again (`ours_after`: each baseline ran between ours, so each order gives a ratio),
     ours into the receiver running its reference effect (`ours_effect`), then ours on
-    SQLite. Every other receiver stores receipts only, as the bare receiver does."""
+    SQLite and on MySQL (a smaller backlog). Every other receiver stores receipts only, as
+    the bare receiver does."""
     first = bare_relay.ours_drain(size.drain)
     figures = {"ours": float(first["rate"]), **bare_relay.cpu_parts("ours", first)}
     figures["baseline"] = naive_drain(size.drain, size.naive_seconds)
@@ -351,6 +368,7 @@ def drains(size: Sizes, points: tuple[sweep.Point, ...]) -> Run:
         drain(size.drain, "batch", bare_relay.RELAYS, bare_relay.OURS_BATCH)
     )
     figures["sqlite_ours"] = sqlite_drain(size.sqlite_drain)
+    figures["mysql_ours"] = mysql_drain(size.sqlite_drain)
     return figures
 
 
@@ -952,7 +970,56 @@ def measure(runs: int, quick: bool) -> list[Row]:
             baseline="sqlite_baseline",
         )
     )
+    rows += mysql_rows(publish, flows, throughput, growth)
     return rows
+
+
+def mysql_rows(
+    publish: list[Run], flows: list[Run], throughput: list[Run], growth: list[Run]
+) -> list[Row]:
+    """MySQL's rows (MariaDB here): publish against a bare insert, claim latency and drain
+    with history against none, with targets; drain and tasks against PostgreSQL's figure
+    of the same run, without."""
+    history = f"{int(growth[0]['history_rows']):,}"
+    return [
+        median_row(
+            "publish vs bare insert",
+            "mysql",
+            "us/transaction",
+            publish,
+            "<= 1.3",
+            lambda r: r <= 1.3,
+            ours="mysql_ours",
+            baseline="mysql_baseline",
+        ),
+        median_row(
+            f"claim latency with history ({history} rows)",
+            "mysql",
+            "us/claim",
+            growth,
+            "<= 1.2",
+            lambda r: r <= 1.2,
+            ours="mysql_claim_us_history",
+            baseline="mysql_claim_us_empty",
+        ),
+        median_row(
+            f"drain slowdown with history ({history} rows)",
+            "mysql",
+            "messages/s",
+            growth,
+            "<= 1.2",
+            lambda r: r <= 1.2,
+            ours="mysql_drain_rate_history",
+            baseline="mysql_drain_rate_empty",
+            ratio=lambda run: run["mysql_drain_rate_empty"] / run["mysql_drain_rate_history"],
+        ),
+        median_row(
+            "drain vs PostgreSQL", "mysql", "messages/s", flows, ours="mysql_ours", baseline="ours"
+        ),
+        median_row(
+            "tasks vs PostgreSQL", "mysql", "tasks/s", throughput, ours="mysql", baseline="ours"
+        ),
+    ]
 
 
 BEFORE = "before."
@@ -1146,7 +1213,8 @@ BASELINES = (
     "into the reference receiver storing receipts only (benchmarks/receipts_receiver.py: "
     "`outbox receiver`'s application, checks and receipt store, without the reference "
     "effect's second row, which the bare and naive relays' receivers do not write either), "
-    "on a prefilled backlog of the full size, timed from every "
+    "on a prefilled backlog of the full size, a CHECKPOINT before each drain (so every "
+    "drain starts at the same point of the server's checkpoint cycle), timed from every "
     "relay answering its health check to the last message sent. The naive relay "
     "(benchmarks/naive_relay.py: one row per transaction, one POST per message on a new "
     "connection, 1 s polling) drains a fresh prefill of the same size, timed the same way from "
@@ -1289,6 +1357,13 @@ BASELINES = (
     "being the first the console answers after it starts. No baseline: the target is "
     "absolute.",
     "sqlite rows: our figure on SQLite files against our PostgreSQL figure of the same run.",
+    "mysql rows: MariaDB 10.11 (benchmarks/databases.py; MySQL 8 is not run here) with its "
+    "default settings: publish against a bare INSERT of the same row through the same "
+    "session, as on PostgreSQL; claim latency and drain with history against none, as the "
+    "cost growth rows (the history built by MariaDB's sequence engine); the drain (2 relays, "
+    "batch mode, of the SQLite drain's size, the receiver's receipts in the same database) "
+    "and tasks (as ours on PostgreSQL, thread handlers) against our PostgreSQL figure of "
+    "the same run, without a target.",
 )
 
 

@@ -9,7 +9,8 @@ PGQueuer draining as many no-op jobs with its own dequeue and completion (which
 deletes the job and writes a log row). Both sides run the same number of
 processes, each holding the same number of items at once (our Worker's
 concurrency is PGQueuer's batch size), and are timed from the first item taken
-to the moment none is left. The SQLite figure is ours again, on a file.
+to the moment none is left. The SQLite figure is ours again, on a file; the MySQL one
+ours again, on MariaDB here.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ import sqlalchemy as sa
 import uvloop
 
 import outbox
+from benchmarks.databases import analyze, fresh_mysql_database
 from benchmarks.relay_bench import fresh_database, log, run_alone
 from outbox.canonical import canonical_bytes
 from outbox.claim import Claim
@@ -118,17 +120,6 @@ def prefill_tasks(url: str, count: int) -> None:
         analyze(engine, "outbox_inbox", "outbox_tasks")
     finally:
         engine.dispose()
-
-
-def analyze(engine: sa.Engine, *tables: str) -> None:
-    """Planner statistics, as autovacuum would have them on a live table."""
-    with engine.connect() as conn:
-        conn = conn.execution_options(isolation_level="AUTOCOMMIT")
-        if engine.dialect.name == "postgresql":
-            conn.exec_driver_sql(f"ANALYZE {', '.join(tables)}")
-        else:
-            for table in tables:  # SQLite's ANALYZE takes one name
-                conn.exec_driver_sql(f"ANALYZE {table}")
 
 
 # --- timing consumer processes -----------------------------------------------------------------
@@ -474,7 +465,7 @@ def sizes(quick: bool) -> tuple[int, int]:
 
 def run(quick: bool) -> dict[str, float]:
     """One run: ours (thread, then async handlers) and PGQueuer on fresh PostgreSQL
-    databases, then ours on SQLite."""
+    databases, then ours on SQLite and on MySQL (thread handlers)."""
     require_pgqueuer()  # before any work: a missing baseline is an error, not a skip
     count, sqlite_count = sizes(quick)
     timings: dict[str, float] = {}
@@ -492,6 +483,11 @@ def run(quick: bool) -> dict[str, float]:
     with tempfile.TemporaryDirectory() as tmp:
         timings["sqlite"] = sqlite_ours(Path(tmp) / "tasks.db", sqlite_count)
     log(f"  sqlite: {timings['sqlite']:,.0f}/s ({time.monotonic() - started:.1f} s with setup)")
+    started = time.monotonic()
+    with fresh_mysql_database() as url:
+        log(f"  ours on MySQL: {count} tasks, {WORKERS} workers x {CONCURRENCY}")
+        timings["mysql"] = drain_tasks(url, count, WORKERS, CONCURRENCY, "threads")
+    log(f"  mysql: {timings['mysql']:,.0f}/s ({time.monotonic() - started:.1f} s with setup)")
     return timings
 
 
