@@ -213,6 +213,10 @@ class Consumer(Stoppable):
                 # Its effect raised moments ago: not tried again (nor counted) before its
                 # own backoff, so a passing fault does not spend max_deliveries at once.
                 outcomes[index] = "held"
+                if key is not None:
+                    # Now, not after the store: its key's later messages in this batch
+                    # must not pass it (its key is free once a block expired).
+                    self._key_blocks.keep(key, reply_id, now)
                 continue
             items.append(
                 (reply_id, delivery.body) if key is None else (reply_id, delivery.body, key)

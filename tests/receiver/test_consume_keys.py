@@ -147,6 +147,40 @@ def test_a_blocker_that_does_not_come_back_releases_its_key_after_key_hold(
     assert any("d1" in r.getMessage() for r in caplog.records)
 
 
+def test_after_a_blocker_that_does_not_come_back_the_next_message_seen_since_blocks_its_key(
+    store: ReceiptStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    now = [1000.0]
+    monkeypatch.setattr("receiver.consume._monotonic", lambda: now[0])
+    effect = InOrder("d1")
+    consumer = Consumer(store, unsigned=True, effect=effect, key_hold=60)
+    assert consumer.consume_batch_now([message("d1", "D")]) == ["retry"]
+    now[0] = 1040.0
+    assert consumer.consume_batch_now([message("d2", "D"), message("d3", "D")]) == ["held"] * 2
+    now[0] = 1061.0  # d1 is given up; d2, given back 21 s ago, is waited for
+    assert consumer.consume_batch_now([message("d3", "D")]) == ["held"]
+    assert consumer.consume_batch_now([message("d2", "D")]) == ["stored"]
+    assert consumer.consume_batch_now([message("d3", "D")]) == ["stored"]
+    assert effect.out_of_order == ["d2"]  # applied without d1, which never came back
+
+
+def test_a_message_held_for_its_backoff_holds_its_keys_later_ones_in_the_same_batch(
+    store: ReceiptStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    now = [1000.0]
+    monkeypatch.setattr("receiver.consume._monotonic", lambda: now[0])
+    effect = InOrder("e1")
+    consumer = Consumer(store, unsigned=True, effect=effect, key_hold=1, backoff=5, backoff_cap=5)
+    assert consumer.consume_batch_now([message("e1", "E")]) == ["retry"]
+    effect.failing.clear()
+    now[0] = 1002.0  # the block expired; e1's backoff has not
+    assert consumer.consume_batch_now([message("e1", "E"), message("e2", "E")]) == ["held"] * 2
+    now[0] = 1006.0
+    assert consumer.consume_batch_now([message("e1", "E")]) == ["stored"]
+    assert consumer.consume_batch_now([message("e2", "E")]) == ["stored"]
+    assert effect.out_of_order == []
+
+
 def test_the_block_lasts_key_hold_from_the_last_failure(
     store: ReceiptStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
