@@ -18,7 +18,7 @@ import socket
 
 import sqlalchemy as sa
 
-from outbox.db.dialect import create_engine
+from outbox.db.dialect import create_engine, make_url
 from outbox.errors import ConfigError
 from outbox.redaction import redact, redact_unparsed_url
 from receiver.errors import StoreUnavailable
@@ -48,8 +48,7 @@ def check_database_url(url: str) -> None:
     """ConfigError naming a database URL that cannot be parsed or is not supported, or
     whose DBAPI is not installed."""
     try:
-        # An engine connects only when first used: this loads the URL's DBAPI, no more.
-        create_engine(url).dispose()
+        make_url(url)
     except sa.exc.ArgumentError:
         raise ConfigError(
             # Unparsed, its password cannot be told from its host: all before the last '@' goes.
@@ -57,6 +56,11 @@ def check_database_url(url: str) -> None:
             "postgresql://USER@HOST:5432/DATABASE (a password after USER:) or sqlite:///PATH"
         ) from None
     except ValueError as exc:
+        raise ConfigError(f"database URL {redact(url)!r}: {_first_line(exc)}") from None
+    try:
+        # An engine connects only when first used: this loads the URL's DBAPI, no more.
+        create_engine(url).dispose()
+    except (ValueError, sa.exc.ArgumentError) as exc:
         raise ConfigError(f"database URL {redact(url)!r}: {_first_line(exc)}") from None
 
 

@@ -46,14 +46,24 @@ def create_engine(url: str | sa.URL, **kwargs: Any) -> Engine:
     except sa.exc.NoSuchModuleError:
         raise ConfigError(f"no database driver is named {parsed.drivername!r}") from None
     except ImportError as exc:
-        # The driver's own DBAPI is named by engine_options (with the extra to install);
-        # this is one a URL names explicitly (mysql+mysqldb, mariadb+mariadbconnector).
-        backend = parsed.get_backend_name()
-        raise ConfigError(
-            f"database driver {parsed.drivername!r} needs the Python module {exc.name!r}, "
-            f"which is not installed (a plain {backend}:// URL runs on the toolkit's own)"
-        ) from None
+        raise ConfigError(unloadable_dbapi(parsed, exc)) from None
     return prepare_engine(engine)
+
+
+def unloadable_dbapi(parsed: sa.URL, exc: ImportError) -> str:
+    """Why the DBAPI `parsed` names cannot load: a module not installed (a driver a URL
+    names explicitly, such as mysql+mysqldb; the toolkit's own is named with its extra by
+    the driver's engine_options), or one installed that fails to import (a missing C
+    library)."""
+    named = f"database driver {parsed.drivername!r}"
+    if not isinstance(exc, ModuleNotFoundError) or exc.name is None:
+        reason = str(exc).splitlines()[0] if str(exc) else repr(exc)
+        return f"{named} cannot be loaded: {reason}"
+    plain = parsed.set(drivername=parsed.get_backend_name())
+    hint = ""
+    if make_url(plain).drivername != parsed.drivername:
+        hint = f" (a plain {plain.drivername}:// URL runs on the toolkit's own)"
+    return f"{named} needs the Python module {exc.name!r}, which is not installed{hint}"
 
 
 def prepare_engine(engine: Engine) -> Engine:

@@ -67,3 +67,20 @@ def test_a_dbapi_the_url_names_that_cannot_load_is_one_clear_error(
     with pytest.raises(ConfigError) as raised:
         create_engine(url)
     assert str(raised.value) == said
+
+
+def test_an_installed_dbapi_that_fails_to_import_is_named_with_its_reason(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def broken() -> None:
+        raise ImportError("libmysqlclient.so.21: cannot open shared object file")
+
+    from sqlalchemy.dialects.mysql.mysqldb import MySQLDialect_mysqldb
+
+    monkeypatch.setattr(MySQLDialect_mysqldb, "import_dbapi", classmethod(lambda cls: broken()))
+    with pytest.raises(ConfigError) as raised:
+        create_engine("mysql+mysqldb://u@db/app")
+    assert str(raised.value) == (
+        "database driver 'mysql+mysqldb' cannot be loaded: "
+        "libmysqlclient.so.21: cannot open shared object file"
+    )
