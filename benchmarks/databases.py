@@ -27,16 +27,18 @@ def fresh_mysql_database() -> Iterator[str]:
     """A new MySQL or MariaDB database with both schemas, dropped afterwards."""
     admin = outbox.create_engine(MYSQL_ADMIN_URL)
     name = f"outbox_bench_{uuid.uuid4().hex[:10]}"
-    with admin.begin() as conn:
-        conn.execute(sa.text(f"CREATE DATABASE `{name}` CHARACTER SET utf8mb4"))
-    url = admin.url.set(database=name).render_as_string(hide_password=False)
     try:
-        outbox.upgrade(url)
-        receiver.upgrade(url)
-        yield url
-    finally:
         with admin.begin() as conn:
-            conn.execute(sa.text(f"DROP DATABASE IF EXISTS `{name}`"))
+            conn.execute(sa.text(f"CREATE DATABASE `{name}` CHARACTER SET utf8mb4"))
+        url = admin.url.set(database=name).render_as_string(hide_password=False)
+        try:
+            outbox.upgrade(url)
+            receiver.upgrade(url)
+            yield url
+        finally:
+            with admin.begin() as conn:
+                conn.execute(sa.text(f"DROP DATABASE IF EXISTS `{name}`"))
+    finally:
         admin.dispose()
 
 

@@ -5,7 +5,8 @@ Read from SHOW ENGINE INNODB STATUS rather than information_schema.INNODB_TRX: I
 serves INNODB_TRX from a cache it refreshes only once the table has gone unread for
 0.1 s, so tests polling it side by side on one server saw a transaction for as long as
 they polled, a minute after it had rolled back. The status is built anew at each read;
-its transactions list their table locks once innodb_status_output_locks is on.
+its transactions list their table locks once innodb_status_output_locks is on (at most
+ten locks each: a table whose lock is cut off fails the caller's look, never passes it).
 """
 
 from __future__ import annotations
