@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import uuid
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 
 import sqlalchemy as sa
 
@@ -23,23 +23,33 @@ MYSQL_ADMIN_URL = os.environ.get(
 
 
 @contextmanager
-def fresh_mysql_database() -> Iterator[str]:
-    """A new MySQL or MariaDB database with both schemas, dropped afterwards."""
-    admin = outbox.create_engine(MYSQL_ADMIN_URL)
+def migrated_database(admin_url: str, create: str, drop: str) -> Iterator[str]:
+    """A new database with both schemas, made by `create` and dropped afterwards by `drop`
+    (statements naming it `{name}`) on the server of `admin_url`."""
+    admin = sa.create_engine(admin_url, isolation_level="AUTOCOMMIT")
     name = f"outbox_bench_{uuid.uuid4().hex[:10]}"
     try:
-        with admin.begin() as conn:
-            conn.execute(sa.text(f"CREATE DATABASE `{name}` CHARACTER SET utf8mb4"))
+        with admin.connect() as conn:
+            conn.execute(sa.text(create.format(name=name)))
         url = admin.url.set(database=name).render_as_string(hide_password=False)
         try:
             outbox.upgrade(url)
             receiver.upgrade(url)
             yield url
         finally:
-            with admin.begin() as conn:
-                conn.execute(sa.text(f"DROP DATABASE IF EXISTS `{name}`"))
+            with admin.connect() as conn:
+                conn.execute(sa.text(drop.format(name=name)))
     finally:
         admin.dispose()
+
+
+def fresh_mysql_database() -> AbstractContextManager[str]:
+    """A new MySQL or MariaDB database with both schemas, dropped afterwards."""
+    return migrated_database(
+        MYSQL_ADMIN_URL,
+        "CREATE DATABASE `{name}` CHARACTER SET utf8mb4",
+        "DROP DATABASE IF EXISTS `{name}`",
+    )
 
 
 def analyze(engine: sa.Engine, *tables: str) -> None:

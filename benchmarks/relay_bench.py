@@ -23,7 +23,6 @@ import sys
 import tempfile
 import threading
 import time
-import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
@@ -35,7 +34,6 @@ import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
 import outbox
-import receiver
 from benchmarks import launcher as launch
 from benchmarks.cpu import (
     PartSeconds,
@@ -45,7 +43,7 @@ from benchmarks.cpu import (
     parts_between,
     process_cpu_seconds,
 )
-from benchmarks.databases import analyze
+from benchmarks.databases import analyze, migrated_database
 from outbox.canonical import canonical_bytes, sha256_hex
 from outbox.messages import check_headers
 from outbox.receiver_tables import receipts
@@ -71,22 +69,11 @@ def log(text: str) -> None:
     print(text, file=sys.stderr, flush=True)
 
 
-@contextmanager
-def fresh_database() -> Iterator[str]:
-    """A new, migrated database, dropped afterwards."""
-    admin = sa.create_engine(ADMIN_URL, isolation_level="AUTOCOMMIT")
-    name = f"outbox_bench_{uuid.uuid4().hex[:10]}"
-    with admin.connect() as conn:
-        conn.execute(sa.text(f'CREATE DATABASE "{name}"'))
-    url = admin.url.set(database=name).render_as_string(hide_password=False)
-    try:
-        outbox.upgrade(url)
-        receiver.upgrade(url)
-        yield url
-    finally:
-        with admin.connect() as conn:
-            conn.execute(sa.text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-        admin.dispose()
+def fresh_database() -> AbstractContextManager[str]:
+    """A new, migrated PostgreSQL database, dropped afterwards."""
+    return migrated_database(
+        ADMIN_URL, 'CREATE DATABASE "{name}"', 'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'
+    )
 
 
 def free_port() -> int:
