@@ -134,6 +134,11 @@ def check_results(document: dict[str, Any], table: str) -> None:
         ("drain vs PostgreSQL", "sqlite"),
         ("tasks vs PostgreSQL", "sqlite"),
         ("publish vs bare insert", "sqlite"),
+        ("publish vs bare insert", "mysql"),
+        ("claim latency with history", "mysql"),
+        ("drain slowdown with history", "mysql"),
+        ("drain vs PostgreSQL", "mysql"),
+        ("tasks vs PostgreSQL", "mysql"),
     }
     for row in document["rows"]:
         assert row["scenario"] in table
