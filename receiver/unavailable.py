@@ -42,7 +42,10 @@ def unavailable(exc: BaseException) -> str | None:
         return "kept losing races to store receipts; try again"
     if isinstance(exc, sa.exc.DBAPIError):
         # Cannot talk to the database, rather than a bad statement: a later try may pass.
-        unreachable = isinstance(exc, sa.exc.OperationalError | sa.exc.InterfaceError)
+        # PyMySQL calls a trigger's SIGNAL operational too: the server's refusal is the
+        # statement's (an effect's) own error.
+        operational = isinstance(exc, sa.exc.OperationalError | sa.exc.InterfaceError)
+        unreachable = operational and not retry.refused_statement(exc)
         if unreachable or retry.is_transient(exc):
             return f"receipt database unavailable: {exc.orig}"
     return None

@@ -184,8 +184,9 @@ def sqlite_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
-# MySQL is not among these yet: tests/drivers runs every registered driver, MySQL's too.
-@pytest.fixture(params=["sqlite", "postgresql"])
+# MariaDB's runs are marked `mysql`: `make test-mysql`, .ci/run's step after `make test`
+# (tests/drivers runs every registered driver in `make test`, MySQL's too).
+@pytest.fixture(params=["sqlite", "postgresql", pytest.param("mysql", marks=pytest.mark.mysql)])
 def backend(request: pytest.FixtureRequest) -> str:
     """The backend under test."""
     return str(request.param)

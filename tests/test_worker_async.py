@@ -13,6 +13,7 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
 from sqlalchemy.pool import NullPool
+from support.async_urls import async_url
 from support.cli_helpers import one_line_error, running_in_thread
 from support.worker_tasks import before_result_writes, real_time_queue, submit
 from test_worker import live, states, wait_until
@@ -28,13 +29,6 @@ from outbox.observability.worker_metrics import WorkerMetrics
 def queue(db_url: str) -> Iterator[TaskQueue]:
     """A queue on the database clock: the worker's heartbeats run in real time."""
     yield from real_time_queue(db_url)
-
-
-def async_url(db_url: str) -> str:
-    """The test database through an async driver."""
-    url = sa.make_url(db_url)
-    driver = "sqlite+aiosqlite" if url.get_backend_name() == "sqlite" else "postgresql+asyncpg"
-    return url.set(drivername=driver).render_as_string(hide_password=False)
 
 
 def test_many_handlers_wait_at_once_on_one_thread(queue: TaskQueue) -> None:
@@ -286,7 +280,7 @@ def test_a_handler_finishing_in_its_own_transaction_is_counted_done(
 ) -> None:
     ids = submit(queue, 3)
     with queue.engine.begin() as conn:
-        conn.execute(sa.text("CREATE TABLE shipments (task_id TEXT PRIMARY KEY, n INTEGER)"))
+        conn.execute(sa.text("CREATE TABLE shipments (task_id VARCHAR(64) PRIMARY KEY, n INTEGER)"))
     # No pool: its connections would belong to the worker's loop, closed before dispose().
     engine = create_async_engine(async_url(db_url), poolclass=NullPool)
     try:

@@ -54,6 +54,12 @@ def is_transient(exc: BaseException) -> bool:
     return isinstance(exc, sa.exc.OperationalError | sa.exc.InterfaceError)
 
 
+def refused_statement(exc: BaseException) -> bool:
+    """The server refused the statement itself, though the DBAPI may call it operational."""
+    orig = getattr(exc, "orig", None)
+    return any(driver.refused_statement(orig) for driver in DRIVERS.values())
+
+
 def waited_for_lock(exc: BaseException) -> bool:
     """A lock wait the server already bounded (SQLite busy): another try would wait again."""
     orig = getattr(exc, "orig", None)

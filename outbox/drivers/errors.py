@@ -34,3 +34,8 @@ class ErrorsDriver(Protocol):
     def is_missing_table(self, error: BaseException | None) -> bool:
         """Whether `error` says a table the statement names does not exist."""
         ...
+
+    def refused_statement(self, error: BaseException | None) -> bool:
+        """Whether `error` is the server's own refusal of the statement (a trigger's, a
+        limit's), which no later try passes, though the DBAPI calls it operational."""
+        ...

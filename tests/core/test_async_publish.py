@@ -14,6 +14,7 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
 from sqlalchemy.orm import Session
+from support.async_urls import async_urls
 from support.relay_helpers import rows
 
 import outbox
@@ -41,17 +42,6 @@ def engine(db_url: str) -> Iterator[sa.Engine]:
     created = outbox.create_engine(db_url)
     yield created
     created.dispose()
-
-
-def async_urls(db_url: str) -> list[str]:
-    """The test database through each async driver of its backend."""
-    url = sa.make_url(db_url)
-    if url.get_backend_name() == "sqlite":
-        return [url.set(drivername="sqlite+aiosqlite").render_as_string(hide_password=False)]
-    return [
-        url.set(drivername=driver).render_as_string(hide_password=False)
-        for driver in ("postgresql+asyncpg", "postgresql+psycopg")
-    ]
 
 
 def on_each_driver(db_url: str, scenario: Callable[[Any], Awaitable[None]]) -> None:
@@ -145,7 +135,9 @@ def test_finish_tx_commits_result_reply_and_own_writes_together_and_is_fenced(
     db_url: str, engine: sa.Engine
 ) -> None:
     with engine.begin() as conn:
-        conn.execute(sa.text("CREATE TABLE IF NOT EXISTS test_async_orders (id TEXT PRIMARY KEY)"))
+        conn.execute(
+            sa.text("CREATE TABLE IF NOT EXISTS test_async_orders (id VARCHAR(64) PRIMARY KEY)")
+        )
     with TaskQueue(db_url, allowed_sources=("agent-a",), lease=30) as queue:
 
         def claimed(message_id: str) -> Claim:

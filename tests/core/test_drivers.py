@@ -36,9 +36,12 @@ QUIET = 0.3
 
 def sync_drivers(db_url: str) -> list[str]:
     """The sync drivers an application may use on the test database's backend."""
-    if sa.make_url(db_url).get_backend_name() == "sqlite":
-        return ["sqlite"]
-    return ["postgresql+psycopg", "postgresql+psycopg2"]
+    return {
+        "sqlite": ["sqlite"],
+        "postgresql": ["postgresql+psycopg", "postgresql+psycopg2"],
+        # The mysql extra's; the other DBAPIs are not in the development install.
+        "mysql": ["mysql+pymysql"],
+    }[sa.make_url(db_url).get_backend_name()]
 
 
 def on(db_url: str, driver: str) -> str:
@@ -88,7 +91,9 @@ def test_publish_on_every_sync_driver(db_url: str, engine: sa.Engine) -> None:
 
 def test_finish_tx_on_every_sync_driver(db_url: str, engine: sa.Engine) -> None:
     with engine.begin() as conn:
-        conn.execute(sa.text("CREATE TABLE IF NOT EXISTS test_driver_orders (id TEXT PRIMARY KEY)"))
+        conn.execute(
+            sa.text("CREATE TABLE IF NOT EXISTS test_driver_orders (id VARCHAR(64) PRIMARY KEY)")
+        )
     drivers = []
     with TaskQueue(db_url, allowed_sources=("agent-a",), lease=30) as queue:
 

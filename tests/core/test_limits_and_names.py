@@ -10,7 +10,6 @@ from hypothesis import strategies as st
 
 from outbox import AuthContext, Envelope, InvalidEnvelope, TaskQueue
 from outbox.drivers import DRIVERS
-from outbox.drivers.common import task_reconcile
 from outbox.messages import are_reply_ids, is_reply_id
 from outbox.testing import ManualClock
 
@@ -26,16 +25,12 @@ def test_reconcile_steps_take_at_most_their_limit(
     assert len(claimed) == 30
     clock.advance(queue.lease + 1)  # every lease expired (deadlines still ahead)
     with queue.engine.begin() as conn:
-        params = {"now": clock(), "limit": 7}
-        reap = task_reconcile.reap_expired_task_leases_statement(DRIVERS[backend])
-        reaped = conn.execute(reap, params).all()
+        reaped = DRIVERS[backend].reap_expired_task_leases(conn, clock(), 7)
         assert len(reaped) == 7
         conn.rollback()
     clock.advance(10)  # now every deadline has passed too
     with queue.engine.begin() as conn:
-        params = {"now": clock(), "limit": 11}
-        expire = task_reconcile.expire_past_deadline_statement(DRIVERS[backend])
-        expired = conn.execute(expire, params).all()
+        expired = DRIVERS[backend].expire_past_deadline(conn, clock(), 11)
         assert len(expired) == 11
         conn.rollback()
 

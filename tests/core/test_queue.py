@@ -186,8 +186,17 @@ def test_claim_sets_running_owner_fence_attempt_and_lease(
     assert queue.messages() == []
 
 
+def submit_apart(queue: TaskQueue, clock: ManualClock, count: int) -> list[str]:
+    """`count` tasks received a second apart: no order is promised among ties."""
+    ids = []
+    for i in range(count):
+        ids.append(submit(queue, clock, f"m-{i}"))
+        clock.advance(1)
+    return ids
+
+
 def test_claim_takes_exactly_one_task(queue: TaskQueue, clock: ManualClock) -> None:
-    ids = [submit(queue, clock, f"m-{i}") for i in range(4)]
+    ids = submit_apart(queue, clock, 4)
     got = claim(queue)
     assert got.task_id == ids[0]
     assert [task(queue, tid)["state"] for tid in ids] == ["running"] + ["pending"] * 3
@@ -195,7 +204,7 @@ def test_claim_takes_exactly_one_task(queue: TaskQueue, clock: ManualClock) -> N
 
 
 def test_claim_many_takes_at_most_limit_tasks(queue: TaskQueue, clock: ManualClock) -> None:
-    ids = [submit(queue, clock, f"m-{i}") for i in range(6)]
+    ids = submit_apart(queue, clock, 6)
     got = queue.claim_many("w", 4)
     assert [c.task_id for c in got] == ids[:4]
     assert [task(queue, tid)["state"] for tid in ids] == ["running"] * 4 + ["pending"] * 2

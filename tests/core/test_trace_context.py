@@ -8,12 +8,12 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-import sqlalchemy as sa
 from opentelemetry import trace
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags, TraceState
 from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
 from sqlalchemy.orm import Session
+from support.async_urls import async_url
 
 import outbox.asyncio
 from outbox import AuthContext, Envelope, TaskQueue, publish, trace_context
@@ -77,11 +77,8 @@ def test_the_context_is_outside_the_callers_header_budget(
 
 
 def test_async_publish_inside_a_span_stores_it(db_url: str, queue: TaskQueue) -> None:
-    url = sa.make_url(db_url)
-    driver = "sqlite+aiosqlite" if url.get_backend_name() == "sqlite" else "postgresql+asyncpg"
-
     async def scenario() -> tuple[dict[str, str], str]:
-        engine = create_async_engine(url.set(drivername=driver))
+        engine = create_async_engine(async_url(db_url))
         try:
             with TRACER.start_as_current_span("POST /orders") as span:
                 async with AsyncSession(engine) as session, session.begin():

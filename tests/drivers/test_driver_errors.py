@@ -74,3 +74,25 @@ def lock_wait_error(engine: sa.Engine, table: str, backend: str, db_url: str) ->
         with pytest.raises(sa.exc.DBAPIError) as timed_out:
             waiter.execute(sa.text(f"INSERT INTO {table} (id) VALUES (1)"))
     return timed_out.value.orig  # type: ignore[return-value]
+
+
+REFUSALS = {
+    "postgresql": (
+        "DO $$ BEGIN RAISE EXCEPTION 'refused' USING ERRCODE = 'program_limit_exceeded'; END $$"
+    ),
+    "mysql": "SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = 'refused'",
+}
+"""A statement each server refuses with an error its DBAPI calls operational."""
+
+
+def test_the_servers_own_refusal_is_told_apart_from_an_unreachable_one(
+    driver: Driver, engine: sa.Engine, table: str, backend: str, db_url: str
+) -> None:
+    if backend in REFUSALS:
+        with engine.connect() as conn, pytest.raises(sa.exc.OperationalError) as refused:
+            conn.execute(sa.text(REFUSALS[backend]))
+        assert driver.refused_statement(refused.value.orig)
+    with engine.begin() as holder:
+        holder.execute(sa.text(f"INSERT INTO {table} (id) VALUES (1)"))
+        assert not driver.refused_statement(lock_wait_error(engine, table, backend, db_url))
+    assert not driver.refused_statement(None)

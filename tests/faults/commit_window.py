@@ -11,7 +11,7 @@ while it is stopped, then SIGKILLed without being resumed:
 - MySQL and MariaDB: one of the node's sessions (found by the local ports of the
   node's sockets, which the server's process list shows as the client's) holds an
   InnoDB transaction that has changed rows and holds write intention (IX) locks on the
-  tables the point's statements write (faults.innodb_window). After the kill, that
+  tables the point's statements write (support.innodb_window). After the kill, that
   transaction is gone from InnoDB's status: the server rolled it back when the
   client's connection closed.
 - SQLite: the node holds the database's write lock (a test connection's
@@ -32,10 +32,10 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import sqlalchemy as sa
+from support.innodb_window import client_ports, open_transactions
 
 import outbox
 from benchmarks.cpu import port_owners
-from faults.innodb_window import client_ports, open_transactions
 from faults.nodes import Node
 
 WRITES = {

@@ -194,10 +194,11 @@ class System:
         with self._queue.engine.connect() as conn:
             sent, total = conn.execute(
                 sa.text(
-                    "SELECT count(*) FILTER (WHERE state = 'sent'), count(*) FROM outbox_messages"
+                    "SELECT sum(CASE WHEN state = 'sent' THEN 1 ELSE 0 END), count(*) "
+                    "FROM outbox_messages"
                 )
             ).one()
-        return sent / total if total else 0.0
+        return float(sent) / total if total else 0.0
 
     def logs(self) -> str:
         """The tail of every process's output, for failure messages."""

@@ -116,7 +116,7 @@ LIVE = frozenset({"pending", "running"})
 UNDELIVERED = frozenset({"pending", "sending"})
 
 # (examples, steps) per backend; --soak multiplies the examples.
-PROFILES = {"sqlite": (200, 50), "postgresql": (50, 30)}
+PROFILES = {"sqlite": (200, 50), "postgresql": (50, 30), "mysql": (50, 30)}
 SOAK_FACTOR = 10
 
 F = TypeVar("F", bound=Callable[..., Any])

@@ -24,8 +24,8 @@ from faults.figures import record_then_assert
 from faults.nodes import Node
 from faults.system import System
 
-MESSAGES = {"postgresql": 2_000, "sqlite": 200}
-SOAK_MESSAGES = {"postgresql": 10_000, "sqlite": 5_000}
+MESSAGES = {"postgresql": 2_000, "mysql": 1_000, "sqlite": 200}
+SOAK_MESSAGES = {"postgresql": 10_000, "mysql": 10_000, "sqlite": 5_000}
 FEED_CHUNK = 50
 PUBLISH_EVERY = 4  # one published reply per this many tasks, keyed (half the hot key)
 KILL_EVERY = (0.5, 2.0)

@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 import json
-import sqlite3
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-import psycopg
 import pytest
 import sqlalchemy as sa
 from support.receiver_helpers import (
@@ -16,6 +14,7 @@ from support.receiver_helpers import (
     SECRET,
     AppClient,
     count_effects,
+    refused_connection,
     signed,
     stored_receipts,
 )
@@ -145,9 +144,7 @@ def test_database_unreachable_is_503(db_url: str, backend: str) -> None:
 
     @sa.event.listens_for(engine, "do_connect")
     def refuse(*args: object) -> None:
-        if backend == "sqlite":
-            raise sqlite3.OperationalError("unable to open database file")
-        raise psycopg.OperationalError("connection refused")
+        raise refused_connection(backend)
 
     engine.dispose()
     try:

@@ -2,17 +2,15 @@
 
 from __future__ import annotations
 
-import sqlite3
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import psycopg
 import pytest
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
 from support.db_faults import terminate_other_sessions
-from support.receiver_helpers import count_effects, stored_receipts
+from support.receiver_helpers import count_effects, refused_connection, stored_receipts
 
 import outbox
 import receiver
@@ -166,9 +164,7 @@ def test_unreachable_database_is_store_unavailable(db_url: str, backend: str) ->
     @sa.event.listens_for(engine, "do_connect")
     def refuse(*args: object) -> None:
         if down:
-            if backend == "sqlite":
-                raise sqlite3.OperationalError("unable to open database file")
-            raise psycopg.OperationalError("connection refused")
+            raise refused_connection(backend)
 
     try:
         engine.dispose()

@@ -3,7 +3,9 @@
 `looking(engine, point)` arms `point` in-process; at its arrival, before Crash is
 raised, a second connection looks: on PostgreSQL, which tables an open write
 transaction (`idle in transaction`, with a transaction id) holds RowExclusiveLock
-on: the uncommitted writes; on SQLite, whether the write lock is taken.
+on: the uncommitted writes; on MySQL, which tables of the test's database an open InnoDB
+transaction that changed rows holds write intentions on; on SQLite, whether the write
+lock is taken.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from unittest import mock
 import sqlalchemy as sa
 
 from outbox import failpoints
+from support.innodb_window import open_transactions
 
 _WRITTEN = sa.text(
     "SELECT DISTINCT c.relname FROM pg_locks l "
@@ -32,9 +35,9 @@ class Look:
     """What another connection saw at the failpoint."""
 
     written: frozenset[str]
-    """PostgreSQL: tables an open transaction has written and not committed."""
+    """PostgreSQL, MySQL: tables an open transaction has written and not committed."""
     write_locked: bool
-    """SQLite: the database's write lock is held (PostgreSQL: some table is written)."""
+    """SQLite: the database's write lock is held (elsewhere: some table is written)."""
 
 
 def look(engine: sa.Engine) -> Look:
@@ -52,6 +55,15 @@ def look(engine: sa.Engine) -> Look:
             return Look(frozenset(), write_locked=True)
         finally:
             probe.close()
+    if engine.dialect.name == "mysql":
+        written = frozenset().union(
+            *(
+                t.written
+                for t in open_transactions(engine)
+                if t.rows_changed > 0 and engine.url.database in t.databases
+            )
+        )
+        return Look(written, write_locked=bool(written))
     with engine.connect() as conn:
         written = frozenset(str(name) for name in conn.execute(_WRITTEN).scalars())
     return Look(written, write_locked=bool(written))

@@ -6,6 +6,7 @@ import asyncio
 import base64
 import os
 import socket
+import sqlite3
 import subprocess
 import sys
 import time
@@ -15,6 +16,8 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import psycopg
+import pymysql
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
@@ -73,26 +76,29 @@ def effects_refused(url: str, reply_ids: Sequence[str]) -> Iterator[Callable[[],
     trigger), so the reference effect fails for those alone, even where it rides on the
     receipt insert; call what it yields to let them through again."""
     engine = outbox.create_engine(url)
-    postgresql = engine.dialect.name == "postgresql"
+    dialect = engine.dialect.name
     refused = "EXISTS (SELECT 1 FROM refused_effects WHERE reply_id = NEW.reply_id)"
-    create = (
-        [
+    trigger = "CREATE TRIGGER refuse_effect BEFORE INSERT ON receiver_effects "
+    create = {
+        "postgresql": [
             "CREATE FUNCTION refuse_effect() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
             f"IF {refused} THEN RAISE EXCEPTION 'effect refused'; END IF; RETURN NEW; END $$",
-            "CREATE TRIGGER refuse_effect BEFORE INSERT ON receiver_effects "
-            "FOR EACH ROW EXECUTE FUNCTION refuse_effect()",
-        ]
-        if postgresql
-        else [
-            "CREATE TRIGGER refuse_effect BEFORE INSERT ON receiver_effects "
-            f"WHEN {refused} BEGIN SELECT RAISE(ABORT, 'effect refused'); END",
-        ]
-    )
-    drop = [
-        "DROP TRIGGER refuse_effect" + (" ON receiver_effects" if postgresql else ""),
-        *(["DROP FUNCTION refuse_effect()"] if postgresql else []),
-        "DROP TABLE refused_effects",
-    ]
+            f"{trigger}FOR EACH ROW EXECUTE FUNCTION refuse_effect()",
+        ],
+        "mysql": [
+            f"{trigger}FOR EACH ROW BEGIN IF {refused} THEN "
+            "SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = 'effect refused'; END IF; END",
+        ],
+        "sqlite": [f"{trigger}WHEN {refused} BEGIN SELECT RAISE(ABORT, 'effect refused'); END"],
+    }[dialect]
+    drop = {
+        "postgresql": [
+            "DROP TRIGGER refuse_effect ON receiver_effects",
+            "DROP FUNCTION refuse_effect()",
+        ],
+        "mysql": ["DROP TRIGGER refuse_effect"],
+        "sqlite": ["DROP TRIGGER refuse_effect"],
+    }[dialect] + ["DROP TABLE refused_effects"]
 
     def let_through() -> None:
         with engine.begin() as conn:
@@ -100,7 +106,9 @@ def effects_refused(url: str, reply_ids: Sequence[str]) -> Iterator[Callable[[],
 
     try:
         with engine.begin() as conn:
-            conn.execute(sa.text("CREATE TABLE refused_effects (reply_id varchar PRIMARY KEY)"))
+            conn.execute(
+                sa.text("CREATE TABLE refused_effects (reply_id varchar(200) PRIMARY KEY)")
+            )
             for reply_id in reply_ids:
                 conn.execute(sa.text("INSERT INTO refused_effects VALUES (:r)"), {"r": reply_id})
             for statement in create:
@@ -278,3 +286,12 @@ def accept_in_child(url: str, reply_id: str, body: bytes, barrier: Any, results:
         results.put(f"error: {exc!r}")
     finally:
         store.close()
+
+
+def refused_connection(backend: str) -> Exception:
+    """What `backend`'s DBAPI raises when its server or file cannot be reached."""
+    if backend == "sqlite":
+        return sqlite3.OperationalError("unable to open database file")
+    if backend == "mysql":
+        return pymysql.err.OperationalError(2003, "Can't connect to MySQL server")
+    return psycopg.OperationalError("connection refused")

@@ -22,6 +22,9 @@ TRANSIENT = frozenset(
     {DEADLOCK, LOCK_WAIT_TIMEOUT, 2002, 2003, 2006, 2013, 2055, 4031, 1040, 1053, 1927, 1317}
     | {1290, 1792}
 )
+# Client-side errors (the connection's) are numbered 2000-2999; the server's own are below
+# and above, and PyMySQL calls many of them OperationalError (1644, a trigger's SIGNAL).
+CLIENT_ERRORS = range(2000, 3000)
 _DBAPI_MODULES = ("pymysql", "MySQLdb", "mariadb", "aiomysql", "asyncmy")
 
 
@@ -62,3 +65,8 @@ class MySQLErrors:
     def is_missing_table(self, error: BaseException | None) -> bool:
         """Error 1146, "table doesn't exist"."""
         return error_number(error) == NO_SUCH_TABLE
+
+    def refused_statement(self, error: BaseException | None) -> bool:
+        """A server error number (not a client's, 2000-2999) that time does not pass."""
+        number = error_number(error)
+        return number is not None and number not in CLIENT_ERRORS and number not in TRANSIENT

@@ -12,6 +12,9 @@ TRANSIENT_SQLSTATES = frozenset({"40001", "40P01", "40003", "25006", "55P03", "5
 # 57P operator intervention (shutdown, restart).
 TRANSIENT_SQLSTATE_CLASSES = ("08", "53", "57P")
 UNDEFINED_TABLE = "42P01"
+# Classes psycopg calls operational that are the server's trouble, not the statement's:
+# 58 system error (disk I/O), XX internal error.
+SERVER_TROUBLE_CLASSES = ("58", "XX")
 
 
 class PostgreSQLErrors:
@@ -34,3 +37,11 @@ class PostgreSQLErrors:
     def is_missing_table(self, error: BaseException | None) -> bool:
         """SQLSTATE 42P01, undefined_table."""
         return getattr(error, "sqlstate", None) == UNDEFINED_TABLE
+
+    def refused_statement(self, error: BaseException | None) -> bool:
+        """A SQLSTATE that is neither transient nor the server's own trouble (54000, a
+        program limit; 55000, an object not in its required state)."""
+        sqlstate = getattr(error, "sqlstate", None)
+        if not isinstance(sqlstate, str):
+            return False
+        return not self.transient(error) and not sqlstate.startswith(SERVER_TROUBLE_CLASSES)

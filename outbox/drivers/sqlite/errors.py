@@ -28,3 +28,8 @@ class SQLiteErrors:
         return isinstance(error, sqlite3.OperationalError) and str(error).startswith(
             "no such table"
         )
+
+    def refused_statement(self, error: BaseException | None) -> bool:
+        """Never said: sqlite3's operational errors mix a file that cannot be opened with
+        statements the engine refuses, and the first must read as unavailable."""
+        return False

@@ -19,7 +19,7 @@ import sqlalchemy as sa
 _TRANSACTION = re.compile(r"^---TRANSACTION (\d+), (.*?)(?=^---TRANSACTION |^-{4,}$)", re.M | re.S)
 _THREAD = re.compile(r"(?:MariaDB|MySQL) thread id (\d+)")
 _UNDO = re.compile(r"undo log entries (\d+)")
-_WRITE_INTENT = re.compile(r"TABLE LOCK table `[^`]*`\.`([^`]+)` trx id \d+ lock mode IX")
+_WRITE_INTENT = re.compile(r"TABLE LOCK table `([^`]*)`\.`([^`]+)` trx id \d+ lock mode IX")
 
 
 @dataclass(frozen=True)
@@ -30,6 +30,9 @@ class Transaction:
     thread_id: int | None
     rows_changed: int
     written: frozenset[str]
+    """The tables it holds write intentions on (IX locks), by name."""
+    databases: frozenset[str]
+    """The databases those tables are in."""
 
 
 def parse_status(status: str) -> list[Transaction]:
@@ -39,12 +42,14 @@ def parse_status(status: str) -> list[Transaction]:
         trx_id, body = match.groups()
         thread = _THREAD.search(body)
         undo = _UNDO.search(body)
+        intents = _WRITE_INTENT.findall(body)
         found.append(
             Transaction(
                 trx_id,
                 int(thread.group(1)) if thread else None,
                 int(undo.group(1)) if undo else 0,
-                frozenset(_WRITE_INTENT.findall(body)),
+                frozenset(table for _, table in intents),
+                frozenset(database for database, _ in intents),
             )
         )
     return found
