@@ -1,4 +1,5 @@
-"""Database faults on PostgreSQL: sessions killed, and the server crashed, under a running system.
+"""Database faults: sessions killed (PostgreSQL), and the server crashed (PostgreSQL and
+MariaDB), under a running system.
 
 Real worker, relay and receiver processes (faults.system.System) carry tasks and
 published replies while the database goes away under them:
@@ -7,9 +8,11 @@ published replies while the database goes away under them:
   `pg_terminate_backend` ends every session of the workers, the relays and
   the receiver (found by application_name, which each node sets to its own
   name), several times while work flows;
-- a crash restart: a PostgreSQL cluster owned by the test (faults.pg_cluster,
-  never the shared server) is restarted in immediate mode (no checkpoint,
-  crash recovery on start) several times while work flows.
+- a crash restart: a server owned by the test, never the shared one, crashed and
+  started again several times while work flows: a PostgreSQL cluster
+  (faults.pg_cluster) restarted in immediate mode (no checkpoint, crash recovery on
+  start), a MariaDB server (faults.mariadb_server) killed with SIGKILL (InnoDB's crash
+  recovery on start).
 
 Work enters through a `Feeder` thread in the test process, as clients would
 send it: each task through intake, replies through publish() in batches, each
@@ -55,14 +58,14 @@ import outbox
 import receiver
 from faults.figures import record_then_assert
 from faults.invariants import Tally
+from faults.mariadb_server import MariaDBServer
+from faults.mariadb_server import find_bin as find_mariadb_bin
 from faults.nodes import Node
 from faults.pg_cluster import PgCluster, find_bin
 from faults.system import System
 from faults.work import SENDER, envelope
 from outbox import AuthContext, TaskQueue
 from relay import Relay, make_destination
-
-pytestmark = pytest.mark.postgresql_only
 
 SETTLE_WITHIN = 60.0  # seconds from the last fault until everything has settled
 RESEND_FOR = 30.0  # seconds a feeder keeps resending one item before it gives up
@@ -232,6 +235,7 @@ def check_outcome(system: System, found: Tally, nodes: list[Node], messages: int
     assert not exited, f"processes exited: {exited}\n{system.logs()}"
 
 
+@pytest.mark.postgresql_only
 @pytest.mark.parametrize("backend", ["postgresql"], indirect=True)
 def test_terminated_sessions_are_replaced_and_nothing_is_lost(
     backend: str, db_url: str, tmp_path: Path
@@ -280,25 +284,40 @@ def test_terminated_sessions_are_replaced_and_nothing_is_lost(
         engine.dispose()
 
 
-@pytest.fixture
-def cluster() -> Iterator[PgCluster]:
-    """A running PostgreSQL cluster of this test's own; fails under CI when none can be made."""
-    bin_dir = find_bin()
-    if bin_dir is None:
+def own_server(kind: str) -> PgCluster | MariaDBServer:
+    """A new server of `kind`, not started; fails under CI, skips elsewhere, without its
+    binaries."""
+    if kind == "postgresql":
+        bin_dir = find_bin()
+        if bin_dir is not None:
+            return PgCluster(bin_dir)
         reason = "no initdb/pg_ctl in /usr/lib/postgresql/*/bin (set OUTBOXDEV_TEST_PG_BIN)"
-        if IN_CI:
-            pytest.fail(f"PostgreSQL binaries are required under CI=true: {reason}")
-        pytest.skip(reason)
-    with PgCluster(bin_dir) as owned:
-        owned.start()
-        yield owned
+    else:
+        tools = find_mariadb_bin()
+        if tools is not None:
+            return MariaDBServer(*tools)
+        reason = "no mariadb-install-db/mariadbd (set OUTBOXDEV_TEST_MARIADB_BIN)"
+    if IN_CI:
+        pytest.fail(f"the server's binaries are required under CI=true: {reason}")
+    pytest.skip(reason)
 
 
-def test_crash_restarts_of_the_server_lose_nothing(cluster: PgCluster, tmp_path: Path) -> None:
+@pytest.fixture(params=["postgresql", "mysql"])
+def owned_server(request: pytest.FixtureRequest) -> Iterator[PgCluster | MariaDBServer]:
+    """A running server of this test's own, of each kind."""
+    with own_server(request.param) as server:
+        server.start()
+        yield server
+
+
+def test_crash_restarts_of_the_server_lose_nothing(
+    owned_server: PgCluster | MariaDBServer, tmp_path: Path
+) -> None:
     """The test's own server crash-restarted RESTARTS times while 2,000 replies flow."""
-    url = cluster.create_database("outbox")
+    url = owned_server.create_database("outbox")
     outbox.upgrade(url)
     receiver.upgrade(url)
+    backend = sa.make_url(url).get_backend_name()
     with System(
         tmp_path,
         url,
@@ -311,12 +330,14 @@ def test_crash_restarts_of_the_server_lose_nothing(cluster: PgCluster, tmp_path:
         feeder.start()
         for restart in range(1, RESTARTS + 1):
             when_fed(feeder, restart / (RESTARTS + 1))
-            last_fault = cluster.restart()
+            last_fault = owned_server.restart()
         feeder.finish()
+        # The client felt the crashes: its sends failed and were sent again.
+        assert feeder.resends > 0, "no send failed: the crashes came between the sends"
         found = settle(system, last_fault)
         record_then_assert(
             "database",
-            "postgresql",
+            backend,
             "server crash-restarted",
             runs=RESTARTS,
             kills=RESTARTS,
@@ -330,6 +351,7 @@ def test_crash_restarts_of_the_server_lose_nothing(cluster: PgCluster, tmp_path:
 HELD_FOR = 3.0  # seconds the destination holds the first POST of the in-flight reply
 
 
+@pytest.mark.postgresql_only
 @pytest.mark.parametrize("backend", ["postgresql"], indirect=True)
 def test_a_claim_retried_after_a_lost_connection_leaves_turns_in_flight_alone(
     backend: str, db_url: str
