@@ -1,8 +1,9 @@
 # Two entry points, both self-installing into .venv on first use:
 #   make demo   the end-to-end story on the embedded SQLite default
 #   make test   lint, types, the documentation site and the suite (SQLite and PostgreSQL)
-#               but for the fault proofs (`make test-faults`) and the long tests
-#               (`make test-long`), which .ci/run runs after it
+#               but for its runs on MariaDB (`make test-mysql`), the fault proofs
+#               (`make test-faults`) and the long tests (`make test-long`), which
+#               .ci/run runs after it
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin

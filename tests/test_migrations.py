@@ -16,6 +16,7 @@ from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy.ext.asyncio import create_async_engine
 from sqlalchemy.orm import Session
+from support.async_urls import async_url
 
 import outbox
 import receiver
@@ -387,16 +388,9 @@ def test_upgrade_refuses_what_it_cannot_migrate(tmp_path: Path) -> None:
     assert not (tmp_path / "x.db").exists()
 
 
-# No asyncio MySQL driver is installed for development yet.
-@pytest.mark.parametrize("backend", ["sqlite", "postgresql"], indirect=True)
 def test_upgrade_runs_on_an_async_connection_through_run_sync(blank_url: str) -> None:
-    url = sa.make_url(blank_url)
-    async_driver = (
-        "sqlite+aiosqlite" if url.get_backend_name() == "sqlite" else "postgresql+asyncpg"
-    )
-
     async def scenario() -> None:
-        async_engine = create_async_engine(url.set(drivername=async_driver))
+        async_engine = create_async_engine(async_url(blank_url))
         try:
             async with async_engine.begin() as conn:
                 with pytest.raises(TypeError, match=r"await conn\.run_sync\(outbox\.upgrade\)"):

@@ -12,9 +12,6 @@ TRANSIENT_SQLSTATES = frozenset({"40001", "40P01", "40003", "25006", "55P03", "5
 # 57P operator intervention (shutdown, restart).
 TRANSIENT_SQLSTATE_CLASSES = ("08", "53", "57P")
 UNDEFINED_TABLE = "42P01"
-# Classes psycopg calls operational that are the server's trouble, not the statement's:
-# 58 system error (disk I/O), XX internal error.
-SERVER_TROUBLE_CLASSES = ("58", "XX")
 
 
 class PostgreSQLErrors:
@@ -39,9 +36,7 @@ class PostgreSQLErrors:
         return getattr(error, "sqlstate", None) == UNDEFINED_TABLE
 
     def refused_statement(self, error: BaseException | None) -> bool:
-        """A SQLSTATE that is neither transient nor the server's own trouble (54000, a
-        program limit; 55000, an object not in its required state)."""
-        sqlstate = getattr(error, "sqlstate", None)
-        if not isinstance(sqlstate, str):
-            return False
-        return not self.transient(error) and not sqlstate.startswith(SERVER_TROUBLE_CLASSES)
+        """Never needed: psycopg calls a trigger's RAISE (P0001) and a constraint's
+        violation ProgrammingError or IntegrityError, never operational, and the SQLSTATEs
+        it calls operational (54000 on the way to wraparound, 57, 58) are the store's."""
+        return False
