@@ -172,7 +172,9 @@ def drop_partial_index(name: str, table: str, *, if_exists: bool = False) -> Non
 
 
 MYSQL_ROUTABLE = "ix_outbox_messages_state_routable"
-"""MySQL's claim order per destination: (state, destination, available_at, id). Not a
+"""MySQL's claims per destination: (state, destination, ordering_key, available_at, id), so
+that the unkeyed pending messages are one range in claim order and the keys with a pending
+message one entry each for a loose index scan (outbox.drivers.mysql.claims). Not a
 counterpart: PostgreSQL claims along indexes of its own (ix_outbox_messages_unkeyed) and
 SQLite's one relay walks ix_outbox_messages_deliverable."""
 INNODB_NAMES = frozenset(c[0] for c in INNODB_INDEXES.values() if c is not None) | {MYSQL_ROUTABLE}

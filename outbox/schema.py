@@ -219,6 +219,7 @@ sa.Index(
     MYSQL_ROUTABLE,
     messages.c.state,
     messages.c.destination,
+    messages.c.ordering_key,
     messages.c.available_at,
     messages.c.id,
 ).ddl_if(callable_=BuiltOn(*MYSQL))

@@ -76,7 +76,8 @@ FIRST_HEADS = 8
 
 @dataclasses.dataclass
 class KeyWalk:
-    """Where a relay's claims walk a destination's keys (PostgreSQL), from claim to claim.
+    """Where a relay's claims walk a destination's keys (PostgreSQL, MySQL), from claim to
+    claim.
 
     `cursors`: per destination, the last key the previous walk reached; the next walk
     goes on after it. `heads`: how many first messages a walk may take (FIRST_HEADS

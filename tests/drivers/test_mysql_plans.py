@@ -9,7 +9,7 @@ import pytest
 import sqlalchemy as sa
 
 from outbox.drivers import Driver
-from outbox.drivers.mysql.claims import pick_statement, reap_pick
+from outbox.drivers.mysql.claims import head_lock, key_walk, reap_pick, unkeyed_pick
 from outbox.drivers.mysql.task_claims import task_pick
 from outbox.drivers.mysql.task_reconcile import deadline_pick
 
@@ -17,6 +17,7 @@ pytestmark = pytest.mark.parametrize("backend", ["mysql"], indirect=True)
 HISTORY = 5_000
 PENDING = 50
 UNROUTED = 500
+KEYED = 400
 PARAMS: dict[str, Any] = {
     "now": 1e7,
     "claim_owner": "relay-1",
@@ -26,14 +27,18 @@ PARAMS: dict[str, Any] = {
     "destinations": ["orders"],
     "destination": "orders",
     "skip_destinations": [],
+    "after": "",
+    "walk_cap": 20,
+    "picked": [1, 2],
     "tenant_cap": 2,
 }
 
 
 @pytest.fixture
 def seeded(engine: sa.Engine) -> sa.Engine:
-    """HISTORY sent messages and done tasks, PENDING pending of each, UNROUTED pending
-    messages of a destination nobody delivers, the statistics fresh."""
+    """HISTORY sent messages and done tasks, PENDING pending of each, KEYED pending keyed
+    messages (one long key, a few short ones), UNROUTED pending messages of a destination
+    nobody delivers, the statistics fresh."""
     message = (
         "INSERT INTO outbox_messages (reply_id, destination, ordering_key, body, content_hash,"
         " headers, state, attempts, available_at, fence, created_at) VALUES"
@@ -49,6 +54,10 @@ def seeded(engine: sa.Engine) -> sa.Engine:
         for n in range(HISTORY)
     ]
     rows += [(f"p{n}", "orders", None, "pending", HISTORY + n, HISTORY + n) for n in range(PENDING)]
+    # Pending keyed messages: most behind one long key's first, a few keys of one each.
+    rows += [
+        (f"q{n}", "orders", "hot" if n % 8 else f"k{n}", "pending", n, n) for n in range(KEYED)
+    ]
     # A backlog no relay here delivers (a typo's), older than every pending message of orders.
     rows += [(f"u{n}", "ordres", None, "pending", n, n) for n in range(UNROUTED)]
     tasks = [(f"t{n}", "done", n, n, n) for n in range(HISTORY)]
@@ -87,10 +96,25 @@ def walks(steps: list[tuple[str, str | None, str]], table: str, index: str) -> N
     assert "filesort" not in step[2], steps
 
 
-def test_the_relays_claim_walks_one_destinations_pending_messages_in_claim_order(
+def test_the_relays_claim_walks_one_destinations_unkeyed_messages_in_claim_order(
     driver: Driver, plan: Any
 ) -> None:
-    walks(plan(pick_statement(driver)), "m", "ix_outbox_messages_state_routable")
+    walks(plan(unkeyed_pick(driver)), "m", "ix_outbox_messages_state_routable")
+
+
+def test_the_relays_claim_walks_one_destinations_keys_one_entry_each(plan: Any) -> None:
+    steps = {step[0]: step for step in plan(key_walk())}
+    # A loose index scan of the keys: one entry per key, never each message behind a
+    # key's first; then one probe per key for its lowest pending id.
+    assert steps["m"][1] == "ix_outbox_messages_state_routable", steps
+    assert "Using index for group-by" in steps["m"][2], steps
+    assert steps["h"][1] == "ix_outbox_messages_state_ordering", steps
+    assert "filesort" not in steps["h"][2], steps
+
+
+def test_the_first_messages_of_keys_are_locked_by_primary_key(driver: Driver, plan: Any) -> None:
+    steps = plan(head_lock(driver))
+    assert steps[0][:2] == ("m", "PRIMARY"), steps
 
 
 def test_the_reaper_walks_the_sending_messages_by_lease(driver: Driver, plan: Any) -> None:

@@ -41,13 +41,14 @@ def upgrade() -> None:
             postgresql_where=sa.text("state = 'pending'"),
         )
     elif on_mysql(op.get_bind()):
-        # No partial index: the state leads, and pending messages of each destination are
-        # one range in claim order (outbox.ddl says why state-led). A copy of the name: a
-        # migration must not change with the module.
+        # No partial index: the state leads, and each destination's unkeyed pending
+        # messages are one range in claim order, its keys with a pending message one
+        # entry each (outbox.ddl says why state-led). A copy of the name: a migration must
+        # not change with the module.
         op.create_index(
             "ix_outbox_messages_state_routable",
             "outbox_messages",
-            ["state", "destination", "available_at", "id"],
+            ["state", "destination", "ordering_key", "available_at", "id"],
         )
 
 

@@ -1,14 +1,24 @@
-"""The relay's claim on MySQL: a locking pick with SKIP LOCKED, an UPDATE by id, a read.
+"""The relay's claim on MySQL: locking picks with SKIP LOCKED, an UPDATE by id, a read.
 
-Each destination the relay delivers is picked on its own, walking that destination's
-pending messages in claim order along ix_outbox_messages_state_routable (state,
-destination, available_at, id) and stopping at its limit, so that messages of
+Each destination the relay delivers is picked on its own, so that messages of
 destinations it does not deliver (another relay's, or unrouted ones piling up behind a
-typo) are never walked; SKIP LOCKED passes over the rows another relay's claim is
-taking. The picks are merged in claim order and the first `limit` leased; the rest stay
-pending (their locks end with the claim's transaction). Each key's next messages are
-then walked along ix_outbox_messages_state_ordering, locked (no other claim can take
-them: their key's first message is this relay's), and leased the same way.
+typo) are never walked, in two parts merged in claim order:
+
+- its unkeyed pending messages, walked in claim order along
+  ix_outbox_messages_state_routable (state, destination, ordering_key, available_at,
+  id), whose `ordering_key IS NULL` range holds no keyed message, and locked;
+- its keys, walked one index entry each (a loose index scan of the same index: the
+  distinct keys with a pending message, from the relay's key cursor on, at most KEY_WALK
+  per first message the claim may take), then each key's lowest pending id (a loose
+  scan of ix_outbox_messages_state_ordering), locked by primary key and kept where no
+  lower id of its key is pending or sending and it is due. So a claim never walks the
+  messages held back behind their key's first, which behind one long key were nearly
+  all of them.
+
+The picks are merged in claim order and the first `limit` leased; the rest stay pending
+(their locks end with the claim's transaction). Each key's next messages are then walked
+along ix_outbox_messages_state_ordering, locked (no other claim can take them: their
+key's first message is this relay's), and leased the same way.
 """
 
 from __future__ import annotations
@@ -37,23 +47,84 @@ from outbox.drivers.records import ClaimedRow, KeyWalk
 from outbox.schema import messages
 from outbox.states import MessageState
 
+KEY_WALK = 2
+"""A MySQL claim visits at most this many keys of a destination per first message it may
+take; the next claim goes on from where it stopped (its key cursor), and from the first
+key once it passes the last, so every key is reached within a bounded number of claims."""
+
 
 @functools.cache
-def pick_statement(pieces: DriverPieces) -> sa.Select[Any]:
-    """Up to :limit claimable messages of :destination (id, attempts, due time), in claim
-    order, locked; built once."""
+def unkeyed_pick(pieces: DriverPieces) -> sa.Select[Any]:
+    """Up to :limit due unkeyed pending messages of :destination (id, attempts, due
+    time), in claim order, locked; built once."""
     m = messages.alias("m")
-    now = pieces.bound_now()
     return (
         sa.select(m.c.id, m.c.attempts, m.c.available_at)
         .where(
             m.c.state == state_literal(MessageState.PENDING),
             m.c.destination == sa.bindparam("destination", type_=sa.String()),
-            m.c.available_at <= now,
-            first_undelivered_of_its_key(m),
+            m.c.ordering_key.is_(None),
+            m.c.available_at <= pieces.bound_now(),
         )
         .order_by(m.c.available_at, m.c.id)
         .limit(limit_parameter())
+        .with_for_update(skip_locked=True)
+    )
+
+
+@functools.cache
+def key_walk() -> sa.Select[Any]:
+    """Up to :walk_cap keys of :destination with a pending message, after :after, each with
+    its lowest pending id, read without locks.
+
+    The keys are one index entry each (GROUP BY on ix_outbox_messages_state_routable's
+    prefix: a loose index scan); each key's lowest pending id is one probe of
+    ix_outbox_messages_state_ordering (equal to the key, LIMIT 1). Rows come in no set
+    order.
+    """
+    m = messages.alias("m")
+    destination = sa.bindparam("destination", type_=sa.String())
+    grouped = (m.c.state, m.c.destination, m.c.ordering_key)
+    keys = (
+        sa.select(m.c.ordering_key)
+        .where(
+            m.c.state == state_literal(MessageState.PENDING),
+            m.c.destination == destination,
+            m.c.ordering_key > sa.bindparam("after", type_=sa.String()),
+        )
+        .group_by(*grouped)
+        .order_by(*grouped)
+        .limit(sa.bindparam("walk_cap", type_=sa.Integer()))
+        .subquery("walked")
+    )
+    h = messages.alias("h")
+    head = (
+        sa.select(h.c.id)
+        .where(
+            h.c.destination == destination,
+            h.c.ordering_key == keys.c.ordering_key,
+            h.c.state == state_literal(MessageState.PENDING),
+        )
+        .order_by(h.c.id)
+        .limit(1)
+        .scalar_subquery()
+    )
+    return sa.select(keys.c.ordering_key, head.label("head"))
+
+
+@functools.cache
+def head_lock(pieces: DriverPieces) -> sa.Select[Any]:
+    """Those of the :picked messages still pending, due and their key's first
+    undelivered, locked by primary key, skipping any another transaction holds."""
+    m = messages.alias("m")
+    return (
+        sa.select(m.c.id, m.c.attempts, m.c.available_at, m.c.ordering_key)
+        .where(
+            by_keys(m.c.id),
+            m.c.state == state_literal(MessageState.PENDING),
+            m.c.available_at <= pieces.bound_now(),
+            first_undelivered_of_its_key(m),
+        )
         .with_for_update(skip_locked=True)
     )
 
@@ -194,19 +265,53 @@ class MySQLClaims(DriverPieces):
         keys: KeyWalk | None = None,
     ) -> list[ClaimedRow]:
         """Lease up to `limit` due messages, the first undelivered of each key, and their
-        keys' next messages; `keys` is not used (no key cursor: the pick is the walk)."""
+        keys' next messages; `keys` is where this relay's key walks go on from, moved."""
         params = claim_parameters(owner, now, lease, limit, budget, destinations, skip_destinations)
+        walk = KeyWalk() if keys is None else keys
+        taking = min(walk.heads or limit, limit)
         busy = set(skip_destinations)
-        candidates = [
-            row
-            for destination in dict.fromkeys(destinations)
-            if destination not in busy
-            for row in conn.execute(pick_statement(self), {**params, "destination": destination})
-        ]
+        candidates: list[Any] = []
+        for destination in dict.fromkeys(destinations):
+            if destination in busy:
+                continue
+            one = {**params, "destination": destination}
+            candidates += conn.execute(unkeyed_pick(self), one).all()
+            candidates += self.first_of_keys(conn, walk, one, taking)
         candidates.sort(key=lambda row: (row.available_at, row.id))
         previous = {row.id: row.attempts for row in candidates[:limit]}
         heads = self.lease(conn, previous, params)
-        return heads + self.claim_chains(conn, heads, params)
+        chained = self.claim_chains(conn, heads, params)
+        walk.after_claim(limit, heads, len(chained))
+        return heads + chained
+
+    def first_of_keys(
+        self, conn: Connection, walk: KeyWalk, params: dict[str, Any], taking: int
+    ) -> list[Any]:
+        """Up to `taking` claimable first messages of the destination's keys, locked, in
+        key order from the walk's cursor on (wrapping past the last key); moves it."""
+        destination = params["destination"]
+        cap = KEY_WALK * taking
+        after = walk.cursors.get(destination, "")
+        first = {**params, "after": after, "walk_cap": cap}
+        walked = sorted(conn.execute(key_walk(), first).all())
+        if len(walked) < cap and after:
+            # Past the last key: on from the first, up to where this walk began.
+            lap = {**params, "after": "", "walk_cap": cap - len(walked)}
+            walked += sorted(row for row in conn.execute(key_walk(), lap) if row[0] <= after)
+        if not walked:
+            return []
+        ids = [head for _, head in walked if head is not None]
+        place = {key: rank for rank, (key, _) in enumerate(walked)}
+        locked = sorted(
+            conn.execute(head_lock(self), {**params, "picked": ids}).all(),
+            key=lambda row: place[row.ordering_key],
+        )
+        taken = locked[:taking]
+        # The next walk starts after the last key taken, or after every key visited.
+        walk.cursors[destination] = (
+            taken[-1].ordering_key if len(taken) == taking else walked[-1][0]
+        )
+        return taken
 
     def lease(
         self, conn: Connection, previous: dict[int, int], params: dict[str, Any]
