@@ -6,9 +6,8 @@ For each backend and backlog: a fresh database holding BACKLOG pending messages 
 key (all but the first held behind it) and 200 unkeyed pending messages due after them,
 then CLAIMS claims of 20 through the backend's driver, each in its own transaction with
 a new owner (the one key's first message stays leased, so every later claim passes the
-key and takes unkeyed messages). Prints each claim's milliseconds: the first pays for
-cold caches; a claim that walked the key's backlog grows with it, one that walks keys
-does not.
+key and takes unkeyed messages). Prints each claim's milliseconds (the first pays for
+cold caches): how a claim's cost grows with one key's backlog.
 """
 
 from __future__ import annotations

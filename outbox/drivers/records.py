@@ -76,8 +76,8 @@ FIRST_HEADS = 8
 
 @dataclasses.dataclass
 class KeyWalk:
-    """Where a relay's claims walk a destination's keys (PostgreSQL, MySQL), from claim to
-    claim.
+    """Where a relay's claims walk a destination's keys, from claim to claim (PostgreSQL;
+    MySQL uses the cursors alone).
 
     `cursors`: per destination, the last key the previous walk reached; the next walk
     goes on after it. `heads`: how many first messages a walk may take (FIRST_HEADS

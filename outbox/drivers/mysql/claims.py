@@ -7,13 +7,13 @@ typo) are never walked, in two parts merged in claim order:
 - its unkeyed pending messages, walked in claim order along
   ix_outbox_messages_state_routable (state, destination, ordering_key, available_at,
   id), whose `ordering_key IS NULL` range holds no keyed message, and locked;
-- its keys, walked one index entry each (a loose index scan of the same index: the
-  distinct keys with a pending message, from the relay's key cursor on, at most KEY_WALK
-  per first message the claim may take), then each key's lowest pending id (a loose
-  scan of ix_outbox_messages_state_ordering), locked by primary key and kept where no
-  lower id of its key is pending or sending and it is due. So a claim never walks the
-  messages held back behind their key's first, which behind one long key were nearly
-  all of them.
+- its keys with a pending message, read in key order along the same index from the
+  relay's key cursor on (at most KEY_WALK per message the claim may take), each with its
+  lowest pending id (one probe of ix_outbox_messages_state_ordering), locked by primary
+  key and kept where no lower id of its key is pending or sending and it is due. The
+  read passes index entries alone, and a long key's only where the walk crosses it; no
+  message held back behind its key's first is tested one by one, which behind one long
+  key would be nearly all of them.
 
 The picks are merged in claim order and the first `limit` leased; the rest stay pending
 (their locks end with the claim's transaction). Each key's next messages are then walked
@@ -31,6 +31,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from outbox.db.sql import limit_parameter, state_literal
+from outbox.ddl import MYSQL_ROUTABLE
 from outbox.drivers.base import Now
 from outbox.drivers.common.claims import (
     CLAIMED,
@@ -77,24 +78,31 @@ def key_walk() -> sa.Select[Any]:
     """Up to :walk_cap keys of :destination with a pending message, after :after, each with
     its lowest pending id, read without locks.
 
-    The keys are one index entry each (GROUP BY on ix_outbox_messages_state_routable's
-    prefix: a loose index scan); each key's lowest pending id is one probe of
-    ix_outbox_messages_state_ordering (equal to the key, LIMIT 1). Rows come in no set
+    The keys are read in key order along ix_outbox_messages_state_routable, whose range
+    of the destination's keyed pending messages is ordered by key, and the read stops at
+    the cap: it passes a long key's entries once, where a claim's walk crosses that key,
+    never the other keys' backlogs. (A loose index scan, one entry per key, is the
+    optimizer's to choose by its statistics: with many short keys it scanned every key's
+    entries, then sorted them, at every claim.) Each key's lowest pending id is one probe
+    of ix_outbox_messages_state_ordering (equal to the key, LIMIT 1). Rows come in no set
     order.
     """
     m = messages.alias("m")
     destination = sa.bindparam("destination", type_=sa.String())
-    grouped = (m.c.state, m.c.destination, m.c.ordering_key)
     keys = (
         sa.select(m.c.ordering_key)
+        .distinct()
         .where(
             m.c.state == state_literal(MessageState.PENDING),
             m.c.destination == destination,
             m.c.ordering_key > sa.bindparam("after", type_=sa.String()),
         )
-        .group_by(*grouped)
-        .order_by(*grouped)
+        .order_by(m.c.ordering_key)
         .limit(sa.bindparam("walk_cap", type_=sa.Integer()))
+        # ix_outbox_messages_state_ordering (destination, ordering_key, ...) also reads in
+        # key order, but through every key's delivered history: the pending range, named.
+        .with_hint(m, f"FORCE INDEX ({MYSQL_ROUTABLE})", "mysql")
+        .with_hint(m, f"FORCE INDEX ({MYSQL_ROUTABLE})", "mariadb")
         .subquery("walked")
     )
     h = messages.alias("h")
@@ -265,10 +273,14 @@ class MySQLClaims(DriverPieces):
         keys: KeyWalk | None = None,
     ) -> list[ClaimedRow]:
         """Lease up to `limit` due messages, the first undelivered of each key, and their
-        keys' next messages; `keys` is where this relay's key walks go on from, moved."""
+        keys' next messages; `keys` holds where this relay's key walks go on from (its
+        cursors, moved here)."""
         params = claim_parameters(owner, now, lease, limit, budget, destinations, skip_destinations)
         walk = KeyWalk() if keys is None else keys
-        taking = min(walk.heads or limit, limit)
+        # As many keys' first messages as the limit allows, not KeyWalk.heads: each key's
+        # chain here is a statement of its own, so a claim of many keys' first messages
+        # costs fewer round trips than one of a few keys and their chains.
+        taking = limit
         busy = set(skip_destinations)
         candidates: list[Any] = []
         for destination in dict.fromkeys(destinations):
@@ -281,7 +293,6 @@ class MySQLClaims(DriverPieces):
         previous = {row.id: row.attempts for row in candidates[:limit]}
         heads = self.lease(conn, previous, params)
         chained = self.claim_chains(conn, heads, params)
-        walk.after_claim(limit, heads, len(chained))
         return heads + chained
 
     def first_of_keys(
