@@ -43,11 +43,13 @@ SCENARIOS = {
     "`*.before_commit` point each process instead stops there (SIGSTOP) and is SIGKILLed "
     "only once the database is seen holding its uncommitted writes (PostgreSQL: a session of "
     "it `idle in transaction` with a transaction id and RowExclusiveLock on the tables the "
-    "step writes; SQLite: the write lock held); on PostgreSQL its transaction is then seen "
-    "`aborted`. A kill is counted only when it was seen inside that window",
+    "step writes; MariaDB: an InnoDB transaction of its session that changed rows and holds "
+    "write intentions on those tables; SQLite: the write lock held); on PostgreSQL its "
+    "transaction is then seen `aborted`, on MariaDB gone. A kill is counted only when it was "
+    "seen inside that window",
     "stale lease": "paused by SIGSTOP right after claiming, taken over, resumed by SIGCONT",
-    "database": "PostgreSQL sessions terminated, or the test-owned cluster restarted in "
-    "immediate mode",
+    "database": "PostgreSQL sessions terminated, or the test-owned server crashed and "
+    "restarted (a PostgreSQL cluster in immediate mode, a MariaDB server by SIGKILL)",
     "network": "a TCP proxy between relay and receiver breaks the connection",
     "broker crash": "relay processes exit at the failpoint (os._exit) 10 times in one drain "
     "into NATS JetStream or RabbitMQ, then a clean relay finishes; an `outbox receiver "
