@@ -9,7 +9,8 @@ import pytest
 import sqlalchemy as sa
 
 from outbox.drivers import Driver
-from outbox.drivers.mysql.claims import head_lock, key_walk, reap_pick, unkeyed_pick
+from outbox.drivers.mysql.claims import reap_pick, unkeyed_pick
+from outbox.drivers.mysql.key_walk import head_lock, key_walk
 from outbox.drivers.mysql.task_claims import task_pick
 from outbox.drivers.mysql.task_reconcile import deadline_pick
 
@@ -54,6 +55,8 @@ def seeded(engine: sa.Engine) -> sa.Engine:
         for n in range(HISTORY)
     ]
     rows += [(f"p{n}", "orders", None, "pending", HISTORY + n, HISTORY + n) for n in range(PENDING)]
+    # The long key's delivered history, which no probe for its pending messages may read.
+    rows += [(f"s{n}", "orders", "hot", "sent", n, n) for n in range(HISTORY // 2)]
     # Pending keyed messages: most behind one long key's first, a few keys of one each.
     rows += [
         (f"q{n}", "orders", "hot" if n % 8 else f"k{n}", "pending", n, n) for n in range(KEYED)
@@ -77,19 +80,19 @@ def plan(seeded: sa.Engine) -> Any:
     def explain(conn: Any, cursor: Any, statement: str, *rest: Any) -> tuple[str, Any]:
         return "EXPLAIN " + statement, rest[0]
 
-    def planned(statement: Any) -> list[tuple[str, str | None, str]]:
+    def planned(statement: Any) -> list[tuple[str, str | None, str, str]]:
         sa.event.listen(seeded, "before_cursor_execute", explain, retval=True)
         try:
             with seeded.connect() as conn:
                 rows = conn.execute(statement, PARAMS).mappings().all()
         finally:
             sa.event.remove(seeded, "before_cursor_execute", explain)
-        return [(row["table"], row["key"], row["Extra"] or "") for row in rows]
+        return [(row["table"], row["key"], row["Extra"] or "", row["ref"] or "") for row in rows]
 
     return planned
 
 
-def walks(steps: list[tuple[str, str | None, str]], table: str, index: str) -> None:
+def walks(steps: list[tuple[str, str | None, str, str]], table: str, index: str) -> None:
     """`table`'s step of a plan reads `index` and sorts nothing."""
     (step,) = [s for s in steps if s[0] == table]
     assert step[1] == index, steps
@@ -114,6 +117,12 @@ def test_the_relays_claim_walks_one_destinations_keys_in_key_order(plan: Any) ->
 def test_the_first_messages_of_keys_are_locked_by_primary_key(driver: Driver, plan: Any) -> None:
     steps = plan(head_lock(driver))
     assert steps[0][:2] == ("m", "PRIMARY"), steps
+    # Each check for an earlier undelivered message of the key is one probe by
+    # destination, key and state, never a walk through the key's delivered history.
+    for table in ("earlier_pending", "earlier_sending"):
+        (step,) = [step for step in steps if step[0] == table]
+        assert step[1] == "ix_outbox_messages_state_ordering", steps
+        assert step[3].count(",") >= 2, steps  # ref: destination, key, state
 
 
 def test_the_reaper_walks_the_sending_messages_by_lease(driver: Driver, plan: Any) -> None:

@@ -17,6 +17,9 @@ from relay.policy import Sent
 
 NOWHERE = "http://127.0.0.1:9/replies"  # claims only: nothing is posted
 
+SKIP_LOCKED_BACKENDS = ["postgresql", pytest.param("mysql", marks=pytest.mark.mysql)]
+"""The backends whose claims lock rows and skip those another claim holds."""
+
 
 @pytest.fixture
 def relay_factory(db_url: str, clock: ManualClock) -> Iterator[Callable[..., Relay]]:
@@ -122,7 +125,7 @@ def test_chains_share_the_claims_limit_rank_by_rank(
     assert claimed_ids(relay) == ["a-1", "a-2", "a-3", "a-4", "b-1", "b-2", "b-3", "free-1"]
 
 
-@pytest.mark.parametrize("backend", ["postgresql"], indirect=True)
+@pytest.mark.parametrize("backend", SKIP_LOCKED_BACKENDS, indirect=True)
 def test_a_successor_is_never_claimed_while_another_claim_holds_its_first(
     engine: sa.Engine, clock: ManualClock, relay_factory: Callable[..., Relay]
 ) -> None:
@@ -138,7 +141,7 @@ def test_a_successor_is_never_claimed_while_another_claim_holds_its_first(
     assert claimed_ids(relay) == ["k-1", "k-2", "k-3"]
 
 
-@pytest.mark.parametrize("backend", ["postgresql"], indirect=True)
+@pytest.mark.parametrize("backend", SKIP_LOCKED_BACKENDS, indirect=True)
 def test_two_concurrent_claimers_never_split_a_key(
     engine: sa.Engine, clock: ManualClock, relay_factory: Callable[..., Relay]
 ) -> None:

@@ -1,5 +1,7 @@
-"""PostgreSQL's pick of keys' first messages: a walk of a bounded number of keys per
-claim, from where the relay's previous walk stopped (outbox.drivers.postgresql.key_walk)."""
+"""The pick of keys' first messages: a walk of a bounded number of keys per claim, from
+where the relay's previous walk stopped (outbox.drivers.postgresql.key_walk and
+outbox.drivers.mysql.key_walk); PostgreSQL's spreading of long keys over claims
+(KeyWalk.heads) last."""
 
 from __future__ import annotations
 
@@ -22,7 +24,8 @@ NOWHERE = "http://127.0.0.1:9/replies"  # claims only: nothing is posted
 BATCH = 4
 CAP = KEY_WALK * BATCH  # keys one claim's walk visits at most
 
-pytestmark = pytest.mark.parametrize("backend", ["postgresql"], indirect=True)
+WALKING = ["postgresql", pytest.param("mysql", marks=pytest.mark.mysql)]
+"""The backends whose claims walk keys from a cursor."""
 
 
 @pytest.fixture
@@ -68,6 +71,7 @@ def claim_and_send(relay: Relay) -> list[str]:
     return [m.reply_id for m in sorted(deliver, key=lambda m: m.id)]
 
 
+@pytest.mark.parametrize("backend", WALKING, indirect=True)
 def test_a_key_that_sorts_last_is_reached_while_keys_that_sort_first_keep_receiving(
     engine: sa.Engine, clock: ManualClock, relay: Relay
 ) -> None:
@@ -86,6 +90,7 @@ def test_a_key_that_sorts_last_is_reached_while_keys_that_sort_first_keep_receiv
         pytest.fail(f"zz's message was not claimed within {bound} claims")
 
 
+@pytest.mark.parametrize("backend", WALKING, indirect=True)
 def test_a_destination_with_three_times_the_cap_of_keys_drains(
     engine: sa.Engine, clock: ManualClock, relay: Relay
 ) -> None:
@@ -120,6 +125,7 @@ def test_a_destination_with_three_times_the_cap_of_keys_drains(
         assert mine == [f"{key}-0", f"{key}-1"], (key, mine)
 
 
+@pytest.mark.parametrize("backend", WALKING, indirect=True)
 def test_unkeyed_messages_are_not_held_behind_keys_whose_first_is_sending(
     engine: sa.Engine, clock: ManualClock, relay: Relay
 ) -> None:
@@ -152,6 +158,7 @@ def walk_claim(
         )
 
 
+@pytest.mark.parametrize("backend", ["postgresql"], indirect=True)
 @pytest.mark.parametrize(("runs", "keys_taken"), [(10, FIRST_HEADS), (1, 20)])
 def test_a_relays_first_claim_takes_few_long_keys_and_every_short_one(
     engine: sa.Engine, clock: ManualClock, runs: int, keys_taken: int
@@ -165,6 +172,7 @@ def test_a_relays_first_claim_takes_few_long_keys_and_every_short_one(
     assert len({row.ordering_key for row in taken}) == keys_taken
 
 
+@pytest.mark.parametrize("backend", ["postgresql"], indirect=True)
 def test_a_claim_whose_few_keys_leave_room_walks_on_for_more_keys(
     engine: sa.Engine, clock: ManualClock
 ) -> None:

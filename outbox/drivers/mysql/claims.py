@@ -31,27 +31,21 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from outbox.db.sql import limit_parameter, state_literal
-from outbox.ddl import MYSQL_ROUTABLE
 from outbox.drivers.base import Now
 from outbox.drivers.common.claims import (
     CLAIMED,
     chain_room,
     claim_parameters,
     claim_values,
-    first_undelivered_of_its_key,
     qualifies,
     successors,
 )
 from outbox.drivers.common.pieces import DriverPieces
+from outbox.drivers.mysql.key_walk import KEY_WALK, head_lock, key_walk
 from outbox.drivers.mysql.picks import by_keys, picked, write_picked
 from outbox.drivers.records import ClaimedRow, KeyWalk
 from outbox.schema import messages
 from outbox.states import MessageState
-
-KEY_WALK = 2
-"""A MySQL claim visits at most this many keys of a destination per first message it may
-take; the next claim goes on from where it stopped (its key cursor), and from the first
-key once it passes the last, so every key is reached within a bounded number of claims."""
 
 
 @functools.cache
@@ -69,70 +63,6 @@ def unkeyed_pick(pieces: DriverPieces) -> sa.Select[Any]:
         )
         .order_by(m.c.available_at, m.c.id)
         .limit(limit_parameter())
-        .with_for_update(skip_locked=True)
-    )
-
-
-@functools.cache
-def key_walk() -> sa.Select[Any]:
-    """Up to :walk_cap keys of :destination with a pending message, after :after, each with
-    its lowest pending id, read without locks.
-
-    The keys are read in key order along ix_outbox_messages_state_routable, whose range
-    of the destination's keyed pending messages is ordered by key, and the read stops at
-    the cap: it passes a long key's entries once, where a claim's walk crosses that key,
-    never the other keys' backlogs. (A loose index scan, one entry per key, is the
-    optimizer's to choose by its statistics: with many short keys it scanned every key's
-    entries, then sorted them, at every claim.) Each key's lowest pending id is one probe
-    of ix_outbox_messages_state_ordering (equal to the key, LIMIT 1). Rows come in no set
-    order.
-    """
-    m = messages.alias("m")
-    destination = sa.bindparam("destination", type_=sa.String())
-    keys = (
-        sa.select(m.c.ordering_key)
-        .distinct()
-        .where(
-            m.c.state == state_literal(MessageState.PENDING),
-            m.c.destination == destination,
-            m.c.ordering_key > sa.bindparam("after", type_=sa.String()),
-        )
-        .order_by(m.c.ordering_key)
-        .limit(sa.bindparam("walk_cap", type_=sa.Integer()))
-        # ix_outbox_messages_state_ordering (destination, ordering_key, ...) also reads in
-        # key order, but through every key's delivered history: the pending range, named.
-        .with_hint(m, f"FORCE INDEX ({MYSQL_ROUTABLE})", "mysql")
-        .with_hint(m, f"FORCE INDEX ({MYSQL_ROUTABLE})", "mariadb")
-        .subquery("walked")
-    )
-    h = messages.alias("h")
-    head = (
-        sa.select(h.c.id)
-        .where(
-            h.c.destination == destination,
-            h.c.ordering_key == keys.c.ordering_key,
-            h.c.state == state_literal(MessageState.PENDING),
-        )
-        .order_by(h.c.id)
-        .limit(1)
-        .scalar_subquery()
-    )
-    return sa.select(keys.c.ordering_key, head.label("head"))
-
-
-@functools.cache
-def head_lock(pieces: DriverPieces) -> sa.Select[Any]:
-    """Those of the :picked messages still pending, due and their key's first
-    undelivered, locked by primary key, skipping any another transaction holds."""
-    m = messages.alias("m")
-    return (
-        sa.select(m.c.id, m.c.attempts, m.c.available_at, m.c.ordering_key)
-        .where(
-            by_keys(m.c.id),
-            m.c.state == state_literal(MessageState.PENDING),
-            m.c.available_at <= pieces.bound_now(),
-            first_undelivered_of_its_key(m),
-        )
         .with_for_update(skip_locked=True)
     )
 
@@ -283,26 +213,33 @@ class MySQLClaims(DriverPieces):
         taking = limit
         busy = set(skip_destinations)
         candidates: list[Any] = []
+        moved: dict[str, str] = {}
         for destination in dict.fromkeys(destinations):
-            if destination in busy:
+            if destination in busy or limit <= 0:
                 continue
             one = {**params, "destination": destination}
             candidates += conn.execute(unkeyed_pick(self), one).all()
-            candidates += self.first_of_keys(conn, walk, one, taking)
+            after = walk.cursors.get(destination, "")
+            firsts, reached = self.first_of_keys(conn, after, one, taking)
+            candidates += firsts
+            if reached is not None:
+                moved[destination] = reached
         candidates.sort(key=lambda row: (row.available_at, row.id))
         previous = {row.id: row.attempts for row in candidates[:limit]}
         heads = self.lease(conn, previous, params)
         chained = self.claim_chains(conn, heads, params)
+        # Moved once the claim's statements ran: a claim tried again after a deadlock
+        # walks from where the failed one began.
+        walk.cursors.update(moved)
         return heads + chained
 
     def first_of_keys(
-        self, conn: Connection, walk: KeyWalk, params: dict[str, Any], taking: int
-    ) -> list[Any]:
-        """Up to `taking` claimable first messages of the destination's keys, locked, in
-        key order from the walk's cursor on (wrapping past the last key); moves it."""
-        destination = params["destination"]
+        self, conn: Connection, after: str, params: dict[str, Any], taking: int
+    ) -> tuple[list[Any], str | None]:
+        """Up to `taking` claimable first messages of the destination's keys after key
+        `after` (wrapping past the last key), locked, in key order; and the key the next
+        walk goes on after (None: no key has a pending message)."""
         cap = KEY_WALK * taking
-        after = walk.cursors.get(destination, "")
         first = {**params, "after": after, "walk_cap": cap}
         walked = sorted(conn.execute(key_walk(), first).all())
         if len(walked) < cap and after:
@@ -310,19 +247,16 @@ class MySQLClaims(DriverPieces):
             lap = {**params, "after": "", "walk_cap": cap - len(walked)}
             walked += sorted(row for row in conn.execute(key_walk(), lap) if row[0] <= after)
         if not walked:
-            return []
-        ids = [head for _, head in walked if head is not None]
-        place = {key: rank for rank, (key, _) in enumerate(walked)}
+            return [], None
+        rank = {head: place for place, (_, head) in enumerate(walked) if head is not None}
         locked = sorted(
-            conn.execute(head_lock(self), {**params, "picked": ids}).all(),
-            key=lambda row: place[row.ordering_key],
+            conn.execute(head_lock(self), {**params, "picked": list(rank)}).all(),
+            key=lambda row: rank[row.id],
         )
         taken = locked[:taking]
         # The next walk starts after the last key taken, or after every key visited.
-        walk.cursors[destination] = (
-            taken[-1].ordering_key if len(taken) == taking else walked[-1][0]
-        )
-        return taken
+        reached = taken[-1].ordering_key if len(taken) == taking else walked[-1][0]
+        return taken, str(reached)
 
     def lease(
         self, conn: Connection, previous: dict[int, int], params: dict[str, Any]
