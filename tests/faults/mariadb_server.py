@@ -26,10 +26,11 @@ import time
 from pathlib import Path
 
 import pymysql
-from support.receiver_helpers import free_port, wait_until
+from support.receiver_helpers import free_port
+
+from faults.owned_server import START_TIMEOUT, OwnedServer
 
 BIN_VAR = "OUTBOXDEV_TEST_MARIADB_BIN"
-START_TIMEOUT = 60.0
 SETTINGS = (
     "--skip-log-bin",
     "--innodb-flush-log-at-trx-commit=2",
@@ -55,9 +56,11 @@ def find_bin() -> tuple[Path, Path] | None:
     return found["mariadb-install-db"], found["mariadbd"]
 
 
-class MariaDBServer:
+class MariaDBServer(OwnedServer):
     """A throwaway server on a free loopback port, root without a password; a context
     manager."""
+
+    name = "the test's MariaDB"
 
     def __init__(self, install_db: Path, mariadbd: Path) -> None:
         """Install the system tables into a new temp folder; nothing listens until
@@ -111,7 +114,7 @@ class MariaDBServer:
         from there, not from when the server is back.
         """
         crashed = time.monotonic()
-        self._kill()
+        self.halt()
         self.start()
         return crashed
 
@@ -132,42 +135,13 @@ class MariaDBServer:
             return False
         return True
 
-    def wait_accepting(self, timeout: float = START_TIMEOUT) -> None:
-        """Poll until the server accepts connections; fail with its log after `timeout`."""
-        try:
-            wait_until(self.accepting, timeout, f"the test's MariaDB on port {self.port}")
-        except AssertionError as exc:
-            raise AssertionError(f"{exc}\n{self.log_tail()}") from None
-
-    def log_tail(self, lines: int = 40) -> str:
-        """The end of the server's log, for failure messages."""
-        try:
-            text = self.log.read_text(encoding="utf-8", errors="replace")
-        except OSError:
-            return ""
-        return "\n".join(text.splitlines()[-lines:])
-
-    def close(self) -> None:
-        """Stop the server at once and remove its folder."""
-        try:
-            self._kill()
-        finally:
-            shutil.rmtree(self.root, ignore_errors=True)
-
-    def __enter__(self) -> MariaDBServer:
-        """The server; stopped and removed on exit."""
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        """Stop and remove the server."""
-        self.close()
-
     def _connect(self) -> pymysql.Connection[pymysql.cursors.Cursor]:
         return pymysql.connect(
             host="127.0.0.1", port=self.port, user="root", connect_timeout=2, autocommit=True
         )
 
-    def _kill(self) -> None:
+    def halt(self) -> None:
+        """SIGKILL mariadbd, if it runs, and reap it."""
         if self.process is None:
             return
         if self.process.poll() is None:

@@ -27,11 +27,12 @@ import time
 from pathlib import Path
 
 import psycopg
-from support.receiver_helpers import free_port, wait_until
+from support.receiver_helpers import free_port
+
+from faults.owned_server import START_TIMEOUT, OwnedServer
 
 BIN_VAR = "OUTBOXDEV_TEST_PG_BIN"
 SUPERUSER = "postgres"
-START_TIMEOUT = 60.0
 # fsync=off is safe across a killed server process (see the module docstring); the rest
 # keeps a throwaway cluster small.
 SETTINGS = ("fsync=off", "shared_buffers=32MB", "max_connections=100", "max_wal_size=256MB")
@@ -51,8 +52,10 @@ def find_bin() -> Path | None:
     return None
 
 
-class PgCluster:
+class PgCluster(OwnedServer):
     """A throwaway cluster on a free loopback port, trust auth; a context manager."""
+
+    name = "the test cluster"
 
     def __init__(self, bin_dir: Path) -> None:
         """Run initdb into a new temp folder; nothing listens until `start()`."""
@@ -118,7 +121,7 @@ class PgCluster:
         self.wait_accepting()
         return crashed
 
-    def stop(self) -> None:
+    def halt(self) -> None:
         """Stop the server at once (immediate: nothing in it is worth a checkpoint)."""
         if self.running:
             self._pg_ctl("stop", "-m", "immediate")
@@ -138,36 +141,6 @@ class PgCluster:
         except psycopg.OperationalError:
             return False
         return True
-
-    def wait_accepting(self, timeout: float = START_TIMEOUT) -> None:
-        """Poll until the server accepts connections; fail with its log after `timeout`."""
-        try:
-            wait_until(self.accepting, timeout, f"the test cluster on port {self.port}")
-        except AssertionError as exc:
-            raise AssertionError(f"{exc}\n{self.log_tail()}") from None
-
-    def log_tail(self, lines: int = 40) -> str:
-        """The end of the server's log, for failure messages."""
-        try:
-            text = self.log.read_text(encoding="utf-8", errors="replace")
-        except OSError:
-            return ""
-        return "\n".join(text.splitlines()[-lines:])
-
-    def close(self) -> None:
-        """Stop the server and remove its folder."""
-        try:
-            self.stop()
-        finally:
-            shutil.rmtree(self.root, ignore_errors=True)
-
-    def __enter__(self) -> PgCluster:
-        """The cluster; stopped and removed on exit."""
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        """Stop and remove the cluster."""
-        self.close()
 
     def _conninfo(self, database: str) -> str:
         return f"host=127.0.0.1 port={self.port} user={SUPERUSER} dbname={database}"
