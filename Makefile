@@ -38,9 +38,10 @@ docs: $(STAMP)
 test: lint docs
 	$(BIN)/python -m pytest -n 3 --dist worksteal -m "not long and not faults and not mysql" $(PYTEST_ARGS)
 
-# The backend-parametrised tests on MariaDB (marked mysql by tests/conftest.py's backend
-# fixture): three minutes more than `make test` has room for, so .ci/run runs them right
-# after it. The driver conformance suite runs on MariaDB in `make test` itself.
+# The backend-parametrised tests on MariaDB and the MySQL driver's own tests (marked
+# mysql by tests/conftest.py): three minutes more than `make test` has room for, so
+# .ci/run runs them right after it. The driver conformance suite runs on MariaDB in
+# `make test` itself.
 test-mysql: $(STAMP)
 	$(BIN)/python -m pytest -n 3 --dist worksteal -m "mysql and not long and not faults" $(PYTEST_ARGS)
 
