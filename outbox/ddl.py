@@ -174,11 +174,19 @@ def drop_partial_index(name: str, table: str, *, if_exists: bool = False) -> Non
 MYSQL_ROUTABLE = "ix_outbox_messages_state_routable"
 """MySQL's claims per destination: (state, destination, ordering_key, available_at, id), so
 that the unkeyed pending messages are one range in claim order and the keys with a pending
-message one entry each for a loose index scan (outbox.drivers.mysql.claims). Not a
+message read in key order (outbox.drivers.mysql.key_walk). Not a
 counterpart: PostgreSQL claims along indexes of its own (ix_outbox_messages_unkeyed) and
 SQLite's one relay walks ix_outbox_messages_deliverable."""
 INNODB_NAMES = frozenset(c[0] for c in INNODB_INDEXES.values() if c is not None) | {MYSQL_ROUTABLE}
 """The indexes built on MySQL alone: the counterparts and MYSQL_ROUTABLE."""
+
+
+def innodb_name(name: str) -> str:
+    """The name of partial index `name`'s InnoDB counterpart (KeyError: it has none)."""
+    counterpart = INNODB_INDEXES[name]
+    if counterpart is None:
+        raise KeyError(f"{name} has no InnoDB counterpart of its own")
+    return counterpart[0]
 
 
 def innodb_index(table: sa.Table, name: str) -> sa.Index | None:

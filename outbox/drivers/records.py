@@ -66,6 +66,10 @@ class FigureRow(NamedTuple):
     age: float | None
 
 
+KEY_WALK = 2
+"""A claim visits at most this many keys of a destination per first message it may take;
+the next claim goes on from where it stopped (KeyWalk's cursor), and from the first key
+once it passes the last, so every key is reached within a bounded number of claims."""
 FIRST_HEADS = 8
 """How many first messages a relay's first walk may take (KeyWalk.heads at the start)."""
 # Few: a first claim that took every key of a backlog of long keys held them all for its

@@ -13,8 +13,7 @@ from support.relay_helpers import SECRET, rows
 
 from outbox.drivers import driver_for
 from outbox.drivers.postgresql.claims import KEY_ROUNDS
-from outbox.drivers.postgresql.key_walk import KEY_WALK
-from outbox.drivers.records import FIRST_HEADS, ClaimedRow, KeyWalk
+from outbox.drivers.records import FIRST_HEADS, KEY_WALK, ClaimedRow, KeyWalk
 from outbox.schema import messages
 from outbox.testing import ManualClock
 from relay import Relay, make_destination

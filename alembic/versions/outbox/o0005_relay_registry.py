@@ -43,7 +43,7 @@ def upgrade() -> None:
     elif on_mysql(op.get_bind()):
         # No partial index: the state leads, and each destination's unkeyed pending
         # messages are one range in claim order, its keys with a pending message one
-        # entry each (outbox.ddl says why state-led). A copy of the name: a migration must
+        # range in key order (outbox.ddl says why state-led). A copy of the name: a migration must
         # not change with the module.
         op.create_index(
             "ix_outbox_messages_state_routable",

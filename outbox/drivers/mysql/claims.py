@@ -41,9 +41,9 @@ from outbox.drivers.common.claims import (
     successors,
 )
 from outbox.drivers.common.pieces import DriverPieces
-from outbox.drivers.mysql.key_walk import KEY_WALK, head_lock, key_walk
+from outbox.drivers.mysql.key_walk import head_lock, key_walk
 from outbox.drivers.mysql.picks import by_keys, picked, write_picked
-from outbox.drivers.records import ClaimedRow, KeyWalk
+from outbox.drivers.records import KEY_WALK, ClaimedRow, KeyWalk
 from outbox.schema import messages
 from outbox.states import MessageState
 
@@ -205,6 +205,8 @@ class MySQLClaims(DriverPieces):
         """Lease up to `limit` due messages, the first undelivered of each key, and their
         keys' next messages; `keys` holds where this relay's key walks go on from (its
         cursors, moved here)."""
+        if limit <= 0:
+            return []
         params = claim_parameters(owner, now, lease, limit, budget, destinations, skip_destinations)
         walk = KeyWalk() if keys is None else keys
         # As many keys' first messages as the limit allows, not KeyWalk.heads: each key's
@@ -215,7 +217,7 @@ class MySQLClaims(DriverPieces):
         candidates: list[Any] = []
         moved: dict[str, str] = {}
         for destination in dict.fromkeys(destinations):
-            if destination in busy or limit <= 0:
+            if destination in busy:
                 continue
             one = {**params, "destination": destination}
             candidates += conn.execute(unkeyed_pick(self), one).all()

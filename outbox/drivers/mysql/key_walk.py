@@ -9,24 +9,27 @@ on after the key this one reached (outbox.drivers.records.KeyWalk's cursors).
 from __future__ import annotations
 
 import functools
-from typing import Any
+from typing import Any, TypeVar
 
 import sqlalchemy as sa
 
 from outbox.db.sql import state_literal
-from outbox.ddl import MYSQL_ROUTABLE
+from outbox.ddl import MYSQL_ROUTABLE, innodb_name
 from outbox.drivers.common.pieces import DriverPieces
 from outbox.drivers.mysql.picks import by_keys
 from outbox.schema import messages
 from outbox.states import MessageState
 
-MYSQL_ORDERING = "ix_outbox_messages_state_ordering"
-"""outbox.ddl's InnoDB counterpart of ix_outbox_messages_ordering, (destination,
-ordering_key, state, id): a key's messages of one state in id order."""
-KEY_WALK = 2
-"""A MySQL claim visits at most this many keys of a destination per first message it may
-take; the next claim goes on from where it stopped (its key cursor), and from the first
-key once it passes the last, so every key is reached within a bounded number of claims."""
+T = TypeVar("T", sa.Select[Any], sa.Exists)
+MYSQL_ORDERING = innodb_name("ix_outbox_messages_ordering")
+"""(destination, ordering_key, state, id): a key's messages of one state in id order."""
+
+
+def forcing(statement: T, table: Any, index: str) -> T:
+    """`statement` reading `table` along `index` alone, on MySQL and MariaDB."""
+    hint = f"FORCE INDEX ({index})"
+    forced: T = statement.with_hint(table, hint, "mysql").with_hint(table, hint, "mariadb")
+    return forced
 
 
 @functools.cache
@@ -45,7 +48,7 @@ def key_walk() -> sa.Select[Any]:
     """
     m = messages.alias("m")
     destination = sa.bindparam("destination", type_=sa.String())
-    keys = (
+    in_key_order = (
         sa.select(m.c.ordering_key)
         .distinct()
         .where(
@@ -55,14 +58,12 @@ def key_walk() -> sa.Select[Any]:
         )
         .order_by(m.c.ordering_key)
         .limit(sa.bindparam("walk_cap", type_=sa.Integer()))
-        # ix_outbox_messages_state_ordering (destination, ordering_key, ...) also reads in
-        # key order, but through every key's delivered history: the pending range, named.
-        .with_hint(m, f"FORCE INDEX ({MYSQL_ROUTABLE})", "mysql")
-        .with_hint(m, f"FORCE INDEX ({MYSQL_ROUTABLE})", "mariadb")
-        .subquery("walked")
     )
+    # ix_outbox_messages_state_ordering (destination, ordering_key, ...) also reads in key
+    # order, but through every key's delivered history: the pending range, named.
+    keys = forcing(in_key_order, m, MYSQL_ROUTABLE).subquery("walked")
     h = messages.alias("h")
-    head = (
+    lowest = (
         sa.select(h.c.id)
         .where(
             h.c.destination == destination,
@@ -71,12 +72,10 @@ def key_walk() -> sa.Select[Any]:
         )
         .order_by(h.c.id)
         .limit(1)
-        # Named too: by its estimates the optimizer took the routable index, whose key
-        # range is in due-time order, and sorted a long key's every pending entry.
-        .with_hint(h, f"FORCE INDEX ({MYSQL_ORDERING})", "mysql")
-        .with_hint(h, f"FORCE INDEX ({MYSQL_ORDERING})", "mariadb")
-        .scalar_subquery()
     )
+    # Named too: by its estimates the optimizer took the routable index, whose key range
+    # is in due-time order, and sorted a long key's every pending entry.
+    head = forcing(lowest, h, MYSQL_ORDERING).scalar_subquery()
     return sa.select(keys.c.ordering_key, head.label("head"))
 
 
@@ -87,17 +86,13 @@ def earlier_of_its_key(m: Any, state: MessageState) -> sa.Exists:
     narrowed the probe by destination and key alone, through the key's delivered history.
     """
     earlier = messages.alias(f"earlier_{state.value}")
-    return (
-        sa.exists()
-        .where(
-            earlier.c.destination == m.c.destination,
-            earlier.c.ordering_key == m.c.ordering_key,
-            earlier.c.state == state_literal(state),
-            earlier.c.id < m.c.id,
-        )
-        .with_hint(earlier, f"FORCE INDEX ({MYSQL_ORDERING})", "mysql")
-        .with_hint(earlier, f"FORCE INDEX ({MYSQL_ORDERING})", "mariadb")
+    exists = sa.exists().where(
+        earlier.c.destination == m.c.destination,
+        earlier.c.ordering_key == m.c.ordering_key,
+        earlier.c.state == state_literal(state),
+        earlier.c.id < m.c.id,
     )
+    return forcing(exists, earlier, MYSQL_ORDERING)
 
 
 @functools.cache

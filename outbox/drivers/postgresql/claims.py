@@ -26,8 +26,8 @@ from outbox.drivers.common.claims import (
     successors,
 )
 from outbox.drivers.common.pieces import DriverPieces
-from outbox.drivers.postgresql.key_walk import KEY_WALK, key_walk
-from outbox.drivers.records import ClaimedRow, KeyWalk
+from outbox.drivers.postgresql.key_walk import key_walk
+from outbox.drivers.records import KEY_WALK, ClaimedRow, KeyWalk
 from outbox.schema import messages
 from outbox.states import MessageState
 

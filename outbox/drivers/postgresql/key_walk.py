@@ -12,8 +12,6 @@ from outbox.drivers.common.pieces import DriverPieces
 from outbox.schema import messages
 from outbox.states import MessageState
 
-KEY_WALK = 2
-"""A PostgreSQL claim visits at most this many keys of a destination per message it may take."""
 # PostgreSQL picks in two parts, merged in claim order (available_at, then id). Unkeyed
 # messages walk ix_outbox_messages_unkeyed, which holds no keyed message. Keys are
 # walked along ix_outbox_messages_ordering, one probe per key (a loose index scan): the
