@@ -39,6 +39,7 @@ from outbox.handler_loop import HandlerLoop, LoopWake
 from outbox.observability.worker_metrics import WorkerMetrics
 from outbox.running import RunningTasks
 from outbox.tasks import TaskQueue
+from outbox.worker_announcements import WorkerAnnouncements
 
 log = logging.getLogger("outbox.worker")
 # A claim reconciles this many times per lease: a task whose lease expired is retaken
@@ -111,11 +112,14 @@ class Producer:
         stopping: threading.Event,
         listening: threading.Event,
         metrics: WorkerMetrics | None = None,
+        announcements: WorkerAnnouncements | None = None,
     ) -> None:
-        """`start(claim)` is called on the loop for each claim (the executor's)."""
+        """`start(claim)` is called on the loop for each claim (the executor's);
+        `announcements`, when given, are renewed at every heartbeat."""
         self.queue = queue
         self.owner = owner
         self.metrics = metrics
+        self.announcements = announcements
         self._loop = loop
         self._running = running
         self._start = start
@@ -201,6 +205,8 @@ class Producer:
 
     def _heartbeats(self) -> None:
         while not self._beats_end.wait(self.heartbeat):
+            if self.announcements is not None:
+                self.announcements.announce()
             running = [r for r in self._running.held() if not r.lost]
             if not running:
                 continue

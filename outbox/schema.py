@@ -242,7 +242,31 @@ relays = sa.Table(
     sa.Column("owner", sa.String(200), primary_key=True),
     sa.Column("destination", sa.String(200), primary_key=True),
     sa.Column("expires_at", Epoch(), nullable=False),
+    # What the console's health rows read (migration o0014), written at each announcement:
+    # when this relay last announced, and its last answers from the destination (a
+    # delivery accepted; an attempt that failed, with its status and error), so the
+    # overview reads a row per relay, not the history.
+    sa.Column("announced_at", Epoch()),
+    sa.Column("last_sent_at", Epoch()),
+    sa.Column("last_failed_at", Epoch()),
+    sa.Column("last_status", sa.Integer()),
+    sa.Column("last_error", LongText),
     sa.Index("ix_outbox_relays_destination", "destination"),
+    **TABLE_OPTIONS,
+)
+
+workers = sa.Table(
+    "outbox_workers",
+    metadata,
+    # Each running worker announces itself, until expires_at (renewed at every heartbeat),
+    # for the console's list of live workers; a clean stop deletes its row, and lapsed rows
+    # are deleted by the next announcement of any worker (migration o0014).
+    sa.Column("owner", sa.String(200), primary_key=True),
+    sa.Column("handler", sa.String(200), nullable=False),
+    sa.Column("concurrency", sa.Integer(), nullable=False),
+    sa.Column("started_at", Epoch(), nullable=False),
+    sa.Column("announced_at", Epoch(), nullable=False),
+    sa.Column("expires_at", Epoch(), nullable=False),
     **TABLE_OPTIONS,
 )
 

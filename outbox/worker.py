@@ -46,6 +46,7 @@ from outbox.observability.worker_metrics import WorkerMetrics
 from outbox.producer import Producer
 from outbox.running import RunningTasks
 from outbox.tasks import TaskQueue
+from outbox.worker_announcements import WorkerAnnouncements
 
 # Handler and PermanentFailure: what a handler is, and how it fails its task for good.
 __all__ = ["EXIT_FORCED", "Handler", "PermanentFailure", "Worker"]
@@ -157,6 +158,13 @@ class Worker:
             self.stop,
             self.metrics,
         )
+        announcements = WorkerAnnouncements(
+            self.queue,
+            self.owner,
+            handler_name(self.handler),
+            self.concurrency,
+            self.heartbeat,
+        )
         producer = self._producer = Producer(
             self.queue,
             self.owner,
@@ -168,7 +176,9 @@ class Worker:
             stopping=self._stopping,
             listening=self.listening,
             metrics=self.metrics,
+            announcements=announcements,
         )
+        announcements.announce()
         producer.start_heartbeats()
         loop.start()
         claiming = loop.submit(producer.run())
@@ -189,6 +199,7 @@ class Worker:
             loop.close(timeout=self.heartbeat)
             executor.close()
             producer.end_heartbeats()
+            announcements.withdraw()
             fields = {"owner": self.owner, "drained": not abandoned, "abandoned": abandoned}
             log.info(
                 "worker %s stopped: %s",

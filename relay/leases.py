@@ -23,6 +23,7 @@ from outbox.db import retry
 from outbox.db.dialect import autocommit_lane, clock_value, one_statement
 from outbox.drivers import driver_for
 from outbox.drivers.records import KeyWalk
+from relay.answers import AnswerBook
 from relay.figures import Figures, figures_from
 from relay.policy import Outcome, Retry, Sent, retry_delay, target_state
 from relay.records import ClaimedRow, Message, Settlement
@@ -81,6 +82,8 @@ class RelayLeases:
         # its own, and after a restart a walk starts from the first key again, which costs
         # nothing.
         self._keys = KeyWalk()
+        self.answers = AnswerBook(clock)
+        """Each destination's last answers, which every announcement carries."""
         # Claims and settles come many times a second: each stream keeps a connection
         # rather than checking one out of the pool each time (see outbox.db.lane).
         self._claims = autocommit_lane(engine, self._driver.claim_session())
@@ -159,6 +162,7 @@ class RelayLeases:
                     destinations=self.destinations,
                     lease=self.announce_for,
                     now=now,
+                    answers=self.answers.ages(),
                 )
         except sa.exc.DBAPIError as exc:
             log.warning("relay %s: could not announce its destinations (%s)", self.owner, exc)

@@ -375,7 +375,9 @@ class Relay(DatabaseHandle):
                 self._unsettled.append(turn)
             raise
         self._unsettled = [kept for kept in self._unsettled if kept is not turn]
-        return report_turn(everything, outcomes, settled, self.metrics, self._key_freed)
+        return report_turn(
+            everything, outcomes, settled, self.metrics, self._key_freed, self.leases.answers
+        )
 
     def readiness(self) -> dict[str, Any]:
         """Readiness for /readyz: the database answers (checked at most once a second)."""

@@ -30,6 +30,7 @@ OUTBOX_TABLES = {
     "outbox_messages",
     "outbox_requeues",
     "outbox_relays",
+    "outbox_workers",
 }
 RECEIVER_TABLES = {"receiver_receipts", "receiver_effects", "receiver_dead_letters"}
 

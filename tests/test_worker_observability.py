@@ -23,6 +23,9 @@ from support.worker_tasks import real_time_queue, submit
 
 import outbox
 from outbox import Claim, PermanentFailure, TaskQueue
+from outbox.drivers import driver_for
+from outbox.drivers.records import WorkerRow
+from outbox.handlers import handler_name
 from outbox.observability.worker_metrics import WorkerMetrics
 from outbox.worker import Worker
 
@@ -242,3 +245,25 @@ def test_a_worker_that_cannot_reach_its_database_says_so_in_one_json_line() -> N
     assert errors[0]["message"].startswith(f"outbox: error: database {shown}: "), errors
     assert "Connection refused" in errors[0]["message"]
     assert b":pw@" not in result.stderr
+
+
+def test_a_running_worker_is_announced_and_withdrawn_when_it_stops(queue: TaskQueue) -> None:
+    def handler(claim: Claim, stop: threading.Event) -> dict[str, Any]:
+        return {}
+
+    driver = driver_for(queue.engine)
+
+    def announced() -> list[WorkerRow]:
+        with queue.engine.connect() as conn:
+            return driver.worker_announcements(conn)
+
+    worker = Worker(queue, handler, owner="w-announced", concurrency=3, poll_interval=0.05)
+    with running_in_thread(worker):
+        wait_until(
+            lambda: [row.owner for row in announced()] == ["w-announced"], 30, "the announcement"
+        )
+        (row,) = announced()
+        assert (row.handler, row.concurrency) == (handler_name(handler), 3)
+        assert row.started_at <= row.announced_at
+        assert row.expires_at == pytest.approx(row.announced_at + queue.lease + worker.heartbeat)
+    assert announced() == []

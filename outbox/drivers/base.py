@@ -14,7 +14,7 @@ What a new backend implements is listed in docs/explanation/architecture.md
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, Literal, NamedTuple, Protocol
 
 import sqlalchemy as sa
@@ -25,7 +25,16 @@ from outbox.dead_filter import DeadFilter
 from outbox.drivers.engines import EngineDriver
 from outbox.drivers.errors import ErrorsDriver
 from outbox.drivers.notifications import NotificationsDriver
-from outbox.drivers.records import ClaimedRow, FigureRow, KeyWalk, LeaseState, Settlement
+from outbox.drivers.records import (
+    ClaimedRow,
+    FigureRow,
+    KeyWalk,
+    LastAnswers,
+    LeaseState,
+    RelayRow,
+    Settlement,
+    WorkerRow,
+)
 from outbox.drivers.task_interface import (
     TaskClaimsDriver,
     TaskHeldConnectionsDriver,
@@ -280,6 +289,18 @@ class ConsoleDriver(Protocol):
         """The count of each minute (epoch minute number) of one series in [since, until)."""
         ...
 
+    def relay_announcements(self, conn: Connection) -> list[RelayRow]:
+        """Every relay's announcement of each destination, recently lapsed ones included."""
+        ...
+
+    def worker_announcements(self, conn: Connection) -> list[WorkerRow]:
+        """Every worker's announcement, recently lapsed ones included."""
+        ...
+
+    def dead_since(self, conn: Connection, since: float) -> dict[str, int]:
+        """Messages per destination that went dead (their last attempt due) since `since`."""
+        ...
+
 
 class RelayDriver(Protocol):
     """The relay's leases on messages: claim, adopt, settle, reap; its announcements and
@@ -342,12 +363,31 @@ class RelayDriver(Protocol):
         destinations: Sequence[str],
         lease: float,
         now: Now,
+        answers: Mapping[str, LastAnswers] | None = None,
     ) -> None:
-        """Say that `owner` delivers `destinations` (and no others) for `lease` seconds."""
+        """Say that `owner` delivers `destinations` (and no others) for `lease` seconds,
+        with its last `answers` from each."""
         ...
 
     def withdraw(self, conn: Connection, owner: str) -> None:
         """`owner` delivers nothing any more."""
+        ...
+
+    def announce_worker(
+        self,
+        conn: Connection,
+        *,
+        owner: str,
+        handler: str,
+        concurrency: int,
+        lease: float,
+        now: Now,
+    ) -> None:
+        """Say that worker `owner` runs `handler` for the next `lease` seconds."""
+        ...
+
+    def withdraw_worker(self, conn: Connection, owner: str) -> None:
+        """Worker `owner` stopped."""
         ...
 
     def destination_figures(self, conn: Connection, now: Now) -> list[FigureRow]:

@@ -66,6 +66,46 @@ class FigureRow(NamedTuple):
     age: float | None
 
 
+class LastAnswers(NamedTuple):
+    """A relay's last answers from one destination, as it announces them: how long before
+    the announcement its last accepted delivery and its last failed attempt were (None:
+    none since it started), and that failure's status (None: no answer) and error."""
+
+    sent_age: float | None
+    failed_age: float | None
+    status: int | None
+    error: str | None
+
+
+NO_ANSWERS = LastAnswers(None, None, None, None)
+"""A destination this relay has had no answer from yet."""
+
+
+class RelayRow(NamedTuple):
+    """One relay's announcement of one destination, as the console reads it."""
+
+    owner: str
+    destination: str
+    expires_at: float
+    announced_at: float | None
+    """None: announced by a relay older than migration o0014."""
+    last_sent_at: float | None
+    last_failed_at: float | None
+    last_status: int | None
+    last_error: str | None
+
+
+class WorkerRow(NamedTuple):
+    """One worker's announcement, as the console reads it."""
+
+    owner: str
+    handler: str
+    concurrency: int
+    started_at: float
+    announced_at: float
+    expires_at: float
+
+
 KEY_WALK = 2
 """A claim visits at most this many keys of a destination per first message it may take;
 the next claim goes on from where it stopped (KeyWalk's cursor), and from the first key

@@ -33,6 +33,8 @@ from outbox_cli.console.reads import ERROR_LISTED, ConsoleReads, shown_error
 
 HERE = Path(__file__).parent
 PAGE_SIZE = 50
+REFRESH_SECONDS = 30
+"""How often the overview reloads itself while auto-refresh is on."""
 FILTERS = ("destination", "status", "error", "since", "until")
 LARGEST_STATUS = 2**31 - 1
 """The largest status the database's column holds: a larger one is a bad filter (400),
@@ -62,6 +64,11 @@ def iso(epoch: float | None) -> str:
     return moment.isoformat(sep=" ", timespec="seconds").replace("+00:00", "Z")
 
 
+def listed_error(text: str | None) -> str | None:
+    """An error as a list shows it: redacted, then cut to ERROR_LISTED characters."""
+    return shown_error(text, ERROR_LISTED)
+
+
 def templates() -> Jinja2Templates:
     """The page templates, every value escaped whatever the file's name."""
     environment = jinja2.Environment(
@@ -71,6 +78,7 @@ def templates() -> Jinja2Templates:
     )
     environment.filters["iso"] = iso
     environment.filters["age"] = age_text
+    environment.filters["shown_error"] = listed_error
     return Jinja2Templates(env=environment)
 
 
@@ -134,32 +142,24 @@ class Pages:
         self._overview()
 
     def overview(self, request: Request) -> Response:
-        """Counts per state, oldest pending ages, and backlog and dead per destination."""
-        return self.render(request, "overview.html", **self._overview())
+        """Health first (destinations worst first, relays, workers), then counts per state and
+        the per-minute charts; auto-refreshed unless `?refresh=off`."""
+        paused = request.query_params.get("refresh") == "off"
+        return self.render(request, "overview.html", **self._overview(), refresh=not paused)
 
     def _overview(self) -> dict[str, Any]:
-        """What the overview shows."""
-        status = self.ops.status()
-        figures, routed = self.reads.destinations()
-        destinations = [
-            {
-                "name": name,
-                "backlog": figure.backlog,
-                "dead": figure.dead,
-                "oldest_age": figure.oldest_age,
-                "routed": name in routed,
-            }
-            for name, figure in sorted(figures.destinations.items())
-        ]
+        """What the overview shows, as of the database's time."""
         now = charts.database_now(self.ops)
+        status = self.ops.status()
         drawn = charts.charts(self.minute_counts.counts(self.ops, now, charts.LONGEST), now)
         return {
+            "now": now,
+            "health": self.reads.health(now),
             "status": status,
-            "destinations": destinations,
             "charts": drawn,
             "width": charts.WIDTH,
             "height": charts.HEIGHT,
-            "refresh": True,
+            "refresh_seconds": REFRESH_SECONDS,
         }
 
     def dead(self, request: Request) -> Response:

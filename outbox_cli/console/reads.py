@@ -5,12 +5,19 @@ from __future__ import annotations
 
 import codecs
 import json
-from typing import Any
+from typing import Any, NamedTuple
 
-from outbox.db.dialect import clock_value
 from outbox.operations import Operations
 from outbox.redaction import redact
-from relay.figures import Figures, figures_from
+from outbox_cli.console.health import (
+    HOUR,
+    Announced,
+    DestinationHealth,
+    destination_health,
+    relays_announced,
+    workers_announced,
+)
+from relay.figures import figures_from
 
 BODY_SHOWN = 65_536
 """Bytes of a body the reply page shows; the rest is cut (body_bytes says how many)."""
@@ -23,6 +30,14 @@ ERROR_LISTED = 1_024
 CUT = "\n…"
 
 
+class Health(NamedTuple):
+    """The overview's health rows: destinations worst first, relays, workers."""
+
+    destinations: list[DestinationHealth]
+    relays: list[Announced]
+    workers: list[Announced]
+
+
 class ConsoleReads:
     """Reads for the pages, on the engine of the Operations that `outbox dead` uses."""
 
@@ -30,14 +45,20 @@ class ConsoleReads:
         """Read through `ops` and its engine."""
         self.ops = ops
 
-    def destinations(self) -> tuple[Figures, set[str]]:
-        """Backlog and dead count per destination as the relay's gauges count them (unrouted
-        destinations included), and the destinations some live relay delivers."""
-        now = clock_value(self.ops.clock)
+    def health(self, now: float) -> Health:
+        """What the overview's health rows judge, read at `now` (the database's time)."""
         with self.ops.engine.connect() as conn:
             rows = self.ops.driver.destination_figures(conn, now)
-            routed = self.ops.driver.live_destinations(conn, now)
-        return figures_from(rows, routed, ()), routed
+            announced = self.ops.driver.relay_announcements(conn)
+            workers = self.ops.driver.worker_announcements(conn)
+            dead = self.ops.driver.dead_since(conn, now - HOUR)
+        routed = {row.destination for row in announced if row.expires_at > now}
+        figures = figures_from(rows, routed, ())
+        return Health(
+            destination_health(figures.destinations, dead, announced, now),
+            relays_announced(announced, now),
+            workers_announced(workers, now),
+        )
 
     def reply(self, reply_id: str) -> dict[str, Any] | None:
         """One message's delivery record, its body shown as text, and its decisions."""

@@ -21,6 +21,7 @@ from support.console_helpers import (
 from support.operations_helpers import audit_rows
 from support.receiver_helpers import SECRET, ReceiverProcess
 
+from outbox.drivers.records import LastAnswers
 from outbox.operations import Operations
 from outbox.schema import messages
 from outbox.testing import ManualClock
@@ -57,15 +58,91 @@ def test_the_overview_shows_the_counts_of_outbox_status(
     assert 'http-equiv="refresh"' in page
 
 
+def health_rows(page: str) -> dict[str, tuple[str, str]]:
+    """The overview's health table: each destination's (state, row's HTML)."""
+    section = page.split('id="health"', 1)[1].split("</table>", 1)[0]
+    found = re.findall(
+        r'<tr data-destination="([^"]+)" data-state="([^"]+)">(.*?)</tr>', section, re.S
+    )
+    return {name: (state, row) for name, state, row in found}
+
+
 def test_the_overview_counts_backlog_and_dead_per_destination_unrouted_included(
     make_client: Client,
 ) -> None:
     page = make_client().get("/").text
-    rows = dict(re.findall(r'<tr data-destination="([^"]+)">(.*?)</tr>', page, re.S))
+    rows = health_rows(page)
     assert set(rows) == {"billing", "default", "shipping"}
-    assert re.search(r'class="dead"><a href="/dead\?destination=billing">2<', rows["billing"])
-    assert 'class="backlog">1<' in rows["default"]  # the done task's reply, waiting
-    assert "no relay delivers it" in rows["default"]  # no relay announced it: unrouted
+    assert re.search(r'class="dead"><a href="/dead\?destination=billing">2<', rows["billing"][1])
+    assert 'class="backlog">1<' in rows["default"][1]  # the done task's reply, waiting
+    # No relay announced any: each is unrouted, said in words as well as by its colour.
+    assert {state for state, _ in rows.values()} == {"unrouted"}
+    assert '<span class="state state-unrouted">unrouted</span>' in rows["default"][1]
+    assert "no live relay delivers it; 1 waiting" in rows["default"][1]
+
+
+def test_the_overview_judges_each_destination_from_the_live_relays_last_answers(
+    ops: Operations, make_client: Client, clock: ManualClock
+) -> None:
+    now = clock()
+    failing = LastAnswers(
+        sent_age=600.0,
+        failed_age=5.0,
+        status=503,
+        error="https://hooks.example/in?token=abc123 down",
+    )
+    recovered = LastAnswers(sent_age=1.0, failed_age=120.0, status=500, error="boom")
+    with ops.engine.begin() as conn:
+        ops.driver.announce(
+            conn,
+            owner="relay-a",
+            destinations=["default", "billing", "quiet"],
+            lease=60,
+            now=now,
+            answers={"default": failing, "billing": recovered},
+        )
+        ops.driver.announce(conn, owner="relay-gone", destinations=["x"], lease=10, now=now - 100)
+        ops.driver.announce_worker(
+            conn, owner="worker-1", handler="app.handle", concurrency=4, lease=30, now=now - 5
+        )
+    page = make_client().get("/").text
+    rows = health_rows(page)
+    # Worst first: the failing one, the unrouted ones, the degraded, the healthy.
+    assert [(name, state) for name, (state, _) in rows.items()] == [
+        ("default", "failing"),
+        ("shipping", "unrouted"),
+        ("x", "unrouted"),  # its one relay lapsed
+        ("billing", "degraded"),
+        ("quiet", "healthy"),
+    ]
+    assert "last attempt failed (status 503) 5.0s ago" in rows["default"][1]
+    assert "last delivery accepted 10.0m ago" in rows["default"][1]
+    assert "abc123" not in page  # the stored error is redacted before it is shown
+    # billing delivers again, but an attempt failed within the hour; its dead are older.
+    assert "an attempt failed 2.0m ago" in rows["billing"][1]
+    assert "dead in the last hour" not in rows["billing"][1]
+    assert 'class="dead-hour">1<' in rows["shipping"][1]  # s-1's last attempt, due 1 h ago
+    assert "no delivery accepted since its relays started" in rows["quiet"][1]
+    relays = page.split('id="relays"', 1)[1].split("</table>", 1)[0]
+    assert re.search(r'data-owner="relay-a">.*?live', relays, re.S)
+    assert re.search(r'data-owner="relay-gone">.*?lapsed 1\.5m ago', relays, re.S)
+    workers = page.split('id="workers"', 1)[1].split("</table>", 1)[0]
+    assert re.search(
+        r'data-owner="worker-1">.*?app\.handle \(4 slots\).*?5\.0s ago.*?live', workers, re.S
+    )
+
+
+def test_the_overview_says_as_of_when_and_its_auto_refresh_can_be_paused(
+    make_client: Client, clock: ManualClock
+) -> None:
+    console = make_client()
+    page = console.get("/").text
+    assert f'as of <time datetime="{pages.iso(clock())}">' in page
+    assert 'http-equiv="refresh"' in page
+    assert 'href="/?refresh=off"' in page
+    paused = console.get("/?refresh=off").text
+    assert 'http-equiv="refresh"' not in paused
+    assert "Auto-refresh paused" in paused and 'href="/"' in paused
 
 
 @pytest.mark.parametrize(

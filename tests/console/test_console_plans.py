@@ -15,7 +15,7 @@ from test_claim_plans import generic_plan
 
 from outbox.dead_filter import DeadFilter
 from outbox.drivers import driver_for
-from outbox.drivers.common.console import per_minute
+from outbox.drivers.common.console import dead_since, per_minute
 from outbox.drivers.common.operations import select_dead
 
 MINUTES = 20_000  # about two weeks of history, a row a minute of each kind
@@ -107,5 +107,17 @@ def test_the_dead_list_reads_dead_rows_only(history: sa.Engine, chosen: DeadFilt
     assert any(index in line for line in found for index in DEAD_ONLY), plan
     assert "Seq Scan" not in plan, plan
     # Every scan walks an index of dead rows only (the next page too: it starts at an id).
+    for line in found:
+        assert any(index in line for index in DEAD_ONLY), plan
+
+
+@pytest.mark.parametrize("backend", ["postgresql"], indirect=True)
+def test_the_overviews_dead_of_the_last_hour_reads_dead_rows_only(history: sa.Engine) -> None:
+    since = MINUTES * 60.0 - 3600
+    with history.connect() as conn:
+        plan = generic_plan(conn, dead_since(since), {"since": since})
+    found = scans(plan)
+    assert found, plan
+    assert "Seq Scan" not in plan, plan
     for line in found:
         assert any(index in line for index in DEAD_ONLY), plan

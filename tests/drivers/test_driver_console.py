@@ -40,3 +40,22 @@ def test_the_charts_count_each_minute_of_their_window(driver: Driver, conn: sa.C
     assert driver.per_minute(conn, "dead", *window) == {1000: 1}
     assert driver.per_minute(conn, "finished", *window) == {1000: 1}
     assert driver.per_minute(conn, "enqueued", base + 10 * MINUTE, base + 11 * MINUTE) == {}
+
+
+def test_dead_since_counts_each_destinations_messages_that_died_in_the_window(
+    driver: Driver, conn: sa.Connection
+) -> None:
+    for reply_id, destination, died in (
+        ("o-old", "orders", START - 3700),
+        ("o-1", "orders", START - 100),
+        ("o-2", "orders", START - 10),
+        ("b-1", "billing", START - 3000),
+    ):
+        published(driver, conn, reply_id, START - 4000, destination=destination)
+        set_state(conn, reply_id, state="dead", available_at=died)
+    published(driver, conn, "pending", START - 50)
+    published(driver, conn, "sent", START - 50)
+    set_state(conn, "sent", state="sent", available_at=START - 50)
+    assert driver.dead_since(conn, START - 3600) == {"orders": 2, "billing": 1}
+    assert driver.dead_since(conn, START - 60) == {"orders": 1}
+    assert driver.dead_since(conn, START) == {}

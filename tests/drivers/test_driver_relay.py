@@ -10,7 +10,16 @@ import sqlalchemy as sa
 from support.driver_helpers import START, published, set_state, state_of
 
 from outbox.drivers import Driver
-from outbox.drivers.records import ClaimedRow, FigureRow, LeaseState, Settlement
+from outbox.drivers.common.announcements import HANDLER_SHOWN, LAPSED_KEPT
+from outbox.drivers.records import (
+    ClaimedRow,
+    FigureRow,
+    LastAnswers,
+    LeaseState,
+    RelayRow,
+    Settlement,
+    WorkerRow,
+)
 
 LEASE = 30.0
 BUDGET = 3
@@ -219,18 +228,65 @@ def test_adopt_finds_this_owners_sending_rows_under_a_new_fence(
 def test_announce_names_only_this_relays_destinations_and_withdraw_forgets_them(
     driver: Driver, conn: sa.Connection
 ) -> None:
-    driver.announce(conn, owner="dead", destinations=["old"], lease=10, now=START - 20)
-    assert driver.live_destinations(conn, START - 15) == {"old"}
+    long_ago = START - LAPSED_KEPT - 20
+    driver.announce(conn, owner="dead", destinations=["old"], lease=10, now=long_ago)
+    assert driver.live_destinations(conn, long_ago + 5) == {"old"}
+    driver.announce(conn, owner="recent", destinations=["new"], lease=10, now=START - 20)
     driver.announce(conn, owner="r-1", destinations=["a", "b"], lease=60, now=START)
     driver.announce(conn, owner="r-2", destinations=["c"], lease=60, now=START)
     assert driver.live_destinations(conn, START) == {"a", "b", "c"}
-    # The lapsed announcement of the relay that died was deleted on the way.
-    assert driver.live_destinations(conn, START - 15) == {"a", "b", "c"}
+    # The announcement that lapsed over LAPSED_KEPT ago was deleted on the way; the one
+    # that lapsed 10 s ago is kept (the console shows it lapsed), but routes nothing.
+    assert driver.live_destinations(conn, long_ago + 5) == {"new", "a", "b", "c"}
+    owners = {row.owner for row in driver.relay_announcements(conn)}
+    assert owners == {"recent", "r-1", "r-2"}
     driver.announce(conn, owner="r-1", destinations=["a"], lease=60, now=START + 1)
     assert driver.live_destinations(conn, START + 1) == {"a", "c"}
     assert driver.live_destinations(conn, START + 60) == {"a"}
     driver.withdraw(conn, "r-1")
     assert driver.live_destinations(conn, START + 1) == {"c"}
+
+
+def test_announcements_carry_each_destinations_last_answers_as_database_times(
+    driver: Driver, conn: sa.Connection
+) -> None:
+    answers = {"a": LastAnswers(sent_age=5.0, failed_age=2.0, status=503, error="busy")}
+    driver.announce(
+        conn, owner="r-1", destinations=["a", "b"], lease=60, now=START, answers=answers
+    )
+    assert driver.relay_announcements(conn) == [
+        RelayRow("r-1", "a", START + 60, START, START - 5, START - 2, 503, "busy"),
+        RelayRow("r-1", "b", START + 60, START, None, None, None, None),
+    ]
+    # The next announcement replaces them: a success since, and no failure any more known.
+    later = {"a": LastAnswers(1.0, None, None, None), "b": LastAnswers(None, 3.0, None, "timeout")}
+    driver.announce(
+        conn, owner="r-1", destinations=["a", "b"], lease=60, now=START + 10, answers=later
+    )
+    assert driver.relay_announcements(conn) == [
+        RelayRow("r-1", "a", START + 70, START + 10, START + 9, None, None, None),
+        RelayRow("r-1", "b", START + 70, START + 10, None, START + 7, None, "timeout"),
+    ]
+
+
+def test_workers_announce_renew_and_withdraw(driver: Driver, conn: sa.Connection) -> None:
+    long_ago = START - LAPSED_KEPT - 60
+    worker = {"handler": "app.handle", "concurrency": 4, "lease": 40.0}
+    driver.announce_worker(conn, owner="gone", now=long_ago, **worker)
+    driver.announce_worker(conn, owner="w-1", now=START, **worker)
+    driver.announce_worker(conn, owner="w-1", now=START + 10, **worker | {"concurrency": 8})
+    # A renewal keeps the start; the lapsed worker's row was deleted on the way.
+    assert driver.worker_announcements(conn) == [
+        WorkerRow("w-1", "app.handle", 8, START, START + 10, START + 50)
+    ]
+    long_name = "app." + "h" * 300
+    driver.announce_worker(conn, owner="w-2", now=START, **worker | {"handler": long_name})
+    assert [row.handler for row in driver.worker_announcements(conn)] == [
+        "app.handle",
+        long_name[:HANDLER_SHOWN],
+    ]
+    driver.withdraw_worker(conn, "w-1")
+    assert [row.owner for row in driver.worker_announcements(conn)] == ["w-2"]
 
 
 def test_figures_count_undelivered_and_dead_messages_per_destination(

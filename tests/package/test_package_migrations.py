@@ -25,6 +25,7 @@ TABLES = {
     "outbox_messages",
     "outbox_requeues",
     "outbox_relays",
+    "outbox_workers",
     "receiver_receipts",
     "receiver_effects",
     "receiver_dead_letters",

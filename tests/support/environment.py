@@ -16,6 +16,7 @@ ALL_TABLES = (
     "outbox_messages",
     "outbox_requeues",
     "outbox_relays",
+    "outbox_workers",
     "receiver_receipts",
     "receiver_effects",
     "receiver_dead_letters",

@@ -83,6 +83,15 @@ def per_minute(series: Series, since: float, until: float, floor: Floor) -> sa.S
     return counted.where(*window).group_by(minute)
 
 
+def dead_since(since: float) -> sa.Select[Any]:
+    """(destination, count) of the messages dead since `since`, by when their last attempt
+    fell due: only that window is read, through ix_outbox_messages_died."""
+    died = messages.c.available_at >= sa.bindparam("since", since, type_=sa.Double())
+    dead = messages.c.state == state_literal(MessageState.DEAD)
+    counted = sa.select(messages.c.destination, sa.func.count())
+    return counted.where(died, dead).group_by(messages.c.destination)
+
+
 class ConsoleStatements(DriverPieces):
     """A task and its reply, a message's decisions, and the charts' per-minute counts."""
 
@@ -110,3 +119,7 @@ class ConsoleStatements(DriverPieces):
         """The count of each minute (epoch minute number) of one series in [since, until)."""
         query = per_minute(series, since, until, self.floor)
         return {int(minute): int(count) for minute, count in conn.execute(query)}
+
+    def dead_since(self, conn: Connection, since: float) -> dict[str, int]:
+        """Messages per destination that went dead (their last attempt due) since `since`."""
+        return {name: int(count) for name, count in conn.execute(dead_since(since))}
