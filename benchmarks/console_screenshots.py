@@ -39,8 +39,10 @@ import outbox
 from benchmarks.console_pages import console_process
 from benchmarks.relay_bench import ROOT, log
 from outbox import AuthContext, Envelope, TaskQueue
+from outbox.drivers import driver_for
+from outbox.drivers.records import LastAnswers
 from outbox.operations import Operations
-from outbox.schema import messages, relays
+from outbox.schema import messages
 from outbox.testing import ManualClock
 
 TOKEN = "screenshot-console-token-0123456789"  # noqa: S105 (a throwaway run's)
@@ -208,13 +210,40 @@ def task_replies_sent(destination: str, before: float) -> sa.Update:
     )
 
 
+ANSWERS = {
+    "billing": LastAnswers(20.0, 180.0, 409, "HTTP 409 conflict: invoice INV-1042 already settled"),
+    "shipping": LastAnswers(360.0, 4.0, 503, "HTTP 503: upstream warehouse API unavailable"),
+    TASK_REPLIES: LastAnswers(2.0, None, None, None),
+}
+"""Each routed destination's last answers as its relay announces them: billing refuses
+one invoice in a while (degraded), shipping fails now (failing), orders-callback delivers."""
+WORKERS = (("worker-a1", 0.0), ("worker-a2", 4.0), ("worker-old", 900.0))
+"""(owner, seconds since its last heartbeat): the last one stopped without withdrawing."""
+
+
 def seed_relays(engine: sa.Engine, now: float) -> None:
-    """Live relays for the routed destinations (heartbeats an hour ahead)."""
+    """Live relays for the routed destinations, with their last answers (heartbeats valid
+    an hour), and the workers' announcements."""
+    driver = driver_for(engine)
     with engine.begin() as conn:
-        conn.execute(
-            relays.insert(),
-            [{"owner": f"relay-{d}", "destination": d, "expires_at": now + 3600} for d in ROUTED],
-        )
+        for destination in ROUTED:
+            driver.announce(
+                conn,
+                owner=f"relay-{destination}",
+                destinations=[destination],
+                lease=3600,
+                now=now,
+                answers={destination: ANSWERS[destination]},
+            )
+        for owner, heard in WORKERS:
+            driver.announce_worker(
+                conn,
+                owner=owner,
+                handler="orders.tasks.handle",
+                concurrency=8,
+                lease=40,
+                now=now - heard,
+            )
 
 
 def seed(url: str) -> Seeded:

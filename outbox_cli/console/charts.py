@@ -25,6 +25,10 @@ SERIES: tuple[tuple[Series, str, str], ...] = (
 """(series, label, colour) in drawing order."""
 WINDOWS = (("last hour", 60), ("last day", 1440))
 """(title, minutes) of each chart."""
+TICK_EVERY = {60: 10, 1440: 180}
+"""Minutes between the time axis's marks, per window."""
+SPAN_MINUTES = {60: 1, 1440: 10}
+"""Minutes each hover span of a window sums: a day's minutes would be 1,440 titles."""
 LONGEST = max(minutes for _, minutes in WINDOWS)
 
 
@@ -40,13 +44,32 @@ class Line:
 
 
 @dataclass(frozen=True)
+class Tick:
+    """A mark on a chart's time axis: where, and the UTC time it stands for."""
+
+    x: float
+    label: str
+
+
+@dataclass(frozen=True)
+class Span:
+    """A stretch of a chart that shows its values on hover (an SVG title)."""
+
+    x: float
+    width: float
+    title: str
+
+
+@dataclass(frozen=True)
 class Chart:
-    """One window's chart."""
+    """One window's chart: its lines, its time axis, and its hover spans."""
 
     title: str
     minutes: int
     lines: tuple[Line, ...]
     peak: int
+    ticks: tuple[Tick, ...] = ()
+    spans: tuple[Span, ...] = ()
 
 
 def minute_counts(ops: Operations, now: float, minutes: int) -> dict[str, dict[int, int]]:
@@ -111,7 +134,7 @@ def charts(counts: dict[str, dict[int, int]], now: float) -> tuple[Chart, ...]:
     drawn = []
     for title, minutes in WINDOWS:
         first = current - minutes + 1
-        values = {
+        values: dict[Series, list[int]] = {
             series: [counts[series].get(first + i, 0) for i in range(minutes)]
             for series, _, _ in SERIES
         }
@@ -126,8 +149,47 @@ def charts(counts: dict[str, dict[int, int]], now: float) -> tuple[Chart, ...]:
             )
             for series, label, colour in SERIES
         )
-        drawn.append(Chart(title, minutes, lines, peak))
+        ticks = _ticks(first, minutes)
+        spans = _spans(first, minutes, values)
+        drawn.append(Chart(title, minutes, lines, peak, ticks, spans))
     return tuple(drawn)
+
+
+def _x(index: int, minutes: int) -> float:
+    """Where minute `index` of a window of `minutes` is drawn."""
+    return index * WIDTH / max(1, minutes - 1)
+
+
+def _ticks(first: int, minutes: int) -> tuple[Tick, ...]:
+    """The time axis: a mark at each whole TICK_EVERY minutes of the window, in UTC."""
+    every = TICK_EVERY[minutes]
+    return tuple(
+        Tick(round(_x(i, minutes), 1), clock_time(first + i))
+        for i in range(minutes)
+        if (first + i) % every == 0
+    )
+
+
+def _spans(first: int, minutes: int, values: dict[Series, list[int]]) -> tuple[Span, ...]:
+    """Hover spans of SPAN_MINUTES each: their time and every series' count over it."""
+    size = SPAN_MINUTES[minutes]
+    step = WIDTH / minutes * size
+    spans = []
+    for start in range(0, minutes, size):
+        counts = ", ".join(
+            f"{label} {sum(values[series][start : start + size])}" for series, label, _ in SERIES
+        )
+        when = clock_time(first + start)
+        if size > 1:
+            when += f"-{clock_time(first + start + size)}"
+        spans.append(Span(round(start / size * step, 1), round(step, 1), f"{when} UTC: {counts}"))
+    return tuple(spans)
+
+
+def clock_time(minute: int) -> str:
+    """A minute number as its UTC time of day, HH:MM."""
+    of_day = minute % (24 * 60)
+    return f"{of_day // 60:02d}:{of_day % 60:02d}"
 
 
 def _points(values: list[int], peak: int) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 
+import pytest
 import sqlalchemy as sa
 from support.console_helpers import ConsoleClient
 from support.operations_helpers import mark_sent
@@ -132,3 +133,42 @@ def test_warming_reads_the_day_once_before_the_first_overview(
     shown = pages.minute_counts.counts(ops, now, charts.LONGEST)
     everything = charts.minute_counts(ops, now, charts.LONGEST)
     assert sum(shown["enqueued"].values()) == sum(everything["enqueued"].values()) - 1
+
+
+def test_each_chart_has_a_utc_time_axis_and_its_values_on_hover() -> None:
+    now = 600.0 * 60 + 10  # minute 600 of the epoch: 10:00 UTC
+    counts = {"enqueued": {600: 4, 599: 2}, "sent": {595: 1}, "dead": {}, "finished": {}}
+    hour, day = charts.charts(counts, now)
+    # The hour is minutes 541 to 600 (09:01 to 10:00): a mark at each whole ten minutes.
+    assert [tick.label for tick in hour.ticks] == [
+        "09:10",
+        "09:20",
+        "09:30",
+        "09:40",
+        "09:50",
+        "10:00",
+    ]
+    assert hour.ticks[-1].x == charts.WIDTH
+    assert len(hour.spans) == 60
+    assert hour.spans[-1].title == (
+        "10:00 UTC: replies enqueued 4, replies sent 0, replies dead 0, tasks finished 0"
+    )
+    assert hour.spans[-6].title.startswith("09:55 UTC: replies enqueued 0, replies sent 1,")
+    # The day: a mark every three hours, and spans of ten minutes, each their sum.
+    assert [tick.label for tick in day.ticks][:3] == ["12:00", "15:00", "18:00"]
+    assert len(day.spans) == 144
+    assert day.spans[-1].title == (
+        "09:51-10:01 UTC: replies enqueued 6, replies sent 1, replies dead 0, tasks finished 0"
+    )
+    assert day.spans[-1].x + day.spans[-1].width == pytest.approx(charts.WIDTH)
+
+
+def test_the_overview_draws_the_axes_and_the_hover_titles(
+    make_client: Callable[..., ConsoleClient],
+) -> None:
+    page = make_client().get("/").text
+    hour = page.split('data-window="60"', 1)[1].split("</figure>", 1)[0]
+    assert len(re.findall(r'<text class="tick"[^>]*>\d\d:\d\d</text>', hour)) == 6
+    titles = re.findall(r'<rect class="span"[^>]*><title>([^<]+)</title>', hour)
+    assert len(titles) == 60
+    assert all(re.fullmatch(r"\d\d:\d\d UTC: replies enqueued \d+, .*", t) for t in titles)
