@@ -24,6 +24,9 @@ from outbox.states import MessageState
 
 BULK_LIMIT = 10_000
 """At most this many messages a filter chooses, unless the caller says otherwise."""
+PER_TRANSACTION = 200
+"""Decisions about the messages a filter chose share a transaction this many at a time:
+a commit each would make a bulk decision wait for one disk flush per message."""
 
 REFUSALS = {
     "received": "the destination already holds this exact message",
@@ -127,7 +130,7 @@ def requeue(
         if answer not in RECEIPT_ANSWERS:
             raise ValueError(f"receipt must be one of {RECEIPT_ANSWERS}, got {answer!r}")
 
-    def requeue_one(message: Mapping[str, Any], receipt: str) -> RequeueDecision:
+    def requeue_one(ops: Operations, message: Mapping[str, Any], receipt: str) -> RequeueDecision:
         reply_id = message["reply_id"]
         forced = force or (receipt in REFUSALS and receipt == overriding)
         if receipt in REFUSALS and not forced:
@@ -140,7 +143,7 @@ def requeue(
             return RequeueDecision(reply_id, "refused", str(exc), receipt=receipt)
         return RequeueDecision(reply_id, "requeued", audit=audit, receipt=receipt)
 
-    return _each(list(zip(messages, answers, strict=True)), requeue_one, progress)
+    return _each(ops, list(zip(messages, answers, strict=True)), requeue_one, progress)
 
 
 def resolve(
@@ -162,7 +165,7 @@ def resolve(
     check_decision(reason, by)
     messages = chosen_messages(ops, chosen, limit)
 
-    def resolve_one(message: Mapping[str, Any]) -> Decision:
+    def resolve_one(ops: Operations, message: Mapping[str, Any]) -> Decision:
         reply_id = message["reply_id"]
         if dry_run:
             return Decision(reply_id, "would resolve")
@@ -172,19 +175,28 @@ def resolve(
             return Decision(reply_id, "refused", str(exc))
         return Decision(reply_id, "resolved", audit=audit)
 
-    return _each([(m,) for m in messages], resolve_one, progress)
+    return _each(ops, [(m,) for m in messages], resolve_one, progress)
 
 
 D = TypeVar("D", bound=Decision)
 
 
 def _each(
-    chosen: Sequence[tuple[Any, ...]], act_on_one: Callable[..., D], progress: Progress | None
+    ops: Operations,
+    chosen: Sequence[tuple[Any, ...]],
+    act_on_one: Callable[..., D],
+    progress: Progress | None,
 ) -> list[D]:
-    """Act on each chosen message in turn (requeue_one, resolve_one), telling `progress`."""
-    results = []
-    for index, arguments in enumerate(chosen, start=1):
-        results.append(act_on_one(*arguments))
-        if progress is not None:
-            progress(index, len(chosen))
+    """Act on each chosen message in turn (requeue_one, resolve_one), PER_TRANSACTION in a
+    transaction (a database error rolls back its batch alone, and raises), telling
+    `progress` after each batch's commit."""
+    results: list[D] = []
+    for start in range(0, len(chosen), PER_TRANSACTION):
+        batch = chosen[start : start + PER_TRANSACTION]
+        with ops.together() as shared:
+            decided = [act_on_one(shared, *arguments) for arguments in batch]
+        for decision in decided:
+            results.append(decision)
+            if progress is not None:
+                progress(len(results), len(chosen))
     return results

@@ -11,7 +11,9 @@ receipt lookup said) in the transaction that changes the message.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import copy
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import sqlalchemy as sa
@@ -36,10 +38,33 @@ RECEIPT_ANSWERS = ("received", "other body", "not received", "unknown", "not che
 class Operations(DatabaseHandle):
     """Status, dead messages, decisions about them, and purges on one outbox database."""
 
+    _shared: sa.Connection | None = None
+    """The transaction decisions share, in Operations made by together()."""
+
     def __init__(self, url_or_engine: str | sa.URL | Engine, clock: Clock | None = None) -> None:
         """Open the database (its schema must be current)."""
         self.clock = clock
         self._open(url_or_engine)
+
+    @contextmanager
+    def together(self) -> Iterator[Operations]:
+        """Operations whose decisions (requeue, resolve) share one transaction, committed
+        when the block ends, or rolled back, all of them, when it raises: a bulk decision's
+        batch, which would otherwise wait for a commit per message."""
+        with self._engine.begin() as conn:
+            shared = copy.copy(self)
+            shared._shared = conn
+            shared._owns_engine = False  # closing it must not dispose of this one's pool
+            yield shared
+
+    @contextmanager
+    def _decision(self) -> Iterator[sa.Connection]:
+        """The transaction a decision runs in: the shared one, or one of its own."""
+        if self._shared is not None:
+            yield self._shared
+            return
+        with self._engine.begin() as conn:
+            yield conn
 
     def _now(self) -> float | None:
         return clock_value(self.clock)
@@ -100,7 +125,7 @@ class Operations(DatabaseHandle):
         check_decision(reason, by)
         if receipt not in RECEIPT_ANSWERS:
             raise ValueError(f"receipt must be one of {RECEIPT_ANSWERS}, got {receipt!r}")
-        with self._engine.begin() as conn:
+        with self._decision() as conn:
             dead = self.driver.dead_to_requeue(conn, reply_id)
             if dead is None or not self.driver.requeue_dead(conn, dead.id, self._now()):
                 raise RequeueRefused(self._not_dead(conn, reply_id, "nothing requeued"))
@@ -115,7 +140,7 @@ class Operations(DatabaseHandle):
         message needs no delivery (say, the destination confirmed it some other way).
         """
         check_decision(reason, by)
-        with self._engine.begin() as conn:
+        with self._decision() as conn:
             kept = self.driver.resolve_dead(conn, reply_id, self._now())
             if kept is None:
                 raise ResolveRefused(self._not_dead(conn, reply_id, "nothing resolved"))

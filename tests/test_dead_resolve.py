@@ -298,3 +298,32 @@ def test_with_no_login_name_a_dry_run_works_and_a_decision_asks_for_by(
     assert states(engine)["b-2"] == "dead"
     assert main([*argv, "--by", "ops-anna"]) == 0
     assert [row["requested_by"] for row in audit_rows(engine)] == ["ops-anna"]
+
+
+def test_decisions_made_together_commit_together_or_not_at_all(
+    db_url: str, engine: sa.Engine, clock: ManualClock
+) -> None:
+    publish_many(engine, ["d-1", "d-2", "d-3"], clock=clock)
+    for reply_id in ("d-1", "d-2", "d-3"):
+        mark_dead(engine, reply_id)
+    with Operations(db_url, clock=clock) as ops:
+        with pytest.raises(RuntimeError), ops.together() as shared:
+            shared.resolve("d-1", reason="dup", by="ops-anna")
+            shared.requeue(
+                "d-2", reason="back", by="ops-anna", receipt="not received", forced=False
+            )
+            raise RuntimeError("the batch fails after two decisions")
+        assert set(states(engine).values()) == {"dead"}
+        assert audit_rows(engine) == []
+        with ops.together() as shared:
+            shared.resolve("d-1", reason="dup", by="ops-anna")
+            # A refusal inside the batch refuses that message alone.
+            with pytest.raises(ResolveRefused):
+                shared.resolve("nothing", reason="dup", by="ops-anna")
+            shared.requeue(
+                "d-2", reason="back", by="ops-anna", receipt="not received", forced=False
+            )
+        # The shared handle was a view: the engine it came from still serves.
+        assert [row["reply_id"] for row in ops.dead()] == ["d-3"]
+    assert states(engine) == {"d-1": "resolved", "d-2": "pending", "d-3": "dead"}
+    assert [row["reply_id"] for row in audit_rows(engine)] == ["d-1", "d-2"]

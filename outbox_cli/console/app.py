@@ -16,6 +16,7 @@ from starlette.routing import Route
 from outbox.clock import Clock
 from outbox.operations import Operations
 from outbox_cli.arguments import operator_name
+from outbox_cli.console.actions import Actions
 from outbox_cli.console.confirmations import Confirmations
 from outbox_cli.console.forms import checked_form
 from outbox_cli.console.guesses import GuessLimit, too_many_guesses
@@ -161,6 +162,8 @@ def create_app(
     ticking: Clock = time.monotonic if clock is None else clock
     confirmations = Confirmations(ticking)
     pages = Pages(ops, config, read_only, token is not None, operator, confirmations)
+    # Bulk counts' confirmations apart: a burst of counts cannot push out a force's.
+    actions = Actions(pages, Confirmations(ticking))
     if warm:
         pages.warm()
     guesses = GuessLimit(ticking)
@@ -171,6 +174,8 @@ def create_app(
         Route("/dead", pages.dead),
         Route("/reply", pages.reply),
         Route("/reply/requeue", pages.requeue, methods=["POST"]),
+        Route("/reply/resolve", actions.resolve, methods=["POST"]),
+        Route("/dead/bulk", actions.bulk, methods=["POST"]),
         Route("/task", pages.task),
         Route("/search", pages.search),
         Route("/login", login.form),

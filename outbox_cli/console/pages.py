@@ -198,6 +198,8 @@ class Pages:
             more=more,
             after=after,
             first=urlencode(kept),
+            filter_names=FILTERS,
+            nameless=self.nameless(),
         )
 
     def reply(self, request: Request) -> Response:
@@ -212,10 +214,34 @@ class Pages:
             message=message,
             dead=message["state"] == MessageState.DEAD,
             done=None,
+            verb="requeued",
             confirm=None,
             reason="",
             nameless=self.nameless(),
             requeued=request.query_params.get("requeued"),
+            resolved=request.query_params.get("resolved"),
+        )
+
+    async def reply_refused(
+        self, request: Request, reply_id: str, verb: str, why: str, reason: str
+    ) -> Response:
+        """The reply's page (409) saying a decision about it was refused, and why."""
+        message = await run_in_threadpool(self.reads.reply, reply_id)
+        if message is None:
+            return self.render(request, "missing.html", 404, what="reply", wanted=reply_id)
+        return self.render(
+            request,
+            "reply.html",
+            409,
+            message=message,
+            dead=message["state"] == MessageState.DEAD,
+            done=requeue_form.refused(reply_id, why),
+            verb=verb,
+            confirm=None,
+            reason=reason,
+            nameless=self.nameless(),
+            requeued=None,
+            resolved=None,
         )
 
     async def requeue(self, request: Request) -> Response:
@@ -265,6 +291,7 @@ class Pages:
             message=message,
             dead=message["state"] == MessageState.DEAD,
             done=done,
+            verb="requeued",
             confirm=(
                 self.confirmations.issue(holder, reply_id, done.receipt, reason.strip())
                 if requeue_form.forceable(done)
@@ -273,6 +300,7 @@ class Pages:
             reason=reason,
             nameless=self.nameless(),
             requeued=None,
+            resolved=None,
         )
 
     def holder(self, request: Request) -> str:

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 import sqlalchemy as sa
 from support.console_helpers import ConsoleClient, client, seed
+from support.receiver_helpers import SECRET, ReceiverProcess
 
 import outbox
 from outbox.operations import Operations
@@ -56,3 +58,19 @@ def make_client(ops: Operations) -> Iterator[Callable[..., ConsoleClient]]:
     yield make
     for each in made:
         each.close()
+
+
+@pytest.fixture
+def relay_config(tmp_path: Path, seeded: str) -> Iterator[Path]:
+    """A relay TOML whose destination "billing" is a real receiver with a receipt lookup."""
+    secret_file = tmp_path / "secret"
+    secret_file.write_text(SECRET + "\n", encoding="utf-8")
+    process = ReceiverProcess(seeded, secret_file).wait_ready()
+    config = tmp_path / "relay.toml"
+    config.write_text(
+        f'[destinations.billing]\nurl = "{process.base}/replies"\n'
+        f'secret_file = "{secret_file}"\nreceipt_lookup = true\n',
+        encoding="utf-8",
+    )
+    yield config
+    process.stop()

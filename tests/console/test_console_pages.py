@@ -4,7 +4,7 @@ and the requeue, which is `outbox dead requeue`'s own."""
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
@@ -19,7 +19,6 @@ from support.console_helpers import (
     log_in,
 )
 from support.operations_helpers import audit_rows
-from support.receiver_helpers import SECRET, ReceiverProcess
 
 from outbox.drivers.records import LastAnswers
 from outbox.operations import Operations
@@ -516,22 +515,6 @@ def test_a_requeue_of_what_is_not_dead_is_refused(
     assert again.status_code == 409
     assert "message is pending, not dead" in again.text
     assert 'id="force-form"' not in again.text
-
-
-@pytest.fixture
-def relay_config(tmp_path: Path, seeded: str) -> Iterator[Path]:
-    """A relay TOML whose destination "billing" is a real receiver with a receipt lookup."""
-    secret_file = tmp_path / "secret"
-    secret_file.write_text(SECRET + "\n", encoding="utf-8")
-    process = ReceiverProcess(seeded, secret_file).wait_ready()
-    config = tmp_path / "relay.toml"
-    config.write_text(
-        f'[destinations.billing]\nurl = "{process.base}/replies"\n'
-        f'secret_file = "{secret_file}"\nreceipt_lookup = true\n',
-        encoding="utf-8",
-    )
-    yield config
-    process.stop()
 
 
 def test_a_requeue_asks_the_receipt_lookup_first_and_shows_what_it_said(

@@ -62,6 +62,8 @@ def select_dead(limit: int, now: NowSQL, chosen: DeadFilter) -> sa.Select[Any]:
         query = query.where(messages.c.created_at <= now - chosen.older_than)
     if chosen.after is not None:
         query = query.where(messages.c.id > chosen.after)
+    if chosen.through is not None:
+        query = query.where(messages.c.id <= chosen.through)
     return query.order_by(messages.c.id).limit(limit)
 
 
