@@ -307,12 +307,17 @@ def test_decisions_made_together_commit_together_or_not_at_all(
     for reply_id in ("d-1", "d-2", "d-3"):
         mark_dead(engine, reply_id)
     with Operations(db_url, clock=clock) as ops:
-        with pytest.raises(RuntimeError), ops.together() as shared:
-            shared.resolve("d-1", reason="dup", by="ops-anna")
-            shared.requeue(
-                "d-2", reason="back", by="ops-anna", receipt="not received", forced=False
-            )
-            raise RuntimeError("the batch fails after two decisions")
+
+        def fail_after_two_decisions() -> None:
+            with ops.together() as shared:
+                shared.resolve("d-1", reason="dup", by="ops-anna")
+                shared.requeue(
+                    "d-2", reason="back", by="ops-anna", receipt="not received", forced=False
+                )
+                raise RuntimeError("the batch fails after two decisions")
+
+        with pytest.raises(RuntimeError):
+            fail_after_two_decisions()
         assert set(states(engine).values()) == {"dead"}
         assert audit_rows(engine) == []
         with ops.together() as shared:
