@@ -279,6 +279,13 @@ class ConsoleDriver(Protocol):
         """Every audited decision about one message, oldest first."""
         ...
 
+    def audit_page(
+        self, conn: Connection, limit: int, before: int | None, by: str | None
+    ) -> list[dict[str, Any]]:
+        """The newest `limit` decisions about dead messages before id `before` (None: the
+        newest), of operator `by` (None: anyone's), newest first."""
+        ...
+
     def message_exists(self, conn: Connection, reply_id: str) -> bool:
         """Whether a message has this reply_id."""
         ...

@@ -17,6 +17,7 @@ from outbox.clock import Clock
 from outbox.operations import Operations
 from outbox_cli.arguments import operator_name
 from outbox_cli.console.actions import Actions
+from outbox_cli.console.audit_page import AuditPage
 from outbox_cli.console.confirmations import Confirmations
 from outbox_cli.console.forms import checked_form
 from outbox_cli.console.guesses import GuessLimit, too_many_guesses
@@ -176,6 +177,7 @@ def create_app(
         Route("/reply/requeue", pages.requeue, methods=["POST"]),
         Route("/reply/resolve", actions.resolve, methods=["POST"]),
         Route("/dead/bulk", actions.bulk, methods=["POST"]),
+        Route("/audit", AuditPage(pages).page),
         Route("/task", pages.task),
         Route("/search", pages.search),
         Route("/login", login.form),

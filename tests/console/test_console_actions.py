@@ -19,6 +19,7 @@ import outbox
 from outbox.operations import Operations
 from outbox.schema import messages
 from outbox.testing import ManualClock
+from outbox_cli.console import audit_page
 from outbox_cli.console.actions import NO_REASON, NOT_CONFIRMED
 from outbox_cli.console.confirmations import CONFIRM_SECONDS
 from outbox_cli.console.forms import CSRF_COOKIE
@@ -254,3 +255,30 @@ def test_a_read_only_console_offers_and_takes_no_decision(
     assert count(console, "resolve", "why").status_code == 403
     assert resolve(console, "s-1", reason="why").status_code == 403
     assert audit_rows(engine) == []
+
+
+def test_the_audit_page_lists_decisions_newest_first_by_operator_and_page(
+    ops: Operations, make_client: Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ops.resolve("b-1", reason="paid by hand", by="ops-anna")
+    ops.resolve("b-2", reason="<b>dup</b>", by="ops-bob")
+    ops.resolve("s-1", reason="lost", by="ops-anna")
+    console = make_client()
+    page = console.get("/audit").text
+    assert re.findall(r'<td class="reply"><a href="/reply\?id=([^"]+)"', page) == [
+        "s-1",
+        "b-2",
+        "b-1",
+    ]
+    assert "&lt;b&gt;dup&lt;/b&gt;" in page  # a reason is shown as text
+    anna = console.get("/audit?by=ops-anna").text
+    assert re.findall(r'class="by"><a href="/audit\?by=([^"]+)"', anna) == ["ops-anna"] * 2
+    monkeypatch.setattr(audit_page, "PAGE_SIZE", 1)
+    first = console.get("/audit?by=ops-anna").text
+    older = re.search(r'href="/audit\?([^"]+)" id="older-page"', first)
+    assert older is not None
+    second = console.get(f"/audit?{older[1].replace('&amp;', '&')}").text
+    assert re.findall(r'<td class="reply"><a href="/reply\?id=([^"]+)"', second) == ["b-1"]
+    bad = console.get("/audit?before=abc")
+    assert bad.status_code == 400
+    assert "before: not a decision id" in bad.text

@@ -59,3 +59,36 @@ def test_dead_since_counts_each_destinations_messages_that_died_in_the_window(
     assert driver.dead_since(conn, START - 3600) == {"orders": 2, "billing": 1}
     assert driver.dead_since(conn, START - 60) == {"orders": 1}
     assert driver.dead_since(conn, START) == {}
+
+
+def test_the_audit_is_read_newest_first_by_page_and_operator(
+    driver: Driver, conn: sa.Connection
+) -> None:
+    for n, by in enumerate(["anna", "bob", "anna", "anna"]):
+        driver.insert_decision_audit(
+            conn,
+            {
+                "action": "resolve",
+                "reply_id": f"m-{n}",
+                "requested_by": by,
+                "reason": "why",
+                "receipt": "not checked",
+                "forced": False,
+                "previous_attempts": 3,
+                "previous_status": None,
+                "previous_error": None,
+            },
+            START + n,
+        )
+
+    def page(limit: int, before: int | None = None, by: str | None = None) -> list[str]:
+        return [row["reply_id"] for row in driver.audit_page(conn, limit, before, by)]
+
+    assert page(10) == ["m-3", "m-2", "m-1", "m-0"]
+    assert page(2) == ["m-3", "m-2"]
+    newest = driver.audit_page(conn, 1, None, None)[0]
+    assert newest["requested_at"] == START + 3
+    assert page(10, before=newest["id"]) == ["m-2", "m-1", "m-0"]
+    assert page(10, by="anna") == ["m-3", "m-2", "m-0"]
+    assert page(1, before=newest["id"], by="anna") == ["m-2"]
+    assert page(10, by="nobody") == []

@@ -53,6 +53,17 @@ def select_decisions(reply_id: str) -> sa.Select[Any]:
     return sa.select(requeues).where(requeues.c.reply_id == reply_id).order_by(requeues.c.id)
 
 
+def select_audit_page(limit: int, before: int | None, by: str | None) -> sa.Select[Any]:
+    """The newest `limit` decisions (before id `before`, by `by`), newest first, walking
+    the primary key backwards."""
+    query = sa.select(requeues).order_by(requeues.c.id.desc()).limit(limit)
+    if before is not None:
+        query = query.where(requeues.c.id < before)
+    if by is not None:
+        query = query.where(requeues.c.requested_by == by)
+    return query
+
+
 def message_exists(reply_id: str) -> sa.Select[Any]:
     """Whether a message has this reply_id (its unique index)."""
     return sa.select(messages.c.id).where(messages.c.reply_id == reply_id)
@@ -108,6 +119,14 @@ class ConsoleStatements(DriverPieces):
     def decisions(self, conn: Connection, reply_id: str) -> list[dict[str, Any]]:
         """Every audited decision about one message, oldest first."""
         return [dict(row) for row in conn.execute(select_decisions(reply_id)).mappings()]
+
+    def audit_page(
+        self, conn: Connection, limit: int, before: int | None, by: str | None
+    ) -> list[dict[str, Any]]:
+        """The newest `limit` decisions about dead messages before id `before` (None: the
+        newest), of operator `by` (None: anyone's), newest first."""
+        query = select_audit_page(limit, before, by)
+        return [dict(row) for row in conn.execute(query).mappings()]
 
     def message_exists(self, conn: Connection, reply_id: str) -> bool:
         """Whether a message has this reply_id."""
