@@ -213,8 +213,11 @@ class ReceiverProcess:
         secret_file: Path,
         env: dict[str, str] | None = None,
         options: Sequence[str] = (),
+        port: int | None = None,
     ) -> None:
-        self.port = free_port()
+        """Start it on `port` (a free one by default: another on the same port is the same
+        receiver back after a stop)."""
+        self.port = free_port() if port is None else port
         self.base = f"http://127.0.0.1:{self.port}"
         child_env = {**os.environ, **(env or {})}
         child_env.pop("OUTBOX_RECEIVER_SECRETS", None)
