@@ -1,7 +1,8 @@
 # Two entry points, both self-installing into .venv on first use:
 #   make demo   the end-to-end story on the embedded SQLite default
 #   make test   lint, types, the documentation site and the suite (SQLite and PostgreSQL)
-#               but for its runs on MariaDB (`make test-mysql`), the fault proofs
+#               but for its runs on MariaDB (`make test-mysql`), the console in
+#               headless Chromium (`make test-browser`), the fault proofs
 #               (`make test-faults`) and the long tests (`make test-long`), which
 #               .ci/run runs after it
 PYTHON ?= python3
@@ -9,7 +10,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-mysql test-faults test-long lint docs package-check test-nats-newest faults-report screenshots clean
+.PHONY: demo test test-mysql test-browser test-faults test-long lint docs package-check test-nats-newest faults-report screenshots clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -36,14 +37,21 @@ docs: $(STAMP)
 # Three test processes on two cores: the process tests spend much of their time waiting
 # for leases to expire and processes to start, so they overlap well.
 test: lint docs
-	$(BIN)/python -m pytest -n 3 --dist worksteal -m "not long and not faults and not mysql" $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n 3 --dist worksteal -m "not long and not faults and not mysql and not browser" $(PYTEST_ARGS)
 
 # The backend-parametrised tests on MariaDB and the MySQL driver's own tests (marked
 # mysql by tests/conftest.py): three minutes more than `make test` has room for, so
 # .ci/run runs them right after it. The driver conformance suite runs on MariaDB in
 # `make test` itself.
 test-mysql: $(STAMP)
-	$(BIN)/python -m pytest -n 3 --dist worksteal -m "mysql and not long and not faults" $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n 3 --dist worksteal -m "mysql and not long and not faults and not browser" $(PYTEST_ARGS)
+
+# The console in headless Chromium (Debian's chromium and chromium-driver, which .ci/run
+# installs) against real console, relay and receiver processes: the pages, the 3 a.m.
+# story, and axe-core's accessibility checks. A minute and more of `make test`'s six, so
+# .ci/run runs them right after `make test-mysql`.
+test-browser: $(STAMP)
+	$(BIN)/python -m pytest -n 2 --dist worksteal -m browser $(PYTEST_ARGS)
 
 # The fault proofs (tests/faults): processes killed at every failpoint, inside the
 # server's commit window, stale leases resumed, networks and brokers cut. A third of

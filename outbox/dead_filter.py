@@ -17,6 +17,6 @@ class DeadFilter:
     older_than: float | None = None
     after: int | None = None
     """Only those after this message id (the next page of a list, which is in id order)."""
-    through: int | None = None
-    """Only those up to this message id: a decision about the messages an operator counted
-    and confirmed, not about those that died since."""
+    ids: tuple[int, ...] | None = None
+    """Only these message ids: a decision about the dead messages an operator counted and
+    confirmed, not about others that matched the filter since."""

@@ -143,7 +143,8 @@ def requeue(
             return RequeueDecision(reply_id, "refused", str(exc), receipt=receipt)
         return RequeueDecision(reply_id, "requeued", audit=audit, receipt=receipt)
 
-    return _each(ops, list(zip(messages, answers, strict=True)), requeue_one, progress)
+    chosen_ones = list(zip(messages, answers, strict=True))
+    return _each(ops, chosen_ones, requeue_one, progress, write=not dry_run)
 
 
 def resolve(
@@ -175,7 +176,7 @@ def resolve(
             return Decision(reply_id, "refused", str(exc))
         return Decision(reply_id, "resolved", audit=audit)
 
-    return _each(ops, [(m,) for m in messages], resolve_one, progress)
+    return _each(ops, [(m,) for m in messages], resolve_one, progress, write=not dry_run)
 
 
 D = TypeVar("D", bound=Decision)
@@ -186,15 +187,20 @@ def _each(
     chosen: Sequence[tuple[Any, ...]],
     act_on_one: Callable[..., D],
     progress: Progress | None,
+    *,
+    write: bool,
 ) -> list[D]:
     """Act on each chosen message in turn (requeue_one, resolve_one), PER_TRANSACTION in a
-    transaction (a database error rolls back its batch alone, and raises), telling
-    `progress` after each batch's commit."""
+    transaction when they `write` (a database error rolls back its batch alone, and
+    raises), telling `progress` after each batch."""
     results: list[D] = []
     for start in range(0, len(chosen), PER_TRANSACTION):
         batch = chosen[start : start + PER_TRANSACTION]
-        with ops.together() as shared:
-            decided = [act_on_one(shared, *arguments) for arguments in batch]
+        if write:
+            with ops.together() as shared:
+                decided = [act_on_one(shared, *arguments) for arguments in batch]
+        else:  # a dry run changes nothing: no transaction to hold open
+            decided = [act_on_one(ops, *arguments) for arguments in batch]
         for decision in decided:
             results.append(decision)
             if progress is not None:

@@ -205,28 +205,32 @@ class Producer:
 
     def _heartbeats(self) -> None:
         while not self._beats_end.wait(self.heartbeat):
+            self._renew()
+            # After the renewals, never before: the console's list of workers must not
+            # delay a lease.
             if self.announcements is not None:
                 self.announcements.announce()
-            running = [r for r in self._running.held() if not r.lost]
-            if not running:
+
+    def _renew(self) -> None:
+        """Renew every held lease in one statement; stop the tasks whose renewal is refused."""
+        running = [r for r in self._running.held() if not r.lost]
+        if not running:
+            return
+        # Every lease in one statement: a worker may hold 2.5 x concurrency of them, and
+        # one statement each could outlast the beat on a slow database.
+        try:
+            answers = self.queue.renew_many([entry.claim for entry in running])
+        except sa.exc.DBAPIError as exc:
+            # The leases may still hold: the next beat tries again.
+            log.warning("renewal of %d leases failed (%s)", len(running), exc)
+            return
+        for entry, answer in zip(running, answers, strict=True):
+            if not isinstance(answer, Fenced):
                 continue
-            # Every lease in one statement: a worker may hold 2.5 x concurrency of them, and
-            # one statement each could outlast the beat on a slow database.
-            try:
-                answers = self.queue.renew_many([entry.claim for entry in running])
-            except sa.exc.DBAPIError as exc:
-                # The leases may still hold: the next beat tries again.
-                log.warning("renewal of %d leases failed (%s)", len(running), exc)
-                continue
-            for entry, answer in zip(running, answers, strict=True):
-                if not isinstance(answer, Fenced):
-                    continue
-                if entry.written or finished_by_handler(self.queue, entry.claim):
-                    continue  # finished since this beat began: refused, but not lost
-                entry.lost = True
-                entry.halt()
-                if self.metrics is not None:
-                    self.metrics.lease_lost()
-                log.warning(
-                    "task %s: renewal refused (%s); stopping it", entry.claim.task_id, answer
-                )
+            if entry.written or finished_by_handler(self.queue, entry.claim):
+                continue  # finished since this beat began: refused, but not lost
+            entry.lost = True
+            entry.halt()
+            if self.metrics is not None:
+                self.metrics.lease_lost()
+            log.warning("task %s: renewal refused (%s); stopping it", entry.claim.task_id, answer)

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import logging
 
-import sqlalchemy as sa
-
 from outbox.db.dialect import clock_value
 from outbox.drivers import driver_for
 from outbox.tasks import TaskQueue
@@ -16,7 +14,7 @@ log = logging.getLogger("outbox.worker")
 
 class WorkerAnnouncements:
     """One worker's announcement: valid for its lease and a heartbeat more, so a worker whose
-    heartbeats stop is shown lapsed within a lease."""
+    heartbeats stop is shown lapsed a lease and a heartbeat after its last one."""
 
     def __init__(
         self, queue: TaskQueue, owner: str, handler: str, concurrency: int, heartbeat: float
@@ -30,7 +28,7 @@ class WorkerAnnouncements:
         self._driver = driver_for(queue.engine)
 
     def announce(self) -> None:
-        """Renew the announcement; a database error is logged, and the next beat tries again."""
+        """Renew the announcement; any error is logged, and the next beat tries again."""
         try:
             with self.queue.engine.begin() as conn:
                 self._driver.announce_worker(
@@ -41,14 +39,15 @@ class WorkerAnnouncements:
                     lease=self.valid_for,
                     now=clock_value(self.queue.clock),
                 )
-        except sa.exc.DBAPIError as exc:
-            # Only the console's list depends on it: the tasks' leases are renewed apart.
+        except Exception as exc:  # noqa: BLE001 - only the console's list depends on it
+            # Whatever failed (the database, a pool checkout timing out), the heartbeat
+            # thread that called it must go on renewing leases.
             log.warning("worker %s: could not announce itself (%s)", self.owner, exc)
 
     def withdraw(self) -> None:
-        """Delete the announcement (a clean stop); a database error leaves it to lapse."""
+        """Delete the announcement (a clean stop); any error leaves it to lapse."""
         try:
             with self.queue.engine.begin() as conn:
                 self._driver.withdraw_worker(conn, self.owner)
-        except sa.exc.DBAPIError as exc:
+        except Exception as exc:  # noqa: BLE001 - the stop goes on: the row lapses anyway
             log.warning("worker %s: could not withdraw its announcement (%s)", self.owner, exc)

@@ -5,9 +5,29 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Iterable, Mapping
+from typing import TypeGuard
 
 from outbox.clock import Clock
 from outbox.drivers.records import NO_ANSWERS, LastAnswers
+from relay.policy import Dead, Outcome, Retry
+
+ENDPOINT_REFUSALS = frozenset({401, 403, 404})
+"""Statuses that refuse every request alike (credentials, a missing endpoint): the
+destination's fault. Other permanent refusals (400, 409, 413, 422...) are one message's."""
+
+
+def destination_fault(outcome: Outcome) -> TypeGuard[Retry | Dead]:
+    """Whether an outcome says the destination is not taking deliveries: a retry (no answer,
+    a timeout, a 5xx, 408, 425 or 429), or a message dead of one of those or of an
+    ENDPOINT_REFUSALS status. A refusal of one message (a 409 conflict, a 422) says nothing
+    of the destination's health: it shows as dead, not as a failing destination."""
+    if isinstance(outcome, Retry):
+        return True
+    if not isinstance(outcome, Dead):
+        return False
+    status = outcome.status
+    return status is None or status >= 500 or status in ENDPOINT_REFUSALS
 
 
 class AnswerBook:
@@ -26,22 +46,23 @@ class AnswerBook:
         self._sent: dict[str, float] = {}
         self._failed: dict[str, tuple[float, int | None, str]] = {}
 
-    def sent(self, destination: str) -> None:
-        """A delivery to `destination` was accepted just now."""
-        moment = self._now()
+    def record_turn(
+        self, sent: Iterable[str], failed: Mapping[str, tuple[int | None, str]]
+    ) -> None:
+        """A settled turn's answers, all at one moment: the destinations that accepted a
+        delivery, and per destination its failed attempt's (status, error). A delivery and
+        a failure of one turn are simultaneous: neither is the other's "last"."""
         with self._lock:
-            self._sent[destination] = moment
-
-    def failed(self, destination: str, status: int | None, error: str) -> None:
-        """An attempt at `destination` failed just now, with `status` (None: no answer)."""
-        moment = self._now()
-        with self._lock:
-            self._failed[destination] = (moment, status, error)
+            moment = self._now()
+            for destination in sent:
+                self._sent[destination] = moment
+            for destination, (status, error) in failed.items():
+                self._failed[destination] = (moment, status, error)
 
     def ages(self) -> dict[str, LastAnswers]:
         """Each destination's last answers, as seconds before now."""
-        moment = self._now()
         with self._lock:
+            moment = self._now()
             names = self._sent.keys() | self._failed.keys()
             answers = {}
             for name in names:

@@ -51,6 +51,9 @@ class Turn(NamedTuple):
     """Each message's outcome, by message id."""
     unattempted: set[int]
     """Ids of messages whose delivery never started: their attempt is given back."""
+    looked_up: frozenset[int] = frozenset()
+    """Ids of messages only asked about by receipt lookup (spent before the turn): no
+    delivery of theirs was attempted."""
 
 
 class Dispatcher:
@@ -145,7 +148,7 @@ class Dispatcher:
                 await self._resolve(spent, "retry budget exhausted", deadline, outcomes)
             )
         failpoints.hit("relay.after_remote_commit")
-        return Turn(deliver + resolve, outcomes, unattempted)
+        return Turn(deliver + resolve, outcomes, unattempted, frozenset(m.id for m in resolve))
 
     async def _deliver(self, messages: Sequence[Message], deadline: float) -> dict[int, Outcome]:
         outcomes: dict[int, Outcome] = {}

@@ -172,7 +172,7 @@ class RelayLeases:
     def withdraw(self) -> None:
         """Stop announcing this relay's destinations (at a clean stop)."""
         with self._engine.begin() as conn:
-            self._driver.withdraw(conn, self.owner)
+            self._driver.withdraw(conn, self.owner, clock_value(self.clock))
         self._next_announce = float("-inf")
 
     def _reap_expired_leases(self, conn: sa.Connection, now: float | None) -> None:

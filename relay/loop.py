@@ -365,7 +365,7 @@ class Relay(DatabaseHandle):
         return Claimed(deliver, resolve, started + self.lease - LEASE_MARGIN)
 
     async def _record(self, turn: Turn) -> list[tuple[str, Verdict]]:
-        everything, outcomes, unattempted = turn
+        everything, outcomes, unattempted, looked_up = turn
         try:
             settled = await asyncio.to_thread(self.leases.settle, everything, outcomes, unattempted)
         except BaseException as exc:
@@ -375,8 +375,10 @@ class Relay(DatabaseHandle):
                 self._unsettled.append(turn)
             raise
         self._unsettled = [kept for kept in self._unsettled if kept is not turn]
+        answers = self.leases.answers
+        key_freed = self._key_freed
         return report_turn(
-            everything, outcomes, settled, self.metrics, self._key_freed, self.leases.answers
+            everything, outcomes, settled, self.metrics, key_freed, answers, looked_up
         )
 
     def readiness(self) -> dict[str, Any]:

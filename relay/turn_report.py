@@ -6,11 +6,11 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 
-from relay.answers import AnswerBook
+from relay.answers import AnswerBook, destination_fault
 from relay.metrics import RelayMetrics
-from relay.policy import Dead, Outcome, Retry, Sent, Unsent, Verdict, verdict
+from relay.policy import Outcome, Sent, Unsent, Verdict, verdict
 from relay.records import Message
 
 log = logging.getLogger("outbox.relay")
@@ -23,17 +23,20 @@ def report_turn(
     metrics: RelayMetrics,
     key_freed: asyncio.Event | None,
     answers: AnswerBook | None = None,
+    looked_up: Collection[int] = (),
 ) -> list[tuple[str, Verdict]]:
     """Log and count a turn whose `settled` ids this relay recorded; each one's verdict.
 
     `key_freed` is set when a keyed message ended sent or dead: its key's next message
-    may go (the relay loop claims again at once). `answers` is told each destination's
-    last accepted delivery and last failed attempt of the turn.
+    may go (the relay loop claims again at once). `answers` is told which destinations
+    accepted a delivery in the turn and which failed an attempt in a way that is the
+    destination's (relay.answers.destination_fault), leaving out the `looked_up` messages,
+    of which no delivery was attempted.
     """
     verdicts: list[tuple[str, Verdict]] = []
     # Counted per kind, not per message: a batch is mostly one kind.
     kinds: Counter[tuple[str, Verdict, int | None]] = Counter()
-    failures: dict[str, Retry | Dead] = {}
+    failures: dict[str, tuple[int | None, str]] = {}
     for message in everything:
         if message.id not in settled:
             log.warning("message %s was taken over; not settled here", message.reply_id)
@@ -43,8 +46,8 @@ def report_turn(
         said = verdict(outcome)
         kinds[message.destination, said, outcome.status] += 1
         if not isinstance(outcome, Sent):
-            if isinstance(outcome, Retry | Dead):
-                failures[message.destination] = outcome
+            if destination_fault(outcome) and message.id not in looked_up:
+                failures[message.destination] = (outcome.status, outcome.error)
             fields = {
                 "reply_id": message.reply_id,
                 "destination": message.destination,
@@ -72,11 +75,9 @@ def report_turn(
     for (destination, kind, status), count in kinds.items():
         metrics.record(destination, kind, status, count)
         totals[kind] += count
-        if kind == "sent" and answers is not None:
-            answers.sent(destination)
     if answers is not None:
-        for destination, failure in failures.items():
-            answers.failed(destination, failure.status, failure.error)
+        sent = {destination for destination, kind, _ in kinds if kind == "sent"}
+        answers.record_turn(sent, failures)
     part = everything[0].destination if everything else None
     log.info(
         "turn for %s: %d claimed, %d settled: %d sent, %d retried, %d dead",

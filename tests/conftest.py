@@ -57,6 +57,13 @@ FAULTS = "tests/faults/"
 as `make test-faults`, .ci/run's second step, so the default suite stays quick."""
 
 
+BROWSER = (
+    "tests/console/test_console_browser.py",
+    "tests/console/test_console_story.py",
+    "tests/console/test_console_accessibility.py",
+)
+"""The console driven in headless Chromium, against real processes: marked `browser`, run by
+`make test-browser` beside `make test`, whose six minutes they would take a minute of."""
 MYSQL_ONLY = "tests/drivers/test_mysql_"
 """The driver tests of MySQL alone (InnoDB's locking, plans, sessions, URLs): marked
 `mysql`, they run with the rest of MariaDB's in `make test-mysql`; the conformance suite
@@ -64,13 +71,15 @@ every driver passes stays in `make test`."""
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Mark the fault proofs and MYSQL_ONLY; run LONGEST_FIRST first, longest first; the
-    rest as collected."""
+    """Mark the fault proofs, MYSQL_ONLY and BROWSER; run LONGEST_FIRST first, longest
+    first; the rest as collected."""
     for item in items:
         if item.nodeid.startswith(FAULTS):
             item.add_marker(pytest.mark.faults)
         if item.nodeid.startswith(MYSQL_ONLY):
             item.add_marker(pytest.mark.mysql)
+        if item.nodeid.startswith(BROWSER):
+            item.add_marker(pytest.mark.browser)
 
     def rank(item: pytest.Item) -> int:
         for place, prefix in enumerate(LONGEST_FIRST):

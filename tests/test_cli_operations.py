@@ -21,7 +21,7 @@ from support.operations_helpers import (
     run_json,
     state_rows,
 )
-from support.receiver_helpers import SECRET, ReceiverProcess
+from support.receiver_helpers import SECRET, ReceiverProcess, relay_toml
 from support.relay_helpers import publish_many, rows
 
 import outbox
@@ -229,13 +229,7 @@ def relay_config(tmp_path: Path, db_url: str) -> Iterator[Path]:
     secret_file = tmp_path / "secret"
     secret_file.write_text(SECRET + "\n", encoding="utf-8")
     process = ReceiverProcess(db_url, secret_file).wait_ready()
-    config = tmp_path / "relay.toml"
-    config.write_text(
-        f'[destinations.default]\nurl = "{process.base}/replies"\n'
-        f'secret_file = "{secret_file}"\nreceipt_lookup = true\n',
-        encoding="utf-8",
-    )
-    yield config
+    yield relay_toml(tmp_path, "default", process.base, secret_file)
     process.stop()
 
 

@@ -22,6 +22,7 @@ from sqlalchemy.engine import Connection, RowMapping
 from sqlalchemy.sql.elements import ColumnElement
 
 from outbox.dead_filter import DeadFilter
+from outbox.drivers.console_interface import ConsoleDriver
 from outbox.drivers.engines import EngineDriver
 from outbox.drivers.errors import ErrorsDriver
 from outbox.drivers.notifications import NotificationsDriver
@@ -31,9 +32,7 @@ from outbox.drivers.records import (
     KeyWalk,
     LastAnswers,
     LeaseState,
-    RelayRow,
     Settlement,
-    WorkerRow,
 )
 from outbox.drivers.task_interface import (
     TaskClaimsDriver,
@@ -49,8 +48,6 @@ Now = float | None
 """A manual clock's time, or None for the database's clock."""
 StateTable = Literal["tasks", "messages"]
 """The tables whose rows have a `state` (outbox_tasks, outbox_messages)."""
-Series = Literal["enqueued", "sent", "dead", "finished"]
-"""What the console's charts count per minute."""
 
 
 class HeldReceipt(NamedTuple):
@@ -264,51 +261,6 @@ class OperationsDriver(Protocol):
         ...
 
 
-class ConsoleDriver(Protocol):
-    """What `outbox console` reads besides the operations."""
-
-    def task(self, conn: Connection, task_id: str) -> dict[str, Any] | None:
-        """One task, as the task page shows it, or None."""
-        ...
-
-    def reply_of(self, conn: Connection, task_id: str) -> dict[str, Any] | None:
-        """The reply_id and state of the reply a task wrote, or None."""
-        ...
-
-    def decisions(self, conn: Connection, reply_id: str) -> list[dict[str, Any]]:
-        """Every audited decision about one message, oldest first."""
-        ...
-
-    def audit_page(
-        self, conn: Connection, limit: int, before: int | None, by: str | None
-    ) -> list[dict[str, Any]]:
-        """The newest `limit` decisions about dead messages before id `before` (None: the
-        newest), of operator `by` (None: anyone's), newest first."""
-        ...
-
-    def message_exists(self, conn: Connection, reply_id: str) -> bool:
-        """Whether a message has this reply_id."""
-        ...
-
-    def per_minute(
-        self, conn: Connection, series: Series, since: float, until: float
-    ) -> dict[int, int]:
-        """The count of each minute (epoch minute number) of one series in [since, until)."""
-        ...
-
-    def relay_announcements(self, conn: Connection) -> list[RelayRow]:
-        """Every relay's announcement of each destination, recently lapsed ones included."""
-        ...
-
-    def worker_announcements(self, conn: Connection) -> list[WorkerRow]:
-        """Every worker's announcement, recently lapsed ones included."""
-        ...
-
-    def dead_since(self, conn: Connection, since: float) -> dict[str, int]:
-        """Messages per destination that went dead (their last attempt due) since `since`."""
-        ...
-
-
 class RelayDriver(Protocol):
     """The relay's leases on messages: claim, adopt, settle, reap; its announcements and
     the figures its gauges read."""
@@ -376,8 +328,8 @@ class RelayDriver(Protocol):
         with its last `answers` from each."""
         ...
 
-    def withdraw(self, conn: Connection, owner: str) -> None:
-        """`owner` delivers nothing any more."""
+    def withdraw(self, conn: Connection, owner: str, now: Now = None) -> None:
+        """`owner` delivers nothing any more: its announcements lapse `now`."""
         ...
 
     def announce_worker(

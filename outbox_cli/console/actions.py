@@ -3,17 +3,16 @@ every dead reply a filter chooses, counted first, then confirmed.
 
 Each goes through outbox.decisions, as `outbox dead requeue` and `outbox dead resolve` do,
 with the operator the session names (Pages.operator_of), never a name from the form. A
-bulk decision is about the replies counted: the count records the newest message id it
-saw, and the confirmation covers the replies of the filter up to it, at most as many as
-were counted, so replies that die meanwhile are left for a later decision. The count's
-confirmation is used once, by the session that counted, within CONFIRM_SECONDS; the
-reason confirmed is the one the count showed.
+bulk decision is about the replies counted: the console keeps their ids with the count's
+confirmation, and the decision is about those alone (each still dead), so replies that
+match the filter meanwhile are left for a later decision. The count's confirmation is
+used once, by the session that counted, for the same action and filter, within
+CONFIRM_SECONDS; the reason confirmed is the one the count showed.
 """
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import logging
 from collections import Counter
 from typing import Any
@@ -58,11 +57,11 @@ class Actions:
         reply_id = form.get("reply_id", "")
         reason = form.get("reason", "").strip()
         operator = self.pages.operator_of(request)
-        why = None
+        why, status = None, 409
         if operator is None:
-            why = self.pages.nameless()
+            why, status = self.pages.nameless(), 403
         elif not reason:
-            why = NO_REASON
+            why, status = NO_REASON, 400
         else:
             try:
                 [done] = await run_in_threadpool(
@@ -75,7 +74,9 @@ class Actions:
                     query = urlencode({"id": reply_id, "resolved": done.audit["id"]})
                     return RedirectResponse(f"/reply?{query}", status_code=303)
                 why = done.why
-        return await self.pages.reply_refused(request, reply_id, "resolved", why or "", reason)
+        return await self.pages.reply_refused(
+            request, reply_id, "resolved", why or "", reason, status
+        )
 
     async def bulk(self, request: Request) -> Response:
         """POST /dead/bulk: count the dead replies a filter chooses (step "count"), or decide
@@ -101,9 +102,9 @@ class Actions:
         count = min(len(rows), BULK_LIMIT)
         if not count:
             return self._page(request, 200, action, filters, counted=0, reason=reason)
-        through = int(rows[count - 1]["id"])
-        key = bulk_key(action, filters, through, count)
-        confirm = self.confirmations.issue(self.pages.holder(request), key, action, reason)
+        ids = tuple(int(row["id"]) for row in rows[:count])
+        key = bulk_key(action, chosen, count)
+        confirm = self.confirmations.issue(self.pages.holder(request), key, action, reason, ids)
         return self._page(
             request,
             200,
@@ -111,7 +112,6 @@ class Actions:
             filters,
             counted=count,
             more=len(rows) > BULK_LIMIT,
-            through=through,
             reason=reason,
             confirm=confirm,
         )
@@ -127,14 +127,14 @@ class Actions:
     ) -> Response:
         """Decide about the replies a count confirmed, and show what was done."""
         try:
-            through, count = int(form.get("through", "")), int(form.get("count", ""))
+            count = int(form.get("count", ""))
         except ValueError:
             return self._page(request, 400, action, filters, error=NOT_CONFIRMED)
-        key = bulk_key(action, filters, through, count)
+        key = bulk_key(action, chosen, count)
         held = self.confirmations.redeem(self.pages.holder(request), key, form.get("confirm", ""))
         if held is None:
             return self._page(request, 409, action, filters, error=NOT_CONFIRMED)
-        counted = dataclasses.replace(chosen, through=through)
+        counted = DeadFilter(ids=held.ids)
         done = await run_in_threadpool(self._decide, action, counted, held.reason, operator, count)
         outcomes = Counter(decision.outcome for decision in done)
         refused = [d for d in done if d.outcome == "refused"]
@@ -190,7 +190,6 @@ class Actions:
             "error": None,
             "counted": None,
             "more": False,
-            "through": None,
             "reason": "",
             "confirm": None,
             "outcomes": None,
@@ -210,10 +209,10 @@ class Actions:
         )
 
 
-def bulk_key(action: str, filters: dict[str, str], through: int, count: int) -> str:
-    """What a count's confirmation covers: the action, the filter, the newest id, the count."""
-    kept = urlencode(sorted((k, v.strip()) for k, v in filters.items() if v.strip()))
-    return f"bulk {action} {kept} through {through} count {count}"
+def bulk_key(action: str, chosen: DeadFilter, count: int) -> str:
+    """What a count's confirmation is for: the action, the filter as parsed (so that a
+    filter that reads differently confirms nothing), and the count."""
+    return f"bulk {action} {chosen!r} count {count}"
 
 
 def describe(filters: dict[str, str]) -> str:

@@ -10,8 +10,8 @@ from dataclasses import dataclass, field
 
 import sqlalchemy as sa
 
-from outbox.drivers.base import Series
 from outbox.drivers.common.console import MINUTE
+from outbox.drivers.console_interface import Series
 from outbox.operations import Operations
 
 WIDTH = 480

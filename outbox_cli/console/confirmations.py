@@ -24,6 +24,8 @@ class Confirmation:
     receipt: str
     reason: str
     expires: float
+    ids: tuple[int, ...] = ()
+    """The messages a bulk decision's count found, which its confirmation decides about."""
 
 
 class Confirmations:
@@ -46,14 +48,18 @@ class Confirmations:
         self.held: OrderedDict[tuple[str, str], Confirmation] = OrderedDict()
         """Per (session, reply_id) the confirmation issued last, the oldest first."""
 
-    def issue(self, session: str, reply_id: str, receipt: str, reason: str) -> str:
-        """A new confirmation of forcing `reply_id`'s requeue past `receipt`, for `session`."""
+    def issue(
+        self, session: str, reply_id: str, receipt: str, reason: str, ids: tuple[int, ...] = ()
+    ) -> str:
+        """A new confirmation of forcing `reply_id`'s requeue past `receipt`, for `session`
+        (or of a bulk decision, `reply_id` naming it, about the messages `ids`)."""
         now = self.clock()
         for key in [key for key, held in self.held.items() if held.expires <= now]:
             del self.held[key]
         token = secrets.token_urlsafe(32)
         self.held.pop((session, reply_id), None)
-        self.held[(session, reply_id)] = Confirmation(token, receipt, reason, now + self.seconds)
+        held = Confirmation(token, receipt, reason, now + self.seconds, ids)
+        self.held[(session, reply_id)] = held
         while len(self.held) > self.most:
             self.held.popitem(last=False)
         return token

@@ -1,7 +1,8 @@
 """The overview's health rows: each destination judged healthy, degraded, failing or
 unrouted from its backlog, its oldest undelivered message, its dead of the last hour and
 the live relays' last answers; and the relays and workers, live or lapsed. No I/O here:
-console.reads gathers the rows, this module judges them (docs/how-to/console.md says how).
+console.reads gathers the rows, this module judges them (docs/how-to/operations.md, "The
+overview's health rows", says how).
 """
 
 from __future__ import annotations
@@ -66,17 +67,19 @@ class Announced:
     """The destinations a relay delivers; a worker's handler and slots."""
     heard_at: float | None
     """Its last announcement (None: a relay older than the console's health rows)."""
+    heard_age: float | None
+    """Seconds since then, never below 0 (an announcement may land after `now` was read)."""
     live: bool
     lapsed_age: float | None
     """Seconds since its announcement lapsed (None while live)."""
 
 
-def merged_answers(rows: Iterable[RelayRow], now: float) -> dict[str, LastAnswer]:
-    """Per destination, the latest delivery and the latest failure any live relay reports."""
+def merged_answers(rows: Iterable[RelayRow]) -> dict[str, LastAnswer]:
+    """Per destination, the latest delivery and the latest failure any relay reports, lapsed
+    ones kept included: their times are the database's, so they compare, and a relay that
+    restarted under a new name must not make a destination that is down look healthy."""
     merged: dict[str, LastAnswer] = {}
     for row in rows:
-        if row.expires_at <= now:
-            continue
         known = merged.get(row.destination, LastAnswer())
         sent_at = _latest(known.sent_at, row.last_sent_at)
         if row.last_failed_at is not None and (
@@ -140,16 +143,19 @@ def destination_health(
     relay_rows: Iterable[RelayRow],
     now: float,
 ) -> list[DestinationHealth]:
-    """A row per destination with messages, recent dead or an announcement (lapsed ones
-    kept included), worst state first, then by name."""
+    """A row per destination with replies waiting, dead within the hour, or an announcement
+    (lapsed ones kept included), worst state first, then by name."""
     rows = list(relay_rows)
-    answers = merged_answers(rows, now)
+    answers = merged_answers(rows)
     relays: dict[str, int] = defaultdict(int)
     for row in rows:
         if row.expires_at > now:
             relays[row.destination] += 1
-    # A destination whose relays all lapsed stays listed, unrouted, while their rows are kept.
-    names = set(figures) | {row.destination for row in rows} | set(dead_last_hour)
+    # Listed: what waits, what died within the hour, and what a relay announces or did
+    # (its rows are kept an hour after they lapse). Dead replies of a destination no relay
+    # has delivered for an hour are the dead list's, not a health row's.
+    waiting = {name for name, figure in figures.items() if figure.backlog}
+    names = waiting | {row.destination for row in rows} | set(dead_last_hour)
     health = []
     for name in names:
         figure = figures.get(name, DestinationFigures())
@@ -193,7 +199,8 @@ def _announced(
     owner: str, what: str, heard_at: float | None, expires_at: float, now: float
 ) -> Announced:
     live = expires_at > now
-    return Announced(owner, what, heard_at, live, None if live else now - expires_at)
+    heard_age = None if heard_at is None else max(now - heard_at, 0.0)
+    return Announced(owner, what, heard_at, heard_age, live, None if live else now - expires_at)
 
 
 def _latest(a: float | None, b: float | None) -> float | None:

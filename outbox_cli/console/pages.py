@@ -145,7 +145,13 @@ class Pages:
         """Health first (destinations worst first, relays, workers), then counts per state and
         the per-minute charts; auto-refreshed unless `?refresh=off`."""
         paused = request.query_params.get("refresh") == "off"
-        return self.render(request, "overview.html", **self._overview(), refresh=not paused)
+        page = self.render(request, "overview.html", **self._overview(), refresh=not paused)
+        if not paused:
+            # The Refresh header rather than a <meta> refresh: the same reload, paused by the
+            # link at the top of the page (a time limit a person can turn off, WCAG 2.2.1);
+            # axe-core flags any <meta> refresh, whatever control the page gives.
+            page.headers["Refresh"] = str(REFRESH_SECONDS)
+        return page
 
     def _overview(self) -> dict[str, Any]:
         """What the overview shows, as of the database's time."""
@@ -208,41 +214,49 @@ class Pages:
         message = self.reads.reply(reply_id) if reply_id else None
         if message is None:
             return self.render(request, "missing.html", 404, what="reply", wanted=reply_id)
-        return self.render(
+        return self.reply_page(
             request,
-            "reply.html",
-            message=message,
-            dead=message["state"] == MessageState.DEAD,
-            done=None,
-            verb="requeued",
-            confirm=None,
-            reason="",
-            nameless=self.nameless(),
+            message,
+            200,
             requeued=request.query_params.get("requeued"),
             resolved=request.query_params.get("resolved"),
         )
 
-    async def reply_refused(
-        self, request: Request, reply_id: str, verb: str, why: str, reason: str
+    def reply_page(
+        self, request: Request, message: dict[str, Any], status: int, **shown: Any
     ) -> Response:
-        """The reply's page (409) saying a decision about it was refused, and why."""
-        message = await run_in_threadpool(self.reads.reply, reply_id)
-        if message is None:
-            return self.render(request, "missing.html", 404, what="reply", wanted=reply_id)
+        """A reply's page answering `status`; `shown` sets what differs from a plain view
+        (a refusal `done` of `verb`, a force's `confirm`, the `reason` kept, a decision
+        just `requeued` or `resolved`)."""
+        context: dict[str, Any] = {
+            "done": None,
+            "verb": "requeued",
+            "confirm": None,
+            "reason": "",
+            "requeued": None,
+            "resolved": None,
+        }
+        context.update(shown)
         return self.render(
             request,
             "reply.html",
-            409,
+            status,
             message=message,
             dead=message["state"] == MessageState.DEAD,
-            done=requeue_form.refused(reply_id, why),
-            verb=verb,
-            confirm=None,
-            reason=reason,
             nameless=self.nameless(),
-            requeued=None,
-            resolved=None,
+            **context,
         )
+
+    async def reply_refused(
+        self, request: Request, reply_id: str, verb: str, why: str, reason: str, status: int
+    ) -> Response:
+        """The reply's page (answering `status`) saying a decision about it was refused, and
+        why; `reason` stays in the decision's form."""
+        message = await run_in_threadpool(self.reads.reply, reply_id)
+        if message is None:
+            return self.render(request, "missing.html", 404, what="reply", wanted=reply_id)
+        done = requeue_form.refused(reply_id, why)
+        return self.reply_page(request, message, status, done=done, verb=verb, reason=reason)
 
     async def requeue(self, request: Request) -> Response:
         """Requeue one dead message (POST), then show the reply; a refusal shown on it."""
@@ -284,24 +298,12 @@ class Pages:
         message = await run_in_threadpool(self.reads.reply, reply_id)
         if message is None:
             return self.render(request, "missing.html", 404, what="reply", wanted=reply_id)
-        return self.render(
-            request,
-            "reply.html",
-            409,
-            message=message,
-            dead=message["state"] == MessageState.DEAD,
-            done=done,
-            verb="requeued",
-            confirm=(
-                self.confirmations.issue(holder, reply_id, done.receipt, reason.strip())
-                if requeue_form.forceable(done)
-                else None
-            ),
-            reason=reason,
-            nameless=self.nameless(),
-            requeued=None,
-            resolved=None,
+        confirm = (
+            self.confirmations.issue(holder, reply_id, done.receipt, reason.strip())
+            if requeue_form.forceable(done)
+            else None
         )
+        return self.reply_page(request, message, 409, done=done, confirm=confirm, reason=reason)
 
     def holder(self, request: Request) -> str:
         """Whose a force confirmation is: the login session's, or without a token the

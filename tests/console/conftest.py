@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 from support.console_helpers import ConsoleClient, client, seed
-from support.receiver_helpers import SECRET, ReceiverProcess
+from support.receiver_helpers import SECRET, ReceiverProcess, relay_toml
 
 import outbox
 from outbox.operations import Operations
@@ -66,11 +66,5 @@ def relay_config(tmp_path: Path, seeded: str) -> Iterator[Path]:
     secret_file = tmp_path / "secret"
     secret_file.write_text(SECRET + "\n", encoding="utf-8")
     process = ReceiverProcess(seeded, secret_file).wait_ready()
-    config = tmp_path / "relay.toml"
-    config.write_text(
-        f'[destinations.billing]\nurl = "{process.base}/replies"\n'
-        f'secret_file = "{secret_file}"\nreceipt_lookup = true\n',
-        encoding="utf-8",
-    )
-    yield config
+    yield relay_toml(tmp_path, "billing", process.base, secret_file)
     process.stop()

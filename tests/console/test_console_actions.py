@@ -12,7 +12,7 @@ import httpx
 import pytest
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
-from support.console_helpers import OPERATOR, TOKEN, ConsoleClient, log_in
+from support.console_helpers import OPERATOR, TOKEN, ConsoleClient, hold_receipt, log_in
 from support.operations_helpers import audit_rows
 
 import outbox
@@ -23,7 +23,6 @@ from outbox_cli.console import audit_page
 from outbox_cli.console.actions import NO_REASON, NOT_CONFIRMED
 from outbox_cli.console.confirmations import CONFIRM_SECONDS
 from outbox_cli.console.forms import CSRF_COOKIE
-from receiver import ReceiptStore
 
 Client = Callable[..., ConsoleClient]
 
@@ -89,11 +88,11 @@ def test_one_dead_reply_is_resolved_and_audited_under_the_operator(
 
 
 @pytest.mark.parametrize(
-    ("reply_id", "reason", "operator", "why"),
+    ("reply_id", "reason", "operator", "why", "status"),
     [
-        ("s-1", "  ", OPERATOR, NO_REASON),
-        ("nothing", "why", OPERATOR, None),
-        ("s-1", "why", None, "no operator name for the audit"),
+        ("s-1", "  ", OPERATOR, NO_REASON, 400),
+        ("nothing", "why", OPERATOR, None, 404),
+        ("s-1", "why", None, "no operator name for the audit", 403),
     ],
     ids=["no reason", "no such reply", "no operator"],
 )
@@ -105,6 +104,7 @@ def test_a_resolve_is_refused_with_the_reason_and_changes_nothing(
     reason: str,
     operator: str | None,
     why: str | None,
+    status: int,
 ) -> None:
     console = make_client(operator=operator)
     console.get("/reply?id=s-1")
@@ -112,7 +112,7 @@ def test_a_resolve_is_refused_with_the_reason_and_changes_nothing(
         "/reply/resolve",
         data={"csrf_token": console.cookies[CSRF_COOKIE], "reply_id": reply_id, "reason": reason},
     )
-    assert refused.status_code == (404 if reply_id == "nothing" else 409)
+    assert refused.status_code == status
     if why is not None:
         assert f"Not resolved: {why}" in refused.text
     assert audit_rows(engine) == []
@@ -135,12 +135,7 @@ def test_a_reply_that_is_not_dead_is_not_resolved(
 def test_a_bulk_requeue_counts_first_then_requeues_what_the_lookup_allows(
     seeded: str, ops: Operations, engine: sa.Engine, relay_config: Path, make_client: Client
 ) -> None:
-    with engine.connect() as conn:
-        body = conn.execute(
-            sa.select(messages.c.body).where(messages.c.reply_id == "b-1")
-        ).scalar_one()
-    with ReceiptStore(seeded) as store:
-        store.accept("b-1", bytes(body))  # billing already holds b-1
+    hold_receipt(seeded, engine, "b-1")  # billing already holds b-1
     console = make_client(config=str(relay_config), operator=OPERATOR)
     listed = console.get("/dead?destination=billing").text
     assert 'id="bulk-form"' in listed
@@ -171,7 +166,17 @@ def test_a_bulk_decision_covers_only_the_replies_it_counted(
     console = make_client(operator=OPERATOR)
     counted = count(console, "resolve", "obsolete", destination="billing")
     form = confirm_form(counted.text)
-    # Another billing reply dies after the count: the confirmation does not cover it.
+    # After the count, an older message dies to billing (the task's reply, written before
+    # every dead one), and a newer one: the confirmation covers neither.
+    with engine.begin() as conn:
+        older = conn.execute(
+            sa.select(messages.c.reply_id).where(messages.c.state == "pending")
+        ).scalar_one()
+        conn.execute(
+            messages.update()
+            .where(messages.c.reply_id == older)
+            .values(state="dead", destination="billing")
+        )
     with Session(engine) as session, session.begin():
         outbox.publish(session, "billing", "b-late", {"id": "late"}, clock=clock)
     with engine.begin() as conn:
@@ -179,7 +184,12 @@ def test_a_bulk_decision_covers_only_the_replies_it_counted(
     # The reason confirmed is the one the count showed, whatever the form says now.
     done = console.post("/dead/bulk", data={**form, "reason": "something else"})
     assert outcomes(done.text) == {"resolved": 2}
-    assert [state(ops, r) for r in ("b-1", "b-2", "b-late")] == ["resolved", "resolved", "dead"]
+    assert [state(ops, r) for r in ("b-1", "b-2", older, "b-late")] == [
+        "resolved",
+        "resolved",
+        "dead",
+        "dead",
+    ]
     assert {row["reason"] for row in audit_rows(engine)} == {"obsolete"}
 
 
@@ -188,12 +198,12 @@ def test_a_bulk_decision_covers_only_the_replies_it_counted(
     [
         {},  # used twice: the second is refused
         {"count": "3"},
-        {"through": "999999"},
         {"action": "requeue"},
         {"destination": "shipping"},
+        {"error": "gone"},
         {"confirm": "forged"},
     ],
-    ids=["reused", "count", "through", "action", "filter", "forged"],
+    ids=["reused", "count", "action", "filter", "another-filter", "forged"],
 )
 def test_a_bulk_confirmation_confirms_only_its_count_once(
     ops: Operations, make_client: Client, engine: sa.Engine, change: dict[str, str]

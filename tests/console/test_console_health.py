@@ -76,7 +76,7 @@ def relay_row(owner: str, destination: str, expires_at: float, **answers: object
     return row._replace(**answers)
 
 
-def test_the_live_relays_answers_merge_to_the_latest_of_each() -> None:
+def test_the_relays_answers_merge_to_the_latest_of_each_lapsed_ones_included() -> None:
     rows = [
         relay_row(
             "r-1", "a", NOW + 10, last_sent_at=NOW - 50, last_failed_at=NOW - 40, last_status=503
@@ -84,15 +84,23 @@ def test_the_live_relays_answers_merge_to_the_latest_of_each() -> None:
         relay_row(
             "r-2", "a", NOW + 10, last_sent_at=NOW - 20, last_failed_at=NOW - 45, last_status=500
         ),
-        # A lapsed relay's answers are not the live relays' view.
-        relay_row("gone", "a", NOW - 1, last_sent_at=NOW - 1, last_failed_at=NOW - 1),
+        # A relay that stopped (restarted under another name, say) still says what it saw.
+        relay_row("gone", "a", NOW - 1, last_failed_at=NOW - 10, last_status=502),
     ]
-    assert merged_answers(rows, NOW) == {"a": LastAnswer(NOW - 20, NOW - 40, 503, None)}
+    assert merged_answers(rows) == {"a": LastAnswer(NOW - 20, NOW - 10, 502, None)}
+
+
+def test_a_destination_down_stays_failing_across_its_relays_restart() -> None:
+    before = relay_row("relay-old", "a", NOW - 5, last_sent_at=NOW - 900, last_failed_at=NOW - 8)
+    after = relay_row("relay-new", "a", NOW + 30)  # started, nothing answered yet
+    [row] = destination_health({"a": WAITING}, {}, [before, after], NOW)
+    assert (row.state, row.relays) == ("failing", 1)
 
 
 def test_destinations_come_from_messages_relays_and_recent_dead_worst_first() -> None:
     rows = [relay_row("r-1", "live", NOW + 10), relay_row("gone", "lapsed", NOW - 5)]
-    figures = {"waiting": WAITING, "live": IDLE}
+    # "ancient" has dead replies alone, none of the last hour, and no relay: not listed.
+    figures = {"waiting": WAITING, "live": IDLE, "ancient": DestinationFigures(dead=5)}
     health = destination_health(figures, {"old-dead": 1}, rows, NOW)
     assert [(row.name, row.state, row.relays) for row in health] == [
         ("lapsed", "unrouted", 0),

@@ -20,7 +20,7 @@ from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webdriver import WebDriver
 from sqlalchemy.orm import Session
 from support.console_helpers import OPERATOR, ConsoleProcess
-from support.receiver_helpers import SECRET, ReceiverProcess, wait_until
+from support.receiver_helpers import SECRET, ReceiverProcess, relay_toml, wait_until
 from test_console_browser import browser, navigate  # noqa: F401 (browser: a fixture)
 
 import outbox
@@ -90,12 +90,7 @@ def test_a_failing_destination_is_seen_decided_about_and_delivered_at_3am(
     secret_file = tmp_path / "secret"
     secret_file.write_text(SECRET + "\n", encoding="utf-8")
     destination = ReceiverProcess(db_url, secret_file).wait_ready()
-    config = tmp_path / "relay.toml"
-    config.write_text(
-        f'[destinations.billing]\nurl = "{destination.base}/replies"\n'
-        f'secret_file = "{secret_file}"\nreceipt_lookup = true\n',
-        encoding="utf-8",
-    )
+    config = relay_toml(tmp_path, "billing", destination.base, secret_file)
     relay = Relay(
         db_url,
         {

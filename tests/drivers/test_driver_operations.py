@@ -55,8 +55,9 @@ def test_the_dead_list_filters_and_pages_in_id_order(driver: Driver, conn: sa.Co
     assert chosen(newer_than=350) == ["m-1", "m-2"]
     assert chosen(older_than=300) == ["m-0", "m-1"]
     assert chosen(after=ids[0]) == ["m-1", "m-2"]
-    assert chosen(through=ids[1]) == ["m-0", "m-1"]  # what a confirmed count covered
-    assert chosen(destination="a", after=ids[0], through=ids[2]) == ["m-2"]
+    assert chosen(ids=(ids[1], ids[0], ids[3])) == ["m-0", "m-1"]  # m-3 is not dead
+    assert chosen(destination="a", ids=(ids[1], ids[2])) == ["m-2"]
+    assert chosen(ids=()) == []
     assert [r["reply_id"] for r in driver.dead_messages(conn, 1, START, DeadFilter())] == ["m-0"]
 
 

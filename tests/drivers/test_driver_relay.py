@@ -243,8 +243,11 @@ def test_announce_names_only_this_relays_destinations_and_withdraw_forgets_them(
     driver.announce(conn, owner="r-1", destinations=["a"], lease=60, now=START + 1)
     assert driver.live_destinations(conn, START + 1) == {"a", "c"}
     assert driver.live_destinations(conn, START + 60) == {"a"}
-    driver.withdraw(conn, "r-1")
-    assert driver.live_destinations(conn, START + 1) == {"c"}
+    driver.withdraw(conn, "r-1", START + 2)
+    assert driver.live_destinations(conn, START + 2) == {"c"}
+    # Withdrawn announcements are kept, lapsed, with their last answers, like a dead relay's.
+    withdrawn = [row for row in driver.relay_announcements(conn) if row.owner == "r-1"]
+    assert [(row.destination, row.expires_at) for row in withdrawn] == [("a", START + 2)]
 
 
 def test_announcements_carry_each_destinations_last_answers_as_database_times(

@@ -3,6 +3,7 @@ announcements into outbox_relays as database times (the console's health rows)."
 
 from __future__ import annotations
 
+import pytest
 import sqlalchemy as sa
 from support.relay_helpers import SECRET, publish_many
 from support.scripted_server import Answer, ScriptedServer
@@ -11,26 +12,91 @@ from outbox.drivers.records import LastAnswers
 from outbox.schema import relays
 from outbox.testing import ManualClock
 from relay import Relay, make_destination
-from relay.answers import AnswerBook
+from relay.answers import AnswerBook, destination_fault
+from relay.figures import Figures
+from relay.metrics import RelayMetrics
+from relay.policy import Dead, Outcome, Retry, Sent, Unsent
+from relay.records import Message
+from relay.turn_report import report_turn
 
 LEASE = 40.0
+
+
+class TickingClock:
+    """A clock one second later at every reading: a turn read twice would tell."""
+
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        self.now += 1.0
+        return self.now
 
 
 def test_the_book_gives_each_destinations_last_answers_as_ages() -> None:
     clock = ManualClock(100.0)
     book = AnswerBook(clock)
     assert book.ages() == {}
-    book.sent("a")
+    book.record_turn({"a"}, {})
     clock.advance(5)
-    book.failed("a", 503, "busy")
-    book.failed("b", None, "connection refused")
+    book.record_turn(set(), {"a": (503, "busy"), "b": (None, "connection refused")})
     clock.advance(2)
-    book.failed("b", 500, "boom")  # the later failure replaces the earlier
+    book.record_turn(set(), {"b": (500, "boom")})  # the later failure replaces the earlier
     clock.advance(3)
     assert book.ages() == {
         "a": LastAnswers(sent_age=10.0, failed_age=5.0, status=503, error="busy"),
         "b": LastAnswers(sent_age=None, failed_age=3.0, status=500, error="boom"),
     }
+
+
+def test_a_turns_deliveries_and_failures_are_one_moment() -> None:
+    book = AnswerBook(TickingClock())
+    book.record_turn({"a"}, {"a": (503, "busy")})
+    [(name, answer)] = book.ages().items()
+    assert (name, answer.sent_age, answer.failed_age) == ("a", 1.0, 1.0)
+
+
+def message(n: int, destination: str = "billing") -> Message:
+    """A claimed message to `destination`."""
+    return Message(n, f"r-{n}", destination, b"{}", "h", {}, 1, 1, None, 0.0)
+
+
+@pytest.mark.parametrize(
+    ("outcome", "fault"),
+    [
+        (Sent(200), False),
+        (Unsent(), False),
+        (Retry(503, "busy"), True),
+        (Retry(None, "timeout"), True),
+        (Dead(None, "outcome unknown: retry budget exhausted"), True),
+        (Dead(500, "outcome unknown: retry budget exhausted; last: HTTP 500"), True),
+        (Dead(401, "HTTP 401"), True),
+        (Dead(404, "HTTP 404"), True),
+        (Dead(409, "HTTP 409: other body"), False),
+        (Dead(422, "HTTP 422"), False),
+        (Dead(400, "HTTP 400"), False),
+    ],
+)
+def test_only_failures_that_are_the_destinations_count(outcome: Outcome, fault: bool) -> None:
+    assert destination_fault(outcome) is fault
+
+
+def test_a_turn_tells_the_book_its_deliveries_and_the_destinations_faults() -> None:
+    book = AnswerBook(TickingClock())
+    metrics = RelayMetrics(lambda: Figures({}, 0, None))
+    turn = [message(1), message(2), message(3, "crm"), message(4, "crm"), message(5, "erp")]
+    outcomes: dict[int, Outcome] = {
+        1: Sent(200),
+        2: Dead(422, "HTTP 422"),  # one message refused: not billing's fault
+        3: Retry(503, "down"),
+        4: Dead(None, "outcome unknown: lease expired while sending"),  # only looked up
+        5: Dead(None, "outcome unknown: lease expired while sending"),
+    }
+    report_turn(turn, outcomes, {m.id for m in turn}, metrics, None, book, looked_up={4, 5})
+    ages = book.ages()
+    assert set(ages) == {"billing", "crm"}
+    assert (ages["billing"].sent_age, ages["billing"].failed_age) == (1.0, None)
+    assert (ages["crm"].failed_age, ages["crm"].status) == (1.0, 503)
 
 
 def announced(engine: sa.Engine) -> dict[str, dict[str, object]]:

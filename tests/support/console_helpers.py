@@ -22,6 +22,7 @@ from outbox.schema import messages
 from outbox.testing import ManualClock
 from outbox_cli.console.app import create_app
 from outbox_cli.console.forms import CSRF_FIELD
+from receiver import ReceiptStore
 from support.processes import PROCESS_EXIT, PROCESS_START, reap
 from support.receiver_helpers import ROOT, free_port, wait_until
 
@@ -194,3 +195,14 @@ class ConsoleProcess:
         except subprocess.TimeoutExpired:
             reap(self.proc)
         return self.proc.returncode
+
+
+def hold_receipt(db_url: str, engine: sa.Engine, reply_id: str) -> None:
+    """The receiver at `db_url` holds message `reply_id`'s exact body, as if only its ACK
+    was lost: the receipt lookup answers "received"."""
+    with engine.connect() as conn:
+        body = conn.execute(
+            sa.select(messages.c.body).where(messages.c.reply_id == reply_id)
+        ).scalar_one()
+    with ReceiptStore(db_url) as store:
+        store.accept(reply_id, bytes(body))

@@ -298,3 +298,14 @@ def refused_connection(backend: str) -> Exception:
     if backend == "mysql":
         return pymysql.err.OperationalError(2003, "Can't connect to MySQL server")
     return psycopg.OperationalError("connection refused")
+
+
+def relay_toml(directory: Path, destination: str, base: str, secret_file: Path) -> Path:
+    """A relay config naming `destination` the receiver at `base`, with a receipt lookup."""
+    config = directory / "relay.toml"
+    config.write_text(
+        f'[destinations.{destination}]\nurl = "{base}/replies"\n'
+        f'secret_file = "{secret_file}"\nreceipt_lookup = true\n',
+        encoding="utf-8",
+    )
+    return config

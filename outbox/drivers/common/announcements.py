@@ -103,9 +103,13 @@ class AnnouncementStatements(DriverPieces):
             ],
         )
 
-    def withdraw(self, conn: Connection, owner: str) -> None:
-        """`owner` delivers nothing any more (a relay stopping)."""
-        conn.execute(relays.delete().where(relays.c.owner == owner))
+    def withdraw(self, conn: Connection, owner: str, now: Now = None) -> None:
+        """`owner` delivers nothing any more (a relay stopping): its announcements lapse
+        `now`, and are kept, with their last answers, as lapsed ones are."""
+        lapsed = relays.update().where(
+            relays.c.owner == owner, relays.c.expires_at > self.bound_now()
+        )
+        conn.execute(lapsed.values(expires_at=self.bound_now()), {"now": now})
 
     def announce_worker(
         self,

@@ -10,8 +10,8 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from outbox.db.sql import state_literal
-from outbox.drivers.base import Series
 from outbox.drivers.common.pieces import DriverPieces
+from outbox.drivers.console_interface import Series
 from outbox.schema import messages, requeues, tasks
 from outbox.states import MessageState
 

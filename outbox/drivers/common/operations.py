@@ -62,8 +62,8 @@ def select_dead(limit: int, now: NowSQL, chosen: DeadFilter) -> sa.Select[Any]:
         query = query.where(messages.c.created_at <= now - chosen.older_than)
     if chosen.after is not None:
         query = query.where(messages.c.id > chosen.after)
-    if chosen.through is not None:
-        query = query.where(messages.c.id <= chosen.through)
+    if chosen.ids is not None:
+        query = query.where(messages.c.id.in_(chosen.ids))
     return query.order_by(messages.c.id).limit(limit)
 
 

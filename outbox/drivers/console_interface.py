@@ -1,0 +1,58 @@
+"""The console's family of the driver interface (see outbox.drivers.base): what `outbox
+console` reads besides the operations, its audit page and its health rows."""
+
+from __future__ import annotations
+
+from typing import Any, Literal, Protocol
+
+from sqlalchemy.engine import Connection
+
+from outbox.drivers.records import RelayRow, WorkerRow
+
+Series = Literal["enqueued", "sent", "dead", "finished"]
+"""What the console's charts count per minute."""
+
+
+class ConsoleDriver(Protocol):
+    """What `outbox console` reads besides the operations."""
+
+    def task(self, conn: Connection, task_id: str) -> dict[str, Any] | None:
+        """One task, as the task page shows it, or None."""
+        ...
+
+    def reply_of(self, conn: Connection, task_id: str) -> dict[str, Any] | None:
+        """The reply_id and state of the reply a task wrote, or None."""
+        ...
+
+    def decisions(self, conn: Connection, reply_id: str) -> list[dict[str, Any]]:
+        """Every audited decision about one message, oldest first."""
+        ...
+
+    def audit_page(
+        self, conn: Connection, limit: int, before: int | None, by: str | None
+    ) -> list[dict[str, Any]]:
+        """The newest `limit` decisions about dead messages before id `before` (None: the
+        newest), of operator `by` (None: anyone's), newest first."""
+        ...
+
+    def message_exists(self, conn: Connection, reply_id: str) -> bool:
+        """Whether a message has this reply_id."""
+        ...
+
+    def per_minute(
+        self, conn: Connection, series: Series, since: float, until: float
+    ) -> dict[int, int]:
+        """The count of each minute (epoch minute number) of one series in [since, until)."""
+        ...
+
+    def relay_announcements(self, conn: Connection) -> list[RelayRow]:
+        """Every relay's announcement of each destination, recently lapsed ones included."""
+        ...
+
+    def worker_announcements(self, conn: Connection) -> list[WorkerRow]:
+        """Every worker's announcement, recently lapsed ones included."""
+        ...
+
+    def dead_since(self, conn: Connection, since: float) -> dict[str, int]:
+        """Messages per destination that went dead (their last attempt due) since `since`."""
+        ...
