@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from typing import Any
 
@@ -79,29 +80,60 @@ def select_delivery_record(reply_id: str) -> sa.Select[Any]:
     ).where(messages.c.reply_id == reply_id)
 
 
-def select_dead_to_requeue(reply_id: str) -> sa.Select[Any]:
-    """The id and last outcome of a dead message, to requeue it."""
+@functools.cache
+def select_dead_to_requeue() -> sa.Select[Any]:
+    """The id and last outcome of the dead message :reply_id, to requeue it; built once (a
+    bulk decision runs it per message)."""
     return sa.select(
         messages.c.id, messages.c.attempts, messages.c.last_status, messages.c.last_error
-    ).where(messages.c.reply_id == reply_id, messages.c.state == MessageState.DEAD.value)
+    ).where(
+        messages.c.reply_id == sa.bindparam("reply_id", type_=sa.String()),
+        messages.c.state == MessageState.DEAD.value,
+    )
 
 
-def requeue_dead(message_id: int, now: NowSQL) -> sa.Update:
-    """A dead message pending again with a fresh budget; guarded by its state."""
+@functools.cache
+def requeue_dead(pieces: DriverPieces) -> sa.Update:
+    """The dead message :message_id pending again with a fresh budget; guarded by its
+    state; built once."""
     # Of two operators requeueing at once, one changes the row.
     return (
         messages.update()
-        .where(messages.c.id == message_id, messages.c.state == MessageState.DEAD.value)
+        .where(
+            messages.c.id == sa.bindparam("message_id", type_=sa.BigInteger()),
+            messages.c.state == MessageState.DEAD.value,
+        )
         .values(
             state=MessageState.PENDING.value,
             attempts=0,
-            available_at=now,
+            available_at=pieces.bound_now(),
             owner=None,
             lease_until=None,
             last_status=None,
             last_error=None,
         )
     )
+
+
+AUDITED = (
+    "action",
+    "reply_id",
+    "requested_by",
+    "reason",
+    "receipt",
+    "forced",
+    "previous_attempts",
+    "previous_status",
+    "previous_error",
+)
+"""The values of a decision's audit row its caller gives (requested_at is the statement's)."""
+
+
+@functools.cache
+def insert_decision_audit(pieces: DriverPieces) -> sa.Insert:
+    """One audit row of a decision, requested :now; built once."""
+    given = {name: sa.bindparam(name, type_=requeues.c[name].type) for name in AUDITED}
+    return requeues.insert().values(**given, requested_at=pieces.bound_now())
 
 
 def resolve_dead(reply_id: str, now: NowSQL) -> sa.Update:
@@ -176,12 +208,13 @@ class OperationStatements(DriverPieces):
 
     def dead_to_requeue(self, conn: Connection, reply_id: str) -> DeadOutcome | None:
         """A dead message's id and last outcome, or None when it is not dead."""
-        row = conn.execute(select_dead_to_requeue(reply_id)).first()
+        row = conn.execute(select_dead_to_requeue(), {"reply_id": reply_id}).first()
         return None if row is None else DeadOutcome(*row)
 
     def requeue_dead(self, conn: Connection, message_id: int, now: Now) -> bool:
         """Make a dead message pending with a fresh budget; False when it was no longer dead."""
-        return bool(conn.execute(requeue_dead(message_id, self.now_sql(now))).rowcount == 1)
+        changed = conn.execute(requeue_dead(self), {"message_id": message_id, "now": now})
+        return bool(changed.rowcount == 1)
 
     def resolve_dead(self, conn: Connection, reply_id: str, now: Now) -> DeadOutcome | None:
         """Resolve a dead message for good: the outcome it keeps, or None when not dead."""
@@ -197,8 +230,8 @@ class OperationStatements(DriverPieces):
         self, conn: Connection, values: dict[str, Any], now: Now
     ) -> dict[str, Any]:
         """One audit row of a decision about a dead message, requested `now`; returned whole."""
-        statement = requeues.insert().values(**values, requested_at=self.now_sql(now))
-        audit = conn.execute(statement.returning(*requeues.c))
+        statement = insert_decision_audit(self).returning(*requeues.c)
+        audit = conn.execute(statement, {**values, "now": now})
         return dict(audit.mappings().one())
 
     def purge_messages(

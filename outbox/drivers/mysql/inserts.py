@@ -16,6 +16,7 @@ from sqlalchemy.engine import Connection, CursorResult, RowMapping
 
 from outbox.drivers.base import DeadOutcome, Now
 from outbox.drivers.common.messages import message_values
+from outbox.drivers.common.operations import insert_decision_audit
 from outbox.drivers.common.receipts import ReceiptStatements
 from outbox.drivers.mysql.once import insert_once
 from outbox.receiver_tables import receipts
@@ -161,8 +162,7 @@ class MySQLInserts(ReceiptStatements):
     ) -> dict[str, Any]:
         """One audit row of a decision about a dead message, requested `now`; read back by
         its id."""
-        statement = requeues.insert().values(**values, requested_at=self.now_sql(now))
-        audit_id = new_id(conn.execute(statement))
+        audit_id = new_id(conn.execute(insert_decision_audit(self), {**values, "now": now}))
         return dict(conn.execute(select_audit(audit_id)).mappings().one())
 
     def purge_receipts(self, conn: Connection, now: Now, older_than: float, batch: int) -> int:
