@@ -316,6 +316,15 @@ def shoot(browser: WebDriver, base: str, seeded: Seeded, out: Path) -> list[Path
     browser.find_element(By.CSS_SELECTOR, "#filters button").click()
     browser.find_element(By.ID, "dead")
     save("dead")
+    # A bulk decision's first step: the count and the confirmation it asks for (nothing
+    # is decided: the screenshot's run stops there).
+    browser.find_element(By.CSS_SELECTOR, "#bulk-form input[name='reason']").send_keys(
+        "billing settled the conflicts by hand"
+    )
+    browser.find_element(By.CSS_SELECTOR, "#bulk-form input[value='resolve']").click()
+    browser.find_element(By.CSS_SELECTOR, "#bulk-form button").click()
+    browser.find_element(By.ID, "bulk-confirm")
+    save("bulk")
     browser.get(base + "/reply?" + urlencode({"id": seeded.dead_requeued}))
     browser.find_element(By.ID, "decisions")
     save("reply")
@@ -326,6 +335,9 @@ def shoot(browser: WebDriver, base: str, seeded: Seeded, out: Path) -> list[Path
     browser.find_element(By.CSS_SELECTOR, "form.search button").click()
     browser.find_element(By.ID, "state")
     save("search")
+    browser.get(base + "/audit")
+    browser.find_element(By.ID, "audit")
+    save("audit")
     return written
 
 
