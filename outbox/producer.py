@@ -205,7 +205,13 @@ class Producer:
 
     def _heartbeats(self) -> None:
         while not self._beats_end.wait(self.heartbeat):
-            self._renew()
+            try:
+                self._renew()
+            except Exception:  # the thread must live: it renews every lease
+                # A pool checkout that timed out, say: the leases may still hold, and the
+                # next beat tries again. A heartbeat thread that died would let them lapse
+                # while their handlers run.
+                log.exception("worker %s: lease renewal failed; trying again", self.owner)
             # After the renewals, never before: the console's list of workers must not
             # delay a lease.
             if self.announcements is not None:
@@ -220,8 +226,9 @@ class Producer:
         # one statement each could outlast the beat on a slow database.
         try:
             answers = self.queue.renew_many([entry.claim for entry in running])
-        except sa.exc.DBAPIError as exc:
-            # The leases may still hold: the next beat tries again.
+        except sa.exc.SQLAlchemyError as exc:
+            # The database, or a pool checkout that timed out: the leases may still hold,
+            # and the next beat tries again.
             log.warning("renewal of %d leases failed (%s)", len(running), exc)
             return
         for entry, answer in zip(running, answers, strict=True):

@@ -12,22 +12,16 @@ from outbox.clock import Clock
 from outbox.drivers.records import NO_ANSWERS, LastAnswers
 from relay.policy import Dead, Outcome, Retry
 
-ENDPOINT_REFUSALS = frozenset({401, 403, 404})
-"""Statuses that refuse every request alike (credentials, a missing endpoint): the
-destination's fault. Other permanent refusals (400, 409, 413, 422...) are one message's."""
-
 
 def destination_fault(outcome: Outcome) -> TypeGuard[Retry | Dead]:
     """Whether an outcome says the destination is not taking deliveries: a retry (no answer,
-    a timeout, a 5xx, 408, 425 or 429), or a message dead of one of those or of an
-    ENDPOINT_REFUSALS status. A refusal of one message (a 409 conflict, a 422) says nothing
-    of the destination's health: it shows as dead, not as a failing destination."""
+    a timeout, a 5xx, 408, 425 or 429), or a message dead for a reason of the destination's
+    (Dead.of_destination: credentials refused, an endpoint or exchange missing, retries
+    spent). A refusal of one message (a 409 conflict, a 422, a header NATS reserves) says
+    nothing of the destination's health: it shows as dead, not as a failing destination."""
     if isinstance(outcome, Retry):
         return True
-    if not isinstance(outcome, Dead):
-        return False
-    status = outcome.status
-    return status is None or status >= 500 or status in ENDPOINT_REFUSALS
+    return isinstance(outcome, Dead) and outcome.of_destination
 
 
 class AnswerBook:

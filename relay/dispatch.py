@@ -158,7 +158,9 @@ class Dispatcher:
                 by_destination[message.destination].append(message)
             else:
                 outcomes[message.id] = Dead(
-                    None, f"unknown destination {message.destination!r}: not in relay configuration"
+                    None,
+                    f"unknown destination {message.destination!r}: not in relay configuration",
+                    of_destination=True,
                 )
         jobs: list[Awaitable[dict[int, Outcome]]] = []
         for name, group in by_destination.items():
@@ -277,7 +279,9 @@ class Dispatcher:
             previous = last.get(message.id) if last else None
             tail = f"; last: {previous.error}" if isinstance(previous, Retry | Dead) else ""
             status = previous.status if isinstance(previous, Retry | Dead) else None
-            outcomes[message.id] = Dead(status, truncate(f"outcome unknown: {why}{tail}"))
+            # Its attempts were spent on failures worth retrying: the destination's.
+            unknown = truncate(f"outcome unknown: {why}{tail}")
+            outcomes[message.id] = Dead(status, unknown, of_destination=True)
         return outcomes
 
 

@@ -170,9 +170,18 @@ class RelayLeases:
         self._next_announce = moment + self.lease / 4
 
     def withdraw(self) -> None:
-        """Stop announcing this relay's destinations (at a clean stop)."""
+        """Stop announcing this relay's destinations (at a clean stop): a last announcement,
+        lapsing at once, with the answers since the one before (kept, as lapsed rows are,
+        for the console)."""
         with self._engine.begin() as conn:
-            self._driver.withdraw(conn, self.owner, clock_value(self.clock))
+            self._driver.announce(
+                conn,
+                owner=self.owner,
+                destinations=self.destinations,
+                lease=0.0,
+                now=clock_value(self.clock),
+                answers=self.answers.ages(),
+            )
         self._next_announce = float("-inf")
 
     def _reap_expired_leases(self, conn: sa.Connection, now: float | None) -> None:

@@ -19,6 +19,9 @@ from outbox.one_line import one_line
 from outbox.states import MessageState
 
 RETRYABLE_STATUSES = frozenset({408, 425, 429})
+ENDPOINT_REFUSALS = frozenset({401, 403, 404, 405, 407, 410})
+"""Permanent statuses that refuse every request to the URL alike (credentials, a missing or
+gone endpoint, a method it does not take), as a redirect (3xx) does: the destination's."""
 MAX_ERROR_CHARS = 500
 
 
@@ -49,6 +52,11 @@ class Dead:
 
     status: int | None
     error: str
+    of_destination: bool = False
+    """Whether it says the destination takes no delivery at all (credentials refused, an
+    endpoint or a broker's exchange missing, retries spent on failures), not that this one
+    message was refused (a conflict, a body or header it cannot take): the console's
+    health rows count the first kind as the destination failing."""
 
 
 @dataclass(frozen=True)
@@ -85,7 +93,7 @@ def classify(status: int, retry_after: str | None = None, detail: str = "") -> O
                 f"with another body{': ' + detail if detail else ''}"
             ),
         )
-    return Dead(status, error)
+    return Dead(status, error, of_destination=status in ENDPOINT_REFUSALS or status < 400)
 
 
 def parse_retry_after(value: str | None, now: float | None = None) -> float | None:

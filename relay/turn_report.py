@@ -77,6 +77,14 @@ def report_turn(
         totals[kind] += count
     if answers is not None:
         sent = {destination for destination, kind, _ in kinds if kind == "sent"}
+        if looked_up:
+            # A receipt found for a spent message is no delivery of this turn's: per message,
+            # in the rare turn that looked some up.
+            sent = {
+                m.destination
+                for m in everything
+                if m.id in settled and m.id not in looked_up and isinstance(outcomes[m.id], Sent)
+            }
         answers.record_turn(sent, failures)
     part = everything[0].destination if everything else None
     log.info(

@@ -203,7 +203,8 @@ def sqlite_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 # MariaDB's runs are marked `mysql`: `make test-mysql`, .ci/run's step after `make test`
-# (tests/drivers runs every registered driver in `make test`, MySQL's too).
+# (tests/drivers runs every registered driver in `make test`, MySQL's too; the browser
+# tests' runs on MariaDB are `make test-browser`'s, with the rest of the browser tests).
 @pytest.fixture(params=["sqlite", "postgresql", pytest.param("mysql", marks=pytest.mark.mysql)])
 def backend(request: pytest.FixtureRequest) -> str:
     """The backend under test."""

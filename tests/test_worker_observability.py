@@ -14,6 +14,7 @@ from typing import Any
 
 import httpx
 import pytest
+import sqlalchemy as sa
 from prometheus_client.parser import text_string_to_metric_families
 from support.cli_helpers import running_in_thread
 from support.db_faults import database_down
@@ -267,3 +268,32 @@ def test_a_running_worker_is_announced_and_withdrawn_when_it_stops(queue: TaskQu
         assert row.started_at <= row.announced_at
         assert row.expires_at == pytest.approx(row.announced_at + queue.lease + worker.heartbeat)
     assert announced() == []
+
+
+def test_a_heartbeat_that_fails_outside_the_database_keeps_renewing(
+    queue: TaskQueue, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    renewals: list[str] = []
+    renewed_after_failure = threading.Event()
+    renew_many = queue.renew_many
+
+    def flaky(claims: Any) -> Any:
+        renewals.append("called")
+        if len(renewals) == 1:
+            # Not a database error: a pool checkout that timed out is SQLAlchemy's own.
+            raise sa.exc.TimeoutError("QueuePool limit reached")
+        renewed_after_failure.set()
+        return renew_many(claims)
+
+    monkeypatch.setattr(queue, "renew_many", flaky)
+    [task_id] = submit(queue, 1)
+
+    def handler(claim: Claim, stop: threading.Event) -> dict[str, Any]:
+        # Held over several heartbeats (a third of the 2 s lease each): the second beat
+        # must come although the first raised.
+        assert renewed_after_failure.wait(30), "the heartbeat thread stopped"
+        return {}
+
+    with running_in_thread(Worker(queue, handler, poll_interval=0.05)):
+        wait_until(lambda: states(queue, [task_id]) == ["done"], 30, "the task to finish")
+    assert len(renewals) >= 2

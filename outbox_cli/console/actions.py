@@ -35,6 +35,8 @@ from outbox_cli.requeue import DestinationLookups
 
 log = logging.getLogger("outbox.console")
 BULK_ACTIONS = ("requeue", "resolve")
+BULK = "bulk"
+"""The one slot of a session's bulk confirmation: a new count replaces the last one's."""
 REFUSED_SHOWN = 50
 """Refused replies a bulk decision's result lists by name (the rest are counted)."""
 NO_REASON = "a reason is required: the audit keeps it"
@@ -103,8 +105,9 @@ class Actions:
         if not count:
             return self._page(request, 200, action, filters, counted=0, reason=reason)
         ids = tuple(int(row["id"]) for row in rows[:count])
+        # One bulk confirmation per session, the latest count's: up to BULK_LIMIT ids each.
         key = bulk_key(action, chosen, count)
-        confirm = self.confirmations.issue(self.pages.holder(request), key, action, reason, ids)
+        confirm = self.confirmations.issue(self.pages.holder(request), BULK, key, reason, ids)
         return self._page(
             request,
             200,
@@ -131,8 +134,8 @@ class Actions:
         except ValueError:
             return self._page(request, 400, action, filters, error=NOT_CONFIRMED)
         key = bulk_key(action, chosen, count)
-        held = self.confirmations.redeem(self.pages.holder(request), key, form.get("confirm", ""))
-        if held is None:
+        held = self.confirmations.redeem(self.pages.holder(request), BULK, form.get("confirm", ""))
+        if held is None or held.receipt != key:
             return self._page(request, 409, action, filters, error=NOT_CONFIRMED)
         counted = DeadFilter(ids=held.ids)
         done = await run_in_threadpool(self._decide, action, counted, held.reason, operator, count)
@@ -210,8 +213,9 @@ class Actions:
 
 
 def bulk_key(action: str, chosen: DeadFilter, count: int) -> str:
-    """What a count's confirmation is for: the action, the filter as parsed (so that a
-    filter that reads differently confirms nothing), and the count."""
+    """What a count's confirmation is for, kept in it and compared at the confirmation: the
+    action, the filter as parsed (a filter that reads differently confirms nothing), and
+    the count."""
     return f"bulk {action} {chosen!r} count {count}"
 
 

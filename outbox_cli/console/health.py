@@ -10,12 +10,14 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, TypeVar
 
+from outbox.drivers.common.announcements import LAPSED_KEPT
 from outbox.drivers.records import RelayRow, WorkerRow
 from outbox_cli.arguments import age_text
 from relay.figures import DestinationFigures
 
+Row = TypeVar("Row", RelayRow, WorkerRow)
 HealthState = Literal["failing", "unrouted", "degraded", "healthy"]
 STATES: tuple[HealthState, ...] = ("failing", "unrouted", "degraded", "healthy")
 """The states, worst first: the overview lists destinations in this order."""
@@ -145,7 +147,7 @@ def destination_health(
 ) -> list[DestinationHealth]:
     """A row per destination with replies waiting, dead within the hour, or an announcement
     (lapsed ones kept included), worst state first, then by name."""
-    rows = list(relay_rows)
+    rows = kept(relay_rows, now)
     answers = merged_answers(rows)
     relays: dict[str, int] = defaultdict(int)
     for row in rows:
@@ -166,10 +168,16 @@ def destination_health(
     return sorted(health, key=lambda row: (STATES.index(row.state), row.name))
 
 
+def kept(rows: Iterable[Row], now: float) -> list[Row]:
+    """The announcements live, or lapsed within LAPSED_KEPT: older ones wait only for the
+    next announcement to delete them, which may be long in coming with no relay running."""
+    return [row for row in rows if row.expires_at > now - LAPSED_KEPT]
+
+
 def relays_announced(rows: Iterable[RelayRow], now: float) -> list[Announced]:
     """Each relay once, with the destinations it announces: live ones first, then by name."""
     by_owner: dict[str, list[RelayRow]] = defaultdict(list)
-    for row in rows:
+    for row in kept(rows, now):
         by_owner[row.owner].append(row)
     listed = []
     for owner, own in by_owner.items():
@@ -190,7 +198,7 @@ def workers_announced(rows: Iterable[WorkerRow], now: float) -> list[Announced]:
             row.expires_at,
             now,
         )
-        for row in rows
+        for row in kept(rows, now)
     ]
     return sorted(listed, key=lambda one: (not one.live, one.owner))
 

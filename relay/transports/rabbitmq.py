@@ -130,7 +130,8 @@ class RabbitMqTransport(Transport):
             async with asyncio.timeout_at(deadline):
                 connection, channel = await self._open()
         except ExchangeMissing as exc:
-            return dict.fromkeys((m.id for m in messages), Dead(None, str(exc)))
+            missing = Dead(None, str(exc), of_destination=True)
+            return dict.fromkeys((m.id for m in messages), missing)
         except TimeoutError:
             seconds = self.destination.timeout
             failed = Retry(None, f"no connection to the broker within {seconds:g}s")
@@ -226,11 +227,12 @@ class RabbitMqTransport(Transport):
                     f"unroutable: no queue bound for exchange {self.exchange_name!r} "
                     f"routing key {key!r}"
                 ),
+                of_destination=True,  # the broker's topology, not the message
             )
         except pika.exceptions.DeliveryError:
             return Retry(None, NACKED)
         except pika.exceptions.ChannelNotFoundEntity:
-            return Dead(None, self._missing())
+            return Dead(None, self._missing(), of_destination=True)
         except asyncio.CancelledError:
             task = asyncio.current_task()
             if task is not None and task.cancelling():

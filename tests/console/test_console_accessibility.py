@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import sqlalchemy as sa
 from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webdriver import WebDriver
 from selenium_axe_python import Axe
@@ -22,18 +23,28 @@ from test_console_browser import browser, navigate  # noqa: F401 (browser: a fix
 from outbox.drivers import driver_for
 from outbox.drivers.records import LastAnswers
 from outbox.operations import Operations
+from outbox.schema import tasks
 
 BLOCKING = ("serious", "critical")
 """The impacts a page may not have."""
 NARROW = 1024
-PAGES = ("/", "/dead", "/dead?destination=billing", "/reply?id=b-1", "/audit", "/login")
+PAGES = (
+    "/",
+    "/dead",
+    "/dead?destination=billing",
+    "/reply?id=b-1",
+    "/audit",
+    "/login",
+    "/search?q=nothing",  # the page saying it is missing
+)
 
 
 @pytest.fixture
 def console(seeded: str, ops: Operations, tmp_path: Path) -> Iterator[ConsoleProcess]:
     """A console process on the seeded database, with a failing, a degraded and a healthy
-    destination, a worker, and a decision in the audit."""
-    now = ops.clock() if ops.clock is not None else 0.0
+    destination, a live relay and worker, and a decision in the audit. On the database's
+    clock, as the console process reads it (the seed's manual clock is decades back)."""
+    now = None
     with ops.engine.begin() as conn:
         driver_for(ops.engine).announce(
             conn,
@@ -43,7 +54,8 @@ def console(seeded: str, ops: Operations, tmp_path: Path) -> Iterator[ConsolePro
             now=now,
             answers={
                 "billing": LastAnswers(600.0, 5.0, 503, "HTTP 503: down"),
-                "shipping": LastAnswers(1.0, 300.0, 422, "HTTP 422: refused"),
+                "shipping": LastAnswers(1.0, 300.0, 500, "HTTP 500: boom"),
+                "quiet": LastAnswers(2.0, None, None, None),
             },
         )
         driver_for(ops.engine).announce_worker(
@@ -64,6 +76,17 @@ def page(browser: WebDriver) -> Iterator[WebDriver]:  # noqa: F811 (the imported
     browser.execute_cdp_cmd("Emulation.setEmulatedMedia", {"features": []})  # type: ignore[attr-defined]
     browser.set_window_size(1280, 1000)
     browser.delete_all_cookies()
+
+
+def task_page(console: ConsoleProcess) -> str:
+    """The path of a seeded task's page."""
+    engine = sa.create_engine(console.db_url)
+    try:
+        with engine.connect() as conn:
+            task_id = conn.execute(sa.select(tasks.c.task_id).limit(1)).scalar_one()
+    finally:
+        engine.dispose()
+    return f"/task?id={task_id}"
 
 
 def blocking(page: WebDriver) -> list[str]:
@@ -94,18 +117,32 @@ def test_no_page_has_a_serious_or_critical_violation(
 ) -> None:
     if mode == "dark":
         dark(page)
+    # Every state's badge is on the page axe checks, live and lapsed alike.
+    page.get(console.base + "/")
+    shown = {e.text for e in page.find_elements(By.CSS_SELECTOR, "#health span.state")}
+    assert shown == {"failing", "degraded", "healthy", "unrouted"}, shown
+    assert page.find_elements(By.CSS_SELECTOR, "#relays span.state-healthy")
     found = {}
-    for path in PAGES:
+    for path in (*PAGES, task_page(console)):
         page.get(console.base + path)
         assert page.execute_script(  # the emulation took
             "return matchMedia('(prefers-color-scheme: dark)').matches"
         ) == (mode == "dark")
         found[path] = blocking(page)
-    # The bulk decision's count page, reached as a person does.
+    # The bulk decision's count page and its result, and a refused requeue's force form,
+    # reached as a person does.
+    page.get(console.base + "/reply?id=b-1")
+    page.find_element(By.CSS_SELECTOR, "#requeue-form input[name='reason']").send_keys("back")
+    navigate(page, css="#requeue-form button")
+    assert page.find_elements(By.ID, "force-form")
+    found["refused requeue"] = blocking(page)
     page.get(console.base + "/dead?destination=billing")
     page.find_element(By.CSS_SELECTOR, "#bulk-form input[name='reason']").send_keys("back")
+    page.find_element(By.CSS_SELECTOR, "#bulk-form input[value='resolve']").click()
     navigate(page, css="#bulk-form button")
     found["bulk count"] = blocking(page)
+    navigate(page, css="#bulk-confirm button")
+    found["bulk result"] = blocking(page)
     assert {path: lines for path, lines in found.items() if lines} == {}, found
 
 
@@ -130,16 +167,14 @@ def test_every_page_reads_1024_pixels_wide_without_scrolling_sideways(
 def test_the_keyboard_reaches_every_link_and_control_of_the_overview_in_order(
     console: ConsoleProcess, page: WebDriver
 ) -> None:
-    page.get(console.base + "/")
-    focusable = page.execute_script(
+    page.get(console.base + "/?refresh=off")  # no reload halfway through
+    expected = page.execute_script(
         "return [...document.querySelectorAll('a[href], button, input, select, textarea')]"
-        ".filter(e => e.tabIndex >= 0 && e.offsetParent !== null).length"
     )
-    reached = []
-    body = page.find_element(By.TAG_NAME, "body")
-    body.click()
-    for _ in range(focusable):
+    assert len(expected) > 5  # the navigation, the search, the pause link, the dead links
+    for step, element in enumerate(expected):
         page.switch_to.active_element.send_keys("\t")
         active = page.switch_to.active_element
-        reached.append(active.tag_name + ":" + (active.text or active.get_attribute("name") or ""))
-    assert len(set(reached)) == focusable, reached
+        assert active == element, f"tab {step + 1} reached {active.tag_name} {active.text!r}"
+        # And shows where it is: the focus outline.
+        assert active.value_of_css_property("outline-style") != "none", active.text

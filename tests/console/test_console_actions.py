@@ -292,3 +292,14 @@ def test_the_audit_page_lists_decisions_newest_first_by_operator_and_page(
     bad = console.get("/audit?before=abc")
     assert bad.status_code == 400
     assert "before: not a decision id" in bad.text
+
+
+def test_a_new_count_replaces_the_sessions_last_bulk_confirmation(
+    make_client: Client, engine: sa.Engine
+) -> None:
+    console = make_client(operator=OPERATOR)
+    first = confirm_form(count(console, "resolve", "obsolete", destination="billing").text)
+    second = confirm_form(count(console, "resolve", "obsolete", destination="shipping").text)
+    assert console.post("/dead/bulk", data=second).status_code == 200
+    assert console.post("/dead/bulk", data=first).status_code == 409  # replaced
+    assert [row["reply_id"] for row in audit_rows(engine)] == ["s-1"]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from outbox.drivers.common.announcements import LAPSED_KEPT
 from outbox.drivers.records import RelayRow, WorkerRow
 from outbox_cli.console.health import (
     RECENT,
@@ -132,3 +133,14 @@ def test_relays_and_workers_are_listed_live_first_with_their_last_heartbeat() ->
         ("w-2", "app.h (4 slots)", True, None),
         ("w-1", "app.h (1 slots)", False, 700.0),
     ]
+
+
+def test_announcements_lapsed_over_an_hour_ago_are_not_shown_though_not_yet_deleted() -> None:
+    rows = [
+        relay_row("r-old", "gone", NOW - LAPSED_KEPT - 1, last_failed_at=NOW - 5000),
+        relay_row("r-recent", "stopped", NOW - 60),
+    ]
+    assert [row.name for row in destination_health({}, {}, rows, NOW)] == ["stopped"]
+    assert [relay.owner for relay in relays_announced(rows, NOW)] == ["r-recent"]
+    workers = [WorkerRow("w-old", "h", 1, 0.0, 0.0, NOW - LAPSED_KEPT - 1)]
+    assert workers_announced(workers, NOW) == []

@@ -261,14 +261,20 @@ def test_announcements_carry_each_destinations_last_answers_as_database_times(
         RelayRow("r-1", "a", START + 60, START, START - 5, START - 2, 503, "busy"),
         RelayRow("r-1", "b", START + 60, START, None, None, None, None),
     ]
-    # The next announcement replaces them: a success since, and no failure any more known.
+    # The next announcement replaces what it knows, and keeps what it does not (a relay
+    # restarted under the same name knows nothing yet): a's success, b's failure.
     later = {"a": LastAnswers(1.0, None, None, None), "b": LastAnswers(None, 3.0, None, "timeout")}
     driver.announce(
         conn, owner="r-1", destinations=["a", "b"], lease=60, now=START + 10, answers=later
     )
     assert driver.relay_announcements(conn) == [
-        RelayRow("r-1", "a", START + 70, START + 10, START + 9, None, None, None),
+        RelayRow("r-1", "a", START + 70, START + 10, START + 9, START - 2, 503, "busy"),
         RelayRow("r-1", "b", START + 70, START + 10, None, START + 7, None, "timeout"),
+    ]
+    driver.announce(conn, owner="r-1", destinations=["a", "b"], lease=60, now=START + 20)
+    assert [row[4:] for row in driver.relay_announcements(conn)] == [
+        (START + 9, START - 2, 503, "busy"),
+        (None, START + 7, None, "timeout"),
     ]
 
 

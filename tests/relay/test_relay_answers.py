@@ -15,7 +15,7 @@ from relay import Relay, make_destination
 from relay.answers import AnswerBook, destination_fault
 from relay.figures import Figures
 from relay.metrics import RelayMetrics
-from relay.policy import Dead, Outcome, Retry, Sent, Unsent
+from relay.policy import Dead, Outcome, Retry, Sent, Unsent, classify
 from relay.records import Message
 from relay.turn_report import report_turn
 
@@ -68,13 +68,23 @@ def message(n: int, destination: str = "billing") -> Message:
         (Unsent(), False),
         (Retry(503, "busy"), True),
         (Retry(None, "timeout"), True),
-        (Dead(None, "outcome unknown: retry budget exhausted"), True),
-        (Dead(500, "outcome unknown: retry budget exhausted; last: HTTP 500"), True),
-        (Dead(401, "HTTP 401"), True),
-        (Dead(404, "HTTP 404"), True),
-        (Dead(409, "HTTP 409: other body"), False),
-        (Dead(422, "HTTP 422"), False),
-        (Dead(400, "HTTP 400"), False),
+        (classify(503), True),
+        (classify(429), True),
+        # Refusals of every request to the URL: the destination's.
+        (classify(401), True),
+        (classify(403), True),
+        (classify(404), True),
+        (classify(410), True),
+        (classify(301), True),
+        # Refusals of one message: that message dead, the destination fine.
+        (classify(400), False),
+        (classify(409), False),
+        (classify(413), False),
+        (classify(422), False),
+        (Dead(None, "header 'Nats-Rollup' is reserved for NATS"), False),
+        # Retries spent on failures (the dispatcher's verdict), or a destination the relay
+        # does not know.
+        (Dead(None, "outcome unknown: retry budget exhausted", of_destination=True), True),
     ],
 )
 def test_only_failures_that_are_the_destinations_count(outcome: Outcome, fault: bool) -> None:
@@ -87,13 +97,15 @@ def test_a_turn_tells_the_book_its_deliveries_and_the_destinations_faults() -> N
     turn = [message(1), message(2), message(3, "crm"), message(4, "crm"), message(5, "erp")]
     outcomes: dict[int, Outcome] = {
         1: Sent(200),
-        2: Dead(422, "HTTP 422"),  # one message refused: not billing's fault
+        2: classify(422),  # one message refused: not billing's fault
         3: Retry(503, "down"),
-        4: Dead(None, "outcome unknown: lease expired while sending"),  # only looked up
-        5: Dead(None, "outcome unknown: lease expired while sending"),
+        # Only looked up (spent before the turn): no attempt, whatever the lookup said.
+        4: Dead(None, "outcome unknown: lease expired while sending", of_destination=True),
+        5: Sent(None),
     }
     report_turn(turn, outcomes, {m.id for m in turn}, metrics, None, book, looked_up={4, 5})
     ages = book.ages()
+    # erp's message was only looked up and found received: no delivery of this turn.
     assert set(ages) == {"billing", "crm"}
     assert (ages["billing"].sent_age, ages["billing"].failed_age) == (1.0, None)
     assert (ages["crm"].failed_age, ages["crm"].status) == (1.0, 503)

@@ -153,6 +153,7 @@ class ConsoleProcess:
     """`outbox console` running as a real child process on a free loopback port."""
 
     def __init__(self, db_url: str, log: Path, *extra: str, token: str | None = None) -> None:
+        self.db_url = db_url
         self.port = free_port()
         self.base = f"http://127.0.0.1:{self.port}"
         env = {k: v for k, v in os.environ.items() if not k.startswith("OUTBOX_")}

@@ -33,7 +33,14 @@ def announce_statement(pieces: DriverPieces) -> Any:
         return now - sa.bindparam(name, type_=sa.Double())
 
     answers = ["announced_at", "last_sent_at", "last_failed_at", "last_status", "last_error"]
-    return pieces.upsert(relays, ["owner", "destination"], ["expires_at", *answers]).values(
+    # A relay that restarts under the same name knows no answer yet: it keeps the ones its
+    # row holds (a destination that was down must not look healthy) until it has its own.
+    kept = {
+        "last_sent_at": "last_sent_at",
+        **dict.fromkeys(("last_failed_at", "last_status", "last_error"), "last_failed_at"),
+    }
+    statement = pieces.upsert(relays, ["owner", "destination"], ["expires_at", *answers], kept)
+    return statement.values(
         owner=sa.bindparam("owner", type_=sa.String()),
         destination=sa.bindparam("destination", type_=sa.String()),
         expires_at=now + sa.bindparam("lease", type_=sa.Double()),

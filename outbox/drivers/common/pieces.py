@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Mapping
 from typing import Any
 
 import sqlalchemy as sa
@@ -52,9 +53,32 @@ class DriverPieces(ABC):
         """INSERT that skips a row whose unique key already exists (the caller then compares)."""
         return self.dialect_insert(table).on_conflict_do_nothing()
 
-    def upsert(self, table: sa.Table, keys: list[str], update: list[str]) -> Any:
-        """INSERT that, where the row with these `keys` exists, sets its `update` columns."""
+    def upsert(
+        self,
+        table: sa.Table,
+        keys: list[str],
+        update: list[str],
+        kept: Mapping[str, str] | None = None,
+    ) -> Any:
+        """INSERT that, where the row with these `keys` exists, sets its `update` columns; a
+        column of `kept` keeps its stored value when the new row's column it names is NULL."""
         statement = self.dialect_insert(table)
-        return statement.on_conflict_do_update(
-            index_elements=keys, set_={name: statement.excluded[name] for name in update}
+        values = upserted(table, update, kept or {}, statement.excluded)
+        return statement.on_conflict_do_update(index_elements=keys, set_=values)
+
+
+def upserted(
+    table: sa.Table, update: list[str], kept: Mapping[str, str], new: Any
+) -> dict[str, Any]:
+    """An upsert's SET: each `update` column from the `new` row (ON CONFLICT's `excluded`,
+    MySQL's `inserted`), or, for a column of `kept`, the stored value where the new row's
+    column that `kept` names is NULL."""
+    values: dict[str, Any] = {}
+    for name in update:
+        given = kept.get(name)
+        values[name] = (
+            new[name]
+            if given is None
+            else sa.case((new[given].is_(None), table.c[name]), else_=new[name])
         )
+    return values

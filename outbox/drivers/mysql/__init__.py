@@ -9,7 +9,7 @@ pick (`FOR UPDATE`, `SKIP LOCKED` where claimers compete: MySQL 8.0.17+, MariaDB
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import sqlalchemy as sa
@@ -19,6 +19,7 @@ from sqlalchemy.sql.elements import ColumnElement
 
 from outbox.drivers.base import Now
 from outbox.drivers.common import CommonDriver
+from outbox.drivers.common.pieces import upserted
 from outbox.drivers.common.pooled import PooledTaskConnections
 from outbox.drivers.mysql import settle as settling
 from outbox.drivers.mysql.claims import MySQLClaims
@@ -67,11 +68,18 @@ class MySQLDriver(
         first = next(iter(table.primary_key.columns))
         return mysql.insert(table).on_duplicate_key_update({first.name: first})
 
-    def upsert(self, table: sa.Table, keys: list[str], update: list[str]) -> Any:
-        """INSERT that, where a row with the same unique key exists, sets its `update` columns."""
+    def upsert(
+        self,
+        table: sa.Table,
+        keys: list[str],
+        update: list[str],
+        kept: Mapping[str, str] | None = None,
+    ) -> Any:
+        """INSERT that, where a row with the same unique key exists, sets its `update` columns;
+        a column of `kept` keeps its stored value when the new row's column it names is NULL."""
         statement = mysql.insert(table)
         return statement.on_duplicate_key_update(
-            {name: statement.inserted[name] for name in update}
+            upserted(table, update, kept or {}, statement.inserted)
         )
 
     def in_names(self, column: ColumnElement[str], name: str) -> Any:
