@@ -10,7 +10,6 @@ from starlette.responses import Response
 
 from outbox.redaction import shown_value
 from outbox_cli.console.pages import LARGEST_ID, PAGE_SIZE, Pages
-from outbox_cli.console.reads import ERROR_LISTED, shown_error
 
 
 class AuditPage:
@@ -39,8 +38,6 @@ class AuditPage:
             rows = rows[:PAGE_SIZE]
             kept = {"by": by} if by else {}
             older = urlencode({**kept, "before": rows[-1]["id"]})
-        for row in rows:
-            row["previous_error"] = shown_error(row["previous_error"], ERROR_LISTED)
         return self.pages.render(request, "audit.html", rows=rows, by=by, error=None, older=older)
 
 

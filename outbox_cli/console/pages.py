@@ -78,7 +78,7 @@ def templates() -> Jinja2Templates:
     )
     environment.filters["iso"] = iso
     environment.filters["age"] = age_text
-    environment.filters["shown_error"] = listed_error
+    environment.filters["listed_error"] = listed_error
     return Jinja2Templates(env=environment)
 
 
@@ -193,8 +193,6 @@ class Pages:
             rows = rows[:PAGE_SIZE]
             # The id, not the reply_id: the next page holds even if that row is purged.
             more = urlencode({**kept, "after": rows[-1]["id"]})
-        for row in rows:
-            row["last_error"] = shown_error(row["last_error"], ERROR_LISTED)
         return self.render(
             request,
             "dead.html",
