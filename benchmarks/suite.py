@@ -928,6 +928,18 @@ def measure(runs: int, quick: bool) -> list[Row]:
             baseline=None,
         )
     )
+    rows.append(
+        median_row(
+            f"console bulk requeue of {dead_replies:,} dead replies",
+            "postgresql",
+            "s",
+            pages,
+            "<= 10 s",
+            at_most(console_pages.BULK_TARGET_S),
+            ours="bulk_requeue_s",
+            baseline=None,
+        )
+    )
     receiving = repeat("receiver CPU", runs, lambda: receiver_cpu.run(quick))
     rows.append(
         median_row(
@@ -1354,8 +1366,10 @@ BASELINES = (
     "asked for 10 times over HTTP with the token after a warm-up request; the row is the "
     "slowest page's median, every page's median and slowest answer are in the row's runs. "
     "The first-answer row is the slowest of each page's first request, the overview's "
-    "being the first the console answers after it starts. No baseline: the target is "
-    "absolute.",
+    "being the first the console answers after it starts. The bulk requeue row: every dead "
+    "reply of that database requeued by outbox.decisions as the console's confirmed bulk "
+    "requeue does (200 to a transaction), the destinations' receipt lookups answered in "
+    "the process. No baseline: the targets are absolute.",
     "sqlite rows: our figure on SQLite files against our PostgreSQL figure of the same run.",
     "mysql rows: MariaDB 10.11 (benchmarks/databases.py; MySQL 8 is not run here) with its "
     "default settings: publish against a bare INSERT of the same row through the same "

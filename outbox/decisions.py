@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from outbox.dead_filter import DeadFilter
-from outbox.errors import NotDead, RequeueRefused, ResolveRefused
+from outbox.errors import NotDead
 from outbox.operations import RECEIPT_ANSWERS, Operations, check_decision
 from outbox.states import MessageState
 
@@ -130,21 +130,34 @@ def requeue(
         if answer not in RECEIPT_ANSWERS:
             raise ValueError(f"receipt must be one of {RECEIPT_ANSWERS}, got {answer!r}")
 
-    def requeue_one(ops: Operations, message: Mapping[str, Any], receipt: str) -> RequeueDecision:
-        reply_id = message["reply_id"]
-        forced = force or (receipt in REFUSALS and receipt == overriding)
-        if receipt in REFUSALS and not forced:
-            return RequeueDecision(reply_id, "refused", REFUSALS[receipt], receipt=receipt)
-        if dry_run:
-            return RequeueDecision(reply_id, "would requeue", receipt=receipt)
-        try:
-            audit = ops.requeue(reply_id, reason=reason, by=by, receipt=receipt, forced=forced)
-        except RequeueRefused as exc:
-            return RequeueDecision(reply_id, "refused", str(exc), receipt=receipt)
-        return RequeueDecision(reply_id, "requeued", audit=audit, receipt=receipt)
+    def requeue_batch(
+        ops: Operations, batch: Sequence[tuple[Mapping[str, Any], str]]
+    ) -> list[RequeueDecision]:
+        decided: dict[int, RequeueDecision] = {}
+        wanted: list[tuple[int, str, str, bool]] = []
+        for index, (message, receipt) in enumerate(batch):
+            reply_id = message["reply_id"]
+            forced = force or (receipt in REFUSALS and receipt == overriding)
+            if receipt in REFUSALS and not forced:
+                decided[index] = RequeueDecision(
+                    reply_id, "refused", REFUSALS[receipt], receipt=receipt
+                )
+            elif dry_run:
+                decided[index] = RequeueDecision(reply_id, "would requeue", receipt=receipt)
+            else:
+                wanted.append((index, reply_id, receipt, forced))
+        if wanted:
+            done = ops.requeue_many([chosen[1:] for chosen in wanted], reason=reason, by=by)
+            for (index, reply_id, receipt, _), outcome in zip(wanted, done, strict=True):
+                decided[index] = (
+                    RequeueDecision(reply_id, "refused", outcome, receipt=receipt)
+                    if isinstance(outcome, str)
+                    else RequeueDecision(reply_id, "requeued", audit=outcome, receipt=receipt)
+                )
+        return [decided[index] for index in range(len(batch))]
 
     chosen_ones = list(zip(messages, answers, strict=True))
-    return _each(ops, chosen_ones, requeue_one, progress, write=not dry_run)
+    return _batches(ops, chosen_ones, requeue_batch, progress, write=not dry_run)
 
 
 def resolve(
@@ -166,41 +179,46 @@ def resolve(
     check_decision(reason, by)
     messages = chosen_messages(ops, chosen, limit)
 
-    def resolve_one(ops: Operations, message: Mapping[str, Any]) -> Decision:
-        reply_id = message["reply_id"]
+    def resolve_batch(ops: Operations, batch: Sequence[Mapping[str, Any]]) -> list[Decision]:
+        reply_ids = [message["reply_id"] for message in batch]
         if dry_run:
-            return Decision(reply_id, "would resolve")
-        try:
-            audit = ops.resolve(reply_id, reason=reason, by=by)
-        except ResolveRefused as exc:
-            return Decision(reply_id, "refused", str(exc))
-        return Decision(reply_id, "resolved", audit=audit)
+            return [Decision(reply_id, "would resolve") for reply_id in reply_ids]
+        done = ops.resolve_many(reply_ids, reason=reason, by=by)
+        return [
+            Decision(reply_id, "refused", outcome)
+            if isinstance(outcome, str)
+            else Decision(reply_id, "resolved", audit=outcome)
+            for reply_id, outcome in zip(reply_ids, done, strict=True)
+        ]
 
-    return _each(ops, [(m,) for m in messages], resolve_one, progress, write=not dry_run)
+    return _batches(ops, messages, resolve_batch, progress, write=not dry_run)
 
 
 D = TypeVar("D", bound=Decision)
 
 
-def _each(
+C = TypeVar("C")
+
+
+def _batches(
     ops: Operations,
-    chosen: Sequence[tuple[Any, ...]],
-    act_on_one: Callable[..., D],
+    chosen: Sequence[C],
+    decide_batch: Callable[[Operations, Sequence[C]], list[D]],
     progress: Progress | None,
     *,
     write: bool,
 ) -> list[D]:
-    """Act on each chosen message in turn (requeue_one, resolve_one), PER_TRANSACTION in a
-    transaction when they `write` (a database error rolls back its batch alone, and
-    raises), telling `progress` after each batch."""
+    """Decide about the chosen messages PER_TRANSACTION at a time (requeue_batch,
+    resolve_batch), each batch in a transaction of its own when they `write` (a database
+    error rolls back its batch alone, and raises), telling `progress` after each batch."""
     results: list[D] = []
     for start in range(0, len(chosen), PER_TRANSACTION):
         batch = chosen[start : start + PER_TRANSACTION]
         if write:
             with ops.together() as shared:
-                decided = [act_on_one(shared, *arguments) for arguments in batch]
+                decided = decide_batch(shared, batch)
         else:  # a dry run changes nothing: no transaction to hold open
-            decided = [act_on_one(ops, *arguments) for arguments in batch]
+            decided = decide_batch(ops, batch)
         for decision in decided:
             results.append(decision)
             if progress is not None:

@@ -12,7 +12,7 @@ receipt lookup said) in the transaction that changes the message.
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -120,58 +120,81 @@ class Operations(DatabaseHandle):
         """Make a dead message pending again with a fresh budget, and record why; the audit row.
 
         `receipt` is what the destination's lookup said (one of RECEIPT_ANSWERS);
-        the caller decides beforehand whether that allows a requeue.
+        the caller decides beforehand whether that allows a requeue. RequeueRefused when
+        the message is not dead.
         """
-        check_decision(reason, by)
-        if receipt not in RECEIPT_ANSWERS:
-            raise ValueError(f"receipt must be one of {RECEIPT_ANSWERS}, got {receipt!r}")
-        with self._decision() as conn:
-            dead = self.driver.dead_to_requeue(conn, reply_id)
-            if dead is None or not self.driver.requeue_dead(conn, dead.id, self._now()):
-                raise RequeueRefused(self._not_dead(conn, reply_id, "nothing requeued"))
-            return self._audit(
-                conn, DeadDecision.REQUEUE, dead, reply_id, by, reason, receipt, forced
-            )
+        [done] = self.requeue_many([(reply_id, receipt, forced)], reason=reason, by=by)
+        if isinstance(done, str):
+            raise RequeueRefused(done)
+        return done
+
+    def requeue_many(
+        self, chosen: Sequence[tuple[str, str, bool]], *, reason: str, by: str
+    ) -> list[dict[str, Any] | str]:
+        """Requeue dead messages, each (reply_id, receipt, forced), in one transaction: for
+        each, its audit row, or why nothing was requeued (it was not dead)."""
+        for _, receipt, _ in chosen:
+            if receipt not in RECEIPT_ANSWERS:
+                raise ValueError(f"receipt must be one of {RECEIPT_ANSWERS}, got {receipt!r}")
+        return self._decide(DeadDecision.REQUEUE, chosen, reason, by)
 
     def resolve(self, reply_id: str, *, reason: str, by: str) -> dict[str, Any]:
         """Settle a dead message as needing no delivery (final), and record why; the audit row.
 
         Nothing is asked of the destination: the operator vouches that the
         message needs no delivery (say, the destination confirmed it some other way).
+        ResolveRefused when the message is not dead.
         """
-        check_decision(reason, by)
-        with self._decision() as conn:
-            kept = self.driver.resolve_dead(conn, reply_id, self._now())
-            if kept is None:
-                raise ResolveRefused(self._not_dead(conn, reply_id, "nothing resolved"))
-            return self._audit(
-                conn, DeadDecision.RESOLVE, kept, reply_id, by, reason, "not checked", False
-            )
+        [done] = self.resolve_many([reply_id], reason=reason, by=by)
+        if isinstance(done, str):
+            raise ResolveRefused(done)
+        return done
 
-    def _audit(
+    def resolve_many(
+        self, reply_ids: Sequence[str], *, reason: str, by: str
+    ) -> list[dict[str, Any] | str]:
+        """Resolve dead messages in one transaction: for each, its audit row, or why nothing
+        was resolved (it was not dead)."""
+        chosen = [(reply_id, "not checked", False) for reply_id in reply_ids]
+        return self._decide(DeadDecision.RESOLVE, chosen, reason, by)
+
+    def _decide(
         self,
-        conn: sa.Connection,
         action: DeadDecision,
-        previous: DeadOutcome,
-        reply_id: str,
-        by: str,
+        chosen: Sequence[tuple[str, str, bool]],
         reason: str,
-        receipt: str,
-        forced: bool,
-    ) -> dict[str, Any]:
-        """Write the audit row of one decision on a dead message (`previous` its row); the row."""
-        values = {
-            "action": action.value,
-            "reply_id": reply_id,
-            "requested_by": by,
-            "reason": reason,
-            "receipt": receipt,
-            "forced": forced,
-            "previous_attempts": previous.attempts,
-            "previous_status": previous.last_status,
-            "previous_error": previous.last_error,
-        }
-        return self.driver.insert_decision_audit(conn, values, self._now())
+        by: str,
+    ) -> list[dict[str, Any] | str]:
+        """Take one decision about each of the `chosen` (reply_id, receipt, forced) in one
+        transaction, a statement for them all: their rows locked, changed, and audited."""
+        check_decision(reason, by)
+        consequence = "nothing requeued" if action is DeadDecision.REQUEUE else "nothing resolved"
+        with self._decision() as conn:
+            locked = self.driver.lock_dead(conn, [reply_id for reply_id, _, _ in chosen])
+            decided: list[tuple[int, dict[str, Any], int]] = []
+            for index, (reply_id, receipt, forced) in enumerate(chosen):
+                # pop: a reply_id given twice is decided once; the second finds it not dead.
+                if (dead := locked.pop(reply_id, None)) is not None:
+                    values = audit_values(action, dead, reply_id, by, reason, receipt, forced)
+                    decided.append((index, values, dead.id))
+            ids = [message_id for _, _, message_id in decided]
+            if action is DeadDecision.REQUEUE:
+                changed = self.driver.requeue_dead(conn, ids, self._now())
+            else:
+                changed = self.driver.resolve_dead(conn, ids, self._now())
+            if changed != len(ids):
+                # The rows are locked: a mismatch is a driver's fault, so nothing is kept.
+                raise RuntimeError(f"{len(ids)} dead messages locked, {changed} changed")
+            audits = self.driver.insert_decision_audits(
+                conn, [values for _, values, _ in decided], self._now()
+            )
+            done: dict[int, dict[str, Any]] = {
+                index: audit for (index, _, _), audit in zip(decided, audits, strict=True)
+            }
+            return [
+                done[index] if index in done else self._not_dead(conn, reply_id, consequence)
+                for index, (reply_id, _, _) in enumerate(chosen)
+            ]
 
     def _not_dead(self, conn: sa.Connection, reply_id: str, consequence: str) -> str:
         """Why a decision about `reply_id` found no dead message to change."""
@@ -208,6 +231,29 @@ class Operations(DatabaseHandle):
                 progress(sum(removed.values()))
             if len(chosen) < batch:
                 return removed
+
+
+def audit_values(
+    action: DeadDecision,
+    previous: DeadOutcome,
+    reply_id: str,
+    by: str,
+    reason: str,
+    receipt: str,
+    forced: bool,
+) -> dict[str, Any]:
+    """The audit row of one decision on a dead message (`previous` its last outcome)."""
+    return {
+        "action": action.value,
+        "reply_id": reply_id,
+        "requested_by": by,
+        "reason": reason,
+        "receipt": receipt,
+        "forced": forced,
+        "previous_attempts": previous.attempts,
+        "previous_status": previous.last_status,
+        "previous_error": previous.last_error,
+    }
 
 
 def check_decision(reason: str, by: str) -> None:

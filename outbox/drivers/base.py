@@ -231,26 +231,29 @@ class OperationsDriver(Protocol):
         """One message's delivery record (state, attempts, last outcome, body), or None."""
         ...
 
-    def dead_to_requeue(self, conn: Connection, reply_id: str) -> DeadOutcome | None:
-        """A dead message's id and last outcome, or None when it is not dead."""
+    def lock_dead(self, conn: Connection, reply_ids: Sequence[str]) -> dict[str, DeadOutcome]:
+        """The dead messages among `reply_ids`, by reply_id, each with its id and last
+        outcome, locked until the transaction ends."""
         ...
 
-    def requeue_dead(self, conn: Connection, message_id: int, now: Now) -> bool:
-        """Make a dead message pending with a fresh budget; False when it was no longer dead."""
+    def requeue_dead(self, conn: Connection, message_ids: Sequence[int], now: Now) -> int:
+        """Make dead messages pending with a fresh budget; how many were still dead."""
         ...
 
-    def resolve_dead(self, conn: Connection, reply_id: str, now: Now) -> DeadOutcome | None:
-        """Resolve a dead message for good: the outcome it keeps, or None when not dead."""
+    def resolve_dead(self, conn: Connection, message_ids: Sequence[int], now: Now) -> int:
+        """Resolve dead messages for good (keeping their last outcome); how many were still
+        dead."""
         ...
 
     def message_state(self, conn: Connection, reply_id: str) -> str | None:
         """One message's state, or None when there is no such message."""
         ...
 
-    def insert_decision_audit(
-        self, conn: Connection, values: dict[str, Any], now: Now
-    ) -> dict[str, Any]:
-        """One audit row of a decision about a dead message, requested `now`; returned whole."""
+    def insert_decision_audits(
+        self, conn: Connection, rows: Sequence[dict[str, Any]], now: Now
+    ) -> list[dict[str, Any]]:
+        """The audit rows of decisions about dead messages (a reply_id once each), requested
+        `now`; returned whole, in the order given."""
         ...
 
     def purge_messages(

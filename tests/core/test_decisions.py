@@ -21,6 +21,7 @@ from outbox.dead_filter import DeadFilter
 from outbox.decisions import REFUSALS, Decision, RequeueDecision
 from outbox.errors import NotDead
 from outbox.operations import Operations
+from outbox.schema import messages
 from outbox.testing import ManualClock
 
 BILLING = DeadFilter(destination="billing")
@@ -265,3 +266,32 @@ def test_a_message_decided_meanwhile_is_refused_with_the_reason(
         "refused",
         ("message 'b-1' is resolved, which is final; nothing resolved"),
     )
+
+
+def test_a_bulk_decision_runs_a_few_statements_a_batch_not_a_few_a_message(
+    ops: Operations, engine: sa.Engine, clock: ManualClock
+) -> None:
+    chosen = [f"bulk-{n}" for n in range(decisions.PER_TRANSACTION + 50)]
+    publish_many(engine, chosen, destination="bulk", clock=clock)
+    with engine.begin() as conn:
+        conn.execute(
+            sa.update(messages).where(messages.c.destination == "bulk").values(state="dead")
+        )
+    statements: list[str] = []
+
+    def count(*args: Any) -> None:
+        statements.append(args[2])
+
+    sa.event.listen(ops.engine, "before_cursor_execute", count)
+    try:
+        every = dict.fromkeys(chosen, "not received")
+        requeued = decisions.requeue(
+            ops, DeadFilter(destination="bulk"), reason="r", by="anna", lookup=Lookup(every)
+        )
+    finally:
+        sa.event.remove(ops.engine, "before_cursor_execute", count)
+    assert [d.outcome for d in requeued] == ["requeued"] * len(chosen)
+    assert [d.audit["reply_id"] for d in requeued if d.audit] == chosen
+    assert {states(engine)[reply_id] for reply_id in chosen} == {"pending"}
+    # Two batches: the list, then per batch a lock, an update, the audits and a BEGIN.
+    assert len(statements) <= 1 + 2 * 5, statements

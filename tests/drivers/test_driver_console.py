@@ -65,19 +65,21 @@ def test_the_audit_is_read_newest_first_by_page_and_operator(
     driver: Driver, conn: sa.Connection
 ) -> None:
     for n, by in enumerate(["anna", "bob", "anna", "anna"]):
-        driver.insert_decision_audit(
+        driver.insert_decision_audits(
             conn,
-            {
-                "action": "resolve",
-                "reply_id": f"m-{n}",
-                "requested_by": by,
-                "reason": "why",
-                "receipt": "not checked",
-                "forced": False,
-                "previous_attempts": 3,
-                "previous_status": None,
-                "previous_error": None,
-            },
+            [
+                {
+                    "action": "resolve",
+                    "reply_id": f"m-{n}",
+                    "requested_by": by,
+                    "reason": "why",
+                    "receipt": "not checked",
+                    "forced": False,
+                    "previous_attempts": 3,
+                    "previous_status": None,
+                    "previous_error": None,
+                }
+            ],
             START + n,
         )
 

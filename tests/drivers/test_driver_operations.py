@@ -73,34 +73,50 @@ def test_a_delivery_record_has_the_body_and_its_size(driver: Driver, conn: sa.Co
     assert driver.delivery_record(conn, "nobody") is None
 
 
-def test_a_requeue_makes_a_dead_message_pending_once(driver: Driver, conn: sa.Connection) -> None:
-    message_id = published(driver, conn, "m-1", START - 100)
-    assert driver.dead_to_requeue(conn, "m-1") is None  # pending, not dead
+def test_only_dead_messages_are_locked_for_a_decision(driver: Driver, conn: sa.Connection) -> None:
+    first = published(driver, conn, "m-1", START - 100)
+    second = published(driver, conn, "m-2", START - 100)
+    published(driver, conn, "m-3", START - 100)  # pending: not dead
+    dead(conn, "m-2", 404, "not found")
     dead(conn, "m-1", 500, "boom")
-    outcome = driver.dead_to_requeue(conn, "m-1")
-    assert outcome == DeadOutcome(message_id, 7, 500, "boom")
-    assert driver.requeue_dead(conn, message_id, START)
-    row = state_of(conn, "m-1")
-    assert row is not None
-    assert (row["state"], row["attempts"], row["available_at"]) == ("pending", 0, START)
-    assert (row["last_status"], row["last_error"], row["owner"]) == (None, None, None)
-    assert not driver.requeue_dead(conn, message_id, START)  # no longer dead
+    locked = driver.lock_dead(conn, ["m-3", "m-2", "nobody", "m-1"])
+    assert locked == {
+        "m-1": DeadOutcome(first, 7, 500, "boom"),
+        "m-2": DeadOutcome(second, 7, 404, "not found"),
+    }
+    assert driver.lock_dead(conn, []) == {}
+
+
+def test_a_requeue_makes_dead_messages_pending_once(driver: Driver, conn: sa.Connection) -> None:
+    ids = [published(driver, conn, f"m-{n}", START - 100) for n in range(3)]
+    dead(conn, "m-0", 500, "boom")
+    dead(conn, "m-1", 500, "boom")
+    # m-2 is pending: the guard leaves it alone.
+    assert driver.requeue_dead(conn, ids, START) == 2
+    for reply_id in ("m-0", "m-1"):
+        row = state_of(conn, reply_id)
+        assert row is not None
+        assert (row["state"], row["attempts"], row["available_at"]) == ("pending", 0, START)
+        assert (row["last_status"], row["last_error"], row["owner"]) == (None, None, None)
+    assert driver.requeue_dead(conn, ids, START) == 0  # no longer dead
+    assert driver.requeue_dead(conn, [], START) == 0
 
 
 def test_a_resolve_is_final_and_keeps_the_last_outcome(driver: Driver, conn: sa.Connection) -> None:
     message_id = published(driver, conn, "m-1", START - 100)
-    assert driver.resolve_dead(conn, "m-1", START) is None
+    assert driver.resolve_dead(conn, [message_id], START) == 0
     dead(conn, "m-1", 404, "not found")
-    assert driver.resolve_dead(conn, "m-1", START) == DeadOutcome(message_id, 7, 404, "not found")
+    assert driver.resolve_dead(conn, [message_id], START) == 1
     row = state_of(conn, "m-1")
     assert row is not None
     assert (row["state"], row["resolved_at"]) == ("resolved", START)
-    assert driver.resolve_dead(conn, "m-1", START + 1) is None
+    assert (row["attempts"], row["last_status"], row["last_error"]) == (7, 404, "not found")
+    assert driver.resolve_dead(conn, [message_id], START + 1) == 0
     assert driver.message_state(conn, "m-1") == "resolved"
     assert driver.message_state(conn, "nobody") is None
 
 
-def test_a_decision_audit_row_comes_back_whole(driver: Driver, conn: sa.Connection) -> None:
+def test_decision_audit_rows_come_back_whole_in_order(driver: Driver, conn: sa.Connection) -> None:
     values = {
         "action": "requeue",
         "reply_id": "m-1",
@@ -112,11 +128,14 @@ def test_a_decision_audit_row_comes_back_whole(driver: Driver, conn: sa.Connecti
         "previous_status": 500,
         "previous_error": "boom",
     }
-    first = driver.insert_decision_audit(conn, values, START)
-    second = driver.insert_decision_audit(conn, values | {"action": "resolve"}, START + 1)
+    given = [values, values | {"reply_id": "m-0", "action": "resolve"}]
+    first, second = driver.insert_decision_audits(conn, given, START)
     assert first == values | {"id": first["id"], "requested_at": START}
-    assert second["id"] > first["id"]
+    assert (second["reply_id"], second["action"]) == ("m-0", "resolve")
+    [third] = driver.insert_decision_audits(conn, [values | {"action": "resolve"}], START + 1)
+    assert first["id"] < third["id"]
     assert [row["action"] for row in driver.decisions(conn, "m-1")] == ["requeue", "resolve"]
+    assert driver.insert_decision_audits(conn, [], START) == []
 
 
 def test_a_purge_deletes_old_sent_and_resolved_messages_only(

@@ -80,38 +80,49 @@ def select_delivery_record(reply_id: str) -> sa.Select[Any]:
     ).where(messages.c.reply_id == reply_id)
 
 
-@functools.cache
-def select_dead_to_requeue() -> sa.Select[Any]:
-    """The id and last outcome of the dead message :reply_id, to requeue it; built once (a
-    bulk decision runs it per message)."""
-    return sa.select(
-        messages.c.id, messages.c.attempts, messages.c.last_status, messages.c.last_error
-    ).where(
-        messages.c.reply_id == sa.bindparam("reply_id", type_=sa.String()),
-        messages.c.state == MessageState.DEAD.value,
+def select_dead_locked(reply_ids: Sequence[str]) -> sa.Select[Any]:
+    """The id, reply_id and last outcome of each dead message among `reply_ids`, their rows
+    locked until the transaction ends (SQLite's BEGIN IMMEDIATE holds them all), in id
+    order so that two decisions at once lock in the same order."""
+    return (
+        sa.select(
+            messages.c.id,
+            messages.c.reply_id,
+            messages.c.attempts,
+            messages.c.last_status,
+            messages.c.last_error,
+        )
+        .where(
+            messages.c.reply_id.in_(list(reply_ids)), messages.c.state == MessageState.DEAD.value
+        )
+        .order_by(messages.c.id)
+        .with_for_update()
     )
 
 
-@functools.cache
-def requeue_dead(pieces: DriverPieces) -> sa.Update:
-    """The dead message :message_id pending again with a fresh budget; guarded by its
-    state; built once."""
-    # Of two operators requeueing at once, one changes the row.
+def requeue_dead(message_ids: Sequence[int], now: NowSQL) -> sa.Update:
+    """The dead messages `message_ids` pending again with a fresh budget; guarded by state."""
     return (
         messages.update()
-        .where(
-            messages.c.id == sa.bindparam("message_id", type_=sa.BigInteger()),
-            messages.c.state == MessageState.DEAD.value,
-        )
+        .where(messages.c.id.in_(list(message_ids)), messages.c.state == MessageState.DEAD.value)
         .values(
             state=MessageState.PENDING.value,
             attempts=0,
-            available_at=pieces.bound_now(),
+            available_at=now,
             owner=None,
             lease_until=None,
             last_status=None,
             last_error=None,
         )
+    )
+
+
+def resolve_dead(message_ids: Sequence[int], now: NowSQL) -> sa.Update:
+    """The dead messages `message_ids` resolved, never to be delivered; guarded by state."""
+    return (
+        messages.update()
+        .where(messages.c.id.in_(list(message_ids)), messages.c.state == MessageState.DEAD.value)
+        .values(state=MessageState.RESOLVED.value, resolved_at=now)
     )
 
 
@@ -134,21 +145,6 @@ def insert_decision_audit(pieces: DriverPieces) -> sa.Insert:
     """One audit row of a decision, requested :now; built once."""
     given = {name: sa.bindparam(name, type_=requeues.c[name].type) for name in AUDITED}
     return requeues.insert().values(**given, requested_at=pieces.bound_now())
-
-
-def resolve_dead(reply_id: str, now: NowSQL) -> sa.Update:
-    """A dead message resolved, never to be delivered; guarded by its state. Returns the
-    outcome it keeps (id, attempts, last status and error), or no row when it was not dead."""
-    # One statement both checks and changes: of a resolve and a requeue (or two resolves)
-    # at once, one changes the row and the other's guard no longer matches it.
-    return (
-        messages.update()
-        .where(messages.c.reply_id == reply_id, messages.c.state == MessageState.DEAD.value)
-        .values(state=MessageState.RESOLVED.value, resolved_at=now)
-        .returning(
-            messages.c.id, messages.c.attempts, messages.c.last_status, messages.c.last_error
-        )
-    )
 
 
 def select_state(reply_id: str) -> sa.Select[Any]:
@@ -206,33 +202,45 @@ class OperationStatements(DriverPieces):
         row = conn.execute(select_delivery_record(reply_id)).mappings().first()
         return None if row is None else dict(row)
 
-    def dead_to_requeue(self, conn: Connection, reply_id: str) -> DeadOutcome | None:
-        """A dead message's id and last outcome, or None when it is not dead."""
-        row = conn.execute(select_dead_to_requeue(), {"reply_id": reply_id}).first()
-        return None if row is None else DeadOutcome(*row)
+    def lock_dead(self, conn: Connection, reply_ids: Sequence[str]) -> dict[str, DeadOutcome]:
+        """The dead messages among `reply_ids`, by reply_id, each with its id and last
+        outcome, locked until the transaction ends."""
+        rows = conn.execute(select_dead_locked(reply_ids))
+        return {row.reply_id: DeadOutcome(row.id, *row[2:]) for row in rows}
 
-    def requeue_dead(self, conn: Connection, message_id: int, now: Now) -> bool:
-        """Make a dead message pending with a fresh budget; False when it was no longer dead."""
-        changed = conn.execute(requeue_dead(self), {"message_id": message_id, "now": now})
-        return bool(changed.rowcount == 1)
+    def requeue_dead(self, conn: Connection, message_ids: Sequence[int], now: Now) -> int:
+        """Make dead messages pending with a fresh budget; how many were still dead."""
+        if not message_ids:
+            return 0
+        changed = conn.execute(requeue_dead(message_ids, self.now_sql(now)))
+        return int(changed.rowcount)
 
-    def resolve_dead(self, conn: Connection, reply_id: str, now: Now) -> DeadOutcome | None:
-        """Resolve a dead message for good: the outcome it keeps, or None when not dead."""
-        row = conn.execute(resolve_dead(reply_id, self.now_sql(now))).first()
-        return None if row is None else DeadOutcome(*row)
+    def resolve_dead(self, conn: Connection, message_ids: Sequence[int], now: Now) -> int:
+        """Resolve dead messages for good (keeping their last outcome); how many were still
+        dead."""
+        if not message_ids:
+            return 0
+        changed = conn.execute(resolve_dead(message_ids, self.now_sql(now)))
+        return int(changed.rowcount)
 
     def message_state(self, conn: Connection, reply_id: str) -> str | None:
         """One message's state, or None when there is no such message."""
         state: str | None = conn.execute(select_state(reply_id)).scalar_one_or_none()
         return state
 
-    def insert_decision_audit(
-        self, conn: Connection, values: dict[str, Any], now: Now
-    ) -> dict[str, Any]:
-        """One audit row of a decision about a dead message, requested `now`; returned whole."""
+    def insert_decision_audits(
+        self, conn: Connection, rows: Sequence[dict[str, Any]], now: Now
+    ) -> list[dict[str, Any]]:
+        """The audit rows of decisions about dead messages (a reply_id once each), requested
+        `now`; returned whole, in the order given (one statement for them all)."""
+        if not rows:
+            return []
+        # Matched by reply_id, not returned in parameter order: SQLite would run that
+        # form a row at a time.
         statement = insert_decision_audit(self).returning(*requeues.c)
-        audit = conn.execute(statement, {**values, "now": now})
-        return dict(audit.mappings().one())
+        audits = conn.execute(statement, [{**values, "now": now} for values in rows])
+        by_reply = {row["reply_id"]: dict(row) for row in audits.mappings()}
+        return [by_reply[values["reply_id"]] for values in rows]
 
     def purge_messages(
         self, conn: Connection, now: Now, older_than: float, batch: int

@@ -14,37 +14,18 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, CursorResult, RowMapping
 
-from outbox.drivers.base import DeadOutcome, Now
+from outbox.drivers.base import Now
 from outbox.drivers.common.messages import message_values
 from outbox.drivers.common.operations import insert_decision_audit
 from outbox.drivers.common.receipts import ReceiptStatements
 from outbox.drivers.mysql.once import insert_once
 from outbox.receiver_tables import receipts
 from outbox.schema import inbox, messages, requeues
-from outbox.states import MessageState
 
 
 def select_message_by_id(message_id: int) -> sa.Select[Any]:
     """One message row by id (a new row read back)."""
     return sa.select(messages).where(messages.c.id == message_id)
-
-
-def select_dead_for_update(reply_id: str) -> sa.Select[Any]:
-    """A dead message's id and last outcome, its row locked until the transaction ends."""
-    return (
-        sa.select(messages.c.id, messages.c.attempts, messages.c.last_status, messages.c.last_error)
-        .where(messages.c.reply_id == reply_id, messages.c.state == MessageState.DEAD.value)
-        .with_for_update()
-    )
-
-
-def resolve_by_id(message_id: int, now: sa.ColumnElement[float]) -> sa.Update:
-    """Resolve a dead message found by its id; guarded by its state."""
-    return (
-        messages.update()
-        .where(messages.c.id == message_id, messages.c.state == MessageState.DEAD.value)
-        .values(state=MessageState.RESOLVED.value, resolved_at=now)
-    )
 
 
 def select_audit(audit_id: int) -> sa.Select[Any]:
@@ -148,22 +129,16 @@ class MySQLInserts(ReceiptStatements):
             if insert_once(conn, receipts.insert(), row) is not None
         }
 
-    def resolve_dead(self, conn: Connection, reply_id: str, now: Now) -> DeadOutcome | None:
-        """Resolve a dead message for good: its row locked and read, then changed; the
-        outcome it keeps, or None when not dead."""
-        row = conn.execute(select_dead_for_update(reply_id)).first()
-        if row is None:
-            return None
-        conn.execute(resolve_by_id(row.id, self.now_sql(now)))
-        return DeadOutcome(*row)
-
-    def insert_decision_audit(
-        self, conn: Connection, values: dict[str, Any], now: Now
-    ) -> dict[str, Any]:
-        """One audit row of a decision about a dead message, requested `now`; read back by
-        its id."""
-        audit_id = new_id(conn.execute(insert_decision_audit(self), {**values, "now": now}))
-        return dict(conn.execute(select_audit(audit_id)).mappings().one())
+    def insert_decision_audits(
+        self, conn: Connection, rows: Sequence[dict[str, Any]], now: Now
+    ) -> list[dict[str, Any]]:
+        """The audit rows of decisions about dead messages, requested `now`: inserted one by
+        one (MySQL has no INSERT ... RETURNING), each read back by its id."""
+        audits = []
+        for values in rows:
+            audit_id = new_id(conn.execute(insert_decision_audit(self), {**values, "now": now}))
+            audits.append(dict(conn.execute(select_audit(audit_id)).mappings().one()))
+        return audits
 
     def purge_receipts(self, conn: Connection, now: Now, older_than: float, batch: int) -> int:
         """Delete up to `batch` receipts received over `older_than` seconds ago, oldest
