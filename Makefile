@@ -1,7 +1,8 @@
 # Two entry points, both self-installing into .venv on first use:
 #   make demo   the end-to-end story on the embedded SQLite default
 #   make test   lint, types, the documentation site and the suite (SQLite and PostgreSQL)
-#               but for its runs on MariaDB (`make test-mysql`), the console in
+#               but for the tests that start the product's processes (`make
+#               test-processes`), its runs on MariaDB (`make test-mysql`), the console in
 #               headless Chromium (`make test-browser`), the fault proofs
 #               (`make test-faults`) and the long tests (`make test-long`), which
 #               .ci/run runs after it
@@ -10,7 +11,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-mysql test-browser test-faults test-long lint docs package-check test-nats-newest faults-report screenshots clean
+.PHONY: demo test test-processes test-mysql test-browser test-faults test-long lint docs package-check test-nats-newest faults-report screenshots clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -37,7 +38,14 @@ docs: $(STAMP)
 # Three test processes on two cores: the process tests spend much of their time waiting
 # for leases to expire and processes to start, so they overlap well.
 test: lint docs
-	$(BIN)/python -m pytest -n 3 --dist worksteal -m "not long and not faults and not mysql and not browser" $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n 3 --dist worksteal -m "not long and not faults and not mysql and not browser and not processes" $(PYTEST_ARGS)
+
+# The tests that start the product's own processes (receivers, relays, workers) and talk to
+# them over sockets and signals (tests/conftest.py's PROCESSES): a third of the suite's
+# time, which a busy machine stretches most, so out of `make test`'s six minutes; .ci/run
+# runs them right after it.
+test-processes: $(STAMP)
+	$(BIN)/python -m pytest -n 3 --dist worksteal -m "processes and not long and not faults and not mysql and not browser" $(PYTEST_ARGS)
 
 # The backend-parametrised tests on MariaDB and the MySQL driver's own tests (marked
 # mysql by tests/conftest.py): three minutes more than `make test` has room for, so

@@ -64,6 +64,29 @@ BROWSER = (
 )
 """The console driven in headless Chromium, against real processes: marked `browser`, run by
 `make test-browser` beside `make test`, whose six minutes they would take a minute of."""
+PROCESSES = (
+    "tests/relay/test_relay_receiver.py",
+    "tests/relay/test_relay_process.py",
+    "tests/receiver/test_receiver_process.py",
+    "tests/receiver/test_receiver_limits.py",
+    "tests/receiver/test_receiver_protocol.py",
+    "tests/receiver/test_receiver_concurrency.py",
+    "tests/receiver/test_receiver_observability.py",
+    "tests/test_stop_signals.py",
+    "tests/test_worker_observability.py",
+    "tests/test_failpoint_environment.py",
+    "tests/test_tracing_processes.py",
+    "tests/test_cli_processes.py",
+    "tests/test_trace_cost.py",
+    "tests/test_receipts_receiver.py",
+)
+"""Tests that start the product's own processes (receivers, relays, workers, consoles) and
+talk to them over real sockets and signals: a third of the suite's time, mostly spent
+waiting for processes to start and stop, which a busy machine stretches most. Marked
+`processes`, they run as `make test-processes`, .ci/run's step right after `make test`, so
+that `make test` keeps its six minutes at any hour. The first-contact tests that start
+processes (the README's quickstart, the demo, the plain install, the examples) stay in
+`make test`."""
 MYSQL_ONLY = "tests/drivers/test_mysql_"
 """The driver tests of MySQL alone (InnoDB's locking, plans, sessions, URLs): marked
 `mysql`, they run with the rest of MariaDB's in `make test-mysql`; the conformance suite
@@ -71,7 +94,7 @@ every driver passes stays in `make test`."""
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Mark the fault proofs, MYSQL_ONLY and BROWSER; run LONGEST_FIRST first, longest
+    """Mark the fault proofs, MYSQL_ONLY, BROWSER and PROCESSES; run LONGEST_FIRST first, longest
     first; the rest as collected."""
     for item in items:
         if item.nodeid.startswith(FAULTS):
@@ -80,6 +103,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.mysql)
         if item.nodeid.startswith(BROWSER):
             item.add_marker(pytest.mark.browser)
+        if item.nodeid.startswith(PROCESSES):
+            item.add_marker(pytest.mark.processes)
 
     def rank(item: pytest.Item) -> int:
         for place, prefix in enumerate(LONGEST_FIRST):
