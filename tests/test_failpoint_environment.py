@@ -42,9 +42,12 @@ def child_env(variables: dict[str, str]) -> dict[str, str]:
 
 
 @pytest.fixture
-def restored() -> Iterator[None]:
+def restored(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """Tests that re-read the environment leave the module as this process's own."""
     yield
+    # The test's variables undone first: read with them, the module would keep a bad
+    # switch, and every later failpoint this process hits would raise.
+    monkeypatch.undo()
     failpoints.read_environment()
 
 
