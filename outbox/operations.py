@@ -69,18 +69,26 @@ class Operations(DatabaseHandle):
     def _now(self) -> float | None:
         return clock_value(self.clock)
 
-    def status(self) -> dict[str, Any]:
+    def status(self, estimate_over: int | None = None) -> dict[str, Any]:
         """Counts per state of tasks and messages, the oldest pending of each, the dead count,
-        and the pending messages no running relay delivers (unrouted)."""
+        and the pending messages no running relay delivers (unrouted).
+
+        With `estimate_over`, a table whose statistics put it over that many rows has its
+        final states estimated from them (their names in "estimated"): counting them would
+        read the whole history. Live states are always counted.
+        """
         with self._engine.connect() as conn:
-            task_counts = self._counts(conn, "tasks", TASK_STATES)
-            message_counts = self._counts(conn, "messages", MESSAGE_STATES)
+            task_counts, tasks_estimated = self._counts(conn, "tasks", TASK_STATES, estimate_over)
+            message_counts, messages_estimated = self._counts(
+                conn, "messages", MESSAGE_STATES, estimate_over
+            )
             oldest_task = self._oldest_age(conn, "tasks")
             oldest_message = self._oldest_age(conn, "messages")
             unrouted, unrouted_age = self.driver.unrouted(conn, self._now())
         return {
             "tasks": task_counts,
             "messages": message_counts,
+            "estimated": {"tasks": tasks_estimated, "messages": messages_estimated},
             "oldest_pending_task_age": oldest_task,
             "oldest_pending_message_age": oldest_message,
             "dead": message_counts["dead"],
@@ -89,11 +97,21 @@ class Operations(DatabaseHandle):
         }
 
     def _counts(
-        self, conn: sa.Connection, table: StateTable, states: tuple[str, ...]
-    ) -> dict[str, int]:
-        """Rows per state, every known state listed (zero when absent)."""
-        found = self.driver.state_counts(conn, table)
-        return {name: found.get(name, 0) for name in states}
+        self,
+        conn: sa.Connection,
+        table: StateTable,
+        states: tuple[str, ...],
+        estimate_over: int | None,
+    ) -> tuple[dict[str, int], list[str]]:
+        """Rows per state, every known state listed (zero when absent), and the states whose
+        figure is an estimate."""
+        estimates = None if estimate_over is None else self.driver.state_estimates(conn, table)
+        if estimates is None or sum(estimates.values()) <= (estimate_over or 0):
+            found = self.driver.state_counts(conn, table)
+            return {name: found.get(name, 0) for name in states}, []
+        live = self.driver.live_state_counts(conn, table)
+        counts = {name: live.get(name, estimates.get(name, 0)) for name in states}
+        return counts, [name for name in states if name not in live]
 
     def _oldest_age(self, conn: sa.Connection, table: StateTable) -> float | None:
         """Seconds since the oldest pending row of `table` was created, or None."""

@@ -120,6 +120,8 @@ def check_results(document: dict[str, Any], table: str) -> None:
         ("relay peak RSS draining", "postgresql"),
         ("console slowest page", "postgresql"),
         ("console slowest first answer after start", "postgresql"),
+        ("console overview", "postgresql"),
+        ("console bulk requeue", "postgresql"),
         ("WAL per delivered message", "postgresql"),
         ("full-page images per delivered message", "postgresql"),
         ("index entries per delivered message", "postgresql"),
@@ -223,3 +225,7 @@ def check_results(document: dict[str, Any], table: str) -> None:
     assert pages["slowest_ms"] > 0
     assert pages["slowest_ms"] == max(v for k, v in pages.items() if k.endswith("_median_ms"))
     assert pages["slowest_first_ms"] == max(v for k, v in pages.items() if k.endswith("_first_ms"))
+    assert pages["bulk_requeue_s"] > 0
+    large = rows[("console overview", "postgresql")]["runs"][0]
+    assert large["overview_median_ms"] > 0
+    assert [k for k in large if k.endswith("_median_ms")] == ["overview_median_ms"]

@@ -217,6 +217,16 @@ class OperationsDriver(Protocol):
         """Rows per state present in `table`."""
         ...
 
+    def live_state_counts(self, conn: Connection, table: StateTable) -> dict[str, int]:
+        """Rows in each of `table`'s live states (pending, running or sending, dead), counted
+        through their partial indexes."""
+        ...
+
+    def state_estimates(self, conn: Connection, table: StateTable) -> dict[str, int] | None:
+        """Rows per state as the database's statistics estimate them; None where it keeps
+        none that say so."""
+        ...
+
     def oldest_pending_age(self, conn: Connection, table: StateTable, now: Now) -> float | None:
         """Seconds since the oldest pending row of `table` was created, or None."""
         ...

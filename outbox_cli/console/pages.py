@@ -35,6 +35,9 @@ HERE = Path(__file__).parent
 PAGE_SIZE = 50
 REFRESH_SECONDS = 30
 """How often the overview reloads itself while auto-refresh is on."""
+ESTIMATE_OVER = 1_000_000
+"""Rows of a table past which the overview estimates its final states' counts from the
+database's statistics (PostgreSQL) rather than count its whole history at each refresh."""
 FILTERS = ("destination", "status", "error", "since", "until")
 LARGEST_STATUS = 2**31 - 1
 """The largest status the database's column holds: a larger one is a bad filter (400),
@@ -156,7 +159,7 @@ class Pages:
     def _overview(self) -> dict[str, Any]:
         """What the overview shows, as of the database's time."""
         now = charts.database_now(self.ops)
-        status = self.ops.status()
+        status = self.ops.status(estimate_over=ESTIMATE_OVER)
         drawn = charts.charts(self.minute_counts.counts(self.ops, now, charts.LONGEST), now)
         return {
             "now": now,

@@ -1,4 +1,4 @@
-"""EXPLAIN guard: the console's charts and dead list read only what they show.
+"""EXPLAIN guard: the console's charts, dead list and counts read only what they show.
 
 A chart counts one day of a history that may hold months; the dead list reads
 dead rows, which are few beside the delivered ones. Each must walk its index,
@@ -11,12 +11,21 @@ from collections.abc import Iterator
 
 import pytest
 import sqlalchemy as sa
+from support.console_helpers import client
 from test_claim_plans import generic_plan
 
 from outbox.dead_filter import DeadFilter
 from outbox.drivers import driver_for
+from outbox.drivers.base import StateTable
 from outbox.drivers.common.console import dead_since, per_minute
-from outbox.drivers.common.operations import select_dead
+from outbox.drivers.common.operations import (
+    LIVE_STATES,
+    STATE_TABLES,
+    count_in_states,
+    select_dead,
+)
+from outbox.operations import Operations
+from outbox_cli.console import pages
 
 MINUTES = 20_000  # about two weeks of history, a row a minute of each kind
 DAY = 86_400.0
@@ -121,3 +130,61 @@ def test_the_overviews_dead_of_the_last_hour_reads_dead_rows_only(history: sa.En
     assert "Seq Scan" not in plan, plan
     for line in found:
         assert any(index in line for index in DEAD_ONLY), plan
+
+
+@pytest.mark.parametrize("backend", ["postgresql"], indirect=True)
+@pytest.mark.parametrize("table", ["tasks", "messages"])
+def test_the_overviews_live_counts_read_their_partial_indexes(
+    history: sa.Engine, table: StateTable
+) -> None:
+    statement = count_in_states(STATE_TABLES[table], LIVE_STATES[table])
+    with history.connect() as conn:
+        # No parameters: its one plan is the generic one.
+        sql = str(statement.compile(dialect=conn.dialect))
+        plan = "\n".join(row[0] for row in conn.exec_driver_sql(f"EXPLAIN {sql}"))
+    found = scans(plan)
+    assert len(found) == len(LIVE_STATES[table]), plan
+    assert "Seq Scan" not in plan, plan
+
+
+@pytest.mark.parametrize("backend", ["postgresql"], indirect=True)
+def test_past_the_threshold_the_final_states_are_estimated_and_the_live_ones_counted(
+    history: sa.Engine, db_url: str
+) -> None:
+    with Operations(db_url) as ops:
+        exact = ops.status()
+        estimated = ops.status(estimate_over=MINUTES // 2)
+        beneath = ops.status(estimate_over=MINUTES * 2)
+    assert exact["estimated"] == beneath["estimated"] == {"tasks": [], "messages": []}
+    assert beneath["messages"] == exact["messages"]
+    assert estimated["estimated"] == {
+        "tasks": ["done", "failed", "cancelled", "expired", "hop_limit"],
+        "messages": ["sent", "resolved"],
+    }
+    # The live states counted exactly, the final ones near the truth (the statistics
+    # sample the table).
+    assert estimated["messages"]["dead"] == exact["messages"]["dead"] == MINUTES // 500
+    assert estimated["tasks"]["pending"] == exact["tasks"]["pending"] == 0
+    for table, state in [("tasks", "done"), ("messages", "sent")]:
+        assert estimated[table][state] == pytest.approx(exact[table][state], rel=0.05)
+
+
+@pytest.mark.parametrize("backend", ["postgresql"], indirect=True)
+def test_the_overview_says_which_counts_are_estimates(
+    history: sa.Engine, db_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with Operations(db_url) as ops:
+        browser = client(ops)
+        exact = browser.get("/")
+        monkeypatch.setattr(pages, "ESTIMATE_OVER", MINUTES // 2)
+        estimated = browser.get("/")
+        browser.close()
+    assert exact.status_code == estimated.status_code == 200
+    assert 'data-estimated="yes"' not in exact.text
+    assert 'id="estimated-note"' not in exact.text
+    # The final states marked, in words too; the live ones are not.
+    assert '<td data-state="sent"><span class="estimate" data-estimated="yes">about ' in (
+        estimated.text
+    )
+    assert f'<td data-state="dead">{MINUTES // 500}</td>' in estimated.text
+    assert 'id="estimated-note"' in estimated.text

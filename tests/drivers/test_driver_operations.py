@@ -30,6 +30,19 @@ def test_counts_per_state_and_the_oldest_pending(driver: Driver, conn: sa.Connec
     assert driver.oldest_pending_age(conn, "tasks", START) == 40.0
 
 
+def test_live_states_are_counted_each_zero_included(driver: Driver, conn: sa.Connection) -> None:
+    for n in range(4):
+        published(driver, conn, f"m-{n}", START)
+    set_state(conn, "m-0", state="sent")
+    set_state(conn, "m-1", state="dead")
+    add_task(conn, "t-1", "running", START)
+    assert driver.live_state_counts(conn, "messages") == {"pending": 2, "sending": 0, "dead": 1}
+    assert driver.live_state_counts(conn, "tasks") == {"pending": 0, "running": 1}
+    estimates = driver.state_estimates(conn, "messages")
+    # Only PostgreSQL keeps statistics that say so, and not before the table's first ANALYZE.
+    assert estimates is None or set(estimates) <= {"pending", "sent", "dead"}
+
+
 def test_the_dead_list_filters_and_pages_in_id_order(driver: Driver, conn: sa.Connection) -> None:
     ids = {}
     for n, destination in enumerate(["a", "b", "a", "a"]):

@@ -18,6 +18,7 @@ from outbox.drivers.postgresql import settle as settling
 from outbox.drivers.postgresql.claims import PostgreSQLClaims
 from outbox.drivers.postgresql.engine import PostgreSQLEngines
 from outbox.drivers.postgresql.errors import PostgreSQLErrors
+from outbox.drivers.postgresql.estimates import PostgreSQLEstimates
 from outbox.drivers.postgresql.held_tasks import (
     PsycopgHeldClaims,
     PsycopgHeldFinishes,
@@ -37,6 +38,7 @@ class PostgreSQLDriver(
     PostgreSQLTaskResults,
     PostgreSQLEngines,
     PostgreSQLErrors,
+    PostgreSQLEstimates,
     CommonDriver,
 ):
     """PostgreSQL: the portable statements, and one-statement receipt inserts, claims,
