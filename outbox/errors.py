@@ -16,6 +16,7 @@ OutboxError
 ├── RequeueRefused        a requeue found the message missing or not dead
 ├── ResolveRefused        a resolve found the message missing or not dead
 ├── NotDead               a decision named a reply_id that is no dead message
+├── TaskNotCancelled      a cancel named a task that is final already, or none
 ├── ConfigError           (also ValueError) a configuration (file, variables) is unusable
 └── SignatureError        a request is not signed by a current secret in time
 """
@@ -91,6 +92,19 @@ class NotDead(OutboxError):
         found = "no message" if state is None else f"message is {state}, not dead:"
         super().__init__(f"{found} {reply_id!r}")
         self.reply_id = reply_id
+        self.state = state
+
+
+class TaskNotCancelled(OutboxError):
+    """A cancel named a task that is final already, or no task; nothing was changed.
+
+    `state` is the task's state, or None when there is no such task.
+    """
+
+    def __init__(self, task_id: str, state: str | None) -> None:
+        found = "no task" if state is None else f"task is {state} (final), not cancelled:"
+        super().__init__(f"{found} {task_id!r}")
+        self.task_id = task_id
         self.state = state
 
 

@@ -24,9 +24,10 @@ from outbox.db.dialect import clock_value
 from outbox.db.handle import DatabaseHandle
 from outbox.dead_filter import DeadFilter
 from outbox.drivers.base import DeadOutcome, StateTable
-from outbox.errors import RequeueRefused, ResolveRefused
+from outbox.errors import RequeueRefused, ResolveRefused, TaskNotCancelled
 from outbox.schema import MESSAGE_STATES, TASK_STATES
-from outbox.states import DeadDecision, MessageState
+from outbox.states import DeadDecision, MessageState, TaskDecision
+from outbox.task_cancel import cancel_in, storable_reason
 
 PURGE_BATCH = 1000
 PURGED_STATES = (MessageState.SENT.value, MessageState.RESOLVED.value)
@@ -213,6 +214,29 @@ class Operations(DatabaseHandle):
                 done[index] if index in done else self._not_dead(conn, reply_id, consequence)
                 for index, (reply_id, _, _) in enumerate(chosen)
             ]
+
+    def cancel_task(
+        self, task_id: str, *, reason: str, by: str, reply_destination: str = "default"
+    ) -> dict[str, Any]:
+        """Cancel a pending or running task, its reply written to `reply_destination` as a
+        worker's would be, and record who and why; the audit row.
+
+        TaskNotCancelled when there is no such task or it is already final.
+        """
+        check_decision(reason, by)
+        reason = storable_reason(reason)
+        with self._decision() as conn:
+            now = self._now()
+            if not cancel_in(conn, self.driver, task_id, reason, reply_destination, now):
+                row = self.driver.task_row(conn, task_id)
+                raise TaskNotCancelled(task_id, None if row is None else str(row["state"]))
+            values = {
+                "task_id": task_id,
+                "action": TaskDecision.CANCEL.value,
+                "requested_by": by,
+                "reason": reason,
+            }
+            return self.driver.insert_task_decision(conn, values, now)
 
     def _not_dead(self, conn: sa.Connection, reply_id: str, consequence: str) -> str:
         """Why a decision about `reply_id` found no dead message to change."""

@@ -22,7 +22,7 @@ from outbox.ddl import (
     LongText,
     innodb_index,
 )
-from outbox.states import DeadDecision, MessageState, TaskState
+from outbox.states import DeadDecision, MessageState, TaskDecision, TaskState
 
 NAMING_CONVENTION = {
     "ix": "ix_%(column_0_label)s",
@@ -35,6 +35,7 @@ NAMING_CONVENTION = {
 TASK_STATES = tuple(str(state) for state in TaskState)
 MESSAGE_STATES = tuple(str(state) for state in MessageState)
 DEAD_DECISIONS = tuple(str(decision) for decision in DeadDecision)
+TASK_DECISIONS = tuple(str(decision) for decision in TaskDecision)
 
 metadata = sa.MetaData(naming_convention=NAMING_CONVENTION)
 
@@ -252,6 +253,22 @@ relays = sa.Table(
     sa.Column("last_status", sa.Integer()),
     sa.Column("last_error", LongText),
     sa.Index("ix_outbox_relays_destination", "destination"),
+    **TABLE_OPTIONS,
+)
+
+task_decisions = sa.Table(
+    "outbox_task_decisions",
+    metadata,
+    # Every operator's decision about a task (a cancel, from the console or `outbox task
+    # cancel`): which, who, when, why. Kept, never updated, not purged (migration o0015).
+    sa.Column("id", BigIdentity, primary_key=True, autoincrement=True),
+    sa.Column("task_id", sa.String(64), nullable=False),
+    sa.Column("action", sa.String(16), nullable=False),
+    sa.Column("requested_by", sa.String(200), nullable=False),
+    sa.Column("reason", LongText, nullable=False),
+    sa.Column("requested_at", Epoch(), nullable=False),
+    sa.CheckConstraint(_in("action", TASK_DECISIONS), name="action"),
+    sa.Index("ix_outbox_task_decisions_task_id", "task_id"),
     **TABLE_OPTIONS,
 )
 

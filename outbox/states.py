@@ -39,6 +39,12 @@ class DeadDecision(StrEnum):
     RESOLVE = "resolve"
 
 
+class TaskDecision(StrEnum):
+    """What an operator decided about a task. Each decision is one audit row."""
+
+    CANCEL = "cancel"
+
+
 class ErrorCode(StrEnum):
     """Why a task ended other than `done`: the stable `code` of its reply's `error` object."""
 

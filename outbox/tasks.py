@@ -38,22 +38,17 @@ from outbox.messages import (
     message_dict,
 )
 from outbox.states import ErrorCode, TaskState
+from outbox.task_cancel import cancel_in, storable_reason
 from outbox.task_intake import store_accepted
 from outbox.task_reconcile import reconcile_in
 from outbox.trace_context import active_context
 
 RECONCILE_BATCH = 100
-MAX_REASON_CHARS = 2000
 
 
 def _held(claim: Claim) -> Held:
     """The (task_id, owner, fence) naming `claim` in a guarded statement."""
     return (claim.task_id, claim.owner, claim.fence)
-
-
-def _storable_reason(reason: object) -> str:
-    """Free text from a worker or an operator, minus what the database cannot store."""
-    return str(reason).replace("\x00", "\\x00")[:MAX_REASON_CHARS]
 
 
 class TaskQueue(DatabaseHandle):
@@ -297,7 +292,7 @@ class TaskQueue(DatabaseHandle):
     ) -> str:
         """Record a failed attempt: back to pending after backoff, or `failed` with its reply
         (whose creation context is `context`, the run's span, else the active span's)."""
-        reason = _storable_reason(reason)
+        reason = storable_reason(reason)
         delay = backoff_delay(claim.attempt, self.backoff, self.backoff_cap, self._rng)
         with self._engine.begin() as conn:
             now = clock_value(self.clock)
@@ -331,19 +326,15 @@ class TaskQueue(DatabaseHandle):
 
     def cancel(self, task_id: str, reason: str = "cancelled") -> bool:
         """Cancel a pending or running task with its reply; False when it is already final."""
-        reason = _storable_reason(reason)
         with self._engine.begin() as conn:
-            now = clock_value(self.clock)
-            if not self._driver.cancel_task(conn, task_id, reason, now):
-                return False
-            error = ReplyError(ErrorCode.CANCELLED, reason)
-            add_task_replies(
+            return cancel_in(
                 conn,
-                [TaskReply(task_id, TaskState.CANCELLED, error=error)],
+                self._driver,
+                task_id,
+                storable_reason(reason),
                 self.reply_destination,
-                now,
+                clock_value(self.clock),
             )
-        return True
 
     def check_claims(self) -> None:
         """ConfigError when the server or the engine makes claims unsafe (checked once)."""

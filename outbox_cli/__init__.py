@@ -27,6 +27,7 @@ from outbox_cli import (
     relay,
     secret,
     settings,
+    task,
     upgrades,
     worker,
 )
@@ -45,6 +46,7 @@ OPTIONS = {
     "relay": relay.OPTIONS,
     "receiver": receiver.OPTIONS,
     "console": console.OPTIONS,
+    "task": task.OPTIONS,
 }
 
 
@@ -113,6 +115,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     operations.add_parsers(commands, _db_argument)
     dead.add_parser(commands, _db_argument)
+    task.add_parser(commands, _db_argument)
     console.add_parser(commands, _db_argument)
     worker.add_parser(commands, _db_argument)
     relay.add_parser(commands)
@@ -192,6 +195,8 @@ def _run(args: argparse.Namespace) -> int:
         return operations.run(args)
     if args.command == "dead":
         return dead.run(args)
+    if args.command == "task":
+        return task.run(args)
     if args.command == "relay":
         return relay.run(args)
     if args.command == "receiver":

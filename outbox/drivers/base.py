@@ -34,6 +34,7 @@ from outbox.drivers.records import (
     LeaseState,
     Settlement,
 )
+from outbox.drivers.task_decision_interface import TaskDecisionsDriver
 from outbox.drivers.task_interface import (
     TaskClaimsDriver,
     TaskHeldConnectionsDriver,
@@ -378,6 +379,7 @@ class Driver(
     MessagesDriver,
     OperationsDriver,
     ConsoleDriver,
+    TaskDecisionsDriver,
     RelayDriver,
     TaskIntakeDriver,
     TaskClaimsDriver,

@@ -31,12 +31,17 @@ OPTIONS = (
     Option.of("console", "port", positive_int, 8080),
     Option.of("console", "read_only", boolean, False),
     Option.of("console", "operator", operator_name),
+    # The worker's setting, read from the same place: a task the console cancels has its
+    # reply sent where the worker sends the others.
+    Option.of("worker", "reply_destination", default="default"),
 )
 HELP = {
     "host": f"address to listen on (default {LOOPBACK}; elsewhere {TOKEN_ENV} is required)",
     "port": "port to listen on (default 8080)",
     "operator": "who requeues, for the audit, when no token is set (with one, each operator "
     "gives a name at login); without either, requeues are refused",
+    "reply_destination": "where a task cancelled here sends its reply, as the worker's "
+    "(default: default)",
 }
 
 
@@ -100,6 +105,7 @@ def run(args: argparse.Namespace) -> int:
             read_only=args.read_only,
             host=args.host,
             operator=args.operator,
+            reply_destination=args.reply_destination,
             # Before the port opens: the operator's first look does not wait for a day of
             # chart counts to be read.
             warm=True,

@@ -1,5 +1,5 @@
-"""The console's decisions beyond one requeue: resolve one dead reply, and requeue or resolve
-every dead reply a filter chooses, counted first, then confirmed.
+"""The console's decisions beyond one requeue: resolve one dead reply, cancel one task, and
+requeue or resolve every dead reply a filter chooses, counted first, then confirmed.
 
 Each goes through outbox.decisions, as `outbox dead requeue` and `outbox dead resolve` do,
 with the operator the session names (Pages.operator_of), never a name from the form. A
@@ -26,11 +26,12 @@ from starlette.responses import RedirectResponse, Response
 from outbox import decisions
 from outbox.dead_filter import DeadFilter
 from outbox.decisions import BULK_LIMIT, Decision
-from outbox.errors import NotDead
+from outbox.errors import NotDead, TaskNotCancelled
 from outbox.states import MessageState
 from outbox_cli.console.confirmations import Confirmations
+from outbox_cli.console.filters import FILTERS, dead_filter
 from outbox_cli.console.forms import checked_form
-from outbox_cli.console.pages import FILTERS, Pages, dead_filter
+from outbox_cli.console.pages import Pages
 from outbox_cli.requeue import DestinationLookups
 
 log = logging.getLogger("outbox.console")
@@ -79,6 +80,36 @@ class Actions:
         return await self.pages.reply_refused(
             request, reply_id, "resolved", why or "", reason, status
         )
+
+    async def cancel(self, request: Request) -> Response:
+        """POST /task/cancel: cancel one pending or running task for good, then show it."""
+        form = await self._form(request)
+        task_id = form.get("task_id", "")
+        reason = form.get("reason", "").strip()
+        operator = self.pages.operator_of(request)
+        why, status = None, 409
+        if operator is None:
+            why, status = self.pages.nameless(), 403
+        elif not reason:
+            why, status = NO_REASON, 400
+        else:
+            try:
+                audit = await run_in_threadpool(
+                    self.pages.ops.cancel_task,
+                    task_id,
+                    reason=reason,
+                    by=operator,
+                    reply_destination=self.pages.reply_destination,
+                )
+            except TaskNotCancelled as exc:
+                why = str(exc)
+            else:
+                query = urlencode({"id": task_id, "cancelled": audit["id"]})
+                return RedirectResponse(f"/task?{query}", status_code=303)
+        task = await run_in_threadpool(self.pages.reads.task, task_id)
+        if task is None:
+            return self.pages.render(request, "missing.html", 404, what="task", wanted=task_id)
+        return self.pages.task_page(request, task, status, refused=why, reason=reason)
 
     async def bulk(self, request: Request) -> Response:
         """POST /dead/bulk: count the dead replies a filter chooses (step "count"), or decide

@@ -155,14 +155,18 @@ def create_app(
     warm: bool = False,
     clock: Clock | None = None,
     operator: str | None = None,
+    reply_destination: str = "default",
 ) -> Starlette:
     """The console on `ops`, bound to `host`; `token` None means no token is asked
     (loopback only), and then `operator` is who requeues (no one: requeues are refused).
     With `warm`, what the first overview would read is read now; `clock` times the limit
-    on wrong tokens and the life of force confirmations (a ManualClock in tests)."""
+    on wrong tokens and the life of force confirmations (a ManualClock in tests); a task
+    cancelled here has its reply sent to `reply_destination`, as the worker's are."""
     ticking: Clock = time.monotonic if clock is None else clock
     confirmations = Confirmations(ticking)
-    pages = Pages(ops, config, read_only, token is not None, operator, confirmations)
+    pages = Pages(
+        ops, config, read_only, token is not None, operator, confirmations, reply_destination
+    )
     # Bulk counts' confirmations apart: a burst of counts cannot push out a force's.
     actions = Actions(pages, Confirmations(ticking))
     if warm:
@@ -179,6 +183,7 @@ def create_app(
         Route("/dead/bulk", actions.bulk, methods=["POST"]),
         Route("/audit", AuditPage(pages).page),
         Route("/task", pages.task),
+        Route("/task/cancel", actions.cancel, methods=["POST"]),
         Route("/search", pages.search),
         Route("/login", login.form),
         Route("/login", login.submit, methods=["POST"]),

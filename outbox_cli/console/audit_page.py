@@ -9,7 +9,8 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from outbox.redaction import shown_value
-from outbox_cli.console.pages import LARGEST_ID, PAGE_SIZE, Pages
+from outbox_cli.console.filters import LARGEST_ID
+from outbox_cli.console.pages import PAGE_SIZE, Pages
 
 
 class AuditPage:

@@ -21,13 +21,12 @@ from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 from starlette.templating import Jinja2Templates
 
-from outbox.dead_filter import DeadFilter
 from outbox.operations import Operations
-from outbox.redaction import shown_value
 from outbox.states import MessageState
-from outbox_cli.arguments import age_text, non_empty, parse_duration, positive_int
+from outbox_cli.arguments import age_text
 from outbox_cli.console import charts, requeue_form
 from outbox_cli.console.confirmations import Confirmations
+from outbox_cli.console.filters import FILTERS, dead_filter, page_start
 from outbox_cli.console.forms import CSRF_COOKIE, CSRF_FIELD, checked_form
 from outbox_cli.console.reads import ERROR_LISTED, ConsoleReads, shown_error
 
@@ -38,12 +37,6 @@ REFRESH_SECONDS = 30
 ESTIMATE_OVER = 1_000_000
 """Rows of a table past which the overview estimates its final states' counts from the
 database's statistics (PostgreSQL) rather than count its whole history at each refresh."""
-FILTERS = ("destination", "status", "error", "since", "until")
-LARGEST_STATUS = 2**31 - 1
-"""The largest status the database's column holds: a larger one is a bad filter (400),
-not a query the database refuses (500)."""
-LARGEST_ID = 2**63 - 1
-"""The largest message id (a bigint)."""
 NOT_CONFIRMED = (
     "force needs the confirmation this console gave when it refused this requeue, in this "
     "session, within the last {minutes} minutes, used once: requeue without force to be "
@@ -96,15 +89,18 @@ class Pages:
         token: bool,
         operator: str | None = None,
         confirmations: Confirmations | None = None,
+        reply_destination: str = "default",
     ) -> None:
         """`config` names the destinations' receipt lookups; `token`: whether one is required
-        (then each session names its operator), else `operator` requeues (None: no one);
-        `confirmations` holds what a refusal lets be forced."""
+        (then each session names its operator), else `operator` decides (None: no one);
+        `confirmations` holds what a refusal lets be forced; a cancelled task's reply goes
+        to `reply_destination`, as the worker's replies do."""
         self.ops = ops
         self.operator = operator
         self.confirmations = confirmations or Confirmations(time.monotonic)
         self.reads = ConsoleReads(ops)
         self.config = config
+        self.reply_destination = reply_destination
         self.read_only = read_only
         self.token = token
         self.templates = templates()
@@ -315,12 +311,30 @@ class Pages:
         return f"browser:{request.cookies.get(CSRF_COOKIE, '')}"
 
     def task(self, request: Request) -> Response:
-        """One task: payload, state, attempts, owner, fence, deadline, result, its reply."""
+        """One task: payload, state, attempts, owner, fence, deadline, result, its reply, its
+        decisions (and its cancel, while it is pending or running)."""
         task_id = request.query_params.get("id", "")
         task = self.reads.task(task_id) if task_id else None
         if task is None:
             return self.render(request, "missing.html", 404, what="task", wanted=task_id)
-        return self.render(request, "task.html", task=task)
+        return self.task_page(request, task, 200, cancelled=request.query_params.get("cancelled"))
+
+    def task_page(
+        self, request: Request, task: dict[str, Any], status: int, **shown: Any
+    ) -> Response:
+        """A task's page answering `status`; `shown` sets what differs from a plain view (a
+        cancel `refused` and why, the `reason` kept, a cancel just done: `cancelled`)."""
+        context: dict[str, Any] = {"refused": None, "reason": "", "cancelled": None}
+        context.update(shown)
+        return self.render(
+            request,
+            "task.html",
+            status,
+            task=task,
+            nameless=self.nameless(),
+            reply_destination=self.reply_destination,
+            **context,
+        )
 
     def search(self, request: Request) -> Response:
         """A reply_id or a task_id: its page, or a page saying neither exists."""
@@ -330,46 +344,3 @@ class Pages:
         if wanted and self.reads.task(wanted) is not None:
             return RedirectResponse(f"/task?{urlencode({'id': wanted})}", status_code=303)
         return self.render(request, "missing.html", 404, what="reply or task", wanted=wanted)
-
-
-def dead_filter(given: dict[str, str]) -> DeadFilter:
-    """The `dead list` filter the page's fields name; ValueError names a bad one."""
-    return DeadFilter(
-        destination=non_empty(given["destination"]) if given["destination"].strip() else None,
-        status=status_filter(given["status"]) if given["status"].strip() else None,
-        error=given["error"] if given["error"].strip() else None,
-        newer_than=duration_filter("since", given["since"]),
-        older_than=duration_filter("until", given["until"]),
-    )
-
-
-def duration_filter(name: str, given: str) -> float | None:
-    """A duration filter's seconds (None when blank); ValueError if not a duration."""
-    if not given.strip():
-        return None
-    try:
-        return parse_duration(given)
-    except OverflowError:
-        # Digits enough to pass the pattern, too many for a float.
-        raise ValueError(f"{name}: too long a duration") from None
-
-
-def status_filter(given: str) -> int:
-    """A status to filter on: a whole number from 1 to LARGEST_STATUS; ValueError if not."""
-    status = positive_int(given)
-    if status > LARGEST_STATUS:
-        raise ValueError(f"status: at most {LARGEST_STATUS}")
-    return status
-
-
-def page_start(given: str) -> int | None:
-    """The message id a next page starts after (None: the first page); ValueError if not one."""
-    if not given.strip():
-        return None
-    try:
-        start = int(given)
-    except ValueError:
-        start = -1
-    if not 0 <= start <= LARGEST_ID:
-        raise ValueError(f"after: not a message id: {shown_value(given)}")
-    return start

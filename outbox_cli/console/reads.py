@@ -75,16 +75,19 @@ class ConsoleReads:
         return message
 
     def task(self, task_id: str) -> dict[str, Any] | None:
-        """One task, with its payload and result pretty-printed, and its reply."""
+        """One task, with its payload and result pretty-printed, its reply and its
+        decisions."""
         with self.ops.engine.connect() as conn:
             task = self.ops.driver.task(conn, task_id)
             if task is None:
                 return None
             reply = self.ops.driver.reply_of(conn, task_id)
+            decided = self.ops.driver.task_decisions(conn, task_id)
         task["payload"] = shown_json(task["payload"])
         task["result"] = None if task["result"] is None else shown_json(task["result"])
         task["last_error"] = shown_error(task["last_error"])
         task["reply"] = reply
+        task["decisions"] = decided
         return task
 
     def message_exists(self, reply_id: str) -> bool:

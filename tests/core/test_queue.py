@@ -24,7 +24,8 @@ from sqlalchemy.orm import Session
 from outbox import AuthContext, Claim, Envelope, Fenced, InvalidMessage, TaskQueue, task_results
 from outbox.canonical import MAX_DEPTH, MAX_NODES
 from outbox.drivers import DRIVERS
-from outbox.tasks import MAX_REASON_CHARS, RECONCILE_BATCH
+from outbox.task_cancel import MAX_REASON_CHARS
+from outbox.tasks import RECONCILE_BATCH
 from outbox.testing import ManualClock
 
 A = AuthContext("agent-a")

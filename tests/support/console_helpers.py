@@ -109,6 +109,7 @@ def client(
     app: Any = None,
     peer: str = "127.0.0.1",
     operator: str | None = None,
+    reply_destination: str = "default",
 ) -> ConsoleClient:
     """A client on the console app over `ops` (or on `app`, another client's), as if bound
     to `host`:BOUND_PORT, its --operator `operator`; requests go to that address over
@@ -122,6 +123,7 @@ def client(
             host=host,
             clock=clock,
             operator=operator,
+            reply_destination=reply_destination,
         )
     shown = f"[{host}]" if ":" in host else host
     return ConsoleClient(app, f"{scheme}://{shown}:{BOUND_PORT}", peer)

@@ -17,12 +17,18 @@ ALL_TABLES = (
     "outbox_requeues",
     "outbox_relays",
     "outbox_workers",
+    "outbox_task_decisions",
     "receiver_receipts",
     "receiver_effects",
     "receiver_dead_letters",
 )
 """Every table the migrations create, emptied between tests."""
-SERIAL_TABLES = ("outbox_messages", "outbox_requeues", "receiver_effects")
+SERIAL_TABLES = (
+    "outbox_messages",
+    "outbox_requeues",
+    "outbox_task_decisions",
+    "receiver_effects",
+)
 """The tables whose `id` a sequence numbers: restarted at 1 with the emptying."""
 
 

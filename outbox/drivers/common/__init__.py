@@ -20,6 +20,7 @@ from outbox.drivers.common.pieces import DriverPieces
 from outbox.drivers.common.receipts import ReceiptStatements
 from outbox.drivers.common.settle import SettleReads
 from outbox.drivers.common.task_claims import TaskClaimStatements
+from outbox.drivers.common.task_decisions import TaskDecisionStatements
 from outbox.drivers.common.task_intake import TaskIntakeStatements
 from outbox.drivers.common.task_reconcile import TaskReconcileStatements
 from outbox.drivers.common.task_renewals import TaskRenewalStatements
@@ -33,6 +34,7 @@ class CommonDriver(
     MessageStatements,
     OperationStatements,
     ConsoleStatements,
+    TaskDecisionStatements,
     ClaimStatements,
     LeaseStatements,
     SettleReads,

@@ -18,6 +18,7 @@ from outbox.drivers.base import Now
 from outbox.drivers.common.messages import message_values
 from outbox.drivers.common.operations import insert_decision_audit
 from outbox.drivers.common.receipts import ReceiptStatements
+from outbox.drivers.common.task_decisions import insert_task_decision, select_task_decision
 from outbox.drivers.mysql.once import insert_once
 from outbox.receiver_tables import receipts
 from outbox.schema import inbox, messages, requeues
@@ -139,6 +140,13 @@ class MySQLInserts(ReceiptStatements):
             audit_id = new_id(conn.execute(insert_decision_audit(self), {**values, "now": now}))
             audits.append(dict(conn.execute(select_audit(audit_id)).mappings().one()))
         return audits
+
+    def insert_task_decision(
+        self, conn: Connection, values: dict[str, Any], now: Now
+    ) -> dict[str, Any]:
+        """One audit row of a decision about a task, requested `now`; read back by its id."""
+        decision_id = new_id(conn.execute(insert_task_decision(self), {**values, "now": now}))
+        return dict(conn.execute(select_task_decision(decision_id)).mappings().one())
 
     def purge_receipts(self, conn: Connection, now: Now, older_than: float, batch: int) -> int:
         """Delete up to `batch` receipts received over `older_than` seconds ago, oldest
