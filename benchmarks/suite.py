@@ -1384,7 +1384,7 @@ BASELINES = (
     "requeue does (200 to a transaction), the destinations' receipt lookups answered in "
     "the process. The large overview row: the overview alone over 10,000,000 rows of "
     "history (5,000,000 each of sent replies and finished tasks), whose final states' "
-    "counts come from PostgreSQL's statistics past 1,000,000 rows of a table (pages."
+    "counts come from PostgreSQL's statistics past 200,000 rows of a table (pages."
     "ESTIMATE_OVER), marked as estimates on the page. No baseline: the targets are "
     "absolute.",
     "sqlite rows: our figure on SQLite files against our PostgreSQL figure of the same run.",

@@ -90,6 +90,9 @@ INNODB_INDEXES: dict[str, tuple[str, tuple[str, ...]] | None] = {
     "ix_outbox_messages_dead": ("ix_outbox_messages_state_dead", ("state", "destination", "id")),
     # The console's sent per minute.
     "ix_outbox_messages_sent": ("ix_outbox_messages_state_sent", ("state", "sent_at")),
+    # The console's list of resolved messages: ix_outbox_messages_state_dead (state,
+    # destination, id) holds that range too.
+    "ix_outbox_messages_resolved": None,
     # The console's dead per minute: ix_outbox_messages_state_deliverable (state,
     # available_at, id) already holds that range, so no index of its own.
     "ix_outbox_messages_died": None,

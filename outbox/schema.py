@@ -233,6 +233,14 @@ sa.Index(
     messages.c.id,
     **_partial("state = 'dead'"),
 )
+# Resolved messages per destination, for the console's list of them (migration o0015):
+# few beside the delivered history, which the list must not read.
+sa.Index(
+    "ix_outbox_messages_resolved",
+    messages.c.destination,
+    messages.c.id,
+    **_partial("state = 'resolved'"),
+)
 
 relays = sa.Table(
     "outbox_relays",

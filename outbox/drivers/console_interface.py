@@ -7,7 +7,7 @@ from typing import Any, Literal, Protocol
 
 from sqlalchemy.engine import Connection
 
-from outbox.drivers.records import RelayRow, WorkerRow
+from outbox.drivers.records import ListedPage, RelayRow, WorkerRow
 
 Series = Literal["enqueued", "sent", "dead", "finished"]
 """What the console's charts count per minute."""
@@ -33,6 +33,11 @@ class ConsoleDriver(Protocol):
     ) -> list[dict[str, Any]]:
         """The newest `limit` decisions about dead messages before id `before` (None: the
         newest), of operator `by` (None: anyone's), newest first."""
+        ...
+
+    def messages_in_state(self, conn: Connection, page: ListedPage) -> list[dict[str, Any]]:
+        """One page of messages in a state (ListedPage says which, and after what), each with
+        its `listed_key`, the value of the column the list is in the order of."""
         ...
 
     def message_exists(self, conn: Connection, reply_id: str) -> bool:

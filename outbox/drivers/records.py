@@ -106,6 +106,17 @@ class WorkerRow(NamedTuple):
     expires_at: float
 
 
+class ListedPage(NamedTuple):
+    """Which page of a list of messages in one state: after the (key, id) the previous page
+    ended on (None: the first page), newest first or oldest first."""
+
+    state: str
+    destination: str | None = None
+    newest: bool = False
+    after: tuple[float, int] | None = None
+    limit: int = 51
+
+
 KEY_WALK = 2
 """A claim visits at most this many keys of a destination per first message it may take;
 the next claim goes on from where it stopped (KeyWalk's cursor), and from the first key

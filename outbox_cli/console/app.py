@@ -24,6 +24,7 @@ from outbox_cli.console.guesses import GuessLimit, too_many_guesses
 from outbox_cli.console.hosts import allowed_hosts
 from outbox_cli.console.login_sessions import SESSION_COOKIE, SESSION_SECONDS, Sessions
 from outbox_cli.console.pages import HERE, Pages
+from outbox_cli.console.reply_lists import ReplyLists
 from outbox_cli.console.security import Guard, authenticated, client_address, secure, token_matches
 
 STYLE = (HERE / "static" / "console.css").read_text(encoding="utf-8")
@@ -177,6 +178,7 @@ def create_app(
     routes = [
         Route("/", pages.overview),
         Route("/dead", pages.dead),
+        Route("/replies", ReplyLists(pages).page),
         Route("/reply", pages.reply),
         Route("/reply/requeue", pages.requeue, methods=["POST"]),
         Route("/reply/resolve", actions.resolve, methods=["POST"]),

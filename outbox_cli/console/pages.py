@@ -34,7 +34,7 @@ HERE = Path(__file__).parent
 PAGE_SIZE = 50
 REFRESH_SECONDS = 30
 """How often the overview reloads itself while auto-refresh is on."""
-ESTIMATE_OVER = 1_000_000
+ESTIMATE_OVER = 200_000
 """Rows of a table past which the overview estimates its final states' counts from the
 database's statistics (PostgreSQL) rather than count its whole history at each refresh."""
 NOT_CONFIRMED = (

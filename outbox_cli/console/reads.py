@@ -72,6 +72,7 @@ class ConsoleReads:
         message["decisions"] = [
             {**row, "previous_error": shown_error(row["previous_error"])} for row in decisions
         ]
+        message["timeline"] = timeline(message)
         return message
 
     def task(self, task_id: str) -> dict[str, Any] | None:
@@ -94,6 +95,34 @@ class ConsoleReads:
         """Whether a message has this reply_id."""
         with self.ops.engine.connect() as conn:
             return self.ops.driver.message_exists(conn, reply_id)
+
+
+class Moment(NamedTuple):
+    """One line of a reply's timeline: when, what, and what it says."""
+
+    at: float
+    what: str
+    said: str
+
+
+def timeline(message: dict[str, Any]) -> list[Moment]:
+    """A reply's story from what is kept of it, oldest first: created; each decision about
+    it, with the attempts, status and error it replaced; sent or resolved. Attempts in
+    between are kept only as the last one's outcome, which the page shows beside it."""
+    moments = [Moment(message["created_at"], "created", f"for {message['destination']}")]
+    for decision in message["decisions"]:
+        before = f"after {decision['previous_attempts']} attempts"
+        if decision["previous_status"] is not None:
+            before += f", last status {decision['previous_status']}"
+        if decision["previous_error"]:
+            before += f": {decision['previous_error']}"
+        why = f"by {decision['requested_by']} ({decision['reason']}), {before}"
+        moments.append(Moment(decision["requested_at"], f"{decision['action']}d", why))
+    if message["sent_at"] is not None:
+        moments.append(Moment(message["sent_at"], "sent", f"after {message['attempts']} attempts"))
+    if message["resolved_at"] is not None:
+        moments.append(Moment(message["resolved_at"], "resolved", "never to be delivered"))
+    return sorted(moments, key=lambda moment: moment.at)
 
 
 def pretty(text: str) -> str:

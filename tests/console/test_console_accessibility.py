@@ -32,6 +32,8 @@ PAGES = (
     "/",
     "/dead",
     "/dead?destination=billing",
+    "/replies?state=dead",
+    "/replies?state=sent&order=oldest",
     "/reply?id=b-1",
     "/audit",
     "/login",
@@ -79,11 +81,12 @@ def page(browser: WebDriver) -> Iterator[WebDriver]:  # noqa: F811 (the imported
 
 
 def task_page(console: ConsoleProcess) -> str:
-    """The path of a seeded task's page."""
+    """The path of a seeded pending task's page (its cancel form shown)."""
     engine = sa.create_engine(console.db_url)
     try:
         with engine.connect() as conn:
-            task_id = conn.execute(sa.select(tasks.c.task_id).limit(1)).scalar_one()
+            pending = sa.select(tasks.c.task_id).where(tasks.c.state == "pending").limit(1)
+            task_id = conn.execute(pending).scalar_one()
     finally:
         engine.dispose()
     return f"/task?id={task_id}"

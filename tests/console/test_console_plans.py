@@ -18,12 +18,14 @@ from outbox.dead_filter import DeadFilter
 from outbox.drivers import driver_for
 from outbox.drivers.base import StateTable
 from outbox.drivers.common.console import dead_since, per_minute
+from outbox.drivers.common.message_lists import select_messages_in_state
 from outbox.drivers.common.operations import (
     LIVE_STATES,
     STATE_TABLES,
     count_in_states,
     select_dead,
 )
+from outbox.drivers.records import ListedPage
 from outbox.operations import Operations
 from outbox_cli.console import pages
 
@@ -188,3 +190,39 @@ def test_the_overview_says_which_counts_are_estimates(
     )
     assert f'<td data-state="dead">{MINUTES // 500}</td>' in estimated.text
     assert 'id="estimated-note"' in estimated.text
+
+
+LIST_INDEXES = {
+    "pending": ("ix_outbox_messages_deliverable",),
+    "sending": ("ix_outbox_messages_lease",),
+    "sent": ("ix_outbox_messages_sent",),
+    "dead": DEAD_ONLY,
+    "resolved": ("ix_outbox_messages_resolved",),
+}
+"""The indexes each state's list may walk: they hold that state's rows alone."""
+
+
+@pytest.mark.parametrize("backend", ["postgresql"], indirect=True)
+@pytest.mark.parametrize("state", list(LIST_INDEXES))
+@pytest.mark.parametrize(
+    "page",
+    [
+        ListedPage("-"),
+        ListedPage("-", newest=True),
+        ListedPage("-", destination="a", after=(600.0, 10)),
+        ListedPage("-", newest=True, after=(MINUTES * 60.0, MINUTES)),
+    ],
+    ids=["first", "newest", "destination-next", "newest-next"],
+)
+def test_each_states_list_walks_that_states_index(
+    history: sa.Engine, state: str, page: ListedPage
+) -> None:
+    statement = select_messages_in_state(page._replace(state=state))
+    with history.connect() as conn:
+        plan = generic_plan(conn, statement, {})
+    found = scans(plan)
+    assert found, plan
+    assert "Seq Scan" not in plan, plan
+    walked = [line for line in found if "Index" in line]
+    assert walked, plan
+    assert all(any(name in line for name in LIST_INDEXES[state]) for line in walked), plan

@@ -1,4 +1,4 @@
-"""outbox: an audit of operators' decisions about tasks
+"""outbox: an audit of operators' decisions about tasks; resolved messages indexed
 
 Revision ID: o0015
 Revises: o0014
@@ -6,7 +6,11 @@ Create Date: 2026-12-07
 
 The console cancels a task as `outbox task cancel` does, and each such decision is
 kept as a row of its own (who, when, why), as decisions about dead messages are kept in
-outbox_requeues. A new table: no row is rewritten on any backend.
+outbox_requeues. The console lists messages by state, each along the index that holds
+that state's rows; resolved messages had none, so the list would read the delivered
+history to find them: a partial index of them per destination (on MySQL the dead
+messages' (state, destination, id) index serves). A new table and a small index: no row
+is rewritten on any backend.
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 
 from alembic import op
-from outbox.ddl import LongText, table_options
+from outbox.ddl import LongText, create_partial_index, drop_partial_index, table_options
 
 revision: str = "o0015"
 down_revision: str | None = "o0014"
@@ -39,8 +43,17 @@ def upgrade() -> None:
         **table_options(),
     )
     op.create_index(op.f("ix_outbox_task_decisions_task_id"), "outbox_task_decisions", ["task_id"])
+    # An operator may have built it beforehand, CONCURRENTLY (docs/reference/schema.md).
+    create_partial_index(
+        "ix_outbox_messages_resolved",
+        "outbox_messages",
+        ["destination", "id"],
+        "state = 'resolved'",
+        if_not_exists=True,
+    )
 
 
 def downgrade() -> None:
+    drop_partial_index("ix_outbox_messages_resolved", "outbox_messages")
     op.drop_index(op.f("ix_outbox_task_decisions_task_id"), "outbox_task_decisions")
     op.drop_table("outbox_task_decisions")

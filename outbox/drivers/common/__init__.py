@@ -14,6 +14,7 @@ from outbox.drivers.common.console import ConsoleStatements
 from outbox.drivers.common.dead_letters import DeadLetterStatements
 from outbox.drivers.common.figures import FigureReads
 from outbox.drivers.common.leases import LeaseStatements
+from outbox.drivers.common.message_lists import MessageListStatements
 from outbox.drivers.common.messages import MessageStatements
 from outbox.drivers.common.operations import OperationStatements
 from outbox.drivers.common.pieces import DriverPieces
@@ -34,6 +35,7 @@ class CommonDriver(
     MessageStatements,
     OperationStatements,
     ConsoleStatements,
+    MessageListStatements,
     TaskDecisionStatements,
     ClaimStatements,
     LeaseStatements,

@@ -91,12 +91,14 @@ def select_dead(limit: int, now: NowSQL, chosen: DeadFilter) -> sa.Select[Any]:
 
 
 def select_delivery_record(reply_id: str) -> sa.Select[Any]:
-    """One message's delivery record: state, attempts, last status and error, body size."""
+    """One message's delivery record: state, attempts, last status and error, when sent or
+    resolved, body size."""
     return sa.select(
         *DEAD_FIELDS,
         messages.c.state,
         messages.c.ordering_key,
         messages.c.sent_at,
+        messages.c.resolved_at,
         messages.c.body,
         sa.func.length(messages.c.body).label("body_bytes"),
     ).where(messages.c.reply_id == reply_id)

@@ -1,0 +1,101 @@
+"""The console's lists of replies by state (filters, both orders, keyset pages, bad queries
+refused with a reason), and a reply's timeline."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+
+import pytest
+import sqlalchemy as sa
+from support.console_helpers import ConsoleClient
+
+from outbox.operations import Operations
+from outbox.schema import messages
+from outbox.testing import ManualClock
+from outbox_cli.console import reply_lists
+
+Client = Callable[..., ConsoleClient]
+
+
+def listed(page: str) -> list[str]:
+    """The reply_ids a list's page shows, in order."""
+    return re.findall(r'<tr data-reply-id="([^"]+)">', page)
+
+
+def timeline(page: str) -> list[str]:
+    """What each line of a reply's timeline says happened, in order."""
+    return re.findall(r'<li data-what="([^"]+)">', page)
+
+
+def test_the_dead_are_listed_oldest_first_or_newest_first_and_by_destination(
+    make_client: Client,
+) -> None:
+    console = make_client()
+    oldest = console.get("/replies?state=dead")
+    assert oldest.status_code == 200
+    assert listed(oldest.text) == ["b-1", "b-2", "s-1"]
+    assert listed(console.get("/replies?state=dead&order=newest").text) == ["s-1", "b-2", "b-1"]
+    assert listed(console.get("/replies?state=dead&destination=billing").text) == ["b-1", "b-2"]
+    nothing = console.get("/replies?state=resolved")
+    assert listed(nothing.text) == []
+    assert 'id="no-replies"' in nothing.text
+
+
+def test_pages_follow_each_other_to_the_end(
+    make_client: Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(reply_lists, "PAGE_SIZE", 2)
+    console = make_client()
+    first = console.get("/replies?state=dead&order=newest").text
+    assert listed(first) == ["s-1", "b-2"]
+    [more] = re.findall(r'href="/replies\?([^"]+)" id="next-page"', first)
+    second = console.get(f"/replies?{more.replace('&amp;', '&')}").text
+    assert listed(second) == ["b-1"]
+    assert 'id="next-page"' not in second
+    assert 'id="first-page"' in second
+
+
+@pytest.mark.parametrize(
+    ("query", "said"),
+    [
+        ("state=lost", "state must be one of pending, sending, sent, dead, resolved"),
+        ("state=dead&order=random", "order must be oldest or newest"),
+        ("state=dead&after=soon", "after: not a place in the list"),
+        ("state=dead&after=nan,1", "after: not a place in the list"),
+        ("state=dead&after=1,-2", "after: not a place in the list"),
+    ],
+)
+def test_a_bad_query_is_refused_with_the_reason(make_client: Client, query: str, said: str) -> None:
+    refused = make_client().get(f"/replies?{query}")
+    assert refused.status_code == 400
+    assert said in refused.text
+
+
+def test_the_overview_links_each_count_to_its_list(make_client: Client) -> None:
+    page = make_client().get("/").text
+    for state in reply_lists.STATES:
+        assert f'<a href="/replies?state={state}">{state}</a>' in page
+    assert '<a href="/replies">replies</a>' in page
+
+
+def test_a_replys_timeline_tells_its_story_in_order(
+    ops: Operations, make_client: Client, clock: ManualClock
+) -> None:
+    console = make_client()
+    dead = console.get("/reply?id=b-1").text
+    assert timeline(dead) == ["created", "now"]
+    assert "now <strong>dead</strong>: 3 attempts, last status 410" in dead
+    clock.advance(60)
+    ops.requeue("b-1", reason="billing is back", by="anna", receipt="not received", forced=False)
+    clock.advance(60)
+    with ops.engine.begin() as conn:
+        conn.execute(
+            sa.update(messages)
+            .where(messages.c.reply_id == "b-1")
+            .values(state="sent", sent_at=clock(), attempts=1, last_status=200)
+        )
+    sent = console.get("/reply?id=b-1").text
+    assert timeline(sent) == ["created", "requeued", "sent"]
+    assert "by anna (billing is back), after 3 attempts, last status 410: HTTP 410: gone" in sent
+    assert "<strong>sent</strong> after 1 attempts" in sent
