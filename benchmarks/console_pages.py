@@ -59,6 +59,8 @@ def pages(dead: int, middle_id: int) -> dict[str, str]:
         "replies_pending": "/replies?state=pending",
         "replies_sent": "/replies?state=sent",
         "replies_sent_oldest": "/replies?state=sent&order=oldest&destination=d-1",
+        "tasks_done": "/tasks?state=done",
+        "tasks_failed": "/tasks?state=failed",
         "reply": f"/reply?id=dead-{middle}",
         "task": f"/task?id=t-{middle}",
         "search": f"/search?q=t-{middle}",

@@ -90,6 +90,9 @@ INNODB_INDEXES: dict[str, tuple[str, tuple[str, ...]] | None] = {
     "ix_outbox_messages_dead": ("ix_outbox_messages_state_dead", ("state", "destination", "id")),
     # The console's sent per minute.
     "ix_outbox_messages_sent": ("ix_outbox_messages_state_sent", ("state", "sent_at")),
+    # The console's lists of tasks that ended other than done: ix_outbox_tasks_state_deadline
+    # (state, deadline) holds every task on MySQL, so each state is a range of it.
+    "ix_outbox_tasks_unsuccessful": None,
     # The console's list of resolved messages: ix_outbox_messages_state_dead (state,
     # destination, id) holds that range too.
     "ix_outbox_messages_resolved": None,

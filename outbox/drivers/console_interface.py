@@ -7,7 +7,7 @@ from typing import Any, Literal, Protocol
 
 from sqlalchemy.engine import Connection
 
-from outbox.drivers.records import ListedPage, RelayRow, WorkerRow
+from outbox.drivers.records import ListedPage, ListedTasks, RelayRow, WorkerRow
 
 Series = Literal["enqueued", "sent", "dead", "finished"]
 """What the console's charts count per minute."""
@@ -37,6 +37,11 @@ class ConsoleDriver(Protocol):
 
     def messages_in_state(self, conn: Connection, page: ListedPage) -> list[dict[str, Any]]:
         """One page of messages in a state (ListedPage says which, and after what), each with
+        its `listed_key`, the value of the column the list is in the order of."""
+        ...
+
+    def tasks_in_state(self, conn: Connection, page: ListedTasks) -> list[dict[str, Any]]:
+        """One page of tasks in a state (ListedTasks says which, and after what), each with
         its `listed_key`, the value of the column the list is in the order of."""
         ...
 

@@ -117,6 +117,17 @@ class ListedPage(NamedTuple):
     limit: int = 51
 
 
+class ListedTasks(NamedTuple):
+    """Which page of a list of tasks in one state: after the (key, task_id) the previous
+    page ended on (None: the first page), newest first or oldest first."""
+
+    state: str
+    tenant: str | None = None
+    newest: bool = False
+    after: tuple[float, str] | None = None
+    limit: int = 51
+
+
 KEY_WALK = 2
 """A claim visits at most this many keys of a destination per first message it may take;
 the next claim goes on from where it stopped (KeyWalk's cursor), and from the first key

@@ -22,9 +22,9 @@ from outbox_cli.console.confirmations import Confirmations
 from outbox_cli.console.forms import checked_form
 from outbox_cli.console.guesses import GuessLimit, too_many_guesses
 from outbox_cli.console.hosts import allowed_hosts
+from outbox_cli.console.lists import REPLIES, TASKS, Lists
 from outbox_cli.console.login_sessions import SESSION_COOKIE, SESSION_SECONDS, Sessions
 from outbox_cli.console.pages import HERE, Pages
-from outbox_cli.console.reply_lists import ReplyLists
 from outbox_cli.console.security import Guard, authenticated, client_address, secure, token_matches
 
 STYLE = (HERE / "static" / "console.css").read_text(encoding="utf-8")
@@ -178,7 +178,8 @@ def create_app(
     routes = [
         Route("/", pages.overview),
         Route("/dead", pages.dead),
-        Route("/replies", ReplyLists(pages).page),
+        Route("/replies", Lists(pages, REPLIES).page),
+        Route("/tasks", Lists(pages, TASKS).page),
         Route("/reply", pages.reply),
         Route("/reply/requeue", pages.requeue, methods=["POST"]),
         Route("/reply/resolve", actions.resolve, methods=["POST"]),

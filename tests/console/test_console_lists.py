@@ -13,7 +13,7 @@ from support.console_helpers import ConsoleClient
 from outbox.operations import Operations
 from outbox.schema import messages
 from outbox.testing import ManualClock
-from outbox_cli.console import reply_lists
+from outbox_cli.console import lists
 
 Client = Callable[..., ConsoleClient]
 
@@ -45,7 +45,7 @@ def test_the_dead_are_listed_oldest_first_or_newest_first_and_by_destination(
 def test_pages_follow_each_other_to_the_end(
     make_client: Client, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(reply_lists, "PAGE_SIZE", 2)
+    monkeypatch.setattr(lists, "PAGE_SIZE", 2)
     console = make_client()
     first = console.get("/replies?state=dead&order=newest").text
     assert listed(first) == ["s-1", "b-2"]
@@ -74,7 +74,7 @@ def test_a_bad_query_is_refused_with_the_reason(make_client: Client, query: str,
 
 def test_the_overview_links_each_count_to_its_list(make_client: Client) -> None:
     page = make_client().get("/").text
-    for state in reply_lists.STATES:
+    for state in lists.REPLIES.states:
         assert f'<a href="/replies?state={state}">{state}</a>' in page
     assert '<a href="/replies">replies</a>' in page
 
@@ -99,3 +99,21 @@ def test_a_replys_timeline_tells_its_story_in_order(
     assert timeline(sent) == ["created", "requeued", "sent"]
     assert "by anna (billing is back), after 3 attempts, last status 410: HTTP 410: gone" in sent
     assert "<strong>sent</strong> after 1 attempts" in sent
+
+
+def test_tasks_are_listed_by_state_and_tenant(make_client: Client) -> None:
+    console = make_client()
+    pending = console.get("/tasks?state=pending")
+    assert pending.status_code == 200
+    shown = re.findall(r'<tr data-task-id="([^"]+)">', pending.text)
+    assert len(shown) == 2  # of the seeded three, one is done
+    [done] = re.findall(r'<tr data-task-id="([^"]+)">', console.get("/tasks?state=done").text)
+    assert done not in shown
+    assert console.get("/tasks?state=pending&tenant=nobody").text.count("data-task-id") == 0
+    assert 'id="no-tasks"' in console.get("/tasks?state=failed").text
+    refused = console.get("/tasks?state=dead")
+    assert refused.status_code == 400
+    assert "state must be one of pending, running, done" in refused.text
+    assert console.get("/tasks?state=done&after=1.5,").status_code == 400
+    overview = console.get("/").text
+    assert '<a href="/tasks?state=hop_limit">hop_limit</a>' in overview

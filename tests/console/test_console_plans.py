@@ -25,7 +25,8 @@ from outbox.drivers.common.operations import (
     count_in_states,
     select_dead,
 )
-from outbox.drivers.records import ListedPage
+from outbox.drivers.common.task_lists import select_tasks_in_state
+from outbox.drivers.records import ListedPage, ListedTasks
 from outbox.operations import Operations
 from outbox_cli.console import pages
 
@@ -226,3 +227,41 @@ def test_each_states_list_walks_that_states_index(
     walked = [line for line in found if "Index" in line]
     assert walked, plan
     assert all(any(name in line for name in LIST_INDEXES[state]) for line in walked), plan
+
+
+LIVE_TASKS = (
+    "ix_outbox_tasks_claimable",
+    "ix_outbox_tasks_running_tenant",
+    "ix_outbox_tasks_deadline",
+)
+TASK_LIST_INDEXES = {
+    "pending": LIVE_TASKS,
+    "running": LIVE_TASKS,
+    "done": ("ix_outbox_tasks_finished",),
+    "failed": ("ix_outbox_tasks_unsuccessful",),
+}
+"""The indexes each state's list of tasks may walk (or read whole, for the live few):
+they hold no done history, but for done's own."""
+
+
+@pytest.mark.parametrize("backend", ["postgresql"], indirect=True)
+@pytest.mark.parametrize("state", list(TASK_LIST_INDEXES))
+@pytest.mark.parametrize(
+    "page",
+    [
+        ListedTasks("-"),
+        ListedTasks("-", newest=True, tenant="a"),
+        ListedTasks("-", after=(600.0, "t-10")),
+    ],
+    ids=["first", "newest-tenant", "next"],
+)
+def test_each_states_list_of_tasks_reads_its_index(
+    history: sa.Engine, state: str, page: ListedTasks
+) -> None:
+    statement = select_tasks_in_state(page._replace(state=state))
+    with history.connect() as conn:
+        plan = generic_plan(conn, statement, {})
+    assert "Seq Scan" not in plan, plan
+    walked = [line for line in scans(plan) if "Index" in line]
+    assert walked, plan
+    assert all(any(name in line for name in TASK_LIST_INDEXES[state]) for line in walked), plan

@@ -1,4 +1,4 @@
-"""outbox: an audit of operators' decisions about tasks; resolved messages indexed
+"""outbox: an audit of decisions about tasks; the console's lists indexed
 
 Revision ID: o0015
 Revises: o0014
@@ -9,8 +9,10 @@ kept as a row of its own (who, when, why), as decisions about dead messages are 
 outbox_requeues. The console lists messages by state, each along the index that holds
 that state's rows; resolved messages had none, so the list would read the delivered
 history to find them: a partial index of them per destination (on MySQL the dead
-messages' (state, destination, id) index serves). A new table and a small index: no row
-is rewritten on any backend.
+messages' (state, destination, id) index serves). Tasks that ended other than done
+likewise, by when they finished (on MySQL the (state, deadline) index serves); a done
+task never matches its predicate, so finishing one writes no entry there. A new table
+and two small indexes: no row is rewritten on any backend.
 """
 
 from __future__ import annotations
@@ -51,9 +53,17 @@ def upgrade() -> None:
         "state = 'resolved'",
         if_not_exists=True,
     )
+    create_partial_index(
+        "ix_outbox_tasks_unsuccessful",
+        "outbox_tasks",
+        ["finished_at"],
+        "state IN ('failed', 'cancelled', 'expired', 'hop_limit')",
+        if_not_exists=True,
+    )
 
 
 def downgrade() -> None:
+    drop_partial_index("ix_outbox_tasks_unsuccessful", "outbox_tasks")
     drop_partial_index("ix_outbox_messages_resolved", "outbox_messages")
     op.drop_index(op.f("ix_outbox_task_decisions_task_id"), "outbox_task_decisions")
     op.drop_table("outbox_task_decisions")

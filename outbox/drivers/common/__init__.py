@@ -23,6 +23,7 @@ from outbox.drivers.common.settle import SettleReads
 from outbox.drivers.common.task_claims import TaskClaimStatements
 from outbox.drivers.common.task_decisions import TaskDecisionStatements
 from outbox.drivers.common.task_intake import TaskIntakeStatements
+from outbox.drivers.common.task_lists import TaskListStatements
 from outbox.drivers.common.task_reconcile import TaskReconcileStatements
 from outbox.drivers.common.task_renewals import TaskRenewalStatements
 from outbox.drivers.common.task_results import TaskResultStatements
@@ -36,6 +37,7 @@ class CommonDriver(
     OperationStatements,
     ConsoleStatements,
     MessageListStatements,
+    TaskListStatements,
     TaskDecisionStatements,
     ClaimStatements,
     LeaseStatements,

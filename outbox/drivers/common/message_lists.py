@@ -7,8 +7,8 @@ order of the index that holds it, a page at a time from a keyset, never by OFFSE
     dead      by id (creation), ix_outbox_messages_dead
     resolved  by id (creation), ix_outbox_messages_resolved
 
-The id breaks ties, so a page ends on a (key, id) pair the next one starts after. With a
-destination, the same walk keeps that destination's rows.
+The id breaks ties, so a page ends on a (key, id) pair the next one starts after
+(outbox.drivers.common.keysets). With a destination, the same walk keeps its rows.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from outbox.db.sql import state_literal
+from outbox.drivers.common.keysets import keyset_page
 from outbox.drivers.common.pieces import DriverPieces
 from outbox.drivers.records import ListedPage
 from outbox.schema import messages
@@ -61,29 +62,9 @@ def select_messages_in_state(page: ListedPage) -> sa.Select[Any]:
     )
     if page.destination is not None:
         query = query.where(messages.c.destination == page.destination)
-    if page.after is not None:
-        after_key, after_id = page.after
-        if key is messages.c.id:
-            beyond = messages.c.id < after_id if page.newest else messages.c.id > after_id
-        elif page.newest:
-            # The range's bound alone as well: the index walk starts there, not at its end.
-            beyond = sa.and_(
-                key <= after_key,
-                sa.or_(key < after_key, messages.c.id < after_id),
-            )
-        else:
-            beyond = sa.and_(
-                key >= after_key,
-                sa.or_(key > after_key, messages.c.id > after_id),
-            )
-        query = query.where(beyond)
-    if key is messages.c.id:
-        order = [messages.c.id.desc() if page.newest else messages.c.id]
-    elif page.newest:
-        order = [key.desc(), messages.c.id.desc()]
-    else:
-        order = [key, messages.c.id]
-    return query.order_by(*order).limit(page.limit)
+    return keyset_page(
+        query, key, messages.c.id, newest=page.newest, after=page.after, limit=page.limit
+    )
 
 
 class MessageListStatements(DriverPieces):
