@@ -50,9 +50,15 @@ class ConsoleDriver(Protocol):
         ...
 
     def per_minute(
-        self, conn: Connection, series: Series, since: float, until: float
+        self,
+        conn: Connection,
+        series: Series,
+        since: float,
+        until: float,
+        destination: str | None = None,
     ) -> dict[int, int]:
-        """The count of each minute (epoch minute number) of one series in [since, until)."""
+        """The count of each minute (epoch minute number) of one series in [since, until),
+        of one destination's messages if given (not of tasks, which have none)."""
         ...
 
     def relay_announcements(self, conn: Connection) -> list[RelayRow]:

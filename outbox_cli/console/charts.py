@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 import sqlalchemy as sa
 
-from outbox.drivers.common.console import MINUTE
+from outbox.drivers.common.console import MINUTE, PER_DESTINATION
 from outbox.drivers.console_interface import Series
 from outbox.operations import Operations
 
@@ -72,18 +72,29 @@ class Chart:
     spans: tuple[Span, ...] = ()
 
 
-def minute_counts(ops: Operations, now: float, minutes: int) -> dict[str, dict[int, int]]:
+def charted(destination: str | None) -> list[Series]:
+    """The series drawn: all, or a destination's (tasks have none)."""
+    return [s for s, _, _ in SERIES if destination is None or s in PER_DESTINATION]
+
+
+def minute_counts(
+    ops: Operations, now: float, minutes: int, destination: str | None = None
+) -> dict[str, dict[int, int]]:
     """Per series, the count of each minute of the `minutes` before the current one."""
     current = math.floor(now / MINUTE)
-    return _read(ops, [series for series, _, _ in SERIES], current - minutes + 1, current + 1)
+    first, end = current - minutes + 1, current + 1
+    return _read(ops, charted(destination), first, end, destination)
 
 
-def _read(ops: Operations, series: list[Series], first: int, end: int) -> dict[str, dict[int, int]]:
+def _read(
+    ops: Operations, series: list[Series], first: int, end: int, destination: str | None
+) -> dict[str, dict[int, int]]:
     """Per series, the count of each minute in [first, end) (minute numbers)."""
     counts: dict[str, dict[int, int]] = {}
     with ops.engine.connect() as conn:
         for each in series:
-            counts[each] = ops.driver.per_minute(conn, each, first * MINUTE, end * MINUTE)
+            since, until = first * MINUTE, end * MINUTE
+            counts[each] = ops.driver.per_minute(conn, each, since, until, destination)
     return counts
 
 
@@ -100,8 +111,10 @@ are few: their partial index answers at once)."""
 @dataclass
 class SettledCounts:
     """Per-minute counts that keep the settled minutes, so that an overview reads only the
-    last few minutes of the busy series, not a whole day of history each time."""
+    last few minutes of the busy series, not a whole day of history each time; of one
+    destination's messages if `destination` is set."""
 
+    destination: str | None = None
     _counts: dict[str, dict[int, int]] = field(default_factory=dict)
     _settled_until: int | None = None
     _read_at: int = 0
@@ -111,13 +124,15 @@ class SettledCounts:
         """Per series, the count of each minute of the `minutes` before the current one."""
         current = math.floor(now / MINUTE)
         first, end = current - minutes + 1, current + 1
-        busy = [series for series, _, _ in SERIES if series not in ALWAYS_READ]
+        drawn = charted(self.destination)
+        busy = [series for series in drawn if series not in ALWAYS_READ]
+        whole = [series for series in drawn if series in ALWAYS_READ]
         with self._lock:
             kept = self._settled_until
             if kept is None or kept < first or current - self._read_at >= REREAD_AFTER:
                 kept, self._counts, self._read_at = first, {}, current
-            fresh = _read(ops, busy, kept, end)
-            fresh.update(_read(ops, sorted(ALWAYS_READ), first, end))
+            fresh = _read(ops, busy, kept, end, self.destination)
+            fresh.update(_read(ops, whole, first, end, self.destination))
             settled = current - SETTLED_AFTER + 1
             for series in busy:
                 merged = {m: c for m, c in self._counts.get(series, {}).items() if m >= first}
@@ -134,9 +149,11 @@ def charts(counts: dict[str, dict[int, int]], now: float) -> tuple[Chart, ...]:
     drawn = []
     for title, minutes in WINDOWS:
         first = current - minutes + 1
+        # The series counted: all, or a destination's (tasks have none).
+        shown = [(series, label, colour) for series, label, colour in SERIES if series in counts]
         values: dict[Series, list[int]] = {
             series: [counts[series].get(first + i, 0) for i in range(minutes)]
-            for series, _, _ in SERIES
+            for series, _, _ in shown
         }
         peak = max(1, *(max(v) for v in values.values()))
         lines = tuple(
@@ -147,7 +164,7 @@ def charts(counts: dict[str, dict[int, int]], now: float) -> tuple[Chart, ...]:
                 sum(values[series]),
                 max(values[series]),
             )
-            for series, label, colour in SERIES
+            for series, label, colour in shown
         )
         ticks = _ticks(first, minutes)
         spans = _spans(first, minutes, values)
@@ -177,7 +194,9 @@ def _spans(first: int, minutes: int, values: dict[Series, list[int]]) -> tuple[S
     spans = []
     for start in range(0, minutes, size):
         counts = ", ".join(
-            f"{label} {sum(values[series][start : start + size])}" for series, label, _ in SERIES
+            f"{label} {sum(values[series][start : start + size])}"
+            for series, label, _ in SERIES
+            if series in values
         )
         when = clock_time(first + start)
         if size > 1:

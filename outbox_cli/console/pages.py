@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import threading
 import time
+from collections import OrderedDict
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -34,6 +36,9 @@ HERE = Path(__file__).parent
 PAGE_SIZE = 50
 REFRESH_SECONDS = 30
 """How often the overview reloads itself while auto-refresh is on."""
+CHARTED_KEPT = 16
+"""Destinations whose chart counts the console keeps (and all replies'): each read whole
+when first charted, then a few minutes at a refresh."""
 ESTIMATE_OVER = 200_000
 """Rows of a table past which the overview estimates its final states' counts from the
 database's statistics (PostgreSQL) rather than count its whole history at each refresh."""
@@ -104,7 +109,8 @@ class Pages:
         self.read_only = read_only
         self.token = token
         self.templates = templates()
-        self.minute_counts = charts.SettledCounts()
+        self._charted_lock = threading.Lock()
+        self.minute_counts: OrderedDict[str | None, charts.SettledCounts] = OrderedDict()
 
     def render(
         self, request: Request, name: str, status_code: int = 200, **context: Any
@@ -144,7 +150,10 @@ class Pages:
         """Health first (destinations worst first, relays, workers), then counts per state and
         the per-minute charts; auto-refreshed unless `?refresh=off`."""
         paused = request.query_params.get("refresh") == "off"
-        page = self.render(request, "overview.html", **self._overview(), refresh=not paused)
+        # The charts of one destination's replies, if chosen (tasks have none); unknown
+        # names chart nothing, as a filter that matches nothing lists nothing.
+        chosen = request.query_params.get("chart", "").strip() or None
+        page = self.render(request, "overview.html", **self._overview(chosen), refresh=not paused)
         if not paused:
             # The Refresh header rather than a <meta> refresh: the same reload, paused by the
             # link at the top of the page (a time limit a person can turn off, WCAG 2.2.1);
@@ -152,20 +161,38 @@ class Pages:
             page.headers["Refresh"] = str(REFRESH_SECONDS)
         return page
 
-    def _overview(self) -> dict[str, Any]:
-        """What the overview shows, as of the database's time."""
+    def _overview(self, destination: str | None = None) -> dict[str, Any]:
+        """What the overview shows, as of the database's time; the charts of `destination`'s
+        replies if given."""
         now = charts.database_now(self.ops)
         status = self.ops.status(estimate_over=ESTIMATE_OVER)
-        drawn = charts.charts(self.minute_counts.counts(self.ops, now, charts.LONGEST), now)
+        counted = self.charted(destination).counts(self.ops, now, charts.LONGEST)
+        health = self.reads.health(now)
+        # The destinations the health rows name, and the one charted even if they do not.
+        choices = {row.name for row in health.destinations}
+        if destination is not None:
+            choices.add(destination)
         return {
+            "charted": destination,
+            "chart_choices": sorted(choices),
             "now": now,
-            "health": self.reads.health(now),
+            "health": health,
             "status": status,
-            "charts": drawn,
+            "charts": charts.charts(counted, now),
             "width": charts.WIDTH,
             "height": charts.HEIGHT,
             "refresh_seconds": REFRESH_SECONDS,
         }
+
+    def charted(self, destination: str | None) -> charts.SettledCounts:
+        """The kept counts of all replies' charts, or of one destination's: the
+        CHARTED_KEPT most recently charted are kept, each read whole once."""
+        with self._charted_lock:
+            kept = self.minute_counts.pop(destination, None) or charts.SettledCounts(destination)
+            self.minute_counts[destination] = kept
+            while len(self.minute_counts) > CHARTED_KEPT:
+                self.minute_counts.popitem(last=False)
+            return kept
 
     def dead(self, request: Request) -> Response:
         """Dead replies, oldest first, filtered as `outbox dead list` filters them; paged."""

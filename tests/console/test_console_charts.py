@@ -14,6 +14,7 @@ from outbox.operations import Operations
 from outbox.schema import messages
 from outbox.testing import ManualClock
 from outbox_cli.console import charts
+from outbox_cli.console import pages as page_module
 from outbox_cli.console.pages import Pages
 
 
@@ -130,7 +131,7 @@ def test_warming_reads_the_day_once_before_the_first_overview(
                     available_at=created, fence=1, created_at=created,
                 )
             )  # fmt: skip
-    shown = pages.minute_counts.counts(ops, now, charts.LONGEST)
+    shown = pages.charted(None).counts(ops, now, charts.LONGEST)
     everything = charts.minute_counts(ops, now, charts.LONGEST)
     assert sum(shown["enqueued"].values()) == sum(everything["enqueued"].values()) - 1
 
@@ -172,3 +173,35 @@ def test_the_overview_draws_the_axes_and_the_hover_titles(
     titles = re.findall(r'<rect class="span"[^>]*><title>([^<]+)</title>', hour)
     assert len(titles) == 60
     assert all(re.fullmatch(r"\d\d:\d\d UTC: replies enqueued \d+, .*", t) for t in titles)
+
+
+def test_a_destinations_charts_count_its_replies_and_draw_no_tasks(
+    ops: Operations, make_client: Callable[..., ConsoleClient]
+) -> None:
+    now = charts.database_now(ops)
+    every = charts.minute_counts(ops, now, charts.LONGEST)
+    billing = charts.SettledCounts("billing").counts(ops, now, charts.LONGEST)
+    assert set(billing) == {"enqueued", "sent", "dead"}  # tasks have no destination
+    assert sum(billing["dead"].values()) == 2 < sum(every["dead"].values())
+    assert billing == charts.minute_counts(ops, now, charts.LONGEST, "billing")
+    [hour, _] = charts.charts(billing, now)
+    assert [line.label for line in hour.lines] == [
+        "replies enqueued",
+        "replies sent",
+        "replies dead",
+    ]
+    page = make_client().get("/?chart=billing&refresh=off").text
+    assert "Per minute: replies to billing" in page
+    assert '<option value="billing" selected>' in page
+    assert "tasks finished" not in page.split("Per minute", 1)[1]
+    assert 'href="/?chart=billing" id="refresh-toggle"' in page
+
+
+def test_the_console_keeps_the_counts_of_its_recent_charts_only(ops: Operations) -> None:
+    pages = Pages(ops, None, read_only=False, token=False)
+    kept = pages.charted("billing")
+    assert pages.charted("billing") is kept
+    for n in range(page_module.CHARTED_KEPT):
+        pages.charted(f"d-{n}")
+    assert len(pages.minute_counts) == page_module.CHARTED_KEPT
+    assert pages.charted("billing") is not kept  # pushed out by the newer ones

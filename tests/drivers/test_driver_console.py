@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import sqlalchemy as sa
 from support.driver_helpers import START, add_task, published, set_state
 
@@ -40,6 +41,22 @@ def test_the_charts_count_each_minute_of_their_window(driver: Driver, conn: sa.C
     assert driver.per_minute(conn, "dead", *window) == {1000: 1}
     assert driver.per_minute(conn, "finished", *window) == {1000: 1}
     assert driver.per_minute(conn, "enqueued", base + 10 * MINUTE, base + 11 * MINUTE) == {}
+
+
+def test_a_destinations_charts_count_its_own_messages(driver: Driver, conn: sa.Connection) -> None:
+    base = 1000 * MINUTE
+    for n, destination in enumerate(["a", "b", "a"]):
+        published(driver, conn, f"m-{n}", base + n, destination=destination)
+    set_state(conn, "m-0", state="sent", sent_at=base + 5)
+    set_state(conn, "m-1", state="sent", sent_at=base + 5)
+    set_state(conn, "m-2", state="dead")
+    window = (base, base + MINUTE)
+    assert driver.per_minute(conn, "enqueued", *window, "a") == {1000: 2}
+    assert driver.per_minute(conn, "sent", *window, "b") == {1000: 1}
+    assert driver.per_minute(conn, "dead", *window, "b") == {}
+    assert driver.per_minute(conn, "dead", *window, "a") == {1000: 1}
+    with pytest.raises(ValueError, match="finished has no destination"):
+        driver.per_minute(conn, "finished", *window, "a")
 
 
 def test_dead_since_counts_each_destinations_messages_that_died_in_the_window(

@@ -79,17 +79,27 @@ CHARTED = {
 """What the charts count per minute: the timestamp, and the rows its partial index holds
 (states written into the SQL, so that a generic plan can still prove the index usable)."""
 
+PER_DESTINATION: frozenset[Series] = frozenset({"enqueued", "sent", "dead"})
+"""The series a destination narrows: tasks have none."""
+
 Floor = Callable[[sa.ColumnElement[Any]], sa.ColumnElement[int]]
 
 
-def per_minute(series: Series, since: float, until: float, floor: Floor) -> sa.Select[int, int]:
-    """(minute, count) of one charted series for the minutes in [since, until): only that
-    window is read, through the timestamp's index (schema: ix_outbox_*_created/sent/...)."""
+def per_minute(
+    series: Series, since: float, until: float, floor: Floor, destination: str | None = None
+) -> sa.Select[int, int]:
+    """(minute, count) of one charted series for the minutes in [since, until), of one
+    destination's messages if given: only that window is read, through the timestamp's
+    index (schema: ix_outbox_*_created/sent/...), the destination a filter on it."""
     stamp, rows = CHARTED[series]
     since_: sa.BindParameter[float] = sa.bindparam("since", since, type_=sa.Double())
     until_: sa.BindParameter[float] = sa.bindparam("until", until, type_=sa.Double())
     minute = floor(stamp / MINUTE)
     window = [stamp >= since_, stamp < until_, *([] if rows is None else [rows])]
+    if destination is not None:
+        if series not in PER_DESTINATION:
+            raise ValueError(f"{series} has no destination")
+        window.append(messages.c.destination == destination)
     counted = sa.select(minute.label("minute"), sa.func.count().label("count"))
     return counted.where(*window).group_by(minute)
 
@@ -133,10 +143,16 @@ class ConsoleStatements(DriverPieces):
         return conn.execute(message_exists(reply_id)).first() is not None
 
     def per_minute(
-        self, conn: Connection, series: Series, since: float, until: float
+        self,
+        conn: Connection,
+        series: Series,
+        since: float,
+        until: float,
+        destination: str | None = None,
     ) -> dict[int, int]:
-        """The count of each minute (epoch minute number) of one series in [since, until)."""
-        query = per_minute(series, since, until, self.floor)
+        """The count of each minute (epoch minute number) of one series in [since, until),
+        of one destination's messages if given."""
+        query = per_minute(series, since, until, self.floor, destination)
         return {int(minute): int(count) for minute, count in conn.execute(query)}
 
     def dead_since(self, conn: Connection, since: float) -> dict[str, int]:
