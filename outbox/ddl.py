@@ -164,6 +164,24 @@ def create_partial_index(
         op.create_index(innodb_name, table, [_column(c) for c in innodb_columns], unique=unique)
 
 
+def drop_invalid_index(name: str, table: str) -> None:
+    """Drop index `name` of `table` if a concurrent build that failed half way left it
+    invalid (PostgreSQL; inside a migration): an index built beforehand is kept only when
+    it is valid, as no query can use an invalid one and it would otherwise stay for good."""
+    bind = op.get_bind()
+    if bind.dialect.name != "postgresql":
+        return
+    valid = bind.execute(
+        sa.text(
+            "SELECT i.indisvalid FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid "
+            "WHERE c.relname = :name AND c.relnamespace = to_regnamespace(current_schema())"
+        ),
+        {"name": name},
+    ).scalar_one_or_none()
+    if valid is False:
+        op.drop_index(name, table_name=table)
+
+
 def drop_partial_index(name: str, table: str, *, if_exists: bool = False) -> None:
     """Drop what create_partial_index built."""
     if not on_mysql(op.get_bind()):

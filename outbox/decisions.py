@@ -147,7 +147,7 @@ def requeue(
             else:
                 wanted.append((index, reply_id, receipt, forced))
         if wanted:
-            done = ops.requeue_many([chosen[1:] for chosen in wanted], reason=reason, by=by)
+            done = ops.requeue_many([one[1:] for one in wanted], reason=reason, by=by)
             for (index, reply_id, receipt, _), outcome in zip(wanted, done, strict=True):
                 decided[index] = (
                     RequeueDecision(reply_id, "refused", outcome, receipt=receipt)

@@ -75,8 +75,8 @@ class Operations(DatabaseHandle):
         and the pending messages no running relay delivers (unrouted).
 
         With `estimate_over`, a table whose statistics put it over that many rows has its
-        final states estimated from them (their names in "estimated"): counting them would
-        read the whole history. Live states are always counted.
+        final states estimated from them (their names in "estimated", a key only then):
+        counting them would read the whole history. Live states are always counted.
         """
         with self._engine.connect() as conn:
             task_counts, tasks_estimated = self._counts(conn, "tasks", TASK_STATES, estimate_over)
@@ -86,16 +86,18 @@ class Operations(DatabaseHandle):
             oldest_task = self._oldest_age(conn, "tasks")
             oldest_message = self._oldest_age(conn, "messages")
             unrouted, unrouted_age = self.driver.unrouted(conn, self._now())
-        return {
+        status: dict[str, Any] = {
             "tasks": task_counts,
             "messages": message_counts,
-            "estimated": {"tasks": tasks_estimated, "messages": messages_estimated},
             "oldest_pending_task_age": oldest_task,
             "oldest_pending_message_age": oldest_message,
             "dead": message_counts["dead"],
             "unrouted": unrouted,
             "oldest_unrouted_age": None if unrouted_age is None else round(unrouted_age, 3),
         }
+        if estimate_over is not None:
+            status["estimated"] = {"tasks": tasks_estimated, "messages": messages_estimated}
+        return status
 
     def _counts(
         self,

@@ -441,3 +441,38 @@ def test_o0012_rebuilds_an_unkeyed_index_a_failed_concurrent_build_left_invalid(
         assert "ordering_key IS NULL" in predicate
     finally:
         engine.dispose()
+
+
+@pytest.mark.parametrize("backend", ["postgresql"], indirect=True)
+def test_o0015_rebuilds_a_list_index_a_failed_concurrent_build_left_invalid(
+    blank_url: str,
+) -> None:
+    engine = outbox.create_engine(blank_url)
+    valid = sa.text(
+        "SELECT i.indisvalid, pg_get_expr(i.indpred, i.indrelid) FROM pg_index i "
+        "JOIN pg_class c ON c.oid = i.indexrelid WHERE c.relname = 'ix_outbox_messages_resolved'"
+    )
+    try:
+        with engine.begin() as conn:
+            command.upgrade(alembic_config(conn), "outbox@o0014")
+            for n in (1, 2):  # two rows one UNIQUE index refuses
+                conn.exec_driver_sql(
+                    "INSERT INTO outbox_messages (reply_id, destination, body, content_hash, "
+                    "headers, state, attempts, fence, available_at, created_at) "
+                    f"VALUES ('r-{n}', 'd', '\\x7b7d', 'h', '{{}}', 'resolved', 0, 0, 0, 0)"
+                )
+        with engine.connect() as conn:
+            auto = conn.execution_options(isolation_level="AUTOCOMMIT")
+            with pytest.raises(sa.exc.IntegrityError):
+                auto.exec_driver_sql(
+                    "CREATE UNIQUE INDEX CONCURRENTLY ix_outbox_messages_resolved "
+                    "ON outbox_messages (destination)"
+                )
+            assert auto.execute(valid).one()[0] is False
+        outbox.upgrade(blank_url)
+        with engine.connect() as conn:
+            is_valid, predicate = conn.execute(valid).one()
+        assert is_valid is True
+        assert "resolved" in predicate
+    finally:
+        engine.dispose()

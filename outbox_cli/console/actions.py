@@ -59,13 +59,8 @@ class Actions:
         form = await self._form(request)
         reply_id = form.get("reply_id", "")
         reason = form.get("reason", "").strip()
-        operator = self.pages.operator_of(request)
-        why, status = None, 409
-        if operator is None:
-            why, status = self.pages.nameless(), 403
-        elif not reason:
-            why, status = NO_REASON, 400
-        else:
+        operator, why, status = self._decider(request, reason)
+        if operator is not None:
             try:
                 [done] = await run_in_threadpool(
                     decisions.resolve, self.pages.ops, reply_id, reason=reason, by=operator
@@ -86,13 +81,8 @@ class Actions:
         form = await self._form(request)
         task_id = form.get("task_id", "")
         reason = form.get("reason", "").strip()
-        operator = self.pages.operator_of(request)
-        why, status = None, 409
-        if operator is None:
-            why, status = self.pages.nameless(), 403
-        elif not reason:
-            why, status = NO_REASON, 400
-        else:
+        operator, why, status = self._decider(request, reason)
+        if operator is not None:
             try:
                 audit = await run_in_threadpool(
                     self.pages.ops.cancel_task,
@@ -204,6 +194,17 @@ class Actions:
             ops, chosen, reason=reason, by=operator, lookup=lookup, limit=limit
         )
         return list(requeued)
+
+    def _decider(self, request: Request, reason: str) -> tuple[str | None, str | None, int]:
+        """Who decides through `request` (None when no one may), and else why not and the
+        status that says so (403 without an operator, 400 without a reason); a decision
+        refused later answers 409."""
+        operator = self.pages.operator_of(request)
+        if operator is None:
+            return None, self.pages.nameless(), 403
+        if not reason:
+            return None, NO_REASON, 400
+        return operator, None, 409
 
     async def _form(self, request: Request) -> dict[str, str]:
         """The POSTed form, CSRF-checked; 403 on a read-only console."""

@@ -242,8 +242,8 @@ class Pages:
             request,
             message,
             200,
-            requeued=request.query_params.get("requeued"),
-            resolved=request.query_params.get("resolved"),
+            requeued=decided(message, request.query_params.get("requeued")),
+            resolved=decided(message, request.query_params.get("resolved")),
         )
 
     def reply_page(
@@ -344,7 +344,8 @@ class Pages:
         task = self.reads.task(task_id) if task_id else None
         if task is None:
             return self.render(request, "missing.html", 404, what="task", wanted=task_id)
-        return self.task_page(request, task, 200, cancelled=request.query_params.get("cancelled"))
+        cancelled = decided(task, request.query_params.get("cancelled"))
+        return self.task_page(request, task, 200, cancelled=cancelled)
 
     def task_page(
         self, request: Request, task: dict[str, Any], status: int, **shown: Any
@@ -371,3 +372,11 @@ class Pages:
         if wanted and self.reads.task(wanted) is not None:
             return RedirectResponse(f"/task?{urlencode({'id': wanted})}", status_code=303)
         return self.render(request, "missing.html", 404, what="reply or task", wanted=wanted)
+
+
+def decided(row: dict[str, Any], audit_id: str | None) -> str | None:
+    """`audit_id` when it names a decision about this task or reply (the banner of a
+    decision just taken), else None: a link cannot claim a decision that was not taken."""
+    if audit_id is None:
+        return None
+    return audit_id if audit_id in {str(d["id"]) for d in row["decisions"]} else None

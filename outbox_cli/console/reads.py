@@ -120,7 +120,9 @@ def timeline(message: dict[str, Any]) -> list[Moment]:
         moments.append(Moment(decision["requested_at"], f"{decision['action']}d", why))
     if message["sent_at"] is not None:
         moments.append(Moment(message["sent_at"], "sent", f"after {message['attempts']} attempts"))
-    if message["resolved_at"] is not None:
+    resolved_by_decision = any(d["action"] == "resolve" for d in message["decisions"])
+    if message["resolved_at"] is not None and not resolved_by_decision:
+        # Resolved by plain SQL, with no audit row: the moment alone.
         moments.append(Moment(message["resolved_at"], "resolved", "never to be delivered"))
     return sorted(moments, key=lambda moment: moment.at)
 

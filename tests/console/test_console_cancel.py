@@ -64,7 +64,12 @@ def test_a_pending_task_is_cancelled_with_its_reply_and_audited_under_the_operat
     shown = console.get(done.headers["location"]).text
     assert 'id="cancelled"' in shown
     assert 'id="cancel-form"' not in shown  # final now
-    assert '<td class="by">' + OPERATOR in shown  # its decisions listed
+    assert f"<title>task {task_id} · outbox console</title>" in shown
+    assert shown.count('id="decisions"') == 1
+    decided = shown.split('id="decisions"', 1)[1]
+    assert '<td class="by">' + OPERATOR in decided  # its decisions listed
+    # A made-up audit id in the link shows no banner: it names no decision of this task.
+    assert 'id="cancelled"' not in console.get(f"/task?id={task_id}&cancelled=999").text
 
 
 @pytest.mark.parametrize(

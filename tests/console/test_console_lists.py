@@ -117,3 +117,13 @@ def test_tasks_are_listed_by_state_and_tenant(make_client: Client) -> None:
     assert console.get("/tasks?state=done&after=1.5,").status_code == 400
     overview = console.get("/").text
     assert '<a href="/tasks?state=hop_limit">hop_limit</a>' in overview
+
+
+def test_a_resolved_replys_timeline_says_so_once(
+    ops: Operations, make_client: Client, clock: ManualClock
+) -> None:
+    clock.advance(60)
+    ops.resolve("b-2", reason="settled by phone", by="anna")
+    page = make_client().get("/reply?id=b-2").text
+    assert timeline(page) == ["created", "resolved"]
+    assert "by anna (settled by phone), after 3 attempts, last status 409" in page

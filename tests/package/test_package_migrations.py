@@ -26,6 +26,7 @@ TABLES = {
     "outbox_requeues",
     "outbox_relays",
     "outbox_workers",
+    "outbox_task_decisions",
     "receiver_receipts",
     "receiver_effects",
     "receiver_dead_letters",

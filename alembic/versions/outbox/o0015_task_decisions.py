@@ -22,7 +22,13 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 
 from alembic import op
-from outbox.ddl import LongText, create_partial_index, drop_partial_index, table_options
+from outbox.ddl import (
+    LongText,
+    create_partial_index,
+    drop_invalid_index,
+    drop_partial_index,
+    table_options,
+)
 
 revision: str = "o0015"
 down_revision: str | None = "o0014"
@@ -45,7 +51,10 @@ def upgrade() -> None:
         **table_options(),
     )
     op.create_index(op.f("ix_outbox_task_decisions_task_id"), "outbox_task_decisions", ["task_id"])
-    # An operator may have built it beforehand, CONCURRENTLY (docs/reference/schema.md).
+    # An operator may have built them beforehand, CONCURRENTLY (docs/reference/schema.md):
+    # each kept when valid.
+    drop_invalid_index("ix_outbox_messages_resolved", "outbox_messages")
+    drop_invalid_index("ix_outbox_tasks_unsuccessful", "outbox_tasks")
     create_partial_index(
         "ix_outbox_messages_resolved",
         "outbox_messages",

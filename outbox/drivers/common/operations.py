@@ -164,6 +164,15 @@ AUDITED = (
 """The values of a decision's audit row its caller gives (requested_at is the statement's)."""
 
 
+def unique_reply_ids(rows: Sequence[dict[str, Any]]) -> list[str]:
+    """The reply_ids of audit rows, in order; ValueError when one comes twice (its audit
+    rows could not be told apart)."""
+    reply_ids = [str(values["reply_id"]) for values in rows]
+    if len(set(reply_ids)) != len(reply_ids):
+        raise ValueError("a decision's audit rows name each reply_id once")
+    return reply_ids
+
+
 @functools.cache
 def insert_decision_audit(pieces: DriverPieces) -> sa.Insert:
     """One audit row of a decision, requested :now; built once."""
@@ -269,12 +278,13 @@ class OperationStatements(DriverPieces):
         `now`; returned whole, in the order given (one statement for them all)."""
         if not rows:
             return []
+        reply_ids = unique_reply_ids(rows)
         # Matched by reply_id, not returned in parameter order: SQLite would run that
         # form a row at a time.
         statement = insert_decision_audit(self).returning(*requeues.c)
         audits = conn.execute(statement, [{**values, "now": now} for values in rows])
         by_reply = {row["reply_id"]: dict(row) for row in audits.mappings()}
-        return [by_reply[values["reply_id"]] for values in rows]
+        return [by_reply[reply_id] for reply_id in reply_ids]
 
     def purge_messages(
         self, conn: Connection, now: Now, older_than: float, batch: int

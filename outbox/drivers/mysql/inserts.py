@@ -16,7 +16,7 @@ from sqlalchemy.engine import Connection, CursorResult, RowMapping
 
 from outbox.drivers.base import Now
 from outbox.drivers.common.messages import message_values
-from outbox.drivers.common.operations import insert_decision_audit
+from outbox.drivers.common.operations import unique_reply_ids
 from outbox.drivers.common.receipts import ReceiptStatements
 from outbox.drivers.common.task_decisions import insert_task_decision, select_task_decision
 from outbox.drivers.mysql.once import insert_once
@@ -29,9 +29,13 @@ def select_message_by_id(message_id: int) -> sa.Select[Any]:
     return sa.select(messages).where(messages.c.id == message_id)
 
 
-def select_audit(audit_id: int) -> sa.Select[Any]:
-    """One audit row by id."""
-    return sa.select(requeues).where(requeues.c.id == audit_id)
+def select_audits_newest_first(reply_ids: Sequence[str]) -> sa.Select[Any]:
+    """Every audit row of these reply_ids, newest first (ix_outbox_requeues_reply_id)."""
+    return (
+        sa.select(requeues)
+        .where(requeues.c.reply_id.in_(list(reply_ids)))
+        .order_by(requeues.c.id.desc())
+    )
 
 
 def new_id(result: CursorResult[Any]) -> int:
@@ -133,13 +137,19 @@ class MySQLInserts(ReceiptStatements):
     def insert_decision_audits(
         self, conn: Connection, rows: Sequence[dict[str, Any]], now: Now
     ) -> list[dict[str, Any]]:
-        """The audit rows of decisions about dead messages, requested `now`: inserted one by
-        one (MySQL has no INSERT ... RETURNING), each read back by its id."""
-        audits = []
-        for values in rows:
-            audit_id = new_id(conn.execute(insert_decision_audit(self), {**values, "now": now}))
-            audits.append(dict(conn.execute(select_audit(audit_id)).mappings().one()))
-        return audits
+        """The audit rows of decisions about dead messages (a reply_id once each), requested
+        `now`: one multi-row INSERT, then one read of them back (MySQL has no INSERT ...
+        RETURNING), each the newest audit of its reply_id: the caller holds the messages'
+        rows locked, so no other decision about them can write one meanwhile."""
+        if not rows:
+            return []
+        reply_ids = unique_reply_ids(rows)
+        at = float(conn.execute(sa.select(self.now_sql(now))).scalar_one())
+        conn.execute(requeues.insert(), [{**values, "requested_at": at} for values in rows])
+        newest: dict[str, dict[str, Any]] = {}
+        for row in conn.execute(select_audits_newest_first(reply_ids)).mappings():
+            newest.setdefault(row["reply_id"], dict(row))
+        return [newest[reply_id] for reply_id in reply_ids]
 
     def insert_task_decision(
         self, conn: Connection, values: dict[str, Any], now: Now
