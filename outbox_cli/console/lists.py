@@ -16,6 +16,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from outbox.drivers import Driver
+from outbox.drivers.common.task_lists import LIVE
 from outbox.drivers.records import ListedPage, ListedTasks
 from outbox.redaction import shown_value
 from outbox.states import MessageState, TaskState
@@ -73,13 +74,8 @@ TASKS = ListKind(
     template="tasks.html",
     path="/tasks",
     states=tuple(state.value for state in TaskState),
-    ordered_by={
-        state.value: "created" if state in (TaskState.PENDING, TaskState.RUNNING) else "finished"
-        for state in TaskState
-    },
-    newest_first=frozenset(
-        state.value for state in TaskState if state not in (TaskState.PENDING, TaskState.RUNNING)
-    ),
+    ordered_by={state.value: "created" if state in LIVE else "finished" for state in TaskState},
+    newest_first=frozenset(state.value for state in TaskState if state not in LIVE),
     narrowed_by="tenant",
     page=ListedTasks,
     read=lambda driver, conn, page: driver.tasks_in_state(conn, page),

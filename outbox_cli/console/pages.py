@@ -110,7 +110,8 @@ class Pages:
         self.token = token
         self.templates = templates()
         self._charted_lock = threading.Lock()
-        self.minute_counts: OrderedDict[str | None, charts.SettledCounts] = OrderedDict()
+        self.every_destination = charts.SettledCounts()
+        self.destination_counts: OrderedDict[str, charts.SettledCounts] = OrderedDict()
 
     def render(
         self, request: Request, name: str, status_code: int = 200, **context: Any
@@ -163,18 +164,19 @@ class Pages:
 
     def _overview(self, destination: str | None = None) -> dict[str, Any]:
         """What the overview shows, as of the database's time; the charts of `destination`'s
-        replies if given."""
+        replies if the health rows name it (any other name charts every destination: each
+        destination charted costs a day's read, which a made-up name must not buy)."""
         now = charts.database_now(self.ops)
         status = self.ops.status(estimate_over=ESTIMATE_OVER)
-        counted = self.charted(destination).counts(self.ops, now, charts.LONGEST)
         health = self.reads.health(now)
-        # The destinations the health rows name, and the one charted even if they do not.
-        choices = {row.name for row in health.destinations}
-        if destination is not None:
-            choices.add(destination)
+        choices = sorted(row.name for row in health.destinations)
+        unknown = destination if destination is not None and destination not in choices else None
+        charted = None if unknown is not None else destination
+        counted = self.charted(charted).counts(self.ops, now, charts.LONGEST)
         return {
-            "charted": destination,
-            "chart_choices": sorted(choices),
+            "charted": charted,
+            "unknown_chart": unknown,
+            "chart_choices": choices,
             "now": now,
             "health": health,
             "status": status,
@@ -185,13 +187,17 @@ class Pages:
         }
 
     def charted(self, destination: str | None) -> charts.SettledCounts:
-        """The kept counts of all replies' charts, or of one destination's: the
-        CHARTED_KEPT most recently charted are kept, each read whole once."""
+        """The kept counts of all replies' charts (always kept), or of one destination's: the
+        CHARTED_KEPT most recently charted destinations are kept, each read whole once."""
+        if destination is None:
+            return self.every_destination
         with self._charted_lock:
-            kept = self.minute_counts.pop(destination, None) or charts.SettledCounts(destination)
-            self.minute_counts[destination] = kept
-            while len(self.minute_counts) > CHARTED_KEPT:
-                self.minute_counts.popitem(last=False)
+            kept = self.destination_counts.pop(destination, None) or charts.SettledCounts(
+                destination
+            )
+            self.destination_counts[destination] = kept
+            while len(self.destination_counts) > CHARTED_KEPT:
+                self.destination_counts.popitem(last=False)
             return kept
 
     def dead(self, request: Request) -> Response:
@@ -242,8 +248,8 @@ class Pages:
             request,
             message,
             200,
-            requeued=decided(message, request.query_params.get("requeued")),
-            resolved=decided(message, request.query_params.get("resolved")),
+            requeued=decided(message, "requeue", request.query_params.get("requeued")),
+            resolved=decided(message, "resolve", request.query_params.get("resolved")),
         )
 
     def reply_page(
@@ -344,7 +350,7 @@ class Pages:
         task = self.reads.task(task_id) if task_id else None
         if task is None:
             return self.render(request, "missing.html", 404, what="task", wanted=task_id)
-        cancelled = decided(task, request.query_params.get("cancelled"))
+        cancelled = decided(task, "cancel", request.query_params.get("cancelled"))
         return self.task_page(request, task, 200, cancelled=cancelled)
 
     def task_page(
@@ -374,9 +380,8 @@ class Pages:
         return self.render(request, "missing.html", 404, what="reply or task", wanted=wanted)
 
 
-def decided(row: dict[str, Any], audit_id: str | None) -> str | None:
-    """`audit_id` when it names a decision about this task or reply (the banner of a
-    decision just taken), else None: a link cannot claim a decision that was not taken."""
-    if audit_id is None:
-        return None
-    return audit_id if audit_id in {str(d["id"]) for d in row["decisions"]} else None
+def decided(row: dict[str, Any], action: str, audit_id: str | None) -> str | None:
+    """`audit_id` when it names an `action` decision about this task or reply (the banner
+    of a decision just taken), else None: a link cannot claim a decision not taken."""
+    taken = {str(d["id"]) for d in row["decisions"] if d["action"] == action}
+    return audit_id if audit_id in taken else None

@@ -7,9 +7,11 @@ from collections.abc import Callable
 
 import pytest
 import sqlalchemy as sa
+from sqlalchemy.orm import Session
 from support.console_helpers import ConsoleClient
 from support.operations_helpers import mark_sent
 
+import outbox
 from outbox.operations import Operations
 from outbox.schema import messages
 from outbox.testing import ManualClock
@@ -176,8 +178,11 @@ def test_the_overview_draws_the_axes_and_the_hover_titles(
 
 
 def test_a_destinations_charts_count_its_replies_and_draw_no_tasks(
-    ops: Operations, make_client: Callable[..., ConsoleClient]
+    ops: Operations, engine: sa.Engine, make_client: Callable[..., ConsoleClient]
 ) -> None:
+    # A pending reply puts billing in the health rows, which name what may be charted.
+    with Session(engine) as session, session.begin():
+        outbox.publish(session, "billing", "b-waiting", {"n": 1})
     now = charts.database_now(ops)
     every = charts.minute_counts(ops, now, charts.LONGEST)
     billing = charts.SettledCounts("billing").counts(ops, now, charts.LONGEST)
@@ -195,13 +200,21 @@ def test_a_destinations_charts_count_its_replies_and_draw_no_tasks(
     assert '<option value="billing" selected>' in page
     assert "tasks finished" not in page.split("Per minute", 1)[1]
     assert 'href="/?chart=billing" id="refresh-toggle"' in page
+    # A name the health rows do not give charts every destination, and says so: each
+    # destination charted costs a day's read, which a made-up name must not buy.
+    made_up = make_client().get("/?chart=nowhere&refresh=off").text
+    assert "No destination nowhere in the health rows" in made_up
+    assert "tasks finished" in made_up.split("Per minute", 1)[1]
+    assert '<option value="nowhere"' not in made_up
 
 
 def test_the_console_keeps_the_counts_of_its_recent_charts_only(ops: Operations) -> None:
     pages = Pages(ops, None, read_only=False, token=False)
+    every = pages.charted(None)
     kept = pages.charted("billing")
     assert pages.charted("billing") is kept
     for n in range(page_module.CHARTED_KEPT):
         pages.charted(f"d-{n}")
-    assert len(pages.minute_counts) == page_module.CHARTED_KEPT
+    assert len(pages.destination_counts) == page_module.CHARTED_KEPT
     assert pages.charted("billing") is not kept  # pushed out by the newer ones
+    assert pages.charted(None) is every  # every destination's counts are never pushed out

@@ -123,7 +123,11 @@ def test_a_resolved_replys_timeline_says_so_once(
     ops: Operations, make_client: Client, clock: ManualClock
 ) -> None:
     clock.advance(60)
-    ops.resolve("b-2", reason="settled by phone", by="anna")
-    page = make_client().get("/reply?id=b-2").text
+    audit = ops.resolve("b-2", reason="settled by phone", by="anna")
+    console = make_client()
+    page = console.get("/reply?id=b-2").text
+    # The banner of a decision just taken shows for that decision, of that kind, alone.
+    assert 'id="resolved"' in console.get(f"/reply?id=b-2&resolved={audit['id']}").text
+    assert 'id="requeued"' not in console.get(f"/reply?id=b-2&requeued={audit['id']}").text
     assert timeline(page) == ["created", "resolved"]
     assert "by anna (settled by phone), after 3 attempts, last status 409" in page

@@ -9,6 +9,7 @@ import sqlalchemy as sa
 from support.driver_helpers import START, add_task
 
 from outbox.drivers import Driver
+from outbox.drivers.common.task_lists import select_tasks_in_state
 from outbox.drivers.records import ListedTasks
 from outbox.schema import tasks
 
@@ -80,3 +81,16 @@ def test_a_tenant_keeps_its_own_and_the_key_comes_with_each_row(
     assert task_ids(listed, conn, ListedTasks("done", "b")) == ["d-new"]
     [done] = listed.tasks_in_state(conn, ListedTasks("done", limit=1))
     assert (done["task_id"], done["listed_key"]) == ("d-old", START - 80)
+
+
+def test_on_sqlite_a_failed_list_reads_the_unsuccessful_tasks_index(
+    listed: Driver, conn: sa.Connection
+) -> None:
+    if listed.name != "sqlite":
+        pytest.skip(
+            "SQLite's planner: PostgreSQL's plans are tests/console/test_console_plans.py's"
+        )
+    statement = select_tasks_in_state(ListedTasks("failed", after=(START, "f-0")))
+    sql = str(statement.compile(conn, compile_kwargs={"literal_binds": True}))
+    plan = " ".join(str(row[-1]) for row in conn.exec_driver_sql(f"EXPLAIN QUERY PLAN {sql}"))
+    assert "ix_outbox_tasks_unsuccessful" in plan, plan
