@@ -135,6 +135,8 @@ class Lists:
             request,
             kind.template,
             status,
+            list_path=kind.path,
+            narrowed_by=kind.narrowed_by,
             listed=listed,
             state=state,
             narrowed=narrowed,
