@@ -83,13 +83,11 @@ def test_a_tenant_keeps_its_own_and_the_key_comes_with_each_row(
     assert (done["task_id"], done["listed_key"]) == ("d-old", START - 80)
 
 
+# SQLite's planner; PostgreSQL's plans are tests/console/test_console_plans.py's.
+@pytest.mark.parametrize("backend", ["sqlite"], indirect=True)
 def test_on_sqlite_a_failed_list_reads_the_unsuccessful_tasks_index(
     listed: Driver, conn: sa.Connection
 ) -> None:
-    if listed.name != "sqlite":
-        pytest.skip(
-            "SQLite's planner: PostgreSQL's plans are tests/console/test_console_plans.py's"
-        )
     statement = select_tasks_in_state(ListedTasks("failed", after=(START, "f-0")))
     sql = str(statement.compile(conn, compile_kwargs={"literal_binds": True}))
     plan = " ".join(str(row[-1]) for row in conn.exec_driver_sql(f"EXPLAIN QUERY PLAN {sql}"))
