@@ -7,6 +7,7 @@ even as the generic plan psycopg switches to after five runs.
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Iterator
 
 import pytest
@@ -14,6 +15,7 @@ import sqlalchemy as sa
 from support.console_helpers import client
 from test_claim_plans import generic_plan
 
+import outbox
 from outbox.dead_filter import DeadFilter
 from outbox.drivers import driver_for
 from outbox.drivers.base import StateTable
@@ -36,10 +38,17 @@ DEAD_ONLY = ("ix_outbox_messages_dead", "ix_outbox_messages_died")
 """The partial indexes that hold dead messages only."""
 
 
-@pytest.fixture
-def history(db_url: str) -> Iterator[sa.Engine]:
-    """Two weeks of messages (mostly sent, a few dead) and finished tasks, analyzed."""
-    engine = sa.create_engine(sa.make_url(db_url).set(drivername="postgresql+psycopg"))
+@pytest.fixture(scope="module")
+def history(pg_server: sa.Engine) -> Iterator[sa.Engine]:
+    """Two weeks of messages (mostly sent, a few dead) and finished tasks, analyzed, in a
+    PostgreSQL database of this module's own: seeded once, read by every test here (none
+    writes)."""
+    name = f"outbox_plans_{uuid.uuid4().hex[:12]}"
+    with pg_server.connect() as conn:
+        conn.execute(sa.text(f'CREATE DATABASE "{name}"'))
+    url = pg_server.url.set(database=name, drivername="postgresql+psycopg")
+    outbox.upgrade(url.render_as_string(hide_password=False))
+    engine = sa.create_engine(url)
     with engine.begin() as conn:
         conn.execute(
             sa.text(
@@ -67,6 +76,13 @@ def history(db_url: str) -> Iterator[sa.Engine]:
         )
     yield engine
     engine.dispose()
+    with pg_server.connect() as conn:
+        conn.execute(sa.text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+
+
+def history_url(history: sa.Engine) -> str:
+    """The URL of the module's database, as Operations opens it."""
+    return history.url.render_as_string(hide_password=False)
 
 
 def scans(plan: str) -> list[str]:
@@ -74,7 +90,6 @@ def scans(plan: str) -> list[str]:
     return [line for line in plan.splitlines() if "Scan" in line]
 
 
-@pytest.mark.parametrize("backend", ["postgresql"], indirect=True)
 @pytest.mark.parametrize(
     ("series", "index"),
     [
@@ -100,7 +115,6 @@ def test_a_chart_reads_its_window_through_its_index(
     assert "Seq Scan" not in plan, plan
 
 
-@pytest.mark.parametrize("backend", ["postgresql"], indirect=True)
 @pytest.mark.parametrize(
     "chosen",
     [
@@ -123,7 +137,6 @@ def test_the_dead_list_reads_dead_rows_only(history: sa.Engine, chosen: DeadFilt
         assert any(index in line for index in DEAD_ONLY), plan
 
 
-@pytest.mark.parametrize("backend", ["postgresql"], indirect=True)
 def test_the_overviews_dead_of_the_last_hour_reads_dead_rows_only(history: sa.Engine) -> None:
     since = MINUTES * 60.0 - 3600
     with history.connect() as conn:
@@ -135,7 +148,6 @@ def test_the_overviews_dead_of_the_last_hour_reads_dead_rows_only(history: sa.En
         assert any(index in line for index in DEAD_ONLY), plan
 
 
-@pytest.mark.parametrize("backend", ["postgresql"], indirect=True)
 @pytest.mark.parametrize("table", ["tasks", "messages"])
 def test_the_overviews_live_counts_read_their_partial_indexes(
     history: sa.Engine, table: StateTable
@@ -150,11 +162,10 @@ def test_the_overviews_live_counts_read_their_partial_indexes(
     assert "Seq Scan" not in plan, plan
 
 
-@pytest.mark.parametrize("backend", ["postgresql"], indirect=True)
 def test_past_the_threshold_the_final_states_are_estimated_and_the_live_ones_counted(
-    history: sa.Engine, db_url: str
+    history: sa.Engine,
 ) -> None:
-    with Operations(db_url) as ops:
+    with Operations(history_url(history)) as ops:
         exact = ops.status()
         estimated = ops.status(estimate_over=MINUTES // 2)
         beneath = ops.status(estimate_over=MINUTES * 2)
@@ -173,11 +184,10 @@ def test_past_the_threshold_the_final_states_are_estimated_and_the_live_ones_cou
         assert estimated[table][state] == pytest.approx(exact[table][state], rel=0.05)
 
 
-@pytest.mark.parametrize("backend", ["postgresql"], indirect=True)
 def test_the_overview_says_which_counts_are_estimates(
-    history: sa.Engine, db_url: str, monkeypatch: pytest.MonkeyPatch
+    history: sa.Engine, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    with Operations(db_url) as ops:
+    with Operations(history_url(history)) as ops:
         browser = client(ops)
         exact = browser.get("/")
         monkeypatch.setattr(pages, "ESTIMATE_OVER", MINUTES // 2)
@@ -204,7 +214,6 @@ LIST_INDEXES = {
 """The indexes each state's list may walk: they hold that state's rows alone."""
 
 
-@pytest.mark.parametrize("backend", ["postgresql"], indirect=True)
 @pytest.mark.parametrize("state", list(LIST_INDEXES))
 @pytest.mark.parametrize(
     "page",
@@ -245,7 +254,6 @@ TASK_LIST_INDEXES = {
 they hold no done history, but for done's own."""
 
 
-@pytest.mark.parametrize("backend", ["postgresql"], indirect=True)
 @pytest.mark.parametrize("state", list(TASK_LIST_INDEXES))
 @pytest.mark.parametrize(
     "page",
