@@ -17,7 +17,7 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
 from sqlalchemy.orm import Session
-from support.receiver_helpers import free_port
+from support.receiver_helpers import refusing_port
 from support.relay_helpers import rows
 
 import outbox
@@ -206,8 +206,9 @@ def test_the_toolkit_opens_any_postgresql_url_with_psycopg(db_url: str, engine: 
     with ReceiptStore(url) as store, TaskQueue(url) as queue:
         assert {store.engine.driver, queue.engine.driver} == {"psycopg"}
         assert not store.accept("r-1", b'{"n":1}', record_effect).duplicate
-    nobody = make_destination(f"http://127.0.0.1:{free_port()}/replies", unsigned=True, timeout=2)
-    with Relay(url, {"default": nobody}) as relay:
-        assert relay.engine.driver == "psycopg"
-        assert relay.dispatch_once() == [("from-psycopg2", "retry")]
+    with refusing_port() as port:
+        nobody = make_destination(f"http://127.0.0.1:{port}/replies", unsigned=True, timeout=2)
+        with Relay(url, {"default": nobody}) as relay:
+            assert relay.engine.driver == "psycopg"
+            assert relay.dispatch_once() == [("from-psycopg2", "retry")]
     assert rows(engine)["from-psycopg2"]["attempts"] == 1

@@ -21,7 +21,7 @@ from opentelemetry.trace import SpanContext, SpanKind, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 from support.nats_helpers import NATS_URL, require_nats, stream_of_this_test
 from support.rabbitmq import AMQP_URL, take_all, topology
-from support.receiver_helpers import SECRET, free_port
+from support.receiver_helpers import SECRET, refusing_port
 from support.relay_helpers import publish_many, rows
 from support.scripted_server import Answer, ScriptedServer
 from support.served import Served
@@ -191,8 +191,10 @@ def test_a_request_with_no_answer_is_an_error_of_type_retry(
     db_url: str, engine: sa.Engine, clock: ManualClock, spans: InMemorySpanExporter
 ) -> None:
     publish_traced(engine, ["n-1"], clock)
-    nobody = f"http://127.0.0.1:{free_port()}/replies"
-    with Relay(db_url, webhook(nobody), clock=clock) as relay:
+    with (
+        refusing_port() as port,
+        Relay(db_url, webhook(f"http://127.0.0.1:{port}/replies"), clock=clock) as relay,
+    ):
         assert relay.dispatch_once() == [("n-1", "retry")]
     (span,) = sent(spans)
     assert span.status.status_code is StatusCode.ERROR

@@ -195,6 +195,16 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+@contextmanager
+def refusing_port() -> Iterator[int]:
+    """A loopback port that refuses every connection while the block runs: bound, never
+    listening, so no other test's server can take it (a port merely free when asked may
+    be another xdist worker's server by the time a relay posts to it)."""
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        yield int(held.getsockname()[1])
+
+
 def wait_until(predicate: Any, timeout: float, what: str) -> None:
     """Poll `predicate` until true or fail after `timeout` seconds."""
     deadline = time.monotonic() + timeout
