@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import itertools
 import os
 import socket
 import sqlite3
@@ -188,11 +189,37 @@ class AppClient:
         return self.request("GET", path, **kwargs)
 
 
+PORTS_PER_WORKER = 400
+FIRST_PORT = 20_000
+"""Below the kernel's ephemeral range (32768 and up), where every server bound to port 0
+lands: a port this run hands out is never one another test's server was just given."""
+
+
+def _worker_ports() -> range:
+    """This xdist worker's own block of ports (gw0 the first; a run without xdist too)."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw")
+    start = FIRST_PORT + (int(worker) if worker.isdigit() else 0) * PORTS_PER_WORKER
+    return range(start, start + PORTS_PER_WORKER)
+
+
+_handed_out = itertools.count()
+
+
 def free_port() -> int:
-    """A loopback port nobody listens on right now."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    """A loopback port nobody listens on right now, from this worker's own block, in turn:
+    a port found free among the ephemeral ones could be another worker's server's (bound
+    to port 0) by the time a child process binds it, and a health check would then answer
+    from that server."""
+    ports = _worker_ports()
+    for _ in ports:
+        port = ports[next(_handed_out) % len(ports)]
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:  # in use: another run's, or a test's still running
+                continue
+        return port
+    raise RuntimeError(f"no free port in {ports}")
 
 
 @contextmanager
