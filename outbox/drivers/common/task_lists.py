@@ -22,16 +22,15 @@ from sqlalchemy.engine import Connection
 
 from outbox.db.sql import state_literal
 from outbox.drivers.common.keysets import keyset_page
+from outbox.drivers.common.operations import LIVE_STATES
 from outbox.drivers.common.pieces import DriverPieces
 from outbox.drivers.records import ListedTasks
 from outbox.schema import UNSUCCESSFUL, tasks
-from outbox.states import TaskState
+from outbox.states import TERMINAL_TASK_STATES, TaskState
 
-LIVE = (TaskState.PENDING.value, TaskState.RUNNING.value)
+LIVE = LIVE_STATES["tasks"]
 """The states listed by creation: few, read through their partial indexes and sorted."""
-UNSUCCESSFUL_STATES = frozenset(
-    state.value for state in TaskState if state.value not in (*LIVE, TaskState.DONE.value)
-)
+UNSUCCESSFUL_STATES = frozenset(TERMINAL_TASK_STATES) - {TaskState.DONE}
 """The final states other than done, which ix_outbox_tasks_unsuccessful holds."""
 
 TASK_LISTED_FIELDS = (

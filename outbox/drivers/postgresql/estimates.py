@@ -24,18 +24,13 @@ STATE_STATISTICS = sa.text(
 each common state then."""
 
 
-def state_statistics() -> sa.TextClause:
-    """What state_estimates reads: one row for the table :table, none if it is missing."""
-    return STATE_STATISTICS
-
-
 class PostgreSQLEstimates:
     """Estimated rows per state, from pg_class and pg_stats, as the planner estimates them."""
 
     def state_estimates(self, conn: Connection, table: StateTable) -> dict[str, int] | None:
         """Rows per state estimated from the statistics, scaled to the table's size now, as
         the planner scales them; None before the table's first ANALYZE."""
-        row: Any = conn.execute(state_statistics(), {"table": STATE_TABLES[table].name}).first()
+        row: Any = conn.execute(STATE_STATISTICS, {"table": STATE_TABLES[table].name}).first()
         if row is None or row.reltuples < 0 or not row.relpages or row.states is None:
             return None
         rows_now = row.reltuples / row.relpages * row.pages
