@@ -35,6 +35,8 @@ NAMING_CONVENTION = {
 TASK_STATES = tuple(str(state) for state in TaskState)
 MESSAGE_STATES = tuple(str(state) for state in MessageState)
 DEAD_DECISIONS = tuple(str(decision) for decision in DeadDecision)
+FAILED_ATTEMPT_STATES = (str(MessageState.PENDING), str(MessageState.DEAD))
+"""Where a failed attempt leaves its message: pending for a retry, or dead."""
 TASK_DECISIONS = tuple(str(decision) for decision in TaskDecision)
 UNSUCCESSFUL = "state IN ('failed', 'cancelled', 'expired', 'hop_limit')"
 """The final task states other than done."""
@@ -279,6 +281,25 @@ task_decisions = sa.Table(
     sa.Column("requested_at", Epoch(), nullable=False),
     sa.CheckConstraint(_in("action", TASK_DECISIONS), name="action"),
     sa.Index("ix_outbox_task_decisions_task_id", "task_id"),
+    **TABLE_OPTIONS,
+)
+
+failed_attempts = sa.Table(
+    "outbox_failed_attempts",
+    metadata,
+    # Each attempt to deliver a message that did not end in its delivery (a retry, a death,
+    # a lease that expired mid-send), written in the statement that records it, for the
+    # timeline of the reply's page (migration o0016). A delivery accepted writes nothing
+    # here: the drain's path is unchanged. Deleted with its message by `outbox purge`.
+    sa.Column("id", BigIdentity, primary_key=True, autoincrement=True),
+    sa.Column("message_id", sa.BigInteger(), nullable=False),
+    sa.Column("attempt", sa.Integer(), nullable=False),
+    sa.Column("state", sa.String(16), nullable=False),
+    sa.Column("status", sa.Integer()),
+    sa.Column("error", LongText),
+    sa.Column("attempted_at", Epoch(), nullable=False),
+    sa.CheckConstraint(_in("state", FAILED_ATTEMPT_STATES), name="state"),
+    sa.Index("ix_outbox_failed_attempts_message_id", "message_id", "id"),
     **TABLE_OPTIONS,
 )
 

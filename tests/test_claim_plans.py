@@ -19,6 +19,7 @@ from outbox.db.dialect import bound_now
 from outbox.drivers import DRIVERS
 from outbox.drivers.common import figures, leases, task_reconcile
 from outbox.drivers.postgresql import claims, task_claims
+from outbox.drivers.postgresql.reap import reap_recording_statement
 
 PARAMETER = re.compile(r"%\((\w+)\)s")
 PG = DRIVERS["postgresql"]
@@ -267,7 +268,8 @@ def test_the_task_claim_uses_the_claimable_index(db_url: str, capped: bool) -> N
             lambda name: task_reconcile.reap_expired_task_leases_statement(DRIVERS[name]),
             "ix_outbox_tasks_running_tenant",
         ),
-        (lambda name: leases.reap_statement(DRIVERS[name]), "ix_outbox_messages_lease"),
+        # The reap PostgreSQL runs: the portable one, its reaped attempts recorded.
+        (lambda name: reap_recording_statement(DRIVERS[name]), "ix_outbox_messages_lease"),
         # The relay's adoption of its own rows after a claim in doubt, on the claims' lane.
         (lambda name: leases.adopt_statement(DRIVERS[name]), "ix_outbox_messages_lease"),
     ],

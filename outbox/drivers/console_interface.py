@@ -28,6 +28,12 @@ class ConsoleDriver(Protocol):
         """Every audited decision about one message, oldest first."""
         ...
 
+    def failed_attempts(
+        self, conn: Connection, message_id: int, limit: int
+    ) -> list[dict[str, Any]]:
+        """A message's newest `limit` failed attempts, the oldest of them first."""
+        ...
+
     def audit_page(
         self, conn: Connection, limit: int, before: int | None, by: str | None
     ) -> list[dict[str, Any]]:

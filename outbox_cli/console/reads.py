@@ -9,6 +9,7 @@ from typing import Any, NamedTuple
 
 from outbox.operations import Operations
 from outbox.redaction import redact
+from outbox.states import MessageState
 from outbox_cli.console.health import (
     HOUR,
     Announced,
@@ -28,6 +29,9 @@ ERROR_SHOWN = 4_096
 ERROR_LISTED = 1_024
 """Characters of each last error the dead list shows (a page holds 50 rows)."""
 CUT = "\n…"
+ATTEMPTS_SHOWN = 100
+"""A reply page's timeline shows this many of its newest failed attempts (a message
+requeued again and again may have many)."""
 
 
 class Health(NamedTuple):
@@ -61,7 +65,8 @@ class ConsoleReads:
         )
 
     def reply(self, reply_id: str) -> dict[str, Any] | None:
-        """One message's delivery record, its body shown as text, and its decisions."""
+        """One message's delivery record, its body shown as text, its decisions and its newest
+        failed attempts."""
         message = self.ops.message(reply_id)
         if message is None:
             return None
@@ -69,8 +74,12 @@ class ConsoleReads:
         message["last_error"] = shown_error(message["last_error"])
         with self.ops.engine.connect() as conn:
             decisions = self.ops.driver.decisions(conn, reply_id)
+            failures = self.ops.driver.failed_attempts(conn, message["id"], ATTEMPTS_SHOWN)
         message["decisions"] = [
             {**row, "previous_error": shown_error(row["previous_error"])} for row in decisions
+        ]
+        message["failed_attempts"] = [
+            {**row, "error": shown_error(row["error"], ERROR_LISTED)} for row in failures
         ]
         message["timeline"] = timeline(message)
         return message
@@ -106,10 +115,11 @@ class Moment(NamedTuple):
 
 
 def timeline(message: dict[str, Any]) -> list[Moment]:
-    """A reply's story from what is kept of it, oldest first: created; each decision about
-    it, with the attempts, status and error it replaced; sent or resolved. Attempts in
-    between are kept only as the last one's outcome, which the page shows beside it."""
+    """A reply's story from what is kept of it, oldest first: created; each failed attempt
+    (a retry, a death, a lease that expired), with its status and error; each decision
+    about it, with the attempts, status and error it replaced; sent or resolved."""
     moments = [Moment(message["created_at"], "created", f"for {message['destination']}")]
+    moments += [attempt_moment(attempt) for attempt in message["failed_attempts"]]
     for decision in message["decisions"]:
         before = f"after {decision['previous_attempts']} attempts"
         if decision["previous_status"] is not None:
@@ -124,7 +134,19 @@ def timeline(message: dict[str, Any]) -> list[Moment]:
     if message["resolved_at"] is not None and not resolved_by_decision:
         # Resolved by plain SQL, with no audit row: the moment alone.
         moments.append(Moment(message["resolved_at"], "resolved", "never to be delivered"))
+    # Stable: a failed attempt and the decision it led to may share a second.
     return sorted(moments, key=lambda moment: moment.at)
+
+
+def attempt_moment(attempt: dict[str, Any]) -> Moment:
+    """A failed attempt as a line of the timeline: which, what came of it, and why."""
+    came = "dead" if attempt["state"] == MessageState.DEAD else "retry"
+    said = f"attempt {attempt['attempt']}"
+    if attempt["status"] is not None:
+        said += f", status {attempt['status']}"
+    if attempt["error"]:
+        said += f": {attempt['error']}"
+    return Moment(attempt["attempted_at"], came, said)
 
 
 def pretty(text: str) -> str:

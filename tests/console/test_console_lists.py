@@ -8,8 +8,11 @@ from collections.abc import Callable
 
 import pytest
 import sqlalchemy as sa
+from sqlalchemy.orm import Session
 from support.console_helpers import ConsoleClient
 
+import outbox
+from outbox.drivers.records import Settlement
 from outbox.operations import Operations
 from outbox.schema import messages
 from outbox.testing import ManualClock
@@ -131,3 +134,33 @@ def test_a_resolved_replys_timeline_says_so_once(
     assert 'id="requeued"' not in console.get(f"/reply?id=b-2&requeued={audit['id']}").text
     assert timeline(page) == ["created", "resolved"]
     assert "by anna (settled by phone), after 3 attempts, last status 409" in page
+
+
+def test_a_replys_timeline_shows_each_failed_attempt_with_its_answer(
+    ops: Operations, make_client: Client, clock: ManualClock
+) -> None:
+    with Session(ops.engine) as session, session.begin():
+        outbox.publish(session, "billing", "f-1", {"id": "f-1"}, clock=clock)
+    driver, failures = ops.driver, [(503, "HTTP 503: <i>busy</i>"), (None, "timed out")]
+    for status, error in failures:
+        clock.advance(10)
+        with ops.engine.begin() as conn:
+            [row] = driver.claim_messages(
+                conn, owner="r", now=clock(), lease=30, limit=1, budget=5, destinations=["billing"]
+            )
+            failure = Settlement(
+                row.id, row.fence, "pending", status, error, 0.0, 0, row.lease_until
+            )
+            assert driver.settle(conn, "r", [failure], clock()) == {row.id}
+    clock.advance(10)
+    with ops.engine.begin() as conn:
+        driver.claim_messages(
+            conn, owner="r", now=clock(), lease=30, limit=1, budget=5, destinations=["billing"]
+        )
+        assert driver.reap_expired_message_leases(conn, clock() + 30, 10) == 1
+    page = make_client().get("/reply?id=f-1").text
+    assert timeline(page) == ["created", "retry", "retry", "retry", "now"]
+    # Escaped: an answer's text is the destination's.
+    assert "attempt 1, status 503: HTTP 503: &lt;i&gt;busy&lt;/i&gt;" in page
+    assert "attempt 2: timed out" in page
+    assert "attempt 3: lease expired" in page

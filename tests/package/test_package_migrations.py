@@ -27,6 +27,7 @@ TABLES = {
     "outbox_relays",
     "outbox_workers",
     "outbox_task_decisions",
+    "outbox_failed_attempts",
     "receiver_receipts",
     "receiver_effects",
     "receiver_dead_letters",

@@ -18,6 +18,7 @@ ALL_TABLES = (
     "outbox_relays",
     "outbox_workers",
     "outbox_task_decisions",
+    "outbox_failed_attempts",
     "receiver_receipts",
     "receiver_effects",
     "receiver_dead_letters",
@@ -27,6 +28,7 @@ SERIAL_TABLES = (
     "outbox_messages",
     "outbox_requeues",
     "outbox_task_decisions",
+    "outbox_failed_attempts",
     "receiver_effects",
 )
 """The tables whose `id` a sequence numbers: restarted at 1 with the emptying."""

@@ -12,6 +12,7 @@ from outbox.drivers.common.announcements import AnnouncementStatements
 from outbox.drivers.common.claims import ClaimStatements
 from outbox.drivers.common.console import ConsoleStatements
 from outbox.drivers.common.dead_letters import DeadLetterStatements
+from outbox.drivers.common.failed_attempts import FailedAttemptReads
 from outbox.drivers.common.figures import FigureReads
 from outbox.drivers.common.leases import LeaseStatements
 from outbox.drivers.common.message_lists import MessageListStatements
@@ -42,6 +43,7 @@ class CommonDriver(
     ClaimStatements,
     LeaseStatements,
     SettleReads,
+    FailedAttemptReads,
     AnnouncementStatements,
     FigureReads,
     TaskIntakeStatements,

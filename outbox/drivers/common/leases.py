@@ -10,6 +10,7 @@ from sqlalchemy.engine import Connection
 from outbox.db.sql import limit_parameter, picked_once, state_literal
 from outbox.drivers.base import Now
 from outbox.drivers.common.claims import CLAIMED
+from outbox.drivers.common.failed_attempts import record_expired
 from outbox.drivers.common.pieces import DriverPieces
 from outbox.drivers.records import ClaimedRow
 from outbox.schema import messages
@@ -77,4 +78,7 @@ class LeaseStatements(DriverPieces):
 
     def reap_expired_message_leases(self, conn: Connection, now: Now, limit: int) -> int:
         """Return up to `limit` messages whose delivery lease expired to pending; how many."""
-        return len(conn.execute(reap_statement(self), {"now": now, "limit": limit}).all())
+        reaped = conn.execute(reap_statement(self), {"now": now, "limit": limit}).scalars().all()
+        if reaped:
+            conn.execute(record_expired(reaped, self.now_sql(now)))
+        return len(reaped)

@@ -14,6 +14,7 @@ from outbox.db.sql import Now as NowSQL
 from outbox.db.sql import state_literal
 from outbox.dead_filter import DeadFilter
 from outbox.drivers.base import DeadOutcome, Now, StateTable
+from outbox.drivers.common.failed_attempts import delete_failed_attempts
 from outbox.drivers.common.pieces import DriverPieces
 from outbox.schema import messages, requeues, tasks
 from outbox.states import MessageState, TaskState
@@ -91,9 +92,10 @@ def select_dead(limit: int, now: NowSQL, chosen: DeadFilter) -> sa.Select[Any]:
 
 
 def select_delivery_record(reply_id: str) -> sa.Select[Any]:
-    """One message's delivery record: state, attempts, last status and error, when sent or
-    resolved, body size."""
+    """One message's delivery record: its id, state, attempts, last status and error, when
+    sent or resolved, body size."""
     return sa.select(
+        messages.c.id,
         *DEAD_FIELDS,
         messages.c.state,
         messages.c.ordering_key,
@@ -294,5 +296,7 @@ class OperationStatements(DriverPieces):
         cutoff = self.now_sql(now) - older_than
         chosen = conn.execute(select_purgeable(cutoff, batch)).all()
         if chosen:
-            conn.execute(delete_messages([row.id for row in chosen]))
+            ids = [row.id for row in chosen]
+            conn.execute(delete_messages(ids))
+            conn.execute(delete_failed_attempts(ids))
         return [row.state for row in chosen]

@@ -40,6 +40,7 @@ from outbox.drivers.common.claims import (
     qualifies,
     successors,
 )
+from outbox.drivers.common.failed_attempts import record_expired
 from outbox.drivers.common.pieces import DriverPieces
 from outbox.drivers.mysql.key_walk import head_lock, key_walk
 from outbox.drivers.mysql.picks import by_keys, picked, write_picked
@@ -319,6 +320,7 @@ class MySQLClaims(DriverPieces):
         ids = picked(conn, reap_pick(self), params)
         if ids:
             conn.execute(reap_statement(self), {**params, "picked": ids})
+            conn.execute(record_expired(ids, self.now_sql(now)))
         return len(ids)
 
 

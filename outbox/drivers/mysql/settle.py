@@ -13,6 +13,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from outbox.drivers.base import Now
+from outbox.drivers.common.failed_attempts import record_settled_failures
 from outbox.drivers.common.settle import SETTLE_SET, SETTLE_WHERE
 from outbox.drivers.mysql.clock import DATABASE_NOW
 from outbox.drivers.mysql.rows import qualified, rows_table
@@ -50,4 +51,6 @@ def settle(conn: Connection, owner: str, rows: Sequence[Settlement], now: Now) -
     if held:
         update = sa.text(settle_update(table)).bindparams(sa.bindparam("picked", expanding=True))
         conn.execute(update, {**params, "now": now, "picked": held})
-    return set(held)
+    settled = set(held)
+    record_settled_failures(conn, rows, settled, now, DATABASE_NOW)
+    return settled

@@ -24,6 +24,7 @@ from outbox.drivers.postgresql.held_tasks import (
     PsycopgHeldFinishes,
     held_conninfo,
 )
+from outbox.drivers.postgresql.reap import reap_recording_statement
 from outbox.drivers.postgresql.receipts import STATEMENT_NOW
 from outbox.drivers.postgresql.task_claims import PostgreSQLTaskClaims
 from outbox.drivers.postgresql.task_renewals import PostgreSQLTaskRenewals
@@ -103,8 +104,15 @@ class PostgreSQLDriver(
     def settle(
         self, conn: Connection, owner: str, rows: Sequence[Settlement], now: Now
     ) -> set[int]:
-        """Settle held messages in one statement of binary arrays; the ids it changed."""
+        """Settle held messages in one statement of binary arrays, which records the failed
+        attempts among them; the ids it changed."""
         return settling.settle(conn, owner, rows, now)
+
+    def reap_expired_message_leases(self, conn: Connection, now: Now, limit: int) -> int:
+        """Return up to `limit` messages whose delivery lease expired to pending, and record
+        their attempts, in one statement; how many."""
+        reaped = conn.execute(reap_recording_statement(self), {"now": now, "limit": limit})
+        return len(reaped.all())
 
     # One LISTEN connection on a channel, kept up (outbox.drivers.postgresql.listener).
     listener = staticmethod(listen.listener)

@@ -8,6 +8,7 @@ from typing import Any
 from sqlalchemy.engine import Connection
 
 from outbox.drivers.base import Now
+from outbox.drivers.common.failed_attempts import failed
 from outbox.drivers.common.settle import SETTLE_SET, SETTLE_WHERE
 from outbox.drivers.execution import UNPREPARED
 from outbox.drivers.postgresql.receipts import STATEMENT_NOW
@@ -17,8 +18,24 @@ from outbox.drivers.records import Settlement
 # a manual clock's time, or NULL for the database's (read in the statement itself).
 # PostgreSQL answers with one row: the array of given ids it did not settle, usually
 # empty (fenced rows are rare), instead of a row per settled message to read back.
-SETTLE_POSTGRESQL = (
-    """WITH v AS (
+FAILED_ATTEMPTS = f""",
+    recorded AS (
+        INSERT INTO outbox_failed_attempts
+            (message_id, attempt, state, status, error, attempted_at)
+        SELECT id, attempts, state, status, error, COALESCE(%(now)s::float8, {STATEMENT_NOW})
+        FROM settled
+        WHERE state = 'dead' OR (state = 'pending' AND refund = 0)
+    )"""
+"""The failed attempts among the settled rows, recorded in the settle (see failed())."""
+
+
+def settle_statement(recording: bool) -> str:
+    """The settle; with `recording`, one that also writes the turn's failed attempts."""
+    # A turn whose every message was delivered (the drain's) runs the plain form: the
+    # RETURNING and the insert cost nothing then.
+    returned = "m.id, m.attempts, v.state, v.status, v.error, v.refund" if recording else "m.id"
+    return (
+        """WITH v AS (
         SELECT r.id, r.fence, r.delay,
                (CAST(%(states)s AS varchar[]))[r.kind] AS state,
                (CAST(%(statuses)s AS integer[]))[r.kind] AS status,
@@ -30,17 +47,22 @@ SETTLE_POSTGRESQL = (
         ) AS r(id, fence, kind, delay)
     ), settled AS (
     UPDATE outbox_messages AS m SET"""
-    + SETTLE_SET.format(m="m", now=f"COALESCE(%(now)s::float8, {STATEMENT_NOW})")
-    + """FROM v
+        + SETTLE_SET.format(m="m", now=f"COALESCE(%(now)s::float8, {STATEMENT_NOW})")
+        + """FROM v
     WHERE"""
-    + SETTLE_WHERE.format(m="m", owner="%(owner)s")
-    # The leases the turn holds (a claim gives all its rows one lease_until): without them
-    # the lease index would be walked whole, every relay's messages in flight, per settle.
-    + """ AND m.lease_until = ANY(CAST(%(leases)b AS float8[]))
-    RETURNING m.id
-    )
+        + SETTLE_WHERE.format(m="m", owner="%(owner)s")
+        # The leases the turn holds (a claim gives all its rows one lease_until): without
+        # them the lease index would be walked whole, every relay's messages in flight, per
+        # settle.
+        + f""" AND m.lease_until = ANY(CAST(%(leases)b AS float8[]))
+    RETURNING {returned}
+    ){FAILED_ATTEMPTS if recording else ""}
     SELECT ARRAY(SELECT id FROM v EXCEPT SELECT id FROM settled)"""
-)
+    )
+
+
+SETTLE_POSTGRESQL = settle_statement(recording=False)
+SETTLE_RECORDING_POSTGRESQL = settle_statement(recording=True)
 
 
 def settle(conn: Connection, owner: str, rows: Sequence[Settlement], now: Now) -> set[int]:
@@ -49,8 +71,9 @@ def settle(conn: Connection, owner: str, rows: Sequence[Settlement], now: Now) -
         return set()
     params = settle_parameters(owner, rows, now)
     # Planned per run: a generic plan may rescan the arrays once per row (see UNPREPARED).
+    statement = SETTLE_RECORDING_POSTGRESQL if any(map(failed, rows)) else SETTLE_POSTGRESQL
     unsettled: list[int] = conn.exec_driver_sql(
-        SETTLE_POSTGRESQL, params, execution_options={UNPREPARED: True}
+        statement, params, execution_options={UNPREPARED: True}
     ).scalar_one()
     return set(params["ids"]).difference(unsettled)
 

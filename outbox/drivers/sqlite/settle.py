@@ -9,11 +9,12 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from outbox.drivers.base import Now
+from outbox.drivers.common.failed_attempts import record_settled_failures
 from outbox.drivers.common.settle import SETTLE_SET, SETTLE_WHERE
 from outbox.drivers.records import Settlement
 from outbox.drivers.sqlite.clock import DATABASE_NOW
 
-SETTLE_SQLITE = SETTLE_SQLITE = sa.text(
+SETTLE_SQLITE = sa.text(
     "UPDATE outbox_messages SET"
     + SETTLE_SET.format(m="outbox_messages", now=f"COALESCE(:now, {DATABASE_NOW})")
     + """FROM (
@@ -35,4 +36,6 @@ def settle(conn: Connection, owner: str, rows: Sequence[Settlement], now: Now) -
         return set()
     # Each Settlement is a JSON array in field order: see the json_extract paths above.
     result = conn.execute(SETTLE_SQLITE, {"rows": json.dumps(rows), "owner": owner, "now": now})
-    return set(result.scalars().all())
+    settled = set(result.scalars().all())
+    record_settled_failures(conn, rows, settled, now, DATABASE_NOW)
+    return settled
