@@ -7,7 +7,7 @@ from typing import Any, Literal, Protocol
 
 from sqlalchemy.engine import Connection
 
-from outbox.drivers.records import ListedPage, ListedTasks, RelayRow, WorkerRow
+from outbox.drivers.records import AuditedPage, ListedPage, ListedTasks, RelayRow, WorkerRow
 
 Series = Literal["enqueued", "sent", "dead", "finished"]
 """What the console's charts count per minute."""
@@ -34,11 +34,12 @@ class ConsoleDriver(Protocol):
         """A message's newest `limit` failed attempts, the oldest of them first."""
         ...
 
-    def audit_page(
-        self, conn: Connection, limit: int, before: int | None, by: str | None
-    ) -> list[dict[str, Any]]:
-        """The newest `limit` decisions about dead messages before id `before` (None: the
-        newest), of operator `by` (None: anyone's), newest first."""
+    def audit_page(self, conn: Connection, page: AuditedPage) -> list[dict[str, Any]]:
+        """Decisions about dead messages (requeue, resolve) and about tasks (cancel), as
+        `page` chooses: up to `page.limit` of each kind, each kind's before its own id,
+        merged newest first (by requested_at, then kind, then id), so that the first
+        `page.limit` are the newest of all; each row has its `kind`, `reply_id` or
+        `task_id`, and what a reply's decision keeps besides (NULL for a task's)."""
         ...
 
     def messages_in_state(self, conn: Connection, page: ListedPage) -> list[dict[str, Any]]:

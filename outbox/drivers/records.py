@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
-from typing import NamedTuple
+from typing import Literal, NamedTuple
 
 
 class ClaimedRow(NamedTuple):
@@ -125,6 +125,25 @@ class ListedTasks(NamedTuple):
     tenant: str | None = None
     newest: bool = False
     after: tuple[float, str] | None = None
+    limit: int = 51
+
+
+AuditKind = Literal["reply", "task"]
+"""What an audited decision is about: a dead reply (requeue, resolve) or a task (cancel)."""
+
+AUDIT_KINDS: tuple[AuditKind, ...] = ("reply", "task")
+"""Every kind: what the audit page lists unless told one."""
+
+
+class AuditedPage(NamedTuple):
+    """Which page of the audit: the decisions of `kinds`, of operator `by` (None: anyone's),
+    each kind's before the id its previous page ended on (None: from its newest), at most
+    `limit` of each kind."""
+
+    kinds: tuple[AuditKind, ...] = AUDIT_KINDS
+    by: str | None = None
+    reply_before: int | None = None
+    task_before: int | None = None
     limit: int = 51
 
 

@@ -1,5 +1,6 @@
 """The statements behind `outbox console`'s task and reply pages and its charts, in portable
-Core (the dead list and the decisions are `outbox dead`'s own: operations)."""
+Core (the dead list and the decisions are `outbox dead`'s own: operations; the audit page's
+are `audit`'s)."""
 
 from __future__ import annotations
 
@@ -10,8 +11,10 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from outbox.db.sql import state_literal
+from outbox.drivers.common.audit import audit_rows
 from outbox.drivers.common.pieces import DriverPieces
 from outbox.drivers.console_interface import Series
+from outbox.drivers.records import AuditedPage
 from outbox.schema import messages, requeues, tasks
 from outbox.states import MessageState
 
@@ -51,17 +54,6 @@ def select_reply_of(task_id: str) -> sa.Select[Any]:
 def select_decisions(reply_id: str) -> sa.Select[Any]:
     """Every audited decision about one message, oldest first (ix_outbox_requeues_reply_id)."""
     return sa.select(requeues).where(requeues.c.reply_id == reply_id).order_by(requeues.c.id)
-
-
-def select_audit_page(limit: int, before: int | None, by: str | None) -> sa.Select[Any]:
-    """The newest `limit` decisions (before id `before`, by `by`), newest first, walking
-    the primary key backwards."""
-    query = sa.select(requeues).order_by(requeues.c.id.desc()).limit(limit)
-    if before is not None:
-        query = query.where(requeues.c.id < before)
-    if by is not None:
-        query = query.where(requeues.c.requested_by == by)
-    return query
 
 
 def message_exists(reply_id: str) -> sa.Select[Any]:
@@ -130,13 +122,10 @@ class ConsoleStatements(DriverPieces):
         """Every audited decision about one message, oldest first."""
         return [dict(row) for row in conn.execute(select_decisions(reply_id)).mappings()]
 
-    def audit_page(
-        self, conn: Connection, limit: int, before: int | None, by: str | None
-    ) -> list[dict[str, Any]]:
-        """The newest `limit` decisions about dead messages before id `before` (None: the
-        newest), of operator `by` (None: anyone's), newest first."""
-        query = select_audit_page(limit, before, by)
-        return [dict(row) for row in conn.execute(query).mappings()]
+    def audit_page(self, conn: Connection, page: AuditedPage) -> list[dict[str, Any]]:
+        """Up to `page.limit` decisions of each kind `page` asks for, each kind's before its
+        own id, merged newest first: the first `page.limit` are the newest of all."""
+        return audit_rows(conn, page)
 
     def message_exists(self, conn: Connection, reply_id: str) -> bool:
         """Whether a message has this reply_id."""
