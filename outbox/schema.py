@@ -303,6 +303,20 @@ failed_attempts = sa.Table(
     **TABLE_OPTIONS,
 )
 
+backlog_samples = sa.Table(
+    "outbox_backlog_samples",
+    metadata,
+    # Each destination's undelivered messages once a minute: how many, and the oldest's age
+    # (migration o0017), for the console's chart of that age over time, which the rows
+    # cannot tell after the fact. Written by whichever relay samples a minute first (one
+    # row per minute and destination), kept SAMPLES_KEPT.
+    sa.Column("sampled_at", Epoch(), primary_key=True),
+    sa.Column("destination", sa.String(200), primary_key=True),
+    sa.Column("backlog", sa.Integer(), nullable=False),
+    sa.Column("oldest_age", Epoch()),
+    **TABLE_OPTIONS,
+)
+
 workers = sa.Table(
     "outbox_workers",
     metadata,

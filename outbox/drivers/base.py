@@ -371,6 +371,11 @@ class RelayDriver(Protocol):
         """The destinations whose announcement has not lapsed."""
         ...
 
+    def sample_backlog(self, conn: Connection, now: Now, destinations: Sequence[str]) -> bool:
+        """Write this minute's backlog samples (every destination with undelivered messages,
+        and each of `destinations`), unless some relay has; whether this call wrote them."""
+        ...
+
 
 class Driver(
     DialectPieces,

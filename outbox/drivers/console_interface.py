@@ -76,6 +76,13 @@ class ConsoleDriver(Protocol):
         """Every worker's announcement, recently lapsed ones included."""
         ...
 
+    def oldest_ages(
+        self, conn: Connection, since: float, until: float, destination: str | None = None
+    ) -> dict[float, float]:
+        """Minute start -> the oldest undelivered age sampled then (of `destination`, or the
+        greatest of all), for the sampled minutes in [since, until)."""
+        ...
+
     def dead_since(self, conn: Connection, since: float) -> dict[str, int]:
         """Messages per destination that went dead (their last attempt due) since `since`."""
         ...

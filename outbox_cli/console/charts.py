@@ -166,22 +166,22 @@ def charts(counts: dict[str, dict[int, int]], now: float) -> tuple[Chart, ...]:
             )
             for series, label, colour in shown
         )
-        ticks = _ticks(first, minutes)
+        ticks = time_axis(first, minutes)
         spans = _spans(first, minutes, values)
         drawn.append(Chart(title, minutes, lines, peak, ticks, spans))
     return tuple(drawn)
 
 
-def _x(index: int, minutes: int) -> float:
+def x_of(index: int, minutes: int) -> float:
     """Where minute `index` of a window of `minutes` is drawn."""
     return index * WIDTH / max(1, minutes - 1)
 
 
-def _ticks(first: int, minutes: int) -> tuple[Tick, ...]:
+def time_axis(first: int, minutes: int) -> tuple[Tick, ...]:
     """The time axis: a mark at each whole TICK_EVERY minutes of the window, in UTC."""
     every = TICK_EVERY[minutes]
     return tuple(
-        Tick(round(_x(i, minutes), 1), clock_time(first + i))
+        Tick(round(x_of(i, minutes), 1), clock_time(first + i))
         for i in range(minutes)
         if (first + i) % every == 0
     )

@@ -26,7 +26,7 @@ from starlette.templating import Jinja2Templates
 from outbox.operations import Operations
 from outbox.states import MessageState
 from outbox_cli.arguments import age_text
-from outbox_cli.console import charts, requeue_form
+from outbox_cli.console import age_charts, charts, requeue_form
 from outbox_cli.console.confirmations import Confirmations
 from outbox_cli.console.filters import FILTERS, dead_filter, page_start
 from outbox_cli.console.forms import CSRF_COOKIE, CSRF_FIELD, checked_form
@@ -173,6 +173,7 @@ class Pages:
         unknown = destination if destination is not None and destination not in choices else None
         charted = None if unknown is not None else destination
         counted = self.charted(charted).counts(self.ops, now, charts.LONGEST)
+        ages = age_charts.oldest_ages(self.ops, now, charted)
         return {
             "charted": charted,
             "unknown_chart": unknown,
@@ -181,6 +182,8 @@ class Pages:
             "health": health,
             "status": status,
             "charts": charts.charts(counted, now),
+            "age_charts": age_charts.age_charts(ages, now),
+            "age_colour": age_charts.COLOUR,
             "width": charts.WIDTH,
             "height": charts.HEIGHT,
             "refresh_seconds": REFRESH_SECONDS,

@@ -218,3 +218,47 @@ def test_the_console_keeps_the_counts_of_its_recent_charts_only(ops: Operations)
     assert len(pages.destination_counts) == page_module.CHARTED_KEPT
     assert pages.charted("billing") is not kept  # pushed out by the newer ones
     assert pages.charted(None) is every  # every destination's counts are never pushed out
+
+
+def oldest_chart(page: str, minutes: int) -> str:
+    """The oldest-undelivered chart of a window, as the overview draws it."""
+    marker = f'data-window="{minutes}" data-chart="oldest"'
+    return page.split(marker, 1)[1].split("</figure>", 1)[0]
+
+
+def test_the_oldest_undelivered_age_is_charted_from_the_relays_samples_with_gaps(
+    ops: Operations, clock: ManualClock, make_client: Callable[..., ConsoleClient]
+) -> None:
+    # The seed's dead replies are not undelivered; a pending one to billing, created now.
+    with Session(ops.engine) as session, session.begin():
+        outbox.publish(session, "billing", "waiting", {"n": 1}, clock=clock)
+    with ops.engine.begin() as conn:
+        for step in (60, 60, 120):  # the minute before the last, no relay sampled
+            clock.advance(step)
+            assert ops.driver.sample_backlog(conn, clock(), ["billing"])
+    page = make_client().get("/").text
+    hour = oldest_chart(page, 60)
+    assert '<span data-sampled="60">3</span> of 60 minutes sampled' in hour
+    # Two stretches: the gap is not drawn as a zero.
+    [path] = re.findall(r'<path fill="none" stroke="[^"]+" stroke-width="1.5" d="([^"]+)"', hour)
+    assert path.count("M") == 2
+    titles = re.findall(r"<title>([^<]+)</title>", hour)
+    assert sum("not sampled (no relay ran)" in title for title in titles) == 57
+    # Every destination's: the greatest, the seed's task reply waiting for hours.
+    assert "highest: 3.1h" in hour
+    billing = oldest_chart(make_client().get("/?chart=billing").text, 60)
+    assert "highest: 4.0m" in billing
+    billed = re.findall(r"<title>([^<]+)</title>", billing)
+    assert [t.split("UTC: ", 1)[1] for t in billed if "UTC: oldest" in t] == [
+        "oldest undelivered 1.0m",
+        "oldest undelivered 2.0m",
+        "oldest undelivered 4.0m",
+    ]
+
+
+def test_no_sample_draws_no_line_and_says_why(
+    make_client: Callable[..., ConsoleClient],
+) -> None:
+    day = oldest_chart(make_client().get("/").text, 1440)
+    assert "<path" not in day
+    assert '<span data-sampled="1440">0</span> of 1440 minutes sampled (no relay ran)' in day

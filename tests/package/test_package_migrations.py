@@ -28,6 +28,7 @@ TABLES = {
     "outbox_workers",
     "outbox_task_decisions",
     "outbox_failed_attempts",
+    "outbox_backlog_samples",
     "receiver_receipts",
     "receiver_effects",
     "receiver_dead_letters",

@@ -15,6 +15,7 @@ from support.scripted_server import Answer, ScriptedServer
 import outbox
 from outbox import InvalidMessage, publish
 from outbox.operations import Operations
+from outbox.schema import backlog_samples, failed_attempts
 from outbox.signing import parse_secret, verify
 from outbox.testing import ManualClock
 from relay import ConfigError, Relay, make_destination
@@ -348,3 +349,25 @@ def test_a_message_going_dead_is_a_warning_with_its_fields_and_each_turn_sums_up
         "retry": 1,
         "dead": 1,
     }
+
+
+def test_a_relay_samples_each_minutes_backlog_once_and_records_failed_attempts(
+    db_url: str, engine: sa.Engine, server: ScriptedServer, clock: ManualClock
+) -> None:
+    publish_many(engine, ["s-1"], clock=clock)
+    server.script("s-1", Answer(status=503))
+    with make_relay(db_url, server, clock, backoff=100, backoff_cap=200) as relay:
+        assert relay.dispatch_once() == [("s-1", "retry")]
+        clock.advance(5)
+        relay.dispatch_once()  # too soon to try the sample again
+        clock.advance(60)
+        relay.dispatch_once()  # a later minute: sampled
+    with engine.connect() as conn:
+        sampled = conn.execute(
+            sa.select(backlog_samples.c.destination, backlog_samples.c.backlog)
+        ).all()
+        attempts = conn.execute(
+            sa.select(failed_attempts.c.attempt, failed_attempts.c.status)
+        ).all()
+    assert sorted(sampled) == [("default", 1), ("default", 1)]
+    assert attempts == [(1, 503)]

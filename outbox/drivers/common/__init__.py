@@ -9,6 +9,7 @@ results and renewals). A backend that differs more overrides more.
 from __future__ import annotations
 
 from outbox.drivers.common.announcements import AnnouncementStatements
+from outbox.drivers.common.backlog_samples import BacklogSampleStatements
 from outbox.drivers.common.claims import ClaimStatements
 from outbox.drivers.common.console import ConsoleStatements
 from outbox.drivers.common.dead_letters import DeadLetterStatements
@@ -46,6 +47,7 @@ class CommonDriver(
     FailedAttemptReads,
     AnnouncementStatements,
     FigureReads,
+    BacklogSampleStatements,
     TaskIntakeStatements,
     TaskClaimStatements,
     TaskTransitionStatements,
