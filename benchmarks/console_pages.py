@@ -64,6 +64,8 @@ def pages(dead: int, middle_id: int) -> dict[str, str]:
         "reply": f"/reply?id=dead-{middle}",
         "task": f"/task?id=t-{middle}",
         "search": f"/search?q=t-{middle}",
+        "audit": "/audit",
+        "audit_tasks": "/audit?kind=tasks",
     }
 
 
@@ -113,9 +115,47 @@ def insert_replies(state: str) -> sa.TextClause:
     )
 
 
+def insert_decisions() -> tuple[sa.TextClause, sa.TextClause]:
+    """:n requeues of dead replies and :n cancels of tasks, one every :gap seconds from
+    :start: a long audit."""
+    requeues = sa.text(
+        "INSERT INTO outbox_requeues (reply_id, requested_by, reason, requested_at, receipt, "
+        "forced, previous_attempts, previous_status, previous_error, action) "
+        "SELECT 'dead-' || n, 'ops-' || (n % 7), 'destination back', :start + n * :gap, "
+        "'not received', false, 5, 503, 'HTTP 503', 'requeue' FROM generate_series(1, :n) n"
+    )
+    cancels = sa.text(
+        "INSERT INTO outbox_task_decisions (task_id, action, requested_by, reason, "
+        "requested_at) SELECT 't-' || n, 'cancel', 'ops-' || (n % 7), 'customer asked', "
+        ":start + n * :gap + 0.5 FROM generate_series(1, :n) n"
+    )
+    return requeues, cancels
+
+
+def insert_failed_attempts() -> sa.TextClause:
+    """Four failed attempts of each dead reply: the retries and the death its row holds."""
+    return sa.text(
+        "INSERT INTO outbox_failed_attempts (message_id, attempt, state, status, error, "
+        "attempted_at) SELECT m.id, a, CASE WHEN a = 5 THEN 'dead' ELSE 'pending' END, "
+        "m.last_status, m.last_error, m.created_at + a * 10 FROM outbox_messages m, "
+        "generate_series(2, 5) a WHERE m.state = 'dead'"
+    )
+
+
+def insert_backlog_samples() -> sa.TextClause:
+    """A day of the relays' samples, a minute each, of every destination."""
+    return sa.text(
+        "INSERT INTO outbox_backlog_samples (sampled_at, destination, backlog, oldest_age) "
+        "SELECT floor(:now / 60) * 60 - m * 60, 'd-' || d, 25, 30 + m % 90 "
+        f"FROM generate_series(0, 1439) m, generate_series(0, {DESTINATIONS - 1}) d"
+    )
+
+
 def seed(url: str, history: int, dead: int) -> int:
-    """Half the history sent replies, half finished tasks; the dead replies; 100 pending.
-    Returns the message id of the middle dead reply (where the next page timed starts)."""
+    """Half the history sent replies, half finished tasks; the dead replies, each with its
+    failed attempts; 100 pending; as many decisions of each kind as dead replies; a day of
+    backlog samples. Returns the message id of the middle dead reply (where the next page
+    timed starts)."""
     engine = sa.create_engine(url)
     now = time.time()
     half = history // 2
@@ -127,13 +167,19 @@ def seed(url: str, history: int, dead: int) -> int:
             conn.execute(insert_replies("dead"), {**window, "gap": DAY / dead, "n": dead})
             recent = {"start": now - 100, "gap": 1.0, "n": 100}
             conn.execute(insert_replies("pending"), recent)
+            requeues, cancels = insert_decisions()
+            conn.execute(requeues, {**window, "gap": DAY / dead, "n": dead})
+            conn.execute(cancels, {**window, "gap": DAY / dead, "n": dead})
+            conn.execute(insert_failed_attempts())
+            conn.execute(insert_backlog_samples(), {"now": now})
             middle_id = conn.execute(
                 sa.text("SELECT id FROM outbox_messages WHERE reply_id = :reply_id"),
                 {"reply_id": f"dead-{dead // 2}"},
             ).scalar_one()
         with engine.connect() as conn:
             conn.execution_options(isolation_level="AUTOCOMMIT").exec_driver_sql(
-                "VACUUM ANALYZE outbox_tasks, outbox_messages"
+                "VACUUM ANALYZE outbox_tasks, outbox_messages, outbox_requeues, "
+                "outbox_task_decisions, outbox_failed_attempts, outbox_backlog_samples"
             )
     finally:
         engine.dispose()

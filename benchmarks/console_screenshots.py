@@ -42,12 +42,12 @@ from outbox import AuthContext, Envelope, TaskQueue
 from outbox.drivers import driver_for
 from outbox.drivers.records import LastAnswers
 from outbox.operations import Operations
-from outbox.schema import messages
+from outbox.schema import backlog_samples, failed_attempts, messages
 from outbox.testing import ManualClock
 
 TOKEN = "screenshot-console-token-0123456789"  # noqa: S105 (a throwaway run's)
 WIDTH, HEIGHT = 1280, 800
-TALLEST = 1600
+TALLEST = 2300
 MINUTES = 60
 DESTINATIONS = ("billing", "shipping", "crm-webhook")
 TASK_REPLIES = "orders-callback"
@@ -137,12 +137,97 @@ def seed_replies(engine: sa.Engine, now: float, rng: random.Random, seeded: Seed
         conn.execute(dead_update(), dead)
     seeded.sent_reply = sent[len(sent) // 2]["rid"]
     seeded.dead = [row["rid"] for row in dead]
+    seed_attempts(engine, dead)
+
+
+def attempts_until(
+    message_id: int, tries: int, died: float, status: int, error: str
+) -> list[dict[str, Any]]:
+    """A dead reply's failed attempts, 30 s apart: retries the destination answered 503, then
+    the death its row holds."""
+    return [
+        {
+            "message_id": message_id,
+            "attempt": k,
+            "state": "dead" if k == tries else "pending",
+            "status": status if k == tries else 503,
+            "error": error if k == tries else "HTTP 503: service unavailable",
+            "attempted_at": died - 30 * (tries - k),
+        }
+        for k in range(1, tries + 1)
+    ]
+
+
+def seed_attempts(engine: sa.Engine, dead: list[dict[str, Any]]) -> None:
+    """The failed attempts the relays would have recorded on the way to each death."""
+    with engine.begin() as conn:
+        ids = dict(conn.execute(sa.select(messages.c.reply_id, messages.c.id)).all())
+        rows = [
+            row
+            for d in dead
+            for row in attempts_until(ids[d["rid"]], d["tries"], d["at"], d["status"], d["error"])
+        ]
+        conn.execute(sa.insert(failed_attempts), rows)
+
+
+SAMPLES_MISSED = range(22, 25)
+"""Minutes of the hour no relay sampled (every relay restarting for a deploy): a gap."""
+
+
+def seed_samples(engine: sa.Engine, now: float) -> None:
+    """The relays' samples of the hour: each minute, each destination's undelivered replies
+    as the seeded rows say they were then (a reply is done with when it was sent or first
+    died: a requeued one's later life is left out)."""
+    with engine.begin() as conn:
+        died = dict(
+            conn.execute(
+                sa.select(failed_attempts.c.message_id, sa.func.min(failed_attempts.c.attempted_at))
+                .where(failed_attempts.c.state == "dead")
+                .group_by(failed_attempts.c.message_id)
+            ).all()
+        )
+        lives = [
+            (destination, created, min(t for t in (sent_at, died.get(id_), done) if t is not None))
+            if sent_at is not None or id_ in died or done is not None
+            else (destination, created, math.inf)
+            for id_, destination, created, sent_at, done in conn.execute(
+                sa.select(
+                    messages.c.id,
+                    messages.c.destination,
+                    messages.c.created_at,
+                    messages.c.sent_at,
+                    sa.case((messages.c.state.in_(("dead", "resolved")), messages.c.available_at)),
+                )
+            )
+        ]
+        samples = []
+        for minute in range(MINUTES):
+            if minute in SAMPLES_MISSED:
+                continue
+            at = math.floor((now - (MINUTES - minute) * 60) / 60) * 60
+            # A relay samples its own destinations with nothing waiting too.
+            waiting: dict[str, list[float]] = {name: [] for name in ROUTED}
+            for destination, created, gone in lives:
+                if created <= at < gone:
+                    waiting.setdefault(destination, []).append(created)
+            samples += [
+                {
+                    "sampled_at": at,
+                    "destination": name,
+                    "backlog": len(created),
+                    "oldest_age": at - min(created) if created else None,
+                }
+                for name, created in waiting.items()
+            ]
+        conn.execute(sa.insert(backlog_samples), samples)
 
 
 def seed_requeues(url: str, engine: sa.Engine, now: float, seeded: Seeded) -> None:
     """A requeue history: one reply requeued and dead again, twice; one resolved."""
     again, resolved = seeded.dead[0], seeded.dead[1]
-    with Operations(url) as ops:
+    # Each requeue three minutes before the death that follows it, and the resolve now.
+    clock = ManualClock(now - 780)
+    with Operations(url, clock=clock) as ops:
         for attempt, (who, why) in enumerate(
             (
                 ("ops-anna", "billing deployed the fix for INV conflicts"),
@@ -151,16 +236,17 @@ def seed_requeues(url: str, engine: sa.Engine, now: float, seeded: Seeded) -> No
         ):
             ops.requeue(again, reason=why, by=who, receipt="not received", forced=False)
             with engine.begin() as conn:
-                conn.execute(
-                    dead_update(),
-                    {
-                        "rid": again,
-                        "tries": 5,
-                        "at": now - 600 + attempt * 300,
-                        "status": 409,
-                        "error": "HTTP 409 conflict: invoice already settled",
-                    },
-                )
+                died = {
+                    "rid": again,
+                    "tries": 5,
+                    "at": now - 600 + attempt * 300,
+                    "status": 409,
+                    "error": "HTTP 409 conflict: invoice already settled",
+                }
+                conn.execute(dead_update(), died)
+            seed_attempts(engine, [died])
+            clock.advance(300)
+        clock.advance(now - clock())
         ops.resolve(resolved, reason="confirmed delivered by the destination's team", by="ops-lee")
     seeded.dead_requeued = again
 
@@ -191,7 +277,16 @@ def seed_tasks(url: str, now: float, rng: random.Random, seeded: Seeded) -> None
         late = Envelope("task-late", "orders-api", {"kind": "charge"}, clock() + 30)
         queue.receive(source, late)
         cancelled = Envelope("task-cancelled", "orders-api", {"kind": "refund"}, now + 3600)
-        queue.cancel(queue.receive(source, cancelled).task_id, "customer withdrew the order")
+        task_id = queue.receive(source, cancelled).task_id
+    # Cancelled by an operator, as the console's task page does: audited.
+    with Operations(url, clock=clock) as ops:
+        ops.cancel_task(
+            task_id, reason="customer withdrew the order", by="ops-ravi",
+            reply_destination=TASK_REPLIES,
+        )  # fmt: skip
+    with TaskQueue(
+        url, clock=clock, allowed_sources=("orders-api",), reply_destination=TASK_REPLIES
+    ) as queue:
         clock.advance(60)
         queue.reconcile()  # task-late's deadline has passed: expired
         queue.claim("worker-1")  # one running
@@ -259,6 +354,7 @@ def seed(url: str) -> Seeded:
         with engine.begin() as conn:
             conn.execute(task_replies_sent(TASK_REPLIES, now - 120))
         seed_relays(engine, now)
+        seed_samples(engine, now)
     finally:
         engine.dispose()
     return seeded

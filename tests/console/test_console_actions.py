@@ -275,7 +275,7 @@ def test_the_audit_page_lists_decisions_newest_first_by_operator_and_page(
     ops.resolve("s-1", reason="lost", by="ops-anna")
     console = make_client()
     page = console.get("/audit").text
-    assert re.findall(r'<td class="reply"><a href="/reply\?id=([^"]+)"', page) == [
+    assert re.findall(r'<td class="reply id"><a href="/reply\?id=([^"]+)"', page) == [
         "s-1",
         "b-2",
         "b-1",
@@ -288,7 +288,7 @@ def test_the_audit_page_lists_decisions_newest_first_by_operator_and_page(
     older = re.search(r'href="/audit\?([^"]+)" id="older-page"', first)
     assert older is not None
     second = console.get(f"/audit?{older[1].replace('&amp;', '&')}").text
-    assert re.findall(r'<td class="reply"><a href="/reply\?id=([^"]+)"', second) == ["b-1"]
+    assert re.findall(r'<td class="reply id"><a href="/reply\?id=([^"]+)"', second) == ["b-1"]
     bad = console.get("/audit?before=abc")
     assert bad.status_code == 400
     assert "before: not a decision id" in bad.text

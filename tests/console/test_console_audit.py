@@ -21,7 +21,7 @@ from outbox_cli.console import audit_page
 Client = Callable[..., ConsoleClient]
 ROW = re.compile(
     r'<tr data-kind="(reply|task)" data-audit-id="\d+">.*?'
-    r'<td class="(?:reply|task)"><a href="(/(?:reply|task)\?id=[^"]+)">([^<]*)</a>',
+    r'<td class="(?:reply|task) id"><a href="(/(?:reply|task)\?id=[^"]+)">([^<]*)</a>',
     re.DOTALL,
 )
 """An audit row: its kind, the link to what it decided about, and the link's text."""
