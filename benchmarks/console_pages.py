@@ -133,12 +133,13 @@ def insert_decisions() -> tuple[sa.TextClause, sa.TextClause]:
 
 
 def insert_failed_attempts() -> sa.TextClause:
-    """Four failed attempts of each dead reply: the retries and the death its row holds."""
+    """Five failed attempts of each dead reply (its attempt count): four retries, then the
+    death its row holds."""
     return sa.text(
         "INSERT INTO outbox_failed_attempts (message_id, attempt, state, status, error, "
         "attempted_at) SELECT m.id, a, CASE WHEN a = 5 THEN 'dead' ELSE 'pending' END, "
         "m.last_status, m.last_error, m.created_at + a * 10 FROM outbox_messages m, "
-        "generate_series(2, 5) a WHERE m.state = 'dead'"
+        "generate_series(1, 5) a WHERE m.state = 'dead'"
     )
 
 

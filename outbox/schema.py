@@ -288,9 +288,10 @@ failed_attempts = sa.Table(
     "outbox_failed_attempts",
     metadata,
     # Each attempt to deliver a message that did not end in its delivery (a retry, a death,
-    # a lease that expired mid-send), written in the statement that records it, for the
-    # timeline of the reply's page (migration o0016). A delivery accepted writes nothing
-    # here: the drain's path is unchanged. Deleted with its message by `outbox purge`.
+    # a lease that expired mid-send), written in the transaction that records its outcome
+    # (on PostgreSQL, the same statement), for the timeline of the reply's page (migration
+    # o0016). A delivery accepted writes nothing here: the drain's path is unchanged.
+    # Deleted with its message by `outbox purge`.
     sa.Column("id", BigIdentity, primary_key=True, autoincrement=True),
     sa.Column("message_id", sa.BigInteger(), nullable=False),
     sa.Column("attempt", sa.Integer(), nullable=False),

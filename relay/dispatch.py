@@ -16,6 +16,7 @@ import time
 from collections import defaultdict
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from functools import partial
+from types import MappingProxyType
 from typing import NamedTuple
 
 from outbox import failpoints, tracing
@@ -54,6 +55,10 @@ class Turn(NamedTuple):
     looked_up: frozenset[int] = frozenset()
     """Ids of messages only asked about by receipt lookup (spent before the turn): no
     delivery of theirs was attempted."""
+    failures: Mapping[int, Retry | Dead] = MappingProxyType({})
+    """The answers of the attempts this turn made that did not deliver, by message id: what
+    the settle records as failed attempts (a later receipt lookup may settle the message
+    otherwise; the attempt and its answer stand)."""
 
 
 class Dispatcher:
@@ -134,6 +139,7 @@ class Dispatcher:
     ) -> Turn:
         """Deliver one claimed batch and resolve what may not be sent; returns what to settle."""
         outcomes = await self._deliver(deliver, deadline)
+        failures = {i: o for i, o in outcomes.items() if isinstance(o, Retry | Dead)}
         # Only a delivery that never started gives its attempt back; a later lookup that
         # ran out of lease time does not (the attempt was made).
         unattempted = {i for i, outcome in outcomes.items() if isinstance(outcome, Unsent)}
@@ -148,7 +154,8 @@ class Dispatcher:
                 await self._resolve(spent, "retry budget exhausted", deadline, outcomes)
             )
         failpoints.hit("relay.after_remote_commit")
-        return Turn(deliver + resolve, outcomes, unattempted, frozenset(m.id for m in resolve))
+        looked_up = frozenset(m.id for m in resolve)
+        return Turn(deliver + resolve, outcomes, unattempted, looked_up, failures)
 
     async def _deliver(self, messages: Sequence[Message], deadline: float) -> dict[int, Outcome]:
         outcomes: dict[int, Outcome] = {}

@@ -12,6 +12,7 @@ import logging
 import random
 import time
 from collections.abc import Collection, Mapping, Sequence
+from types import MappingProxyType
 from typing import NamedTuple
 
 import sqlalchemy as sa
@@ -20,15 +21,17 @@ from sqlalchemy.engine import Engine
 from outbox import failpoints
 from outbox.clock import Clock
 from outbox.db import retry
-from outbox.db.dialect import autocommit_lane, clock_value, one_statement
+from outbox.db.dialect import READ_ONLY, autocommit_lane, clock_value, one_statement
 from outbox.drivers import driver_for
-from outbox.drivers.records import KeyWalk
+from outbox.drivers.records import FailedAttempt, KeyWalk
 from relay.answers import AnswerBook
 from relay.figures import Figures, figures_from
-from relay.policy import Outcome, Retry, Sent, retry_delay, target_state
+from relay.policy import Dead, Outcome, Retry, Sent, retry_delay, target_state
 from relay.records import ClaimedRow, Message, Settlement
 
 log = logging.getLogger("outbox.relay")
+NO_FAILURES: Mapping[int, Retry | Dead] = MappingProxyType({})
+"""A turn whose attempts all delivered (or made none)."""
 SAMPLE_TRIES_EVERY = 20.0
 """Seconds between a relay's tries at the minute's backlog sample (see _sample)."""
 
@@ -177,17 +180,23 @@ class RelayLeases:
         # The console's chart of the oldest undelivered age needs a sample a minute, which
         # the first relay to try a minute writes; trying three times a minute, a relay that
         # claims at least that often leaves no minute out. A try of a minute already
-        # sampled is one primary-key probe; the one that samples reads the figures a
-        # metrics scrape reads. Its own short transaction, as the announcement's.
+        # sampled is one primary-key probe in a read-only transaction (on SQLite it takes
+        # no write lock); the one that samples reads the figures a metrics scrape reads,
+        # then writes in a short transaction of its own.
         moment = time.monotonic() if now is None else now
         if moment < self._next_sample:
             return
-        try:
-            with self._engine.begin() as conn:
-                self._driver.sample_backlog(conn, now, self.destinations)
-        except sa.exc.DBAPIError as exc:
-            log.warning("relay %s: could not sample the backlog (%s)", self.owner, exc)
         self._next_sample = moment + SAMPLE_TRIES_EVERY
+        try:
+            reading = self._engine.connect().execution_options(**{READ_ONLY: True})
+            with reading as conn, conn.begin():
+                rows = self._driver.backlog_sample(conn, now, self.destinations)
+            if rows:
+                with self._engine.begin() as conn:
+                    self._driver.record_backlog_sample(conn, rows)
+        except Exception:
+            # Only the console's chart needs it: delivery goes on whatever went wrong.
+            log.warning("relay %s: could not sample the backlog", self.owner, exc_info=True)
 
     def withdraw(self) -> None:
         """Stop announcing this relay's destinations (at a clean stop): a last announcement,
@@ -220,18 +229,22 @@ class RelayLeases:
         messages: Sequence[Message],
         outcomes: Mapping[int, Outcome],
         unattempted: Collection[int] = frozenset(),
+        failures: Mapping[int, Retry | Dead] = NO_FAILURES,
     ) -> set[int]:
-        """Record outcomes, retrying transient errors; returns the ids this relay settled.
+        """Record outcomes, and the turn's `failures` (the answers of its attempts that did
+        not deliver, by id) as failed attempts, retrying transient errors; returns the ids
+        this relay settled.
 
         The others were taken over by a newer lease and are left as they are.
         """
-        return retry.quickly(lambda: self._settle(messages, outcomes, unattempted))
+        return retry.quickly(lambda: self._settle(messages, outcomes, unattempted, failures))
 
     def _settle(
         self,
         messages: Sequence[Message],
         outcomes: Mapping[int, Outcome],
         unattempted: Collection[int],
+        failures: Mapping[int, Retry | Dead],
     ) -> set[int]:
         rows: list[Settlement] = []
         for message in messages:
@@ -253,9 +266,20 @@ class RelayLeases:
                     message.lease_until,
                 )
             )
+        # A turn's attempts that did not deliver: usually none (the drain's turns).
+        failed = (
+            [
+                FailedAttempt(m.id, m.attempts, target_state(answer), answer.status, answer.error)
+                for m in messages
+                if (answer := failures.get(m.id)) is not None
+            ]
+            if failures
+            else []
+        )
         # One statement, atomic alone: autocommit on PostgreSQL (see one_statement).
         with one_statement(self._engine, "relay.before_sent_commit", lane=self._settles) as conn:
-            settled = self._driver.settle(conn, self.owner, rows, clock_value(self.clock))
+            now = clock_value(self.clock)
+            settled = self._driver.settle(conn, self.owner, rows, now, failed)
             if settled:
                 failpoints.hit("relay.before_sent_commit")
         failpoints.hit("relay.after_sent_commit")

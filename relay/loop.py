@@ -365,9 +365,11 @@ class Relay(DatabaseHandle):
         return Claimed(deliver, resolve, started + self.lease - LEASE_MARGIN)
 
     async def _record(self, turn: Turn) -> list[tuple[str, Verdict]]:
-        everything, outcomes, unattempted, looked_up = turn
+        everything, outcomes, unattempted, looked_up, failures = turn
         try:
-            settled = await asyncio.to_thread(self.leases.settle, everything, outcomes, unattempted)
+            settled = await asyncio.to_thread(
+                self.leases.settle, everything, outcomes, unattempted, failures
+            )
         except BaseException as exc:
             if isinstance(exc, Exception):  # not a cancellation at shutdown
                 self.metrics.database_error("settle")

@@ -28,6 +28,7 @@ from outbox.drivers.errors import ErrorsDriver
 from outbox.drivers.notifications import NotificationsDriver
 from outbox.drivers.records import (
     ClaimedRow,
+    FailedAttempt,
     FigureRow,
     KeyWalk,
     LastAnswers,
@@ -319,9 +320,16 @@ class RelayDriver(Protocol):
         ...
 
     def settle(
-        self, conn: Connection, owner: str, rows: Sequence[Settlement], now: Now
+        self,
+        conn: Connection,
+        owner: str,
+        rows: Sequence[Settlement],
+        now: Now,
+        failures: Sequence[FailedAttempt] = (),
     ) -> set[int]:
-        """Settle `owner`'s held messages in one statement, fenced; the ids it changed."""
+        """Settle `owner`'s held messages in one statement, fenced, recording the turn's
+        `failures` of the messages it changed (in the same transaction); the ids it
+        changed."""
         ...
 
     def lease_states(self, conn: Connection, ids: Sequence[int]) -> list[LeaseState]:
@@ -371,9 +379,16 @@ class RelayDriver(Protocol):
         """The destinations whose announcement has not lapsed."""
         ...
 
-    def sample_backlog(self, conn: Connection, now: Now, destinations: Sequence[str]) -> bool:
-        """Write this minute's backlog samples (every destination with undelivered messages,
-        and each of `destinations`), unless some relay has; whether this call wrote them."""
+    def backlog_sample(
+        self, conn: Connection, now: Now, destinations: Sequence[str]
+    ) -> list[dict[str, Any]]:
+        """This minute's backlog sample rows (every destination with undelivered messages,
+        and each of `destinations`), or none when some relay has sampled the minute."""
+        ...
+
+    def record_backlog_sample(self, conn: Connection, rows: Sequence[dict[str, Any]]) -> None:
+        """Write a minute's sample rows (another relay's win), deleting samples past their
+        keeping."""
         ...
 
 

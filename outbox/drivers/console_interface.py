@@ -29,9 +29,10 @@ class ConsoleDriver(Protocol):
         ...
 
     def failed_attempts(
-        self, conn: Connection, message_id: int, limit: int
+        self, conn: Connection, message_id: int, limit: int, since: float
     ) -> list[dict[str, Any]]:
-        """A message's newest `limit` failed attempts, the oldest of them first."""
+        """A message's newest `limit` failed attempts made since `since` (its creation),
+        the oldest of them first."""
         ...
 
     def audit_page(self, conn: Connection, page: AuditedPage) -> list[dict[str, Any]]:

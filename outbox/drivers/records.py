@@ -31,6 +31,18 @@ class ClaimedRow(NamedTuple):
     previous_attempts: int
 
 
+class FailedAttempt(NamedTuple):
+    """A delivery attempt of a turn that did not end in a delivery, as its settle records it
+    (outbox_failed_attempts) when the message settles: its count, where the attempt's
+    answer sent it (pending for a retry, or dead), and that answer."""
+
+    message_id: int
+    attempt: int
+    state: str
+    status: int | None
+    error: str | None
+
+
 class Settlement(NamedTuple):
     """How one message's turn ends, written in the turn's one settling statement."""
 

@@ -11,11 +11,9 @@ import math
 from dataclasses import dataclass
 
 from outbox.drivers.common.console import MINUTE
-from outbox.operations import Operations
 from outbox_cli.arguments import age_text
 from outbox_cli.console.charts import (
     HEIGHT,
-    LONGEST,
     SPAN_MINUTES,
     WIDTH,
     WINDOWS,
@@ -45,16 +43,6 @@ class AgeChart:
     spans: tuple[Span, ...]
 
 
-def oldest_ages(ops: Operations, now: float, destination: str | None = None) -> dict[int, float]:
-    """Minute number -> the oldest undelivered age sampled then, over the longest window
-    (of `destination`, or the greatest of every destination's)."""
-    current = math.floor(now / MINUTE)
-    since, until = (current - LONGEST + 1) * MINUTE, (current + 1) * MINUTE
-    with ops.engine.connect() as conn:
-        ages = ops.driver.oldest_ages(conn, since, until, destination)
-    return {round(start / MINUTE): age for start, age in ages.items()}
-
-
 def age_charts(ages: dict[int, float], now: float) -> tuple[AgeChart, ...]:
     """The age chart of each window from the sampled minutes."""
     current = math.floor(now / MINUTE)
@@ -62,7 +50,8 @@ def age_charts(ages: dict[int, float], now: float) -> tuple[AgeChart, ...]:
     for title, minutes in WINDOWS:
         first = current - minutes + 1
         values = [ages.get(first + i) for i in range(minutes)]
-        peak = max([1.0, *(v for v in values if v is not None)])
+        highest = max((v for v in values if v is not None), default=None)
+        peak = max(1.0, highest or 0.0)
         sampled = sum(v is not None for v in values)
         drawn.append(
             AgeChart(
@@ -70,7 +59,7 @@ def age_charts(ages: dict[int, float], now: float) -> tuple[AgeChart, ...]:
                 minutes,
                 _path(values, peak),
                 peak,
-                age_text(peak),
+                age_text(highest),
                 sampled,
                 time_axis(first, minutes),
                 _spans(first, minutes, values),
@@ -80,7 +69,8 @@ def age_charts(ages: dict[int, float], now: float) -> tuple[AgeChart, ...]:
 
 
 def _path(values: list[float | None], peak: float) -> str:
-    """An SVG path: a stretch per run of sampled minutes (a lone minute is a dot's move)."""
+    """An SVG path: a stretch per run of sampled minutes (a lone minute a short one, which
+    the round line cap shows as a dot)."""
     parts = []
     drawing = False
     for i, value in enumerate(values):

@@ -110,14 +110,17 @@ are few: their partial index answers at once)."""
 
 @dataclass
 class SettledCounts:
-    """Per-minute counts that keep the settled minutes, so that an overview reads only the
-    last few minutes of the busy series, not a whole day of history each time; of one
-    destination's messages if `destination` is set."""
+    """Per-minute counts (and the relays' samples of the oldest undelivered age) that keep
+    the settled minutes, so that an overview reads only the last few minutes, not a whole
+    day each time; of one destination's messages if `destination` is set."""
 
     destination: str | None = None
     _counts: dict[str, dict[int, int]] = field(default_factory=dict)
     _settled_until: int | None = None
     _read_at: int = 0
+    _ages: dict[int, float] = field(default_factory=dict)
+    _ages_until: int | None = None
+    _ages_read_at: int = 0
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def counts(self, ops: Operations, now: float, minutes: int) -> dict[str, dict[int, int]]:
@@ -141,6 +144,25 @@ class SettledCounts:
                 fresh[series] = merged
             self._settled_until = max(settled, first)
             return fresh
+
+    def oldest(self, ops: Operations, now: float, minutes: int) -> dict[int, float]:
+        """Minute number -> the oldest undelivered age the relays sampled then, over the
+        `minutes` before the current one (of the destination, or the greatest of all);
+        settled minutes kept, as the counts are."""
+        current = math.floor(now / MINUTE)
+        first, end = current - minutes + 1, current + 1
+        settled = current - SETTLED_AFTER + 1
+        with self._lock:
+            kept = self._ages_until
+            if kept is None or kept < first or current - self._ages_read_at >= REREAD_AFTER:
+                kept, self._ages, self._ages_read_at = first, {}, current
+            with ops.engine.connect() as conn:
+                read = ops.driver.oldest_ages(conn, kept * MINUTE, end * MINUTE, self.destination)
+            fresh = {round(start / MINUTE): age for start, age in read.items()}
+            merged = {m: a for m, a in self._ages.items() if m >= first} | fresh
+            self._ages = {m: a for m, a in merged.items() if m < settled}
+            self._ages_until = max(settled, first)
+            return merged
 
 
 def charts(counts: dict[str, dict[int, int]], now: float) -> tuple[Chart, ...]:

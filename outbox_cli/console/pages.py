@@ -172,8 +172,9 @@ class Pages:
         choices = sorted(row.name for row in health.destinations)
         unknown = destination if destination is not None and destination not in choices else None
         charted = None if unknown is not None else destination
-        counted = self.charted(charted).counts(self.ops, now, charts.LONGEST)
-        ages = age_charts.oldest_ages(self.ops, now, charted)
+        kept = self.charted(charted)
+        counted = kept.counts(self.ops, now, charts.LONGEST)
+        ages = kept.oldest(self.ops, now, charts.LONGEST)
         return {
             "charted": charted,
             "unknown_chart": unknown,

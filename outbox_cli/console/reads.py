@@ -74,7 +74,9 @@ class ConsoleReads:
         message["last_error"] = shown_error(message["last_error"])
         with self.ops.engine.connect() as conn:
             decisions = self.ops.driver.decisions(conn, reply_id)
-            failures = self.ops.driver.failed_attempts(conn, message["id"], ATTEMPTS_SHOWN)
+            failures = self.ops.driver.failed_attempts(
+                conn, message["id"], ATTEMPTS_SHOWN, message["created_at"]
+            )
         message["decisions"] = [
             {**row, "previous_error": shown_error(row["previous_error"])} for row in decisions
         ]

@@ -242,3 +242,14 @@ def test_the_audit_table_keeps_the_consoles_accessibility_conventions(
     # Each field inside its label.
     assert re.search(r"<label>about <select name=\"kind\">.*?</select></label>", form, re.DOTALL)
     assert '<label>by <input name="by"' in form
+
+
+def test_an_operators_link_keeps_the_kind_the_page_shows(
+    ops: Operations, make_client: Client, engine: sa.Engine
+) -> None:
+    [task_id, _] = pending_tasks(engine)
+    ops.cancel_task(task_id, reason="why", by="ops-anna")
+    tasks_only = make_client().get("/audit?kind=tasks").text
+    assert '<a href="/audit?by=ops-anna&amp;kind=tasks">ops-anna</a>' in tasks_only
+    every = make_client().get("/audit").text
+    assert '<a href="/audit?by=ops-anna">ops-anna</a>' in every

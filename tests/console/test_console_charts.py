@@ -13,7 +13,7 @@ from support.operations_helpers import mark_sent
 
 import outbox
 from outbox.operations import Operations
-from outbox.schema import messages
+from outbox.schema import backlog_samples, messages
 from outbox.testing import ManualClock
 from outbox_cli.console import charts
 from outbox_cli.console import pages as page_module
@@ -235,12 +235,15 @@ def test_the_oldest_undelivered_age_is_charted_from_the_relays_samples_with_gaps
     with ops.engine.begin() as conn:
         for step in (60, 60, 120):  # the minute before the last, no relay sampled
             clock.advance(step)
-            assert ops.driver.sample_backlog(conn, clock(), ["billing"])
+            rows = ops.driver.backlog_sample(conn, clock(), ["billing"])
+            ops.driver.record_backlog_sample(conn, rows)
     page = make_client().get("/").text
     hour = oldest_chart(page, 60)
     assert '<span data-sampled="60">3</span> of 60 minutes sampled' in hour
     # Two stretches: the gap is not drawn as a zero.
-    [path] = re.findall(r'<path fill="none" stroke="[^"]+" stroke-width="1.5" d="([^"]+)"', hour)
+    [path] = re.findall(
+        r'<path fill="none" stroke="[^"]+" stroke-width="1.5" [^>]*d="([^"]+)"', hour
+    )
     assert path.count("M") == 2
     titles = re.findall(r"<title>([^<]+)</title>", hour)
     assert sum("not sampled (no relay ran)" in title for title in titles) == 57
@@ -262,3 +265,34 @@ def test_no_sample_draws_no_line_and_says_why(
     day = oldest_chart(make_client().get("/").text, 1440)
     assert "<path" not in day
     assert '<span data-sampled="1440">0</span> of 1440 minutes sampled (no relay ran)' in day
+    assert "highest: none" in day
+
+
+def test_settled_minutes_of_the_age_samples_are_kept_and_only_recent_ones_read_again(
+    ops: Operations, engine: sa.Engine, clock: ManualClock
+) -> None:
+    cache = charts.SettledCounts()
+    now = charts.database_now(ops)
+    minute = int(now // 60)
+
+    def sample(at_minute: int, age: float) -> None:
+        with engine.begin() as conn:
+            conn.execute(
+                backlog_samples.insert().values(
+                    sampled_at=at_minute * 60.0, destination="billing", backlog=1, oldest_age=age
+                )
+            )
+
+    sample(minute - 30, 5.0)
+    assert cache.oldest(ops, now, charts.LONGEST) == {minute - 30: 5.0}
+    # A sample written later into a settled minute is not read again within the hour;
+    # one in the current minute is.
+    sample(minute - 40, 7.0)
+    sample(minute, 9.0)
+    assert cache.oldest(ops, now, charts.LONGEST) == {minute - 30: 5.0, minute: 9.0}
+    later = now + charts.REREAD_AFTER * 60
+    assert cache.oldest(ops, later, charts.LONGEST) == {
+        minute - 40: 7.0,
+        minute - 30: 5.0,
+        minute: 9.0,
+    }

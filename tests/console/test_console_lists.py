@@ -12,7 +12,7 @@ from sqlalchemy.orm import Session
 from support.console_helpers import ConsoleClient
 
 import outbox
-from outbox.drivers.records import Settlement
+from outbox.drivers.records import FailedAttempt, Settlement
 from outbox.operations import Operations
 from outbox.schema import messages
 from outbox.testing import ManualClock
@@ -151,7 +151,8 @@ def test_a_replys_timeline_shows_each_failed_attempt_with_its_answer(
             failure = Settlement(
                 row.id, row.fence, "pending", status, error, 0.0, 0, row.lease_until
             )
-            assert driver.settle(conn, "r", [failure], clock()) == {row.id}
+            answer = FailedAttempt(row.id, row.attempts, "pending", status, error)
+            assert driver.settle(conn, "r", [failure], clock(), [answer]) == {row.id}
     clock.advance(10)
     with ops.engine.begin() as conn:
         driver.claim_messages(

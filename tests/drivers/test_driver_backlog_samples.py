@@ -14,6 +14,13 @@ from outbox.schema import backlog_samples
 MINUTE_START = START // MINUTE * MINUTE
 
 
+def sampled(driver: Driver, conn: sa.Connection, now: float, destinations: list[str]) -> bool:
+    """A relay's try at the minute's sample, as it makes it: whether it wrote one."""
+    rows = driver.backlog_sample(conn, now, destinations)
+    driver.record_backlog_sample(conn, rows)
+    return bool(rows)
+
+
 def samples(conn: sa.Connection) -> list[tuple[float, str, int, float | None]]:
     """Every sample kept, in time and destination order."""
     query = sa.select(backlog_samples).order_by(
@@ -33,16 +40,16 @@ def test_a_minute_is_sampled_once_with_each_destinations_backlog_and_oldest_age(
     published(driver, conn, "o-sent", START - 99)
     set_state(conn, "o-sent", state="sent")
     # Each published at the time given: the oldest undelivered of orders 30 s before.
-    assert driver.sample_backlog(conn, START, ["orders", "idle"])
+    assert sampled(driver, conn, START, ["orders", "idle"])
     assert samples(conn) == [
         (MINUTE_START, "billing", 1, 20.0),
         (MINUTE_START, "idle", 0, None),
         (MINUTE_START, "orders", 2, 30.0),
     ]
     # A relay trying the same minute again, or another relay, writes nothing.
-    assert not driver.sample_backlog(conn, START + 1, ["orders", "shipping"])
+    assert not sampled(driver, conn, START + 1, ["orders", "shipping"])
     assert len(samples(conn)) == 3
-    assert driver.sample_backlog(conn, MINUTE_START + MINUTE, ["orders"])
+    assert sampled(driver, conn, MINUTE_START + MINUTE, ["orders"])
     assert samples(conn)[3:] == [
         (MINUTE_START + MINUTE, "billing", 1, MINUTE_START + MINUTE - (START - 20)),
         (MINUTE_START + MINUTE, "orders", 2, MINUTE_START + MINUTE - (START - 30)),
@@ -74,16 +81,21 @@ def test_the_oldest_age_is_read_per_minute_for_a_destination_or_the_greatest_of_
         MINUTE_START: 30.0,
         MINUTE_START + MINUTE: 0.0,
     }
-    assert driver.oldest_ages(conn, MINUTE_START + MINUTE, until, "billing") == {}
+    # A minute sampled without a row of billing's: nothing of billing's was waiting.
+    assert driver.oldest_ages(conn, MINUTE_START + MINUTE, until, "billing") == {
+        MINUTE_START + MINUTE: 0.0
+    }
+    # A minute no relay sampled has no value at all: a gap.
+    assert driver.oldest_ages(conn, until, until + MINUTE) == {}
 
 
 def test_samples_older_than_kept_are_deleted_as_new_ones_are_written(
     driver: Driver, conn: sa.Connection
 ) -> None:
-    assert driver.sample_backlog(conn, START - SAMPLES_KEPT - MINUTE, ["orders"])
-    assert driver.sample_backlog(conn, START - SAMPLES_KEPT + MINUTE, ["orders"])
+    assert sampled(driver, conn, START - SAMPLES_KEPT - MINUTE, ["orders"])
+    assert sampled(driver, conn, START - SAMPLES_KEPT + MINUTE, ["orders"])
     assert len(samples(conn)) == 2
-    assert driver.sample_backlog(conn, START, ["orders"])
+    assert sampled(driver, conn, START, ["orders"])
     assert [row[0] for row in samples(conn)] == [
         (START - SAMPLES_KEPT + MINUTE) // MINUTE * MINUTE,
         MINUTE_START,

@@ -353,7 +353,10 @@ def test_a_slow_or_silent_receiver_costs_one_bounded_attempt_then_a_retry(
     proxy.set_mode("pass")
     # The faults are over: a relay with room in its timeout, as a busy machine needs, sends.
     with turn_by_turn(db_url, proxy, clock, timeout=ROOMY_TIMEOUT) as relay:
-        assert verdicts(relay.dispatch_once()) == dict.fromkeys(ids, "sent")
+        clean = verdicts(relay.dispatch_once())
+        # What each retry said, should one come: a timeout on a busy machine, or worse.
+        said = {reply_id: row["last_error"] for reply_id, row in rows(engine).items()}
+        assert clean == dict.fromkeys(ids, "sent"), said
     # A trickled answer was committed upstream first; a hung request never got there.
     duplicate = mode == "trickle"
     assert [answer(e)["duplicate"] for e in posts(proxy, "pass")] == [duplicate] * len(ids)

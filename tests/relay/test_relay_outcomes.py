@@ -131,6 +131,19 @@ def test_budget_exhausted_is_dead_outcome_unknown(
     assert (row["state"], row["attempts"], row["last_status"]) == ("dead", 2, 500)
     assert row["last_error"].startswith("outcome unknown: retry budget exhausted")
     assert len(server.received) == 2
+    # Both attempts are kept with the answer each had, though the second's message then
+    # died of its spent budget (the receipt lookup's verdict, not an attempt's).
+    with engine.connect() as conn:
+        kept = conn.execute(
+            sa.select(
+                failed_attempts.c.attempt,
+                failed_attempts.c.state,
+                failed_attempts.c.status,
+                failed_attempts.c.error,
+            ).order_by(failed_attempts.c.id)
+        ).all()
+    assert [tuple(r)[:3] for r in kept] == [(1, "pending", 500), (2, "pending", 500)]
+    assert all(r.error.startswith("HTTP 500") for r in kept), kept
 
 
 def test_timeout_bounds_the_whole_attempt_and_retries(

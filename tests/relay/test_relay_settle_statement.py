@@ -16,6 +16,8 @@ from support.relay_helpers import publish_many, rows
 
 from outbox.drivers import driver_for
 from outbox.drivers.postgresql.settle import SETTLE_POSTGRESQL, settle_parameters
+from outbox.drivers.records import FailedAttempt
+from outbox.schema import failed_attempts
 from relay.records import ClaimedRow, Message, Settlement
 
 TURNS = 12  # past psycopg's prepare threshold and PostgreSQL's five custom plans
@@ -168,3 +170,35 @@ def test_a_settlement_without_its_lease_is_refused_not_left_sending(engine: sa.E
     found = Settlement(claimed.id, claimed.fence, "sent", 200, None, 0.0, 0, claimed.lease_until)
     with engine.begin() as conn:
         assert settle(conn, "o", [found], None) == {claimed.id}
+
+
+def test_a_turn_without_failed_attempts_runs_the_plain_settle(engine: sa.Engine) -> None:
+    # The drain's turns deliver everything: their settle must not carry the recording
+    # form's insert, however cheap an empty one is.
+    publish_many(engine, ["p-1", "p-2"])
+    sent: list[str] = []
+
+    @sa.event.listens_for(engine, "before_cursor_execute")
+    def seen(conn: Any, cursor: Any, statement: str, *_: Any) -> None:
+        if "UPDATE outbox_messages" in statement and "outbox_requeues" not in statement:
+            sent.append(statement)
+
+    with engine.begin() as conn:
+        first, second = claim_messages(
+            conn, owner="o", now=None, lease=30, limit=2, budget=3, destinations=["default"]
+        )
+    delivered = Settlement(first.id, first.fence, "sent", 200, None, 0.0, 0, first.lease_until)
+    retried = Settlement(
+        second.id, second.fence, "pending", 503, "busy", 0.0, 0, second.lease_until
+    )
+    with engine.begin() as conn:
+        sent.clear()
+        settle(conn, "o", [delivered], None)
+        assert sent, "the settle ran no UPDATE"
+        assert not any("outbox_failed_attempts" in s for s in sent), sent
+        sent.clear()
+        failure = FailedAttempt(second.id, second.attempts, "pending", 503, "busy")
+        driver_for(conn).settle(conn, "o", [retried], None, [failure])
+        # The recording form on PostgreSQL; a statement of its own elsewhere.
+        recorded = conn.execute(sa.select(failed_attempts.c.message_id)).scalars().all()
+        assert recorded == [second.id]

@@ -7,7 +7,7 @@ Create Date: 2026-12-07
 A message kept only its last outcome: the console's timeline of a reply could not say
 which attempts failed, when, and why. Each attempt that does not end in a delivery (a
 retry, a death, a lease that expired mid-send) is now a row of its own, written in the
-statement that records the outcome; a delivery accepted writes nothing more, so the
+transaction that records the outcome; a delivery accepted writes nothing more, so the
 drain's path is unchanged. A new table: no row is rewritten on any backend.
 """
 

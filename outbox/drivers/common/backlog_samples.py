@@ -60,16 +60,21 @@ def sample_rows(
 
 def select_oldest_ages(since: float, until: float, destination: str | None) -> sa.Select[Any]:
     """(minute start, the oldest age sampled that minute: of `destination`, or the greatest
-    of every destination's) for the minutes in [since, until), along the primary key."""
+    of every destination's) for the minutes in [since, until), along the primary key.
+
+    A minute some relay sampled has a row for every destination with undelivered messages:
+    one it has no row for had none waiting (0), not a gap.
+    """
     window = [
         backlog_samples.c.sampled_at >= sa.bindparam("since", since, type_=sa.Double()),
         backlog_samples.c.sampled_at < sa.bindparam("until", until, type_=sa.Double()),
     ]
+    age: sa.ColumnElement[float] = sa.func.coalesce(backlog_samples.c.oldest_age, 0.0)
     if destination is not None:
-        window.append(backlog_samples.c.destination == destination)
-    oldest = sa.func.max(sa.func.coalesce(backlog_samples.c.oldest_age, 0.0))
+        mine = backlog_samples.c.destination == sa.bindparam("destination", destination)
+        age = sa.case((mine, age), else_=0.0)
     return (
-        sa.select(backlog_samples.c.sampled_at, oldest)
+        sa.select(backlog_samples.c.sampled_at, sa.func.max(age))
         .where(*window)
         .group_by(backlog_samples.c.sampled_at)
     )
@@ -78,20 +83,27 @@ def select_oldest_ages(since: float, until: float, destination: str | None) -> s
 class BacklogSampleStatements(DriverPieces):
     """Sampling each destination's backlog once a minute, and reading the samples back."""
 
-    def sample_backlog(self, conn: Connection, now: Now, destinations: Sequence[str]) -> bool:
-        """Write this minute's samples (every destination with undelivered messages, and
-        each of `destinations`), unless some relay has; whether this call wrote them."""
+    def backlog_sample(
+        self, conn: Connection, now: Now, destinations: Sequence[str]
+    ) -> list[dict[str, Any]]:
+        """This minute's sample rows (every destination with undelivered messages, and
+        each of `destinations`, sorted by destination), or none when some relay has
+        sampled the minute already. Reads only: record_backlog_sample writes them."""
         moment = self.now_sql(now)
         minute, taken = conn.execute(this_minute(self, moment)).one()
         if taken:
-            return False
+            return []
         figures = [FigureRow._make(row) for row in conn.execute(destination_figures(moment))]
-        rows = sample_rows(figures, destinations, float(minute))
-        if rows:
-            conn.execute(self.insert_ignoring_conflicts(backlog_samples), rows)
-        expired = backlog_samples.c.sampled_at < float(minute) - SAMPLES_KEPT
+        return sample_rows(figures, destinations, float(minute))
+
+    def record_backlog_sample(self, conn: Connection, rows: Sequence[dict[str, Any]]) -> None:
+        """Write a minute's sample rows (another relay's of the same minute win), and delete
+        the samples older than SAMPLES_KEPT."""
+        if not rows:
+            return
+        conn.execute(self.insert_ignoring_conflicts(backlog_samples), list(rows))
+        expired = backlog_samples.c.sampled_at < rows[0]["sampled_at"] - SAMPLES_KEPT
         conn.execute(backlog_samples.delete().where(expired))
-        return True
 
     def oldest_ages(
         self, conn: Connection, since: float, until: float, destination: str | None = None

@@ -2,10 +2,11 @@
 deleted with their message.
 
 An attempt that did not end in a delivery (a retry, a death, a lease that expired
-mid-send) is a row of outbox_failed_attempts. After the settle or the reap that records
-it, the message row holds that attempt's outcome (its count, state, status and error), so
-the attempt rows are read from it, in the same transaction. PostgreSQL writes them in the
-recording statement itself (outbox.drivers.postgresql's settle and reap).
+mid-send) is a row of outbox_failed_attempts, written in the transaction that records
+its outcome (on PostgreSQL, by the same statement: its settle and reap). The relay names
+a turn's failed attempts with their answers (FailedAttempt): a message given back
+unattempted makes none, and a retry whose message a receipt lookup then settled keeps
+the answer the attempt had. A reaped lease's attempt is read from its row.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from sqlalchemy.engine import Connection
 
 from outbox.drivers.base import Now
 from outbox.drivers.common.pieces import DriverPieces
-from outbox.drivers.records import Settlement
+from outbox.drivers.records import FailedAttempt
 from outbox.schema import failed_attempts, messages
 from outbox.states import MessageState
 
@@ -26,27 +27,6 @@ LEASE_EXPIRED = "lease expired"
 """The error of an attempt whose lease expired before its outcome was recorded."""
 RECORDED = ("message_id", "attempt", "state", "status", "error", "attempted_at")
 """The columns a recording writes, in the order its SELECT gives them."""
-
-
-def failed(row: Settlement) -> bool:
-    """Whether a settled outcome is a failed attempt: dead, or pending again after an
-    attempt (a message left unattempted, whose count is refunded, made none)."""
-    return row.state == MessageState.DEAD or (row.state == MessageState.PENDING and not row.refund)
-
-
-def record_settled(ids: Sequence[int], now: sa.ColumnElement[float]) -> sa.Insert:
-    """The failed attempts of messages just settled, each as its row now says."""
-    return sa.insert(failed_attempts).from_select(
-        RECORDED,
-        sa.select(
-            messages.c.id,
-            messages.c.attempts,
-            messages.c.state,
-            messages.c.last_status,
-            messages.c.last_error,
-            now,
-        ).where(messages.c.id.in_(list(ids))),
-    )
 
 
 def record_expired(ids: Sequence[int], now: sa.ColumnElement[float]) -> sa.Insert:
@@ -64,11 +44,18 @@ def record_expired(ids: Sequence[int], now: sa.ColumnElement[float]) -> sa.Inser
     )
 
 
-def select_failed_attempts(message_id: int, limit: int) -> sa.Select[Any]:
-    """A message's newest `limit` failed attempts, newest first (its index, walked back)."""
+def select_failed_attempts(message_id: int, limit: int, since: float) -> sa.Select[Any]:
+    """A message's newest `limit` failed attempts made since `since` (its creation), newest
+    first (its index, walked back)."""
+    # Rows of an earlier message under the same id (deleted by plain SQL or by a purge of
+    # an older version, which left its attempts; SQLite reuses the highest deleted id)
+    # are older than this message: they are not its.
     return (
         sa.select(failed_attempts)
-        .where(failed_attempts.c.message_id == message_id)
+        .where(
+            failed_attempts.c.message_id == message_id,
+            failed_attempts.c.attempted_at >= sa.bindparam("since", since, type_=sa.Double()),
+        )
         .order_by(failed_attempts.c.id.desc())
         .limit(limit)
     )
@@ -80,27 +67,32 @@ def delete_failed_attempts(message_ids: Sequence[int]) -> sa.Delete:
 
 
 def record_settled_failures(
-    conn: Connection, rows: Sequence[Settlement], settled: set[int], now: Now, database_now: str
+    conn: Connection,
+    failures: Sequence[FailedAttempt],
+    settled: set[int],
+    now: Now,
+    database_now: str,
 ) -> None:
-    """Record the failed attempts among `rows` whose settle changed them (`settled`), in
-    the settle's transaction, at `now` (None: `database_now`, the backend's clock in SQL):
-    nothing more when every one was delivered."""
-    ids = [row.id for row in rows if row.id in settled and failed(row)]
-    if ids:
+    """Record the turn's failed attempts of the messages its settle changed (`settled`),
+    in the settle's transaction, at `now` (None: `database_now`, the backend's clock in
+    SQL): nothing more when the turn had none."""
+    rows = [failure._asdict() for failure in failures if failure.message_id in settled]
+    if rows:
         moment: sa.ColumnElement[float] = (
             sa.literal_column(database_now, sa.Double())
             if now is None
             else sa.literal(float(now), sa.Double())
         )
-        conn.execute(record_settled(ids, moment))
+        conn.execute(sa.insert(failed_attempts).values(attempted_at=moment), rows)
 
 
 class FailedAttemptReads(DriverPieces):
     """A message's failed attempts, for its timeline."""
 
     def failed_attempts(
-        self, conn: Connection, message_id: int, limit: int
+        self, conn: Connection, message_id: int, limit: int, since: float
     ) -> list[dict[str, Any]]:
-        """A message's newest `limit` failed attempts, the oldest of them first."""
-        rows = conn.execute(select_failed_attempts(message_id, limit)).mappings()
+        """A message's newest `limit` failed attempts made since `since` (its creation),
+        the oldest of them first."""
+        rows = conn.execute(select_failed_attempts(message_id, limit, since)).mappings()
         return [dict(row) for row in rows][::-1]

@@ -32,7 +32,7 @@ from outbox.drivers.mysql.task_claims import MySQLTaskClaims
 from outbox.drivers.mysql.task_reconcile import MySQLTaskReconcile
 from outbox.drivers.mysql.task_transitions import MySQLTaskTransitions
 from outbox.drivers.notifications import PollingOnly
-from outbox.drivers.records import Settlement
+from outbox.drivers.records import FailedAttempt, Settlement
 
 
 class MySQLDriver(
@@ -95,7 +95,12 @@ class MySQLDriver(
         return sa.cast(sa.func.floor(value), sa.BigInteger())
 
     def settle(
-        self, conn: Connection, owner: str, rows: Sequence[Settlement], now: Now
+        self,
+        conn: Connection,
+        owner: str,
+        rows: Sequence[Settlement],
+        now: Now,
+        failures: Sequence[FailedAttempt] = (),
     ) -> set[int]:
         """Settle held messages: the rows still held locked, then updated; the ids changed."""
-        return settling.settle(conn, owner, rows, now)
+        return settling.settle(conn, owner, rows, now, failures)

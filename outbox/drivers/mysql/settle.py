@@ -17,7 +17,7 @@ from outbox.drivers.common.failed_attempts import record_settled_failures
 from outbox.drivers.common.settle import SETTLE_SET, SETTLE_WHERE
 from outbox.drivers.mysql.clock import DATABASE_NOW
 from outbox.drivers.mysql.rows import qualified, rows_table
-from outbox.drivers.records import Settlement
+from outbox.drivers.records import FailedAttempt, Settlement
 
 COLUMNS = ("id", "fence", "state", "status", "error", "delay", "refund")
 """The fields of a Settlement the statements read, in its order."""
@@ -42,7 +42,13 @@ def settle_update(rows: str) -> str:
     )
 
 
-def settle(conn: Connection, owner: str, rows: Sequence[Settlement], now: Now) -> set[int]:
+def settle(
+    conn: Connection,
+    owner: str,
+    rows: Sequence[Settlement],
+    now: Now,
+    failures: Sequence[FailedAttempt] = (),
+) -> set[int]:
     """Settle held messages: lock those still held, then update them; the ids changed."""
     if not rows:
         return set()
@@ -52,5 +58,5 @@ def settle(conn: Connection, owner: str, rows: Sequence[Settlement], now: Now) -
         update = sa.text(settle_update(table)).bindparams(sa.bindparam("picked", expanding=True))
         conn.execute(update, {**params, "now": now, "picked": held})
     settled = set(held)
-    record_settled_failures(conn, rows, settled, now, DATABASE_NOW)
+    record_settled_failures(conn, failures, settled, now, DATABASE_NOW)
     return settled

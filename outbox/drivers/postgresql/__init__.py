@@ -29,7 +29,7 @@ from outbox.drivers.postgresql.receipts import STATEMENT_NOW
 from outbox.drivers.postgresql.task_claims import PostgreSQLTaskClaims
 from outbox.drivers.postgresql.task_renewals import PostgreSQLTaskRenewals
 from outbox.drivers.postgresql.task_results import PostgreSQLTaskResults
-from outbox.drivers.records import Settlement
+from outbox.drivers.records import FailedAttempt, Settlement
 
 
 class PostgreSQLDriver(
@@ -102,11 +102,16 @@ class PostgreSQLDriver(
         receipts.insert_effects(conn, fresh)
 
     def settle(
-        self, conn: Connection, owner: str, rows: Sequence[Settlement], now: Now
+        self,
+        conn: Connection,
+        owner: str,
+        rows: Sequence[Settlement],
+        now: Now,
+        failures: Sequence[FailedAttempt] = (),
     ) -> set[int]:
         """Settle held messages in one statement of binary arrays, which records the failed
         attempts among them; the ids it changed."""
-        return settling.settle(conn, owner, rows, now)
+        return settling.settle(conn, owner, rows, now, failures)
 
     def reap_expired_message_leases(self, conn: Connection, now: Now, limit: int) -> int:
         """Return up to `limit` messages whose delivery lease expired to pending, and record

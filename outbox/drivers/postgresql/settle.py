@@ -8,11 +8,10 @@ from typing import Any
 from sqlalchemy.engine import Connection
 
 from outbox.drivers.base import Now
-from outbox.drivers.common.failed_attempts import failed
 from outbox.drivers.common.settle import SETTLE_SET, SETTLE_WHERE
 from outbox.drivers.execution import UNPREPARED
 from outbox.drivers.postgresql.receipts import STATEMENT_NOW
-from outbox.drivers.records import Settlement
+from outbox.drivers.records import FailedAttempt, Settlement
 
 # Driver SQL for psycopg: %(name)b sends an array in binary. `now` is
 # a manual clock's time, or NULL for the database's (read in the statement itself).
@@ -22,18 +21,21 @@ FAILED_ATTEMPTS = f""",
     recorded AS (
         INSERT INTO outbox_failed_attempts
             (message_id, attempt, state, status, error, attempted_at)
-        SELECT id, attempts, state, status, error, COALESCE(%(now)s::float8, {STATEMENT_NOW})
-        FROM settled
-        WHERE state = 'dead' OR (state = 'pending' AND refund = 0)
+        SELECT f.id, f.attempt, f.state, f.status, f.error,
+               COALESCE(%(now)s::float8, {STATEMENT_NOW})
+        FROM unnest(
+            CAST(%(failed_ids)s AS bigint[]), CAST(%(failed_attempts)s AS integer[]),
+            CAST(%(failed_states)s AS varchar[]), CAST(%(failed_statuses)s AS integer[]),
+            CAST(%(failed_errors)s AS text[])
+        ) AS f(id, attempt, state, status, error)
+        WHERE f.id IN (SELECT id FROM settled)
     )"""
-"""The failed attempts among the settled rows, recorded in the settle (see failed())."""
+"""The turn's failed attempts of the messages the settle changed, recorded by it."""
 
 
 def settle_statement(recording: bool) -> str:
     """The settle; with `recording`, one that also writes the turn's failed attempts."""
-    # A turn whose every message was delivered (the drain's) runs the plain form: the
-    # RETURNING and the insert cost nothing then.
-    returned = "m.id, m.attempts, v.state, v.status, v.error, v.refund" if recording else "m.id"
+    # A turn with no failed attempt (the drain's) runs the plain form.
     return (
         """WITH v AS (
         SELECT r.id, r.fence, r.delay,
@@ -55,7 +57,7 @@ def settle_statement(recording: bool) -> str:
         # them the lease index would be walked whole, every relay's messages in flight, per
         # settle.
         + f""" AND m.lease_until = ANY(CAST(%(leases)b AS float8[]))
-    RETURNING {returned}
+    RETURNING m.id
     ){FAILED_ATTEMPTS if recording else ""}
     SELECT ARRAY(SELECT id FROM v EXCEPT SELECT id FROM settled)"""
     )
@@ -65,17 +67,37 @@ SETTLE_POSTGRESQL = settle_statement(recording=False)
 SETTLE_RECORDING_POSTGRESQL = settle_statement(recording=True)
 
 
-def settle(conn: Connection, owner: str, rows: Sequence[Settlement], now: Now) -> set[int]:
-    """Settle held messages in one statement; returns the ids it changed."""
+def settle(
+    conn: Connection,
+    owner: str,
+    rows: Sequence[Settlement],
+    now: Now,
+    failures: Sequence[FailedAttempt] = (),
+) -> set[int]:
+    """Settle held messages in one statement, which records the turn's `failures` of the
+    messages it changed; returns the ids it changed."""
     if not rows:
         return set()
     params = settle_parameters(owner, rows, now)
+    statement = SETTLE_POSTGRESQL
+    if failures:
+        statement = SETTLE_RECORDING_POSTGRESQL
+        params |= {name: [getattr(f, field) for f in failures] for name, field in FAILURE_ARRAYS}
     # Planned per run: a generic plan may rescan the arrays once per row (see UNPREPARED).
-    statement = SETTLE_RECORDING_POSTGRESQL if any(map(failed, rows)) else SETTLE_POSTGRESQL
     unsettled: list[int] = conn.exec_driver_sql(
         statement, params, execution_options={UNPREPARED: True}
     ).scalar_one()
     return set(params["ids"]).difference(unsettled)
+
+
+FAILURE_ARRAYS = (
+    ("failed_ids", "message_id"),
+    ("failed_attempts", "attempt"),
+    ("failed_states", "state"),
+    ("failed_statuses", "status"),
+    ("failed_errors", "error"),
+)
+"""(array parameter, FailedAttempt's field) of the recording form."""
 
 
 def settle_parameters(owner: str, rows: Sequence[Settlement], now: Now) -> dict[str, Any]:

@@ -15,7 +15,7 @@ from outbox.drivers.base import Now
 from outbox.drivers.common import CommonDriver
 from outbox.drivers.common.pooled import PooledTaskConnections
 from outbox.drivers.notifications import PollingOnly
-from outbox.drivers.records import Settlement
+from outbox.drivers.records import FailedAttempt, Settlement
 from outbox.drivers.sqlite import settle as settling
 from outbox.drivers.sqlite.clock import DATABASE_NOW
 from outbox.drivers.sqlite.engine import SQLiteEngines
@@ -59,7 +59,12 @@ class SQLiteDriver(
         return sa.cast(value, sa.Integer())
 
     def settle(
-        self, conn: Connection, owner: str, rows: Sequence[Settlement], now: Now
+        self,
+        conn: Connection,
+        owner: str,
+        rows: Sequence[Settlement],
+        now: Now,
+        failures: Sequence[FailedAttempt] = (),
     ) -> set[int]:
         """Settle held messages in one UPDATE FROM a JSON document; the ids it changed."""
-        return settling.settle(conn, owner, rows, now)
+        return settling.settle(conn, owner, rows, now, failures)

@@ -11,7 +11,7 @@ from sqlalchemy.engine import Connection
 from outbox.drivers.base import Now
 from outbox.drivers.common.failed_attempts import record_settled_failures
 from outbox.drivers.common.settle import SETTLE_SET, SETTLE_WHERE
-from outbox.drivers.records import Settlement
+from outbox.drivers.records import FailedAttempt, Settlement
 from outbox.drivers.sqlite.clock import DATABASE_NOW
 
 SETTLE_SQLITE = sa.text(
@@ -30,12 +30,18 @@ SETTLE_SQLITE = sa.text(
 )
 
 
-def settle(conn: Connection, owner: str, rows: Sequence[Settlement], now: Now) -> set[int]:
+def settle(
+    conn: Connection,
+    owner: str,
+    rows: Sequence[Settlement],
+    now: Now,
+    failures: Sequence[FailedAttempt] = (),
+) -> set[int]:
     """Settle held messages in one statement; returns the ids it changed."""
     if not rows:
         return set()
     # Each Settlement is a JSON array in field order: see the json_extract paths above.
     result = conn.execute(SETTLE_SQLITE, {"rows": json.dumps(rows), "owner": owner, "now": now})
     settled = set(result.scalars().all())
-    record_settled_failures(conn, rows, settled, now, DATABASE_NOW)
+    record_settled_failures(conn, failures, settled, now, DATABASE_NOW)
     return settled
