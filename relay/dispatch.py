@@ -139,7 +139,12 @@ class Dispatcher:
     ) -> Turn:
         """Deliver one claimed batch and resolve what may not be sent; returns what to settle."""
         outcomes = await self._deliver(deliver, deadline)
-        failures = {i: o for i, o in outcomes.items() if isinstance(o, Retry | Dead)}
+        # Only answers of attempts made: a message of a destination this relay does not
+        # know died unattempted.
+        attempted = {m.id for m in deliver if m.destination in self.destinations}
+        failures = {
+            i: o for i, o in outcomes.items() if i in attempted and isinstance(o, Retry | Dead)
+        }
         # Only a delivery that never started gives its attempt back; a later lookup that
         # ran out of lease time does not (the attempt was made).
         unattempted = {i for i, outcome in outcomes.items() if isinstance(outcome, Unsent)}

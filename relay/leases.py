@@ -180,9 +180,9 @@ class RelayLeases:
         # The console's chart of the oldest undelivered age needs a sample a minute, which
         # the first relay to try a minute writes; trying three times a minute, a relay that
         # claims at least that often leaves no minute out. A try of a minute already
-        # sampled is one primary-key probe in a read-only transaction (on SQLite it takes
-        # no write lock); the one that samples reads the figures a metrics scrape reads,
-        # then writes in a short transaction of its own.
+        # sampled is one primary-key probe, read in a transaction marked read-only (on
+        # SQLite a deferred one, which takes no write lock); the one that samples reads
+        # the figures a metrics scrape reads, then writes in a short transaction.
         moment = time.monotonic() if now is None else now
         if moment < self._next_sample:
             return
@@ -194,9 +194,11 @@ class RelayLeases:
             if rows:
                 with self._engine.begin() as conn:
                     self._driver.record_backlog_sample(conn, rows)
+        except sa.exc.DBAPIError as exc:
+            log.warning("relay %s: could not sample the backlog (%s)", self.owner, exc)
         except Exception:
             # Only the console's chart needs it: delivery goes on whatever went wrong.
-            log.warning("relay %s: could not sample the backlog", self.owner, exc_info=True)
+            log.exception("relay %s: could not sample the backlog", self.owner)
 
     def withdraw(self) -> None:
         """Stop announcing this relay's destinations (at a clean stop): a last announcement,

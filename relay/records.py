@@ -1,6 +1,6 @@
 """The relay's typed records: a claimed message, and the settlement of one.
 
-The rows the driver returns and takes (ClaimedRow, Settlement) are the core's
+The rows the driver returns and takes (ClaimedRow, Settlement, FailedAttempt) are the core's
 (outbox.drivers.records), named here too.
 """
 
@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 from types import MappingProxyType
 from typing import NamedTuple
 
-from outbox.drivers.records import ClaimedRow, Settlement
+from outbox.drivers.records import ClaimedRow, FailedAttempt, Settlement
 
 _NO_HEADERS: Mapping[str, str] = MappingProxyType({})
 
@@ -83,4 +83,11 @@ def first_of_each_key(
     return [chain[0] for chain in chains], later
 
 
-__all__ = ["ClaimedRow", "Message", "Settlement", "first_of_each_key", "key_chains"]
+__all__ = [
+    "ClaimedRow",
+    "FailedAttempt",
+    "Message",
+    "Settlement",
+    "first_of_each_key",
+    "key_chains",
+]

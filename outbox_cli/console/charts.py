@@ -121,6 +121,8 @@ class SettledCounts:
     _ages: dict[int, float] = field(default_factory=dict)
     _ages_until: int | None = None
     _ages_read_at: int = 0
+    _ages_from: int = 0
+    """The first minute the kept ages were read from: a wider window reads them all again."""
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def counts(self, ops: Operations, now: float, minutes: int) -> dict[str, dict[int, int]]:
@@ -154,8 +156,9 @@ class SettledCounts:
         settled = current - SETTLED_AFTER + 1
         with self._lock:
             kept = self._ages_until
-            if kept is None or kept < first or current - self._ages_read_at >= REREAD_AFTER:
-                kept, self._ages, self._ages_read_at = first, {}, current
+            stale = current - self._ages_read_at >= REREAD_AFTER
+            if kept is None or kept < first or first < self._ages_from or stale:
+                kept, self._ages, self._ages_read_at, self._ages_from = first, {}, current, first
             with ops.engine.connect() as conn:
                 read = ops.driver.oldest_ages(conn, kept * MINUTE, end * MINUTE, self.destination)
             fresh = {round(start / MINUTE): age for start, age in read.items()}

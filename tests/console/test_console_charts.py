@@ -296,3 +296,19 @@ def test_settled_minutes_of_the_age_samples_are_kept_and_only_recent_ones_read_a
         minute - 30: 5.0,
         minute: 9.0,
     }
+
+
+def test_a_wider_window_than_the_kept_one_reads_the_samples_again(
+    ops: Operations, engine: sa.Engine
+) -> None:
+    cache = charts.SettledCounts()
+    now = charts.database_now(ops)
+    minute = int(now // 60)
+    with engine.begin() as conn:
+        conn.execute(
+            backlog_samples.insert().values(
+                sampled_at=(minute - 100) * 60.0, destination="billing", backlog=1, oldest_age=3.0
+            )
+        )
+    assert cache.oldest(ops, now, 60) == {}
+    assert cache.oldest(ops, now, charts.LONGEST) == {minute - 100: 3.0}

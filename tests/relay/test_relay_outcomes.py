@@ -14,6 +14,7 @@ from support.scripted_server import Answer, ScriptedServer
 
 import outbox
 from outbox import InvalidMessage, publish
+from outbox.drivers import driver_for
 from outbox.operations import Operations
 from outbox.schema import backlog_samples, failed_attempts
 from outbox.signing import parse_secret, verify
@@ -384,3 +385,22 @@ def test_a_relay_samples_each_minutes_backlog_once_and_records_failed_attempts(
         ).all()
     assert sorted(sampled) == [("default", 1), ("default", 1)]
     assert attempts == [(1, 503)]
+
+
+def test_a_message_of_a_destination_the_relay_does_not_know_dies_with_no_attempt_kept(
+    db_url: str, engine: sa.Engine, server: ScriptedServer, clock: ManualClock
+) -> None:
+    # Claimed under a configuration that named its destination (adopted after a restart
+    # without it): it dies unattempted, and the timeline keeps no attempt of it.
+    publish_many(engine, ["gone-1"], destination="retired", clock=clock)
+    with make_relay(db_url, server, clock) as relay:
+        with engine.begin() as conn:
+            driver_for(engine).claim_messages(
+                conn, owner=relay.owner, now=clock(), lease=30, limit=1, budget=3,
+                destinations=["retired"],
+            )  # fmt: skip
+        relay.leases.claim_in_doubt = True  # adopted at the next claim
+        assert relay.dispatch_once() == [("gone-1", "dead")]
+    with engine.connect() as conn:
+        assert conn.execute(sa.select(sa.func.count()).select_from(failed_attempts)).scalar() == 0
+    assert rows(engine)["gone-1"]["last_error"].startswith("unknown destination")

@@ -77,13 +77,14 @@ def record_settled_failures(
     in the settle's transaction, at `now` (None: `database_now`, the backend's clock in
     SQL): nothing more when the turn had none."""
     rows = [failure._asdict() for failure in failures if failure.message_id in settled]
-    if rows:
-        moment: sa.ColumnElement[float] = (
-            sa.literal_column(database_now, sa.Double())
-            if now is None
-            else sa.literal(float(now), sa.Double())
-        )
-        conn.execute(sa.insert(failed_attempts).values(attempted_at=moment), rows)
+    if not rows:
+        return
+    if now is None:
+        # Read once and bound: an expression in the VALUES makes PyMySQL send a statement
+        # per row, each holding the settle's row locks longer.
+        clock: sa.ColumnElement[float] = sa.literal_column(database_now, sa.Double())
+        now = float(conn.execute(sa.select(clock)).scalar_one())
+    conn.execute(sa.insert(failed_attempts), [{**row, "attempted_at": now} for row in rows])
 
 
 class FailedAttemptReads(DriverPieces):
