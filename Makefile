@@ -67,10 +67,13 @@ test-browser: $(STAMP)
 test-faults: $(STAMP)
 	$(BIN)/python -m pytest -n 3 --dist worksteal -m faults $(PYTEST_ARGS)
 
-# The tests marked long (the benchmark suite's quick form, minutes of CPU on both cores):
+# The tests marked long (the benchmark suite's quick form, minutes of CPU on both cores),
+# and the fuzz tests' whole forms (`make test` draws a fifth of their examples):
 # .ci/run runs them after the fault proofs, so the default suite stays quick.
+FUZZ_TESTS = tests/receiver/test_strict_json_fast_path.py tests/relay/test_relay_answer_fuzz.py
 test-long: $(STAMP)
 	$(BIN)/python -m pytest -m long $(PYTEST_ARGS)
+	OUTBOXDEV_FUZZ=full $(BIN)/python -m pytest -n 2 -m "not mysql" $(FUZZ_TESTS) $(PYTEST_ARGS)
 
 # What users install: builds the sdist and the wheel, checks the wheel's contents, and
 # runs the command and tests/package against the wheel in clean venvs (no extras, each

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from support import fuzz
 from support.optional import require
 
 from receiver import strict_json
@@ -198,7 +199,9 @@ def _bodies(draw: st.DrawFn) -> bytes:
     return body
 
 
-@settings(max_examples=3000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(
+    max_examples=fuzz.examples(3000), deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
 @given(body=_bodies(), depth=st.sampled_from([1, 2, MAX_DEPTH]))
 def test_the_fast_path_never_accepts_what_the_exact_parse_refuses(body: bytes, depth: int) -> None:
     require("orjson")

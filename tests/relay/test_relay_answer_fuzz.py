@@ -14,6 +14,7 @@ import pytest
 import sqlalchemy as sa
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from support import fuzz
 from support.raw_peer import RawPeer
 from support.relay_helpers import SECRET, publish_many, rows
 
@@ -136,7 +137,7 @@ def test_no_answer_can_leave_a_claimed_message_unsettled(
         examples = iter(range(1_000_000))
 
         @settings(
-            max_examples=80,
+            max_examples=fuzz.examples(80),
             deadline=None,
             derandomize=True,
             suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
