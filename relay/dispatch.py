@@ -16,7 +16,6 @@ import time
 from collections import defaultdict
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from functools import partial
-from types import MappingProxyType
 from typing import NamedTuple
 
 from outbox import failpoints, tracing
@@ -28,6 +27,7 @@ from relay.errors import TransportError
 from relay.metrics import RelayMetrics
 from relay.policy import (
     HELD,
+    NO_FAILURES,
     Dead,
     Outcome,
     Retry,
@@ -55,7 +55,7 @@ class Turn(NamedTuple):
     looked_up: frozenset[int] = frozenset()
     """Ids of messages only asked about by receipt lookup (spent before the turn): no
     delivery of theirs was attempted."""
-    failures: Mapping[int, Retry | Dead] = MappingProxyType({})
+    failures: Mapping[int, Retry | Dead] = NO_FAILURES
     """The answers of the attempts this turn made that did not deliver, by message id: what
     the settle records as failed attempts (a later receipt lookup may settle the message
     otherwise; the attempt and its answer stand)."""

@@ -12,7 +12,6 @@ import logging
 import random
 import time
 from collections.abc import Collection, Mapping, Sequence
-from types import MappingProxyType
 from typing import NamedTuple
 
 import sqlalchemy as sa
@@ -26,12 +25,10 @@ from outbox.drivers import driver_for
 from outbox.drivers.records import FailedAttempt, KeyWalk
 from relay.answers import AnswerBook
 from relay.figures import Figures, figures_from
-from relay.policy import Dead, Outcome, Retry, Sent, retry_delay, target_state
+from relay.policy import NO_FAILURES, Dead, Outcome, Retry, Sent, retry_delay, target_state
 from relay.records import ClaimedRow, Message, Settlement
 
 log = logging.getLogger("outbox.relay")
-NO_FAILURES: Mapping[int, Retry | Dead] = MappingProxyType({})
-"""A turn whose attempts all delivered (or made none)."""
 SAMPLE_TRIES_EVERY = 20.0
 """Seconds between a relay's tries at the minute's backlog sample (see _sample)."""
 

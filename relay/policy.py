@@ -10,8 +10,10 @@ from __future__ import annotations
 import email.utils
 import math
 import random
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from types import MappingProxyType
 from typing import Literal
 
 from outbox.backoff import backoff_delay
@@ -73,6 +75,8 @@ sent or dead: pending again at once, its attempt given back (it is not claimable
 that earlier one anyway)."""
 
 Outcome = Sent | Retry | Dead | Unsent
+NO_FAILURES: Mapping[int, Retry | Dead] = MappingProxyType({})
+"""A turn's failed attempts when all it attempted was delivered (or it attempted none)."""
 
 
 def classify(status: int, retry_after: str | None = None, detail: str = "") -> Outcome:

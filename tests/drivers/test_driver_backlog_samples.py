@@ -7,7 +7,8 @@ import sqlalchemy as sa
 from support.driver_helpers import START, published, set_state
 
 from outbox.drivers import Driver
-from outbox.drivers.common.backlog_samples import MINUTE, SAMPLES_KEPT
+from outbox.drivers.common.backlog_samples import SAMPLES_KEPT
+from outbox.drivers.common.console import MINUTE
 from outbox.schema import backlog_samples
 
 # START is not a minute's start: samples are filed under the minute's.

@@ -15,13 +15,13 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from outbox.drivers.base import Now
+from outbox.drivers.common.console import MINUTE
 from outbox.drivers.common.figures import destination_figures
 from outbox.drivers.common.pieces import DriverPieces
 from outbox.drivers.records import FigureRow
 from outbox.schema import backlog_samples
 from outbox.states import MessageState
 
-MINUTE = 60.0
 SAMPLES_KEPT = 2 * 86_400.0
 """Seconds of samples kept: the console's longest chart is a day."""
 UNDELIVERED = frozenset({MessageState.PENDING.value, MessageState.SENDING.value})

@@ -29,18 +29,24 @@ RECORDED = ("message_id", "attempt", "state", "status", "error", "attempted_at")
 """The columns a recording writes, in the order its SELECT gives them."""
 
 
+def expired_attempt(message_id: Any, attempts: Any, now: Any) -> sa.Select[Any]:
+    """The RECORDED columns of an attempt whose lease expired: pending again, no status,
+    the error LEASE_EXPIRED."""
+    return sa.select(
+        message_id,
+        attempts,
+        sa.literal(MessageState.PENDING.value, sa.String()),
+        sa.null(),
+        sa.literal(LEASE_EXPIRED, sa.String()),
+        now,
+    )
+
+
 def record_expired(ids: Sequence[int], now: sa.ColumnElement[float]) -> sa.Insert:
     """The attempts of messages just reaped, whose leases expired: no status, no answer."""
+    expired = expired_attempt(messages.c.id, messages.c.attempts, now)
     return sa.insert(failed_attempts).from_select(
-        RECORDED,
-        sa.select(
-            messages.c.id,
-            messages.c.attempts,
-            sa.literal(MessageState.PENDING.value, sa.String()),
-            sa.null(),
-            sa.literal(LEASE_EXPIRED, sa.String()),
-            now,
-        ).where(messages.c.id.in_(list(ids))),
+        RECORDED, expired.where(messages.c.id.in_(list(ids)))
     )
 
 

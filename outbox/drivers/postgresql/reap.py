@@ -11,11 +11,10 @@ import functools
 
 import sqlalchemy as sa
 
-from outbox.drivers.common.failed_attempts import LEASE_EXPIRED, RECORDED
+from outbox.drivers.common.failed_attempts import RECORDED, expired_attempt
 from outbox.drivers.common.leases import reap_statement
 from outbox.drivers.common.pieces import DriverPieces
 from outbox.schema import failed_attempts, messages
-from outbox.states import MessageState
 
 
 @functools.cache
@@ -23,14 +22,7 @@ def reap_recording_statement(pieces: DriverPieces) -> sa.Insert:
     """Reap up to :limit expired leases (the portable reap) and record each as a failed
     attempt; returns a row per message reaped. Built once."""
     reaped = reap_statement(pieces).returning(messages.c.attempts).cte("reaped")
-    recorded = sa.select(
-        reaped.c.id,
-        reaped.c.attempts,
-        sa.literal(MessageState.PENDING.value, sa.String()),
-        sa.null(),
-        sa.literal(LEASE_EXPIRED, sa.String()),
-        pieces.bound_now(),
-    )
+    recorded = expired_attempt(reaped.c.id, reaped.c.attempts, pieces.bound_now())
     # A data-modifying CTE must sit at the top of the statement: add_cte puts it there.
     return (
         sa.insert(failed_attempts)
