@@ -17,6 +17,7 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
 from sqlalchemy.orm import Session
+from support.async_urls import through
 from support.receiver_helpers import refusing_port
 from support.relay_helpers import rows
 
@@ -46,7 +47,7 @@ def sync_drivers(db_url: str) -> list[str]:
 
 def on(db_url: str, driver: str) -> str:
     """The test database's URL through `driver`."""
-    return sa.make_url(db_url).set(drivername=driver).render_as_string(hide_password=False)
+    return through(db_url, driver)
 
 
 @pytest.fixture

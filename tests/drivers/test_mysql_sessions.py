@@ -14,6 +14,7 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
 from sqlalchemy.orm import Session
+from support.async_urls import through
 
 import outbox
 import outbox.asyncio
@@ -48,7 +49,7 @@ def test_publish_joins_a_session_of_the_applications_engine(db_url: str, engine:
 
 
 def test_asyncio_publish_joins_an_asyncmy_session(db_url: str, engine: sa.Engine) -> None:
-    url = sa.make_url(db_url).set(drivername="mysql+asyncmy")
+    url = through(db_url, "mysql+asyncmy")
 
     async def scenario() -> None:
         async_engine = create_async_engine(url)

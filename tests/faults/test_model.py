@@ -72,7 +72,7 @@ from hypothesis.stateful import (
 )
 from sqlalchemy.orm import Session
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
-from support.environment import emptying_statements
+from support.environment import empty_tables
 from support.receiver_helpers import SECRET
 
 import outbox
@@ -427,8 +427,7 @@ class Harness:
     def reset(self) -> TaskQueue:
         """Empty every table, move the clock on, reseed: returns the queue for the example."""
         with self.engine.begin() as conn:
-            for statement in emptying_statements(self.backend):
-                conn.execute(sa.text(statement))
+            empty_tables(conn, self.backend)
         self.log.take()
         self.clock.advance(EXAMPLE_GAP)
         self.rng.seed(0)
