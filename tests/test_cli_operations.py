@@ -21,8 +21,9 @@ from support.operations_helpers import (
     run_json,
     state_rows,
 )
-from support.receiver_helpers import SECRET, ReceiverProcess, relay_toml
+from support.receiver_helpers import SECRET, relay_toml
 from support.relay_helpers import publish_many, rows
+from support.served import served_receiver
 
 import outbox
 from outbox import AuthContext, Envelope, TaskQueue
@@ -225,12 +226,11 @@ def test_bad_arguments_are_a_one_line_error_and_exit_2(
 
 @pytest.fixture
 def relay_config(tmp_path: Path, db_url: str) -> Iterator[Path]:
-    """A relay TOML whose destination is a real receiver process with a receipt lookup."""
+    """A relay TOML whose destination is the reference receiver, with its receipt lookup."""
     secret_file = tmp_path / "secret"
     secret_file.write_text(SECRET + "\n", encoding="utf-8")
-    process = ReceiverProcess(db_url, secret_file).wait_ready()
-    yield relay_toml(tmp_path, "default", process.base, secret_file)
-    process.stop()
+    with served_receiver(db_url) as served:
+        yield relay_toml(tmp_path, "default", served.base, secret_file)
 
 
 def test_requeue_sends_the_same_reply_again_and_keeps_an_audit(
@@ -281,16 +281,13 @@ def test_requeue_finds_the_receipt_lookup_of_a_destination_from_the_environment(
 ) -> None:
     secret_file = tmp_path / "secret"
     secret_file.write_text(SECRET + "\n", encoding="utf-8")
-    process = ReceiverProcess(db_url, secret_file).wait_ready()
-    try:
-        monkeypatch.setenv("OUTBOX_DESTINATION_DEFAULT_URL", f"{process.base}/replies")
+    with served_receiver(db_url) as served:
+        monkeypatch.setenv("OUTBOX_DESTINATION_DEFAULT_URL", f"{served.base}/replies")
         monkeypatch.setenv("OUTBOX_DESTINATION_DEFAULT_SECRET", SECRET)
         monkeypatch.setenv("OUTBOX_DESTINATION_DEFAULT_RECEIPT_LOOKUP", "true")
         publish_many(engine, ["env-lost"], clock=clock)
         mark_dead(engine, "env-lost")
         audit = run_json(capsys, "dead", "requeue", "env-lost", "--reason", "down", "--db", db_url)
-    finally:
-        process.stop()
     assert isinstance(audit, dict)
     assert audit["receipt"] == "not received"  # asked, not "not checked"
 

@@ -9,7 +9,8 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 from support.console_helpers import ConsoleClient, client, seed
-from support.receiver_helpers import SECRET, ReceiverProcess, relay_toml
+from support.receiver_helpers import SECRET, relay_toml
+from support.served import served_receiver
 
 import outbox
 from outbox.operations import Operations
@@ -62,9 +63,9 @@ def make_client(ops: Operations) -> Iterator[Callable[..., ConsoleClient]]:
 
 @pytest.fixture
 def relay_config(tmp_path: Path, seeded: str) -> Iterator[Path]:
-    """A relay TOML whose destination "billing" is a real receiver with a receipt lookup."""
+    """A relay TOML whose destination "billing" is the reference receiver, with its receipt
+    lookup."""
     secret_file = tmp_path / "secret"
     secret_file.write_text(SECRET + "\n", encoding="utf-8")
-    process = ReceiverProcess(seeded, secret_file).wait_ready()
-    yield relay_toml(tmp_path, "billing", process.base, secret_file)
-    process.stop()
+    with served_receiver(seeded) as served:
+        yield relay_toml(tmp_path, "billing", served.base, secret_file)

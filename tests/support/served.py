@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import uvicorn
 
-from support.receiver_helpers import free_port, wait_until
+from receiver import ReceiptStore
+from receiver.app import create_app
+from receiver.effects import record_effect
+from support.receiver_helpers import SECRET, free_port, wait_until
 
 
 class Served:
@@ -35,3 +40,16 @@ class Served:
     def __exit__(self, *exc: object) -> None:
         self._server.should_exit = True
         self._thread.join(timeout=10)
+
+
+@contextmanager
+def served_receiver(db_url: str) -> Iterator[Served]:
+    """The reference receiver on `db_url` (its receipt lookup too, signed with SECRET), in a
+    thread of this process: for the tests of what asks it, where `outbox receiver` in a
+    process of its own cost 0.7 s of CPU to start (tests/receiver holds the process)."""
+    store = ReceiptStore(db_url)
+    try:
+        with Served(create_app(store, [SECRET], effect=record_effect)) as served:
+            yield served
+    finally:
+        store.close()
