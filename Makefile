@@ -1,11 +1,10 @@
 # Two entry points, both self-installing into .venv on first use:
 #   make demo   the end-to-end story on the embedded SQLite default
-#   make test   lint, types, the documentation site and the suite (SQLite and PostgreSQL)
-#               but for the tests that start the product's processes (`make
-#               test-processes`), its runs on MariaDB (`make test-mysql`), the console in
-#               headless Chromium (`make test-browser`), the fault proofs
-#               (`make test-faults`) and the long tests (`make test-long`), which
-#               .ci/run runs after it
+#   make test   lint, types, the documentation site and the suite (SQLite, PostgreSQL
+#               and MariaDB) but for the tests that start the product's processes (`make
+#               test-processes`), the console in headless Chromium (`make
+#               test-browser`), the fault proofs (`make test-faults`) and the long tests
+#               (`make test-long`), which .ci/run runs after it
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
@@ -38,26 +37,25 @@ docs: $(STAMP)
 # Three test processes on two cores: the process tests spend much of their time waiting
 # for leases to expire and processes to start, so they overlap well.
 test: lint docs
-	$(BIN)/python -m pytest -n 3 --dist worksteal -m "not long and not faults and not mysql and not browser and not processes" $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n 3 --dist worksteal -m "not long and not faults and not browser and not processes" $(PYTEST_ARGS)
 
 # The tests that start the product's own processes (receivers, relays, workers) and talk to
 # them over sockets and signals (tests/conftest.py's PROCESSES): a third of the suite's
 # time, which a busy machine stretches most, so out of `make test`'s six minutes; .ci/run
 # runs them right after it.
 test-processes: $(STAMP)
-	$(BIN)/python -m pytest -n 3 --dist worksteal -m "processes and not long and not faults and not mysql and not browser" $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n 3 --dist worksteal -m "processes and not long and not faults and not browser" $(PYTEST_ARGS)
 
-# The backend-parametrised tests on MariaDB and the MySQL driver's own tests (marked
-# mysql by tests/conftest.py): three minutes more than `make test` has room for, so
-# .ci/run runs them right after it. The driver conformance suite runs on MariaDB in
-# `make test` itself.
+# The backend-parametrised tests' runs on MariaDB and the MySQL driver's own tests alone
+# (marked mysql by tests/conftest.py), the processes' too: `make test` and the steps after
+# it run them with the rest; this target is for a change to the MySQL driver.
 test-mysql: $(STAMP)
 	$(BIN)/python -m pytest -n 3 --dist worksteal -m "mysql and not long and not faults and not browser" $(PYTEST_ARGS)
 
 # The console in headless Chromium (Debian's chromium and chromium-driver, which .ci/run
 # installs) against real console, relay and receiver processes: the pages, the 3 a.m.
 # story, and axe-core's accessibility checks. A minute and more of `make test`'s six, so
-# .ci/run runs them right after `make test-mysql`.
+# .ci/run runs them right after `make test-processes`.
 test-browser: $(STAMP)
 	$(BIN)/python -m pytest -n 2 --dist worksteal -m browser $(PYTEST_ARGS)
 

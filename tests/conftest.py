@@ -1,5 +1,4 @@
-"""Fixtures: every store test runs on SQLite and PostgreSQL, the driver conformance suite
-(tests/drivers) on MySQL or MariaDB too.
+"""Fixtures: every store test runs on SQLite, PostgreSQL and MySQL or MariaDB.
 
 Each run gets its own PostgreSQL and MySQL databases (dropped at the end) and each test
 starts from empty tables; SQLite tests get a fresh copy of a migrated file.
@@ -93,8 +92,7 @@ processes (the README's quickstart, the demo, the plain install, the examples) s
 `make test`."""
 MYSQL_ONLY = "tests/drivers/test_mysql_"
 """The driver tests of MySQL alone (InnoDB's locking, plans, sessions, URLs): marked
-`mysql`, they run with the rest of MariaDB's in `make test-mysql`; the conformance suite
-every driver passes stays in `make test`."""
+`mysql` with the rest of MariaDB's runs, which `make test-mysql` runs alone."""
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -231,9 +229,8 @@ def sqlite_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
-# MariaDB's runs are marked `mysql`: `make test-mysql`, .ci/run's step after `make test`
-# (tests/drivers runs every registered driver in `make test`, MySQL's too; the browser
-# tests' runs on MariaDB are `make test-browser`'s, with the rest of the browser tests).
+# MariaDB's runs are marked `mysql`, to be run alone (`make test-mysql`) after a change to
+# the MySQL driver; `make test` and the steps after it run them with the rest.
 @pytest.fixture(params=["sqlite", "postgresql", pytest.param("mysql", marks=pytest.mark.mysql)])
 def backend(request: pytest.FixtureRequest) -> str:
     """The backend under test."""
