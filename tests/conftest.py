@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
-from support.environment import IN_CI, empty_tables
+from support.environment import EMPTYING_SESSION, IN_CI, empty_tables
 
 import outbox
 import receiver
@@ -57,7 +57,8 @@ of a parallel run while the other workers sit idle."""
 
 FAULTS = "tests/faults/"
 """The fault proofs: real processes killed, cut off and stalled. Marked `faults`, they run
-as `make test-faults`, .ci/run's second step, so the default suite stays quick."""
+as `make test-faults`, .ci/run's step after the browser tests, so the default suite
+stays quick."""
 
 
 BROWSER = (
@@ -257,8 +258,9 @@ def db_url(backend: str, request: pytest.FixtureRequest, tmp_path: Path) -> str:
     url: str = request.getfixturevalue("mysql_database" if backend == "mysql" else "pg_database")
     engines: dict[str, sa.Engine] = request.getfixturevalue("emptying_engines")
     if url not in engines:
-        # Pre-pinged: the fault proofs restart the servers under it.
-        engines[url] = sa.create_engine(url, pool_size=1, pool_pre_ping=True)
+        # Named, for the tests that kill the other sessions of a database to leave it out.
+        named = {"application_name": EMPTYING_SESSION} if backend == "postgresql" else {}
+        engines[url] = sa.create_engine(url, pool_size=1, pool_pre_ping=True, connect_args=named)
     with engines[url].begin() as conn:
         empty_tables(conn, backend)
     return url

@@ -8,10 +8,12 @@ from contextlib import contextmanager
 import sqlalchemy as sa
 
 import outbox
+from support.environment import EMPTYING_SESSION
 
 
 def terminate_other_sessions(db_url: str) -> int:
-    """Kill every other session on the test database (PostgreSQL), as a restart would."""
+    """Kill every other session on the test database (PostgreSQL), as a restart would, but
+    the tests' own emptying one: returns how many were the components'."""
     admin = outbox.create_engine(db_url)
     try:
         with admin.connect() as conn:
@@ -19,8 +21,10 @@ def terminate_other_sessions(db_url: str) -> int:
                 conn.execute(
                     sa.text(
                         "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-                        "WHERE datname = current_database() AND pid <> pg_backend_pid()"
-                    )
+                        "WHERE datname = current_database() AND pid <> pg_backend_pid() "
+                        "AND application_name <> :emptying"
+                    ),
+                    {"emptying": EMPTYING_SESSION},
                 ).all()
             )
     finally:
