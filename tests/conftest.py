@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 from support.environment import EMPTYING_SESSION, IN_CI, empty_tables
+from support.nats_helpers import store_kept
 
 import outbox
 import receiver
@@ -116,6 +117,13 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         return len(LONGEST_FIRST)
 
     items.sort(key=rank)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def nats_store_kept() -> Iterator[None]:
+    """The shared NATS server's store directory kept for the run (support.nats_helpers)."""
+    with store_kept():
+        yield
 
 
 @pytest.fixture(scope="session")
