@@ -130,7 +130,6 @@ def shipped_scripts() -> ScriptDirectory:
     return script
 
 
-@functools.cache
 def required_head(branch: str) -> str:
     """The newest revision of `branch` this code was written for."""
     revision = shipped_scripts().get_revision(f"{branch}@head")

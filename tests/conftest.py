@@ -257,19 +257,25 @@ def emptying_engines() -> Iterator[dict[str, sa.Engine]]:
 
 
 @pytest.fixture
-def db_url(backend: str, request: pytest.FixtureRequest, tmp_path: Path) -> str:
+def db_url(
+    backend: str,
+    request: pytest.FixtureRequest,
+    tmp_path: Path,
+    emptying_engines: dict[str, sa.Engine],
+) -> str:
     """A migrated, empty database on the current backend."""
     if backend == "sqlite":
         path = tmp_path / "test.db"
         shutil.copyfile(request.getfixturevalue("sqlite_template"), path)
         return f"sqlite:///{path}"
     url: str = request.getfixturevalue("mysql_database" if backend == "mysql" else "pg_database")
-    engines: dict[str, sa.Engine] = request.getfixturevalue("emptying_engines")
-    if url not in engines:
+    if url not in emptying_engines:
         # Named, for the tests that kill the other sessions of a database to leave it out.
         named = {"application_name": EMPTYING_SESSION} if backend == "postgresql" else {}
-        engines[url] = sa.create_engine(url, pool_size=1, pool_pre_ping=True, connect_args=named)
-    with engines[url].begin() as conn:
+        emptying_engines[url] = sa.create_engine(
+            url, pool_size=1, pool_pre_ping=True, connect_args=named
+        )
+    with emptying_engines[url].begin() as conn:
         empty_tables(conn, backend)
     return url
 

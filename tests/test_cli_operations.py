@@ -275,12 +275,9 @@ def test_requeue_finds_the_receipt_lookup_of_a_destination_from_the_environment(
     db_url: str,
     engine: sa.Engine,
     clock: ManualClock,
-    tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    secret_file = tmp_path / "secret"
-    secret_file.write_text(SECRET + "\n", encoding="utf-8")
     with served_receiver(db_url) as served:
         monkeypatch.setenv("OUTBOX_DESTINATION_DEFAULT_URL", f"{served.base}/replies")
         monkeypatch.setenv("OUTBOX_DESTINATION_DEFAULT_SECRET", SECRET)

@@ -132,16 +132,16 @@ def store_kept(url: str = NATS_URL) -> Iterator[None]:
     stream kept the directory never empties while the tests create and delete theirs.
     Nothing happens when the server cannot be reached (the tests that need it say so).
     """
-    keeper = new_stream(url)
+    keeper: Stream | None = new_stream(url)
     try:
         keeper.create()
     except Exception:  # unreachable: require_nats reports it in the tests that need it
-        yield
-        return
+        keeper = None
     try:
         yield
     finally:
-        keeper.delete()
+        if keeper is not None:
+            keeper.delete()
 
 
 class NatsServer:
