@@ -7,7 +7,7 @@ reference receiver accepts it; run as a process:
     python -m benchmarks.naive_relay DB_URL TARGET_URL SECRET
 
 It prints `ready` once connected, so it is timed from there, as our relays are
-from their health check, not from its interpreter's start.
+from their readiness check, not from its interpreter's start.
 """
 
 from __future__ import annotations

@@ -278,9 +278,10 @@ def started_relays(url: str, config: Path, count: int) -> Iterator[None]:
         for n, port in enumerate(ports)
     ]
     try:
-        # Measure from when every relay is up, not from when its interpreter starts.
+        # Measure from when every relay delivers (/readyz), not from when its interpreter
+        # starts: as the bare relays' `ready` line says their loops hold their connections.
         for port in ports:
-            wait_healthy(f"http://127.0.0.1:{port}/healthz")
+            wait_healthy(f"http://127.0.0.1:{port}/readyz")
         yield
     finally:
         for proc in procs:
@@ -294,7 +295,7 @@ def ready_processes(*commands: tuple[str, ...]) -> Iterator[None]:
     """`python -m <command>` for each command, from every one's `ready` line on; each
     SIGTERMed and reaped after.
 
-    Like our relays' health checks, the `ready` lines put the interpreters' start-up
+    Like our relays' readiness checks, the `ready` lines put the interpreters' start-up
     outside the timed window. All start before any is waited for, as our relays do. A
     process that ended before it was stopped is an error.
     """

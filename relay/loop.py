@@ -113,6 +113,8 @@ class Relay(DatabaseHandle):
         self._unsettled: list[Turn] = []
         self.listening = threading.Event()
         """Set while a LISTEN connection is up (PostgreSQL), so NOTIFY wakes the loop."""
+        self.delivering = threading.Event()
+        """Set while run() delivers: from its retention check passed until it stops claiming."""
         self.metrics = RelayMetrics(self.leases.figures, self.destinations)
         self._database_answers = Probe(self.ping)
         self.dispatcher = Dispatcher(
@@ -184,6 +186,7 @@ class Relay(DatabaseHandle):
         wakeups = self._wakeups()
         listener = None if wakeups is None else asyncio.ensure_future(wakeups.keep_listening())
         log.info("relay %s started", self.owner)
+        self.delivering.set()
         # A claimed batch is split by destination, and each part is delivered and settled
         # on its own, so a destination that hangs holds up only its own replies. The next
         # claim does not wait for the previous POST: behind a backlog (the last claim was
@@ -247,6 +250,7 @@ class Relay(DatabaseHandle):
                 waiter.cancel()
                 freed.cancel()
         finally:
+            self.delivering.clear()
             await self._land(flying)
             stop.cancel()
             if listener is not None:
@@ -384,9 +388,16 @@ class Relay(DatabaseHandle):
         )
 
     def readiness(self) -> dict[str, Any]:
-        """Readiness for /readyz: the database answers (checked at most once a second)."""
+        """Readiness for /readyz: run() delivers (its destinations' retention checked) and the
+        database answers (checked at most once a second)."""
         answered = self._database_answers() is not None
-        return {"ok": answered, "owner": self.owner, "database": answered}
+        delivering = self.delivering.is_set()
+        return {
+            "ok": answered and delivering,
+            "owner": self.owner,
+            "database": answered,
+            "delivering": delivering,
+        }
 
     def health(self) -> dict[str, Any]:
         """Liveness for /healthz: the loop has turned recently."""

@@ -305,7 +305,13 @@ def test_metrics_and_liveness_answer_while_the_database_does_not(
 ) -> None:
     relay_engine = outbox.create_engine(db_url)
     with make_relay(relay_engine, server, clock) as relay:
-        assert relay.readiness()["ok"] is True
+        # Not delivering: run() is not running (tests/relay/test_relay_run.py has it ready).
+        assert relay.readiness() == {
+            "ok": False,
+            "owner": relay.owner,
+            "database": True,
+            "delivering": False,
+        }
         assert "outbox_relay_database_up 1.0" in relay.metrics.render().decode()
 
         @sa.event.listens_for(relay_engine, "do_connect")
@@ -324,7 +330,12 @@ def test_metrics_and_liveness_answer_while_the_database_does_not(
             assert gauge not in text  # left out, not a made-up figure
         assert "outbox_relay_delivery_seconds" in text  # the relay's own figures still answer
         wait_until(lambda: not relay.readiness()["ok"], 10, "not ready")
-        assert relay.readiness() == {"ok": False, "owner": relay.owner, "database": False}
+        assert relay.readiness() == {
+            "ok": False,
+            "owner": relay.owner,
+            "database": False,
+            "delivering": False,
+        }
         assert relay.health()["ok"] is True  # alive: the loop is not stuck
         sa.event.remove(relay_engine, "do_connect", refuse)
     relay_engine.dispose()

@@ -452,3 +452,30 @@ def test_close_ends_the_tasks_a_client_left_on_the_loop(db_url: str, clock: Manu
     left = relay._loop.create_task(asyncio.Event().wait())
     relay.close()
     assert left.cancelled()
+
+
+def test_ready_only_while_the_loop_delivers(db_url: str, engine: sa.Engine) -> None:
+    # Ready means delivering: not while the retention check at start waits for the
+    # destination's answer, nor once a stop is asked.
+    gate = threading.Event()
+    with ScriptedServer() as server:
+        server.health_gate = gate
+        relay = notify_only_relay(db_url, server)
+        assert relay.readiness() == {
+            "ok": False,
+            "owner": relay.owner,
+            "database": True,
+            "delivering": False,
+        }
+        with running(relay):
+            assert wait_until(lambda: server.health_arrivals == 1, EVENT_DEADLINE)
+            assert relay.readiness()["delivering"] is False
+            # Published while the check waits: the first claim after it takes the message
+            # (SQLite has no NOTIFY, and the poll is an hour away).
+            publish_many(engine, ["first-claim"])
+            gate.set()
+            assert wait_until(lambda: relay.readiness()["ok"], EVENT_DEADLINE), "never ready"
+            assert wait_until(lambda: server.ids() == ["first-claim"], EVENT_DEADLINE)
+            relay.stop()
+            assert wait_until(lambda: not relay.readiness()["delivering"], EVENT_DEADLINE)
+            assert relay.readiness()["ok"] is False
