@@ -26,6 +26,7 @@ from outbox.drivers.common.claims import (
     successors,
 )
 from outbox.drivers.common.pieces import DriverPieces
+from outbox.drivers.execution import BINARY_ROWS
 from outbox.drivers.postgresql.key_walk import key_walk
 from outbox.drivers.records import KEY_WALK, ClaimedRow, KeyWalk
 from outbox.schema import messages
@@ -228,6 +229,9 @@ def chain_statement(pieces: DriverPieces) -> Any:
     )
 
 
+ROWS = {BINARY_ROWS: True}
+"""The claims' execution options: their rows, bodies and all, come in binary."""
+
 KEY_ROUNDS = 3
 """A PostgreSQL claim takes keys' first messages and their chains in at most this many rounds."""
 # A claim's walk takes at most `heads` first messages (KeyWalk), so that long keys spread
@@ -315,7 +319,7 @@ class PostgreSQLClaims(ClaimStatements):
         }
         heads = []
         # Fetched at once: iterating the result would fetch row by row.
-        for row in conn.execute(claim_statement(self), walked).all():
+        for row in conn.execute(claim_statement(self), walked, execution_options=ROWS).all():
             if row[0] is None:
                 walk.cursors[row.destination] = row.ordering_key
             else:
@@ -338,4 +342,5 @@ class PostgreSQLClaims(ClaimStatements):
             "room": room,
         }
         statement = chain_statement(self)
-        return [ClaimedRow._make(row) for row in conn.execute(statement, chained).all()]
+        rows = conn.execute(statement, chained, execution_options=ROWS).all()
+        return [ClaimedRow._make(row) for row in rows]
