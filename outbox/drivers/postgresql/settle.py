@@ -1,4 +1,5 @@
-"""PostgreSQL's settle: one statement of arrays, sent in binary, whatever the batch size."""
+"""PostgreSQL's settle: one statement of arrays, sent in binary (outbox.drivers.postgresql.
+binary_arrays), whatever the batch size."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from sqlalchemy.engine import Connection
 from outbox.drivers.base import Now
 from outbox.drivers.common.settle import SETTLE_SET, SETTLE_WHERE
 from outbox.drivers.execution import UNPREPARED
+from outbox.drivers.postgresql.binary_arrays import BigInts, Floats, Integers
 from outbox.drivers.postgresql.receipts import STATEMENT_NOW
 from outbox.drivers.records import FailedAttempt, Settlement
 
@@ -106,6 +108,7 @@ def settle_parameters(owner: str, rows: Sequence[Settlement], now: Now) -> dict[
     if None in leases:
         # NULL matches no lease: the row would stay sending, be taken for lost and sent again.
         raise ValueError("a settlement without the lease it was claimed under")
+    leases_held = [lease for lease in leases if lease is not None]
     kinds: dict[tuple[str, int | None, str | None, int], int] = {}
     row_kinds = [
         kinds.setdefault((row.state, row.status, row.error, row.refund), len(kinds) + 1)
@@ -113,15 +116,15 @@ def settle_parameters(owner: str, rows: Sequence[Settlement], now: Now) -> dict[
     ]
     states, statuses, errors, refunds = (list(column) for column in zip(*kinds, strict=True))
     return {
-        "ids": [row.id for row in rows],
-        "fences": [row.fence for row in rows],
-        "kinds": row_kinds,
-        "delays": [row.delay for row in rows],
+        "ids": BigInts([row.id for row in rows]),
+        "fences": BigInts([row.fence for row in rows]),
+        "kinds": Integers(row_kinds),
+        "delays": Floats([row.delay for row in rows]),
         "states": states,
         "statuses": statuses,
         "errors": errors,
         "refunds": refunds,
-        "leases": list(leases),
+        "leases": Floats(leases_held),
         "owner": owner,
         "now": now,
     }
