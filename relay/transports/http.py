@@ -330,15 +330,16 @@ at once, its attempt given back."""
 
 
 def _per_item(response: Response, batch: Sequence[Message]) -> dict[int, Outcome]:
-    answers: dict[str, str] = {}
     errors: dict[str, Any] = {}
     try:
-        for item in response.json()["results"]:
-            # One pass: a batch's answer has an item per message.
-            given = item["status"]
-            answers[str(item["reply_id"])] = str(given)
-            if given == "retry" and item.get("error") is not None:
-                errors[str(item["reply_id"])] = item["error"]
+        results = response.json()["results"]
+        answers = {str(item["reply_id"]): str(item["status"]) for item in results}
+        if "retry" in answers.values():
+            errors = {
+                str(item["reply_id"]): item["error"]
+                for item in results
+                if item["status"] == "retry" and item.get("error") is not None
+            }
     except (ValueError, KeyError, TypeError, AttributeError):
         bad = Retry(response.status, "batch answer is not the expected JSON")
         return dict.fromkeys((m.id for m in batch), bad)
