@@ -25,9 +25,9 @@ from outbox_cli.settings import CONFIG_ENV, add_flags, load, resolve
 from relay import Relay
 from relay.broker_setup import Change
 from relay.config import Destination, destinations_from
-from relay.dispatch import retry_window
 from relay.errors import SetupRefused, TransportError
 from relay.nats_setup import set_up_stream
+from relay.policy import retry_window
 from relay.rabbitmq_setup import (
     DEFAULT_EXCHANGE_TYPE,
     EXCHANGE_TYPES,

@@ -33,11 +33,10 @@ from relay.policy import (
     Retry,
     Sent,
     Unsent,
-    longest_retry_window,
     retains,
     truncate,
 )
-from relay.records import Message, key_chains
+from relay.records import Message, chains_together, repeats_a_key
 from relay.transports import transport_for
 from relay.transports.base import Parcel, Transport
 
@@ -177,7 +176,7 @@ class Dispatcher:
         jobs: list[Awaitable[dict[int, Outcome]]] = []
         for name, group in by_destination.items():
             transport = self.transport(name)
-            if _repeats_a_key(group):
+            if repeats_a_key(group):
                 jobs.append(self._in_key_order(name, transport, group, deadline))
                 continue
             jobs.extend(
@@ -297,17 +296,6 @@ class Dispatcher:
         return outcomes
 
 
-def _repeats_a_key(messages: Sequence[Message]) -> bool:
-    """Whether some ordering key has several messages here (a claim chained them)."""
-    keys = [m.ordering_key for m in messages if m.ordering_key is not None]
-    return len(keys) != len(set(keys))
-
-
-def chains_together(messages: Sequence[Message]) -> list[Message]:
-    """The messages with each key's ones together, in id order, where its first one was."""
-    return [m for chain in key_chains(messages) for m in sorted(chain, key=lambda m: m.id)]
-
-
 async def _sent(transport: Transport, parcel: Parcel) -> dict[int, Outcome]:
     """One outcome for each message of the parcel, in a `send` span when tracing is set up."""
     if not tracing.configured():
@@ -392,12 +380,3 @@ async def _held_outcome(transport: Transport, message: Message) -> dict[int, Out
         )
         found = None
     return {message.id: Sent(None)} if found else {}
-
-
-def retry_window(
-    max_attempts: int, backoff: float, backoff_cap: float, lease: float
-) -> Callable[[Destination], float]:
-    """The longest retry window of a destination under these settings (see policy)."""
-    return lambda destination: longest_retry_window(
-        max_attempts, backoff, backoff_cap, destination.timeout, lease
-    )

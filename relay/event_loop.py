@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable
+import signal
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 log = logging.getLogger("outbox.relay")
@@ -58,3 +60,19 @@ async def done_unless_stopped(work: Awaitable[None], stop: asyncio.Future[Any]) 
         return False
     running.result()
     return True
+
+
+@contextmanager
+def stopping_on_signals(
+    loop: asyncio.AbstractEventLoop, stop: Callable[[], None], install: bool
+) -> Iterator[None]:
+    """While the block runs, SIGTERM and SIGINT call `stop` when `install`; their defaults
+    after it."""
+    signals = (signal.SIGTERM, signal.SIGINT) if install else ()
+    for signum in signals:
+        loop.add_signal_handler(signum, stop)
+    try:
+        yield
+    finally:
+        for signum in signals:
+            loop.remove_signal_handler(signum)

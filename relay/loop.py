@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
-import signal
 import threading
 import time
 from collections import defaultdict
@@ -26,15 +25,19 @@ from outbox.clock import Clock
 from outbox.db.dialect import NOTIFY_CHANNEL
 from outbox.db.handle import DatabaseHandle
 from outbox.drivers import driver_for
-from outbox.drivers.notifications import Wakeups
 from outbox.observability.probe import Probe
 from relay.config import Destination, check_destinations, check_relay_settings
-from relay.dispatch import Dispatcher, Turn, retry_window
-from relay.event_loop import cancel_remaining, done_unless_stopped, new_event_loop
+from relay.dispatch import Dispatcher, Turn
+from relay.event_loop import (
+    cancel_remaining,
+    done_unless_stopped,
+    new_event_loop,
+    stopping_on_signals,
+)
 from relay.leases import RelayLeases
 from relay.metrics import RelayMetrics
 from relay.pipeline import Claimed, Pipeline, by_destination
-from relay.policy import Verdict
+from relay.policy import Verdict, retry_window
 from relay.transports import check_kinds
 from relay.turn_report import report_turn
 
@@ -164,26 +167,28 @@ class Relay(DatabaseHandle):
     # --- the loop ---------------------------------------------------------------
 
     async def _run(self, install_signal_handlers: bool) -> None:
-        self._stopping = asyncio.Event()
-        self._key_freed = key_freed = asyncio.Event()
-        if install_signal_handlers:
-            for signum in (signal.SIGTERM, signal.SIGINT):
-                self._loop.add_signal_handler(signum, self._stopping.set)
-        stop = asyncio.ensure_future(self._stopping.wait())
+        self._stopping = stopping = asyncio.Event()
+        self._key_freed = asyncio.Event()
+        with stopping_on_signals(self._loop, stopping.set, install_signal_handlers):
+            await self._serve(stopping, self._key_freed)
+
+    async def _serve(self, stopping: asyncio.Event, key_freed: asyncio.Event) -> None:
+        stop = asyncio.ensure_future(stopping.wait())
         try:
             # A destination that accepts and never answers holds the retention check for
             # its whole timeout, up to the lease: a stop must not wait for it.
             checked = await done_unless_stopped(self.check_retention(), stop)
         except BaseException:
             stop.cancel()
-            self._remove_signal_handlers(install_signal_handlers)
             raise
         if not checked:
             stop.cancel()
-            self._remove_signal_handlers(install_signal_handlers)
             log.info("relay %s stopped before it started", self.owner)
             return
-        wakeups = self._wakeups()
+        # NOTIFY wake-ups on PostgreSQL; SQLite has none and polls.
+        wakeups = driver_for(self._engine).listener(
+            self._engine, NOTIFY_CHANNEL, self.poll_interval, self.listening, logger=log
+        )
         listener = None if wakeups is None else asyncio.ensure_future(wakeups.keep_listening())
         log.info("relay %s started", self.owner)
         self.delivering.set()
@@ -200,7 +205,7 @@ class Relay(DatabaseHandle):
         pipelines: dict[str, Pipeline] = defaultdict(Pipeline)
         backlog = False
         try:
-            while not self._stopping.is_set():
+            while not stopping.is_set():
                 flying = {f for f in flying if not f.done()}
                 busy = {name for name in self.destinations if pipelines[name].full()}
                 if busy == set(self.destinations):
@@ -256,20 +261,7 @@ class Relay(DatabaseHandle):
             if listener is not None:
                 listener.cancel()
                 await asyncio.gather(listener, return_exceptions=True)
-            self._remove_signal_handlers(install_signal_handlers)
             log.info("relay %s stopped", self.owner)
-
-    def _remove_signal_handlers(self, installed: bool) -> None:
-        """Give SIGTERM and SIGINT back to their defaults, when run() installed its own."""
-        if installed:
-            for signum in (signal.SIGTERM, signal.SIGINT):
-                self._loop.remove_signal_handler(signum)
-
-    def _wakeups(self) -> Wakeups | None:
-        """NOTIFY wake-ups on PostgreSQL; SQLite has none and polls."""
-        return driver_for(self._engine).listener(
-            self._engine, NOTIFY_CHANNEL, self.poll_interval, self.listening, logger=log
-        )
 
     async def check_retention(self) -> None:
         """Refuse to run when a destination keeps receipts shorter than our retry window."""
@@ -390,14 +382,9 @@ class Relay(DatabaseHandle):
     def readiness(self) -> dict[str, Any]:
         """Readiness for /readyz: run() delivers (its destinations' retention checked) and the
         database answers (checked at most once a second)."""
-        answered = self._database_answers() is not None
-        delivering = self.delivering.is_set()
-        return {
-            "ok": answered and delivering,
-            "owner": self.owner,
-            "database": answered,
-            "delivering": delivering,
-        }
+        answered, delivering = self._database_answers() is not None, self.delivering.is_set()
+        ready = {"database": answered, "delivering": delivering}
+        return {"ok": answered and delivering, "owner": self.owner, **ready}
 
     def health(self) -> dict[str, Any]:
         """Liveness for /healthz: the loop has turned recently."""

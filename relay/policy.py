@@ -10,15 +10,18 @@ from __future__ import annotations
 import email.utils
 import math
 import random
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from types import MappingProxyType
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from outbox.backoff import backoff_delay
 from outbox.one_line import one_line
 from outbox.states import MessageState
+
+if TYPE_CHECKING:
+    from relay.destination import Destination
 
 RETRYABLE_STATUSES = frozenset({408, 425, 429})
 ENDPOINT_REFUSALS = frozenset({401, 403, 404, 405, 407, 410})
@@ -178,3 +181,12 @@ def target_state(outcome: Outcome) -> str:
     if isinstance(outcome, Dead):
         return _DEAD
     return _PENDING
+
+
+def retry_window(
+    max_attempts: int, backoff: float, backoff_cap: float, lease: float
+) -> Callable[[Destination], float]:
+    """The longest retry window of a destination under these settings (longest_retry_window)."""
+    return lambda destination: longest_retry_window(
+        max_attempts, backoff, backoff_cap, destination.timeout, lease
+    )

@@ -73,6 +73,17 @@ def key_chains(messages: Sequence[Message]) -> list[list[Message]]:
     return chains
 
 
+def repeats_a_key(messages: Sequence[Message]) -> bool:
+    """Whether some ordering key has several messages here (a claim chained them)."""
+    keys = [m.ordering_key for m in messages if m.ordering_key is not None]
+    return len(keys) != len(set(keys))
+
+
+def chains_together(messages: Sequence[Message]) -> list[Message]:
+    """The messages with each key's ones together, in id order, where its first one was."""
+    return [m for chain in key_chains(messages) for m in sorted(chain, key=lambda m: m.id)]
+
+
 def first_of_each_key(
     messages: Sequence[Message],
 ) -> tuple[list[Message], dict[str | None, list[Message]]]:
@@ -88,6 +99,8 @@ __all__ = [
     "FailedAttempt",
     "Message",
     "Settlement",
+    "chains_together",
     "first_of_each_key",
     "key_chains",
+    "repeats_a_key",
 ]

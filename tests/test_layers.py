@@ -169,3 +169,19 @@ def test_only_the_drivers_contracts_importers_import_sqlalchemys_dialects() -> N
     # schema is below the drivers, which import it, so they cannot hold its types.
     permitted = [*contract(DRIVERS)["allowed_importers"], "outbox.ddl"]
     assert sorted(m for m in importers if not allowed(m, permitted)) == []
+
+
+PRODUCT = ("outbox", "relay", "receiver", "outbox_cli")
+LONGEST = 400
+
+
+def test_no_product_file_is_over_400_lines() -> None:
+    # Small modules, each one concept: a file that grows past this is split by concept.
+    lengths = {
+        path.relative_to(ROOT).as_posix(): len(path.read_text().splitlines())
+        for package in PRODUCT
+        for path in (ROOT / package).rglob("*")
+        if path.is_file() and path.suffix in (".py", ".html", ".js", ".css", ".sql")
+    }
+    assert len(lengths) > 100, "the product's files were not found"
+    assert {path: n for path, n in lengths.items() if n > LONGEST} == {}

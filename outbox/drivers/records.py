@@ -10,6 +10,10 @@ import dataclasses
 from collections.abc import Sequence
 from typing import Literal, NamedTuple
 
+Now = float | None
+"""A manual clock's time, or None for the database's clock (a parameter of the drivers'
+statements; outbox.drivers.base names it too)."""
+
 
 class ClaimedRow(NamedTuple):
     """A row as a claim returns it: the message's columns and its attempts before the claim.

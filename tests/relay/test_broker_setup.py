@@ -35,9 +35,9 @@ from outbox_cli import main
 from relay import ConfigError, Relay
 from relay.broker_setup import Change, binding_key, covers, stream_subject
 from relay.config import load_destinations
-from relay.dispatch import retry_window
 from relay.errors import SetupRefused
 from relay.nats_setup import stream_changes, update_stream_as_served
+from relay.policy import retry_window
 
 sqlite_only = pytest.mark.parametrize("backend", ["sqlite"], indirect=True)
 
