@@ -249,7 +249,7 @@ def relay_processes(
 
 @contextmanager
 def started_relays(url: str, config: Path, count: int) -> Iterator[None]:
-    """`count` `outbox relay` processes reading `config`, from when each answers its health
+    """`count` `outbox relay` processes reading `config`, from when each answers its readiness
     check; SIGTERMed and reaped after. Started by the launcher in effect (benchmarks.launcher)."""
     ports = [free_port() for _ in range(count)]
     launcher = launch.current()
@@ -278,8 +278,8 @@ def started_relays(url: str, config: Path, count: int) -> Iterator[None]:
         for n, port in enumerate(ports)
     ]
     try:
-        # Measure from when every relay delivers (/readyz), not from when its interpreter
-        # starts: as the bare relays' `ready` line says their loops hold their connections.
+        # Measured from when every relay delivers (/readyz), not from when its interpreter
+        # starts, as the bare relays are from their `ready` line.
         for port in ports:
             wait_healthy(f"http://127.0.0.1:{port}/readyz")
         yield

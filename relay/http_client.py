@@ -21,11 +21,6 @@ from typing import TYPE_CHECKING, Any
 from outbox.redaction import redact_urls
 from relay.errors import TransportError
 
-try:
-    import orjson
-except ImportError:  # the `fast` extra is not installed: the standard library parses
-    orjson = None  # type: ignore[assignment]
-
 if TYPE_CHECKING:
     import aiohttp
 
@@ -59,15 +54,6 @@ class Response:
 
     def json(self) -> Any:
         """The body parsed as JSON (ValueError when it is not, or nests too deep to parse)."""
-        if orjson is not None:
-            # A batch's answer of 1,000 items in about half the standard library's time.
-            # What orjson refuses (NaN, a lone surrogate's escape, deeper nesting) goes to
-            # the standard library, which decides as it always has. orjson reads integers
-            # beyond 64 bits as floats: an answer's fields are strings.
-            try:
-                return orjson.loads(self.body)
-            except orjson.JSONDecodeError:
-                pass
         try:
             return json.loads(self.body)
         except RecursionError as exc:

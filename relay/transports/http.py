@@ -334,7 +334,8 @@ def _per_item(response: Response, batch: Sequence[Message]) -> dict[int, Outcome
     try:
         results = response.json()["results"]
         answers = {str(item["reply_id"]): str(item["status"]) for item in results}
-        if "retry" in answers.values():
+        # A reply_id answered twice takes its last status, and any retry's error.
+        if any(item["status"] == "retry" for item in results):
             errors = {
                 str(item["reply_id"]): item["error"]
                 for item in results

@@ -329,7 +329,7 @@ def test_metrics_and_liveness_answer_while_the_database_does_not(
         for gauge in ("outbox_relay_backlog", "outbox_relay_dead", "outbox_relay_unrouted"):
             assert gauge not in text  # left out, not a made-up figure
         assert "outbox_relay_delivery_seconds" in text  # the relay's own figures still answer
-        wait_until(lambda: not relay.readiness()["ok"], 10, "not ready")
+        wait_until(lambda: not relay.readiness()["database"], 10, "the database down")
         assert relay.readiness() == {
             "ok": False,
             "owner": relay.owner,

@@ -15,6 +15,7 @@ import sqlalchemy as sa
 from support.relay_helpers import publish_many, rows
 
 from outbox.drivers import driver_for
+from outbox.drivers.postgresql.binary_arrays import dumping_numbers
 from outbox.drivers.postgresql.settle import SETTLE_POSTGRESQL, settle_parameters
 from outbox.drivers.records import FailedAttempt
 from outbox.schema import failed_attempts
@@ -148,6 +149,7 @@ def test_a_settle_reads_its_own_turns_rows_not_every_message_in_flight(
         mine = claim_messages(conn, owner="o", limit=10, **claim)
     outcomes = [Settlement(c.id, c.fence, "sent", 200, None, 0.0, 0, c.lease_until) for c in mine]
     with engine.connect() as conn:
+        dumping_numbers(conn)
         explained = conn.exec_driver_sql(
             "EXPLAIN (ANALYZE, FORMAT JSON) " + SETTLE_POSTGRESQL,
             settle_parameters("o", outcomes, None),

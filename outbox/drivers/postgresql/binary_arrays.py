@@ -4,7 +4,8 @@ psycopg's list dumper writes each element of a binary array in Python: about a q
 of a millisecond per 1,000 numbers, and the relay's settle sends four such arrays per
 turn. PostgreSQL's binary array is a header, then each element as its length and its
 big-endian bytes: from the numbers' machine bytes that is a byte swap and a few strided
-copies, all in C. A statement takes one as `CAST(%(name)b AS bigint[])` and the like.
+copies, all in C. A statement takes one as `CAST(%(name)b AS bigint[])` and the like, on
+a connection dumping_numbers() has prepared.
 """
 
 from __future__ import annotations
@@ -15,10 +16,10 @@ import sys
 from collections.abc import Iterable, Iterator
 from typing import ClassVar
 
-import psycopg
 from psycopg import postgres
 from psycopg.adapt import Dumper
 from psycopg.pq import Format
+from sqlalchemy.engine import Connection
 
 _HEAD = struct.Struct(">iiI")  # dimensions, has nulls, element type
 _DIMENSION = struct.Struct(">ii")  # length, lower bound
@@ -100,5 +101,17 @@ def _dumper(numbers: type[Numbers]) -> type[Dumper]:
     return NumbersDumper
 
 
-for _numbers in (BigInts, Integers, Floats):
-    psycopg.adapters.register_dumper(_numbers, _dumper(_numbers))
+_DUMPERS = [(numbers, _dumper(numbers)) for numbers in (BigInts, Integers, Floats)]
+_REGISTERED = "outbox.binary_arrays"
+"""Key in a pooled connection's info once the dumpers are on its psycopg connection."""
+
+
+def dumping_numbers(conn: Connection) -> None:
+    """Let `conn`'s psycopg connection dump Numbers: an engine made before this module was
+    imported copied psycopg's global adapters without them, so they go on each connection."""
+    info = conn.connection.info
+    if not info.get(_REGISTERED):
+        adapters = conn.connection.dbapi_connection.adapters  # type: ignore[union-attr]
+        for numbers, dumper in _DUMPERS:
+            adapters.register_dumper(numbers, dumper)
+        info[_REGISTERED] = True

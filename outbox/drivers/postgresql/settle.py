@@ -11,7 +11,7 @@ from sqlalchemy.engine import Connection
 from outbox.drivers.base import Now
 from outbox.drivers.common.settle import SETTLE_SET, SETTLE_WHERE
 from outbox.drivers.execution import UNPREPARED
-from outbox.drivers.postgresql.binary_arrays import BigInts, Floats, Integers
+from outbox.drivers.postgresql.binary_arrays import BigInts, Floats, Integers, dumping_numbers
 from outbox.drivers.postgresql.receipts import STATEMENT_NOW
 from outbox.drivers.records import FailedAttempt, Settlement
 
@@ -81,6 +81,7 @@ def settle(
     if not rows:
         return set()
     params = settle_parameters(owner, rows, now)
+    dumping_numbers(conn)
     statement = SETTLE_POSTGRESQL
     if failures:
         statement = SETTLE_RECORDING_POSTGRESQL
