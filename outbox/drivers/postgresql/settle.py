@@ -18,7 +18,9 @@ from outbox.drivers.records import FailedAttempt, Settlement
 # Driver SQL for psycopg: %(name)b sends an array in binary. `now` is
 # a manual clock's time, or NULL for the database's (read in the statement itself).
 # PostgreSQL answers with one row: the array of given ids it did not settle, usually
-# empty (fenced rows are rare), instead of a row per settled message to read back.
+# empty (fenced rows are rare), instead of a row per settled message to read back. When
+# it settled as many as it was given, the array is empty without hashing both lists (a
+# subquery in the CASE's other branch runs only when that branch is taken).
 FAILED_ATTEMPTS = f""",
     recorded AS (
         INSERT INTO outbox_failed_attempts
@@ -61,7 +63,8 @@ def settle_statement(recording: bool) -> str:
         + f""" AND m.lease_until = ANY(CAST(%(leases)b AS float8[]))
     RETURNING m.id
     ){FAILED_ATTEMPTS if recording else ""}
-    SELECT ARRAY(SELECT id FROM v EXCEPT SELECT id FROM settled)"""
+    SELECT CASE WHEN (SELECT count(*) FROM settled) = (SELECT count(*) FROM v)
+        THEN '{{}}'::bigint[] ELSE ARRAY(SELECT id FROM v EXCEPT SELECT id FROM settled) END"""
     )
 
 
