@@ -330,17 +330,15 @@ at once, its attempt given back."""
 
 
 def _per_item(response: Response, batch: Sequence[Message]) -> dict[int, Outcome]:
-    errors: dict[str, Any] = {}
     try:
         results = response.json()["results"]
         answers = {str(item["reply_id"]): str(item["status"]) for item in results}
         # A reply_id answered twice takes its last status, and any retry's error.
-        if any(item["status"] == "retry" for item in results):
-            errors = {
-                str(item["reply_id"]): item["error"]
-                for item in results
-                if item["status"] == "retry" and item.get("error") is not None
-            }
+        errors: dict[str, Any] = {
+            str(item["reply_id"]): item["error"]
+            for item in results
+            if item["status"] == "retry" and item.get("error") is not None
+        }
     except (ValueError, KeyError, TypeError, AttributeError):
         bad = Retry(response.status, "batch answer is not the expected JSON")
         return dict.fromkeys((m.id for m in batch), bad)

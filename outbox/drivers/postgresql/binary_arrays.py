@@ -42,10 +42,6 @@ class Numbers:
         """The numbers, in order."""
         return iter(self.values)
 
-    def __len__(self) -> int:
-        """How many numbers."""
-        return len(self.values)
-
 
 class BigInts(Numbers):
     """A bigint[] parameter."""

@@ -229,7 +229,7 @@ def chain_statement(pieces: DriverPieces) -> Any:
     )
 
 
-ROWS = {BINARY_ROWS: True}
+CLAIM_OPTIONS = {BINARY_ROWS: True}
 """The claims' execution options: their rows, bodies and all, come in binary."""
 
 KEY_ROUNDS = 3
@@ -319,7 +319,8 @@ class PostgreSQLClaims(ClaimStatements):
         }
         heads = []
         # Fetched at once: iterating the result would fetch row by row.
-        for row in conn.execute(claim_statement(self), walked, execution_options=ROWS).all():
+        rows = conn.execute(claim_statement(self), walked, execution_options=CLAIM_OPTIONS).all()
+        for row in rows:
             if row[0] is None:
                 walk.cursors[row.destination] = row.ordering_key
             else:
@@ -342,5 +343,5 @@ class PostgreSQLClaims(ClaimStatements):
             "room": room,
         }
         statement = chain_statement(self)
-        rows = conn.execute(statement, chained, execution_options=ROWS).all()
+        rows = conn.execute(statement, chained, execution_options=CLAIM_OPTIONS).all()
         return [ClaimedRow._make(row) for row in rows]
