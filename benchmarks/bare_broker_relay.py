@@ -19,7 +19,7 @@ prefilled before the relays start).
 A drain: as many bare relays as ours, timed as ours is (benchmarks.relay_bench
 timed_drain, from every relay's `ready` line), on a fresh prefill and a fresh
 stream or exchange; a run sweeps batch size by batches in flight
-(benchmarks.sweep) and the fastest point is the ceiling.
+(benchmarks.sweep) and the fastest point, measured again, is the ceiling.
 """
 
 from __future__ import annotations
@@ -109,7 +109,8 @@ def bare_relay_drain(kind: str, total: int, point: sweep.Point) -> float:
 
 
 def bare_relay_sweep(kind: str, total: int, points: Iterable[sweep.Point]) -> dict[str, float]:
-    """The bare relays into `kind` at each point; the best as `<kind>_bare_relay`, and its point."""
+    """The bare relays into `kind` at each point; the fastest measured again as
+    `<kind>_bare_relay`, and its point."""
     name = f"{kind}_bare_relay"
     return sweep.swept(name, points, lambda point: bare_relay_drain(kind, total, point))
 

@@ -19,7 +19,8 @@ insert trigger sends (polling every 50 ms besides), so a live latency compares
 delivery, not polling intervals. Its receiver is benchmarks.bare_receiver.
 
 It is the ceiling only at its best settings: a drain sweeps batch size by
-batches in flight (benchmarks.sweep) and the fastest point is the ceiling.
+batches in flight (benchmarks.sweep), and the fastest point, measured again, is the
+ceiling.
 
 One run measures, on fresh databases with the same prefill: our HTTP batch
 drain (benchmarks.relay_bench.drain, 2 relays), the bare relays' sweep (as many
@@ -248,8 +249,8 @@ def cpu_parts(name: str, result: dict[str, Any]) -> dict[str, float]:
 
 
 def bare_sweep(total: int, points: Iterable[sweep.Point]) -> dict[str, float]:
-    """The bare relays' drain at each point; the best as `bare`, with the point that won and
-    its CPU per part (`bare_cpu_us_<part>`)."""
+    """The bare relays' drain at each point; the fastest measured again as `bare`, with the
+    point that won and that measurement's CPU per part (`bare_cpu_us_<part>`)."""
     results: dict[sweep.Point, dict[str, Any]] = {}
 
     def rate(point: sweep.Point) -> float:

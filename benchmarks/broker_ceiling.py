@@ -10,10 +10,10 @@ know with it: no claims, no settles, no signatures, no other headers. Each
 process sends parcels of messages, a parcel's acknowledgements awaited together,
 with several parcels in flight; like the bare HTTP relay, the publishers are the
 ceiling only at their best settings, so a run sweeps parcel size by parcels in
-flight (benchmarks.sweep) and keeps the fastest point. Each point is timed from
-the moment every process is connected and subscribed to the last acknowledgement
-each one awaited, so neither start-up nor shutdown lowers the ceiling (as a
-relay's drain is timed from every relay up). What the relay reaches
+flight (benchmarks.sweep) and keeps the fastest point, measured again. Each point
+is timed from the moment every process is connected and subscribed to the last
+acknowledgement each one awaited, so neither start-up nor shutdown lowers the
+ceiling (as a relay's drain is timed from every relay up). What the relay reaches
 against this is the share of the library's reach that delivery with its
 guarantees keeps; the rest of the gap to the HTTP batch drain is the broker and
 its client, on a machine they share.
@@ -232,7 +232,8 @@ def bare_publish(kind: str, total: int, point: sweep.Point) -> float:
 
 
 def bare_sweep(kind: str, total: int, points: Iterable[sweep.Point]) -> dict[str, float]:
-    """The bare publishers into `kind` at each point; the best as `<kind>_bare`, and its point."""
+    """The bare publishers into `kind` at each point; the fastest measured again as
+    `<kind>_bare`, and its point."""
     return sweep.swept(f"{kind}_bare", points, lambda point: bare_publish(kind, total, point))
 
 

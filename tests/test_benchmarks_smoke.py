@@ -208,8 +208,12 @@ def check_results(document: dict[str, Any], table: str) -> None:
         row = rows[(scenario, "postgresql")]
         assert row["swept"] == swept
         run = row["runs"][0]
-        points = [run[f"{swept}_{point.label}"] for point in sweep.QUICK]
-        assert run[swept] == max(points) == row["baseline"], row
+        points = {point: run[f"{swept}_{point.label}"] for point in sweep.QUICK}
+        won = sweep.Point(int(run[f"{swept}_batch"]), int(run[f"{swept}_in_flight"]))
+        # The point named is the run's fastest, and the row's baseline the run's ceiling
+        # figure (that it is a second measurement: tests/test_benchmark_baselines.py).
+        assert points[won] == max(points.values()), row
+        assert run[swept] == row["baseline"] > 0, row
         assert "won: " in row["scenario"]
     # Every traced run exported spans (the suite fails otherwise: this checks it counted).
     traced = rows[("live p50, tracing configured vs not configured", "postgresql")]["runs"][0]
