@@ -108,6 +108,21 @@ def bare_relay_drain(kind: str, total: int, point: sweep.Point) -> float:
     return float(result["rate"])
 
 
+def bare_relay_points(
+    kind: str, total: int, points: Iterable[sweep.Point]
+) -> tuple[dict[str, float], sweep.Point]:
+    """The bare relays into `kind` at each point (sweep.chosen's figures, named
+    `<kind>_bare_relay`), and the fastest point."""
+    name = f"{kind}_bare_relay"
+    return sweep.chosen(name, points, lambda point: bare_relay_drain(kind, total, point))
+
+
+def bare_relay_at(kind: str, total: int, point: sweep.Point) -> dict[str, float]:
+    """The bare relays into `kind` at `point` (a sweep's winner, measured again) as
+    `<kind>_bare_relay`."""
+    return {f"{kind}_bare_relay": bare_relay_drain(kind, total, point)}
+
+
 def bare_relay_sweep(kind: str, total: int, points: Iterable[sweep.Point]) -> dict[str, float]:
     """The bare relays into `kind` at each point; the fastest measured again as
     `<kind>_bare_relay`, and its point."""

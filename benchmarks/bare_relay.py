@@ -22,11 +22,12 @@ It is the ceiling only at its best settings: a drain sweeps batch size by
 batches in flight (benchmarks.sweep), and the fastest point, measured again, is the
 ceiling.
 
-One run measures, on fresh databases with the same prefill: our HTTP batch
-drain (benchmarks.relay_bench.drain, 2 relays), the bare relays' sweep (as many
-relays), then ours again, so each order (ours first, the bare relay first) gives
-a ratio; then live commit-to-receipt with the same producer processes at the same
-fixed rate through one of our relays, one bare relay, and ours again.
+One run measures, on fresh databases with the same prefill: the bare relays'
+sweep (as many relays as ours), our HTTP batch drain (benchmarks.relay_bench.drain,
+2 relays), the sweep's winner again, then ours again, so each order (ours first,
+the bare relay first) gives a ratio of drains run back to back; then live
+commit-to-receipt with the same producer processes at the same fixed rate through
+one of our relays, one bare relay, and ours again.
 
 A relay process alone: python -m benchmarks.bare_relay relay DB_URL TARGET_URL BATCH IN_FLIGHT
 """
@@ -248,18 +249,16 @@ def cpu_parts(name: str, result: dict[str, Any]) -> dict[str, float]:
     }
 
 
-def bare_sweep(total: int, points: Iterable[sweep.Point]) -> dict[str, float]:
-    """The bare relays' drain at each point; the fastest measured again as `bare`, with the
-    point that won and that measurement's CPU per part (`bare_cpu_us_<part>`)."""
-    results: dict[sweep.Point, dict[str, Any]] = {}
+def bare_points(total: int, points: Iterable[sweep.Point]) -> tuple[dict[str, float], sweep.Point]:
+    """The bare relays' drain at each point (sweep.chosen's figures), and the fastest point."""
+    return sweep.chosen("bare", points, lambda point: float(bare_drain(total, point)["rate"]))
 
-    def rate(point: sweep.Point) -> float:
-        results[point] = bare_drain(total, point)
-        return float(results[point]["rate"])
 
-    figures = sweep.swept("bare", points, rate)
-    won = sweep.Point(int(figures["bare_batch"]), int(figures["bare_in_flight"]))
-    return figures | cpu_parts("bare", results[won])
+def bare_at(total: int, point: sweep.Point) -> dict[str, float]:
+    """The bare relays' drain at `point` (a sweep's winner, measured again) as `bare`, with
+    its CPU per part (`bare_cpu_us_<part>`)."""
+    result = bare_drain(total, point)
+    return {"bare": float(result["rate"]), **cpu_parts("bare", result)}
 
 
 def ours_drain(total: int) -> dict[str, Any]:
@@ -324,14 +323,16 @@ def sizes(quick: bool) -> tuple[int, float]:
 
 
 def run(quick: bool) -> dict[str, float]:
-    """Our drain, the bare relays' sweep, ours again; then the paced live runs."""
+    """The bare relays' sweep; our drain, the sweep's winner measured again, ours again; then
+    the paced live runs."""
     total, seconds = sizes(quick)
+    swept, winner = bare_points(total, sweep.grid(quick))
     ours = ours_drain(total)
-    bare = bare_sweep(total, sweep.grid(quick))
     return {
+        **swept,
         "ours_drain": float(ours["rate"]),
         **cpu_parts("ours", ours),
-        **bare,
+        **bare_at(total, winner),
         "ours_after_drain": float(ours_drain(total)["rate"]),
         **live_pair(seconds),
     }

@@ -231,6 +231,20 @@ def bare_publish(kind: str, total: int, point: sweep.Point) -> float:
     return float(round(rate))
 
 
+def bare_points(
+    kind: str, total: int, points: Iterable[sweep.Point]
+) -> tuple[dict[str, float], sweep.Point]:
+    """The bare publishers into `kind` at each point (sweep.chosen's figures, named
+    `<kind>_bare`), and the fastest point."""
+    return sweep.chosen(f"{kind}_bare", points, lambda point: bare_publish(kind, total, point))
+
+
+def bare_at(kind: str, total: int, point: sweep.Point) -> dict[str, float]:
+    """The bare publishers into `kind` at `point` (a sweep's winner, measured again) as
+    `<kind>_bare`."""
+    return {f"{kind}_bare": bare_publish(kind, total, point)}
+
+
 def bare_sweep(kind: str, total: int, points: Iterable[sweep.Point]) -> dict[str, float]:
     """The bare publishers into `kind` at each point; the fastest measured again as
     `<kind>_bare`, and its point."""

@@ -4,8 +4,9 @@ Run: .venv/bin/python -m benchmarks.suite [--quick] [--runs 3] [--json PATH] [--
 
 Every scenario is run `--runs` times; each run measures ours and its baseline back
 to back on fresh databases, so machine noise hits both. The drain, broker and paced
-live comparisons run ours, then the baseline, then ours again, and give the ratio of
-each order; the one judged is the less favourable to us. The table gives medians and
+live comparisons measure each baseline between two measurements of ours, and give the
+ratio of each order; the one judged is the less favourable to us. A swept baseline's
+points are measured first, and its winner's figure between ours. The table gives medians and
 the median of the per-run ratios, against the targets. Scenarios: publish overhead
 (sync, and async on asyncpg), relay drain against a naive relay and against bare
 relays at their sweep's fastest point, measured again (benchmarks.bare_relay, the
@@ -354,17 +355,20 @@ def mysql_drain(total: int) -> float:
 
 
 def drains(size: Sizes, points: tuple[sweep.Point, ...]) -> Run:
-    """Messages per second, each on a fresh prefill of the same size: our relays (batch
-    mode, 2 relays), the naive loop, the bare relays swept over `points` (the winner,
-    measured again, is `bare`), our relays again (`ours_after`: each baseline ran between
-    ours, so each order gives a ratio), ours into the receiver running its reference effect
-    (`ours_effect`), then ours on SQLite and on MySQL (a smaller backlog). Every other
-    receiver stores receipts only, as the bare receiver does."""
+    """Messages per second, each on a fresh prefill of the same size: the bare relays swept
+    over `points`; our relays (batch mode, 2 relays), the sweep's winner measured again
+    (`bare`), our relays again (`ours_after`), the naive loop (`baseline`), ours once more
+    (`ours_last`): each baseline ran right between two drains of ours, so each order gives
+    a ratio of two drains back to back. Then ours into the receiver running its reference
+    effect (`ours_effect`), and ours on SQLite and on MySQL (a smaller backlog). Every
+    other receiver stores receipts only, as the bare receiver does."""
+    figures, winner = bare_relay.bare_points(size.drain, points)
     first = bare_relay.ours_drain(size.drain)
-    figures = {"ours": float(first["rate"]), **bare_relay.cpu_parts("ours", first)}
-    figures["baseline"] = naive_drain(size.drain, size.naive_seconds)
-    figures |= bare_relay.bare_sweep(size.drain, points)
+    figures |= {"ours": float(first["rate"]), **bare_relay.cpu_parts("ours", first)}
+    figures |= bare_relay.bare_at(size.drain, winner)
     figures["ours_after"] = float(bare_relay.ours_drain(size.drain)["rate"])
+    figures["baseline"] = naive_drain(size.drain, size.naive_seconds)
+    figures["ours_last"] = float(bare_relay.ours_drain(size.drain)["rate"])
     figures["ours_effect"] = complete_rate(
         drain(size.drain, "batch", bare_relay.RELAYS, bare_relay.OURS_BATCH)
     )
@@ -385,18 +389,29 @@ BROKERS = (("nats", "JetStream"), ("rabbitmq", "RabbitMQ"))
 
 
 def broker_comparisons(quick: bool, points: tuple[sweep.Point, ...]) -> Run:
-    """The HTTP batch drain; for each broker our drain into it (and the consumer's), the bare
-    publishers and the bare relays into it, each swept over `points`, our drain again
-    (`<kind>_after`); the HTTP drain again (`http_after`). Each comparison so runs in both
-    orders."""
+    """For each broker the bare publishers and the bare relays into it, each swept over
+    `points`; the HTTP batch drain; for each broker our drain into it, the bare relays' and
+    the bare publishers' winners measured again, our drain again (`<kind>_after`) and the
+    consumer taking what it left; the HTTP drain again (`http_after`). Each comparison so
+    runs in both orders, each swept baseline between two drains of ours (the relays right
+    after ours first, the publishers right before ours after)."""
     total = broker_drain.sizes(quick)
-    figures = broker_drain.http_drain(total)
+    figures: Run = {}
+    won: dict[str, tuple[sweep.Point, sweep.Point]] = {}
     for kind, _ in BROKERS:
-        figures |= broker_drain.broker_drain(kind, total)
-        figures |= broker_ceiling.bare_sweep(kind, total, points)
-        figures |= bare_broker_relay.bare_relay_sweep(kind, total, points)
-        again = broker_drain.broker_drain(kind, total, then_consume=False)
+        publishers, publishers_won = broker_ceiling.bare_points(kind, total, points)
+        relays, relays_won = bare_broker_relay.bare_relay_points(kind, total, points)
+        figures |= publishers | relays
+        won[kind] = (publishers_won, relays_won)
+    figures |= broker_drain.http_drain(total)
+    for kind, _ in BROKERS:
+        publishers_won, relays_won = won[kind]
+        figures |= broker_drain.broker_drain(kind, total, then_consume=False)
+        figures |= bare_broker_relay.bare_relay_at(kind, total, relays_won)
+        figures |= broker_ceiling.bare_at(kind, total, publishers_won)
+        again = broker_drain.broker_drain(kind, total)
         figures[f"{kind}_after"] = again[kind]
+        figures[f"{kind}_consume"] = again[f"{kind}_consume"]
     figures["http_after"] = broker_drain.http_drain(total)["http"]
     return figures
 
@@ -617,14 +632,16 @@ def measure(runs: int, quick: bool) -> list[Row]:
             "postgresql",
             "messages/s",
             flows,
-            ("ours", "baseline"),
             ("ours_after", "baseline"),
+            ("ours_last", "baseline"),
             ">= 20x",
             lambda r: r >= 20,
         )
     )
     # Every drain of ours counts, whichever side of a baseline it ran on.
-    ours_drains = [{"ours": run[name]} for run in flows for name in ("ours", "ours_after")]
+    ours_drains = [
+        {"ours": run[name]} for run in flows for name in ("ours", "ours_after", "ours_last")
+    ]
     rows.append(
         median_row(
             "drain rate",
@@ -668,8 +685,8 @@ def measure(runs: int, quick: bool) -> list[Row]:
             "messages/s",
             flows,
             ours="ours_effect",
-            ratio=lambda run: run["ours_effect"] / run["ours_after"],
-            baseline="ours_after",
+            ratio=lambda run: run["ours_effect"] / run["ours_last"],
+            baseline="ours_last",
         )
     )
     brokers = repeat("broker drains", runs, lambda: broker_comparisons(quick, points))
@@ -1148,10 +1165,11 @@ def markdown(rows: list[Row], document: dict[str, Any]) -> str:
         f"- machine: {document['machine']}",
         f"- runs per scenario: {document['runs']} (medians; each ratio is the median of the "
         "runs' own ratios, ours and baseline measured back to back)",
-        "- order: where a row gives a ratio by order, each run measured ours, then the "
-        "baseline, then ours again; `ours first` pairs the first of ours with the baseline, "
-        "`baseline first` the baseline with the second of ours, and the row's ratio, the one "
-        "judged, is the less favourable of the two",
+        "- order: where a row gives a ratio by order, each run measured the baseline (a "
+        "swept one: its winner measured again, its points before) between two measurements "
+        "of ours; `ours first` pairs the baseline with the one of ours before it, `baseline "
+        "first` with the one after it, and the row's ratio, the one judged, is the less "
+        "favourable of the two",
         "",
         "| scenario | backend | unit | ours | baseline | ratio | ratio by order | target | met |",
         "| --- | --- | --- | ---: | ---: | ---: | --- | --- | --- |",
@@ -1230,8 +1248,10 @@ BASELINES = (
     "its `ready` line (so its interpreter's start is not counted) over a window of 60 s (2 s "
     "in a quick run): at under 300 per second it would take over 11 minutes to finish, "
     "and its rate does not fall as "
-    "the backlog shrinks. In each run ours drains once before the naive relay and the bare "
-    "relays' sweep and once after them, each on a fresh prefill, so both orders give a ratio; "
+    "the backlog shrinks. In each run the bare relays' sweep comes first; then ours drains, "
+    "the sweep's winner again, ours, the naive relay, ours once more, each on a fresh "
+    "prefill, so each baseline sits between two drains of ours and both orders give a ratio "
+    "of drains run back to back; "
     "then once more into the receiver running its reference effect (a row with a copy of the "
     "body per first receipt, in the receipt's statement), against the drain before it. "
     "CPU per message by part (ours' first drain against the winning point's second drain): "
@@ -1242,11 +1262,14 @@ BASELINES = (
     "broker drains: the same 2 relays (same batch settings) into a JetStream stream of the "
     "run's own (PubAck per message) and into a RabbitMQ topic exchange with publisher "
     "confirms and one durable queue bound to it (benchmarks/broker_drain.py). Each run: the "
-    "HTTP batch drain; then for each broker our drain into it, its bare publishers' sweep, our "
-    "drain into it again; then the HTTP batch drain again, each on a fresh prefill of the same "
-    "backlog, so each comparison has a ratio with ours first and one with the baseline first. "
+    "bare publishers' and bare relays' sweeps of each broker; the HTTP batch drain; then for "
+    "each broker our drain into it, the bare relays' and the bare publishers' fastest points "
+    "measured again, our drain into it again (and the consumer); then the HTTP batch drain "
+    "again, each on a fresh prefill of the same backlog, so each comparison has a ratio with "
+    "ours first and one with the baseline first; against the bare relays and publishers, "
+    "each from drains at most one apart. "
     "The consume rows: one `outbox receiver consume` process (default batch) taking what the "
-    "first drain left in the broker into the receiver's tables with the reference effect, "
+    "second drain left in the broker into the receiver's tables with the reference effect, "
     "timed from its metrics answering to the last message stored; reported without a target. "
     "CPU per message (the first drains): busy CPU time of the whole machine (all processes: "
     "relays, PostgreSQL, receiver or broker) over the timed window, divided by the messages "
@@ -1289,7 +1312,9 @@ BASELINES = (
     "the ceiling (its row names the winning point; every point is listed under Sweeps). "
     "Measured again because where points run close the fastest of six noisy figures is the "
     "luckiest draw, which would flatter the ceiling: the sweep chooses the point, a "
-    "measurement of its own gives the figure. Live: the same 4 producer processes paced at the "
+    "measurement of its own gives the figure, taken right between our two drains (the "
+    "sweep's points first), so each ratio compares drains run back to back. Live: the same "
+    "4 producer processes paced at the "
     "same fixed rate (about half what they reach unpaced here), one of our relays (into the "
     "receiver storing receipts only, as in the drain), then one "
     "bare relay (batches of 500, one in flight: a few messages wait at a time), then ours "

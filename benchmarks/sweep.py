@@ -3,7 +3,9 @@
 A bare relay or publisher is the ceiling ours is held to only at its own best
 settings, not at one guessed pair. Each point is measured on its own fresh
 backlog; the fastest point of the run is measured once more, on a fresh backlog of
-its own, and that second figure is the ceiling; the figures name its point.
+its own, and that second figure is the ceiling; the figures name its point. A
+comparison takes that figure between its two drains of ours (`chosen` first, then
+the winner measured there), not minutes before one of them.
 """
 
 from __future__ import annotations
@@ -38,25 +40,30 @@ def grid(quick: bool) -> tuple[Point, ...]:
     return QUICK if quick else FULL
 
 
-def swept(name: str, points: Iterable[Point], rate: Callable[[Point], float]) -> dict[str, float]:
-    """`rate` at each point, as figures `name`_<point>, and the fastest point's `rate` measured
-    again, as `name`.
+def chosen(
+    name: str, points: Iterable[Point], rate: Callable[[Point], float]
+) -> tuple[dict[str, float], Point]:
+    """`rate` at each point, as figures `name`_<point>, and the fastest point, also named by
+    the figures `name`_batch and `name`_in_flight.
 
-    The point that won is `name`_batch and `name`_in_flight.
+    The ceiling is not among the figures: where points run close, the fastest figure is
+    the luckiest of several noisy draws, and would flatter the ceiling by that luck (the
+    winner's curse). Choosing the point and measuring it are kept apart: the ceiling is a
+    fresh measurement of the winner (`swept`, or the comparison's own).
     """
     rates = {point: rate(point) for point in points}
     if not rates:
         raise ValueError("a sweep needs at least one point")
     winner = max(rates, key=rates.__getitem__)
-    # Where points run close, the fastest figure is the luckiest of several noisy draws,
-    # and would flatter the ceiling by that luck (the winner's curse). Choosing the point
-    # and measuring it are kept apart: the ceiling is a fresh measurement of the winner.
-    return {
-        **{f"{name}_{point.label}": value for point, value in rates.items()},
-        name: rate(winner),
-        f"{name}_batch": float(winner.batch),
-        f"{name}_in_flight": float(winner.in_flight),
-    }
+    figures = {f"{name}_{point.label}": value for point, value in rates.items()}
+    figures |= {f"{name}_batch": float(winner.batch), f"{name}_in_flight": float(winner.in_flight)}
+    return figures, winner
+
+
+def swept(name: str, points: Iterable[Point], rate: Callable[[Point], float]) -> dict[str, float]:
+    """The figures of `chosen`, and the fastest point's `rate` measured again, as `name`."""
+    figures, winner = chosen(name, points, rate)
+    return {**figures, name: rate(winner)}
 
 
 def winners(name: str, runs: Iterable[dict[str, float]]) -> str:

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 
-from benchmarks import sweep
+from benchmarks import bare_broker_relay, bare_relay, broker_ceiling, broker_drain, suite, sweep
 from benchmarks.suite import (
     BASELINE_FIRST,
     OURS_FIRST,
@@ -56,7 +58,8 @@ def test_the_full_grid_is_both_batches_by_one_four_and_eight_in_flight() -> None
 
 
 def run(ours: float, bare: float, ours_after: float, point: sweep.Point) -> dict[str, float]:
-    """One run's figures as the drain comparison records them, the sweep won at `point`."""
+    """One run's figures as the drain comparison records them (the sweep's and the winner's
+    own measurement), the sweep won at `point`."""
     other = sweep.Point(500, 1)
     return {
         "ours": ours,
@@ -167,3 +170,126 @@ def test_tracing_rows_pair_each_run_with_the_one_beside_it() -> None:
     # 6 / 5 traced first, 7 / 5 after: the higher latency ratio is judged against 1.25.
     assert p50.orders == {OURS_FIRST: 1.2, BASELINE_FIRST: 1.4}
     assert (p50.ratio, p50.met) == (1.4, False)
+
+
+def test_choosing_a_point_measures_each_point_once_and_names_the_fastest() -> None:
+    asked: list[sweep.Point] = []
+    rates = {sweep.Point(500, 1): 100.0, sweep.Point(1000, 4): 300.0}
+
+    def rate(point: sweep.Point) -> float:
+        asked.append(point)
+        return rates[point]
+
+    figures, winner = sweep.chosen("bare", list(rates), rate)
+    assert winner == sweep.Point(1000, 4)
+    assert asked == list(rates)  # the ceiling's own measurement is the caller's to take
+    assert figures == {
+        "bare_500x1": 100.0,
+        "bare_1000x4": 300.0,
+        "bare_batch": 1000.0,
+        "bare_in_flight": 4.0,
+    }
+
+
+def test_a_drains_baselines_are_measured_right_between_ours(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    calls: list[str] = []
+    points = (sweep.Point(500, 1), sweep.Point(1000, 4))
+
+    # Every measurement gives a figure of its own (its place in the run), so each figure
+    # names the drain it came from.
+    def bare(total: int, point: sweep.Point, relays: int = 2) -> dict[str, float]:
+        calls.append(f"bare {point.label}")
+        rate = float(len(calls)) + (100.0 if point.batch == 1000 else 0.0)
+        return {"rate": rate, "cpu_us_relay": float(len(calls))}
+
+    def our_drain(total: int) -> dict[str, float]:
+        calls.append("ours")
+        return {"rate": float(len(calls)), "cpu_us_relay": float(len(calls))}
+
+    def named(name: str) -> Callable[..., float]:
+        def measured(*args: object, **kwargs: object) -> float:
+            calls.append(name)
+            return float(len(calls))
+
+        return measured
+
+    monkeypatch.setattr(bare_relay, "bare_drain", bare)
+    monkeypatch.setattr(bare_relay, "ours_drain", our_drain)
+    monkeypatch.setattr(suite, "naive_drain", named("naive"))
+    monkeypatch.setattr(suite, "complete_rate", named("effect"))
+    monkeypatch.setattr(suite, "drain", lambda *args, **kwargs: {})
+    monkeypatch.setattr(suite, "sqlite_drain", named("sqlite"))
+    monkeypatch.setattr(suite, "mysql_drain", named("mysql"))
+    figures = suite.drains(suite.Sizes.of(quick=True), points)
+    assert calls == [
+        "bare 500x1",  # 1: the sweep first, choosing the point
+        "bare 1000x4",
+        "ours",  # 3
+        "bare 1000x4",  # 4: the winner again, between two drains of ours
+        "ours",  # 5
+        "naive",  # 6: between two drains of ours too
+        "ours",  # 7
+        "effect",  # 8: against the drain before it
+        "sqlite",
+        "mysql",
+    ]
+    assert (figures["bare_500x1"], figures["bare_1000x4"]) == (1.0, 102.0)
+    assert (figures["ours"], figures["ours_cpu_us_relay"]) == (3.0, 3.0)
+    assert (figures["bare"], figures["bare_cpu_us_relay"]) == (104.0, 4.0)
+    assert (figures["ours_after"], figures["baseline"], figures["ours_last"]) == (5.0, 6.0, 7.0)
+    assert figures["ours_effect"] == 8.0
+
+
+def test_a_brokers_baselines_are_measured_right_between_ours(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    calls: list[str] = []
+    points = (sweep.Point(500, 1), sweep.Point(1000, 4))
+
+    def rate(name: str) -> Callable[[str, int, sweep.Point], float]:
+        def measured(kind: str, total: int, point: sweep.Point) -> float:
+            calls.append(f"{kind} {name} {point.label}")
+            return float(len(calls)) + (100.0 if point.batch == 1000 else 0.0)
+
+        return measured
+
+    def ours(kind: str, total: int, then_consume: bool = True) -> dict[str, float]:
+        calls.append(f"{kind} ours" + (" and consume" if then_consume else ""))
+        figures = {kind: float(len(calls)), f"{kind}_cpu_us": float(len(calls))}
+        return figures | ({f"{kind}_consume": -float(len(calls))} if then_consume else {})
+
+    def http_drain(total: int) -> dict[str, float]:
+        calls.append("http")
+        return {"http": float(len(calls))}
+
+    monkeypatch.setattr(broker_ceiling, "bare_publish", rate("publishers"))
+    monkeypatch.setattr(bare_broker_relay, "bare_relay_drain", rate("relays"))
+    monkeypatch.setattr(broker_drain, "broker_drain", ours)
+    monkeypatch.setattr(broker_drain, "http_drain", http_drain)
+    figures = suite.broker_comparisons(True, points)
+    sweeps = [
+        f"{kind} {name} {point.label}"
+        for kind in ("nats", "rabbitmq")
+        for name in ("publishers", "relays")
+        for point in points
+    ]
+    assert calls == [
+        *sweeps,  # 1-8: every sweep first, choosing the points
+        "http",  # 9
+        "nats ours",  # 10
+        "nats relays 1000x4",  # 11: right after ours first
+        "nats publishers 1000x4",  # 12: right before ours after
+        "nats ours and consume",  # 13
+        "rabbitmq ours",
+        "rabbitmq relays 1000x4",
+        "rabbitmq publishers 1000x4",
+        "rabbitmq ours and consume",
+        "http",  # 18
+    ]
+    assert (figures["http"], figures["nats"], figures["nats_cpu_us"]) == (9.0, 10.0, 10.0)
+    assert (figures["nats_bare_relay"], figures["nats_bare"]) == (111.0, 112.0)
+    assert (figures["nats_after"], figures["nats_consume"]) == (13.0, -13.0)
+    assert (figures["nats_bare_relay_1000x4"], figures["nats_bare_1000x4"]) == (104.0, 102.0)
+    assert figures["http_after"] == 18.0
