@@ -124,10 +124,26 @@ def prefill(url: str, count: int, *, creation_contexts: bool = False) -> None:
         for n in range(count)
     ]
     with engine.begin() as conn:
-        for start in range(0, count, 20_000):
-            conn.execute(sa.insert(messages), rows[start : start + 20_000])
+        if conn.dialect.name == "postgresql":
+            copy_rows(conn, rows)
+        else:
+            for start in range(0, count, 20_000):
+                conn.execute(sa.insert(messages), rows[start : start + 20_000])
     analyze(engine, "outbox_messages")
     engine.dispose()
+
+
+def copy_rows(conn: sa.Connection, rows: list[dict[str, Any]]) -> None:
+    """Write `rows` (pending_row's) into outbox_messages with one COPY, in the connection's
+    transaction: the same rows as the INSERTs, a quarter of the time (a full suite
+    prefills some hundred backlogs of 200,000)."""
+    if not rows:
+        return
+    columns = list(rows[0])
+    cursor = conn.connection.driver_connection.cursor()  # type: ignore[union-attr]
+    with cursor.copy(f"COPY outbox_messages ({', '.join(columns)}) FROM STDIN") as copy:
+        for row in rows:
+            copy.write_row([row[column] for column in columns])
 
 
 def creation_headers(n: int) -> str:
