@@ -187,6 +187,15 @@ def pg_blank_url(pg_server: sa.Engine) -> Iterator[str]:
         conn.execute(sa.text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
 
 
+@pytest.fixture
+def pg_psycopg_url(pg_blank_url: str) -> str:
+    """A PostgreSQL database of this test's own, both branches migrated, named with the
+    psycopg driver (the benchmarks' COPY and bare relays need it)."""
+    url = sa.make_url(pg_blank_url).set(drivername="postgresql+psycopg").render_as_string(False)
+    upgrade_all(url)
+    return url
+
+
 @pytest.fixture(scope="session")
 def pg_database(pg_empty_database: str) -> str:
     """The run's PostgreSQL database with both branches migrated."""

@@ -12,22 +12,21 @@ import sqlalchemy as sa
 
 from benchmarks.relay_bench import drain_backlog, prefill
 from outbox.receiver_tables import effects, receipts
-from tests.conftest import upgrade_all
 
 MESSAGES = 40
 
 
 @pytest.mark.parametrize("reference_effect", [False, True], ids=["receipts-only", "effect"])
 def test_the_receipts_only_receiver_stores_every_receipt_and_no_effect(
-    pg_blank_url: str, reference_effect: bool
+    pg_psycopg_url: str, reference_effect: bool
 ) -> None:
     # The drains compared with the bare relay run on PostgreSQL, on databases of their own.
-    url = sa.make_url(pg_blank_url).set(drivername="postgresql+psycopg").render_as_string(False)
-    upgrade_all(url)
-    prefill(url, MESSAGES)
-    result = drain_backlog(url, MESSAGES, "batch", 1, 1000, reference_effect=reference_effect)
+    prefill(pg_psycopg_url, MESSAGES)
+    result = drain_backlog(
+        pg_psycopg_url, MESSAGES, "batch", 1, 1000, reference_effect=reference_effect
+    )
     assert result["complete"], result
-    engine = sa.create_engine(url)
+    engine = sa.create_engine(pg_psycopg_url)
     try:
         with engine.connect() as conn:
             stored = conn.execute(sa.select(sa.func.count()).select_from(receipts)).scalar_one()
