@@ -1,4 +1,4 @@
-"""EXPLAIN guard: the claim statements walk their partial indexes, even as generic plans.
+"""EXPLAIN guard: claims and batches walk the indexes they should, even as generic plans.
 
 psycopg prepares a statement after five runs, and PostgreSQL may then switch to
 a generic plan, planned without the parameters' values. A partial index whose
@@ -18,7 +18,7 @@ from psycopg import sql as psycopg_sql
 from outbox.db.dialect import bound_now
 from outbox.drivers import DRIVERS
 from outbox.drivers.common import figures, leases, task_reconcile
-from outbox.drivers.postgresql import claims, task_claims
+from outbox.drivers.postgresql import claims, task_claims, task_results
 from outbox.drivers.postgresql.reap import reap_recording_statement
 
 PARAMETER = re.compile(r"%\((\w+)\)s")
@@ -56,15 +56,33 @@ def generic_plan(
     types = [
         conn.dialect.type_compiler_instance.process(compiled.binds[name].type) for name in order
     ]
+    arguments = [(params[name], kind) for name, kind in zip(order, types, strict=True)]
+    return prepared_plan(conn, sql, arguments, mode, session, explain)
+
+
+def prepared_plan(
+    conn: sa.Connection,
+    sql: str,
+    arguments: list[tuple[Any, str]],
+    mode: str,
+    session: str | None = None,
+    explain: str = "EXPLAIN",
+) -> str:
+    """EXPLAIN of `sql` (parameters $1, $2, ...) prepared, then executed with `arguments`,
+    each a (value, SQL type) pair, under plan_cache_mode `mode` (see generic_plan)."""
     cursor = conn.connection.dbapi_connection.cursor()  # type: ignore[union-attr]
     try:
         if session is not None:
             cursor.execute(session)
         cursor.execute(f"SET plan_cache_mode = {mode}")
-        cursor.execute(f"PREPARE guarded ({', '.join(types)}) AS {sql}")
+        types = ", ".join(kind for _, kind in arguments)
+        cursor.execute(f"PREPARE guarded ({types}) AS {sql}")
         # Literal arguments: EXECUTE cannot infer the types of bound ones.
-        arguments = psycopg_sql.SQL(", ").join(psycopg_sql.Literal(params[n]) for n in order)
-        explained = psycopg_sql.SQL(explain + " EXECUTE guarded({})").format(arguments)
+        literals = psycopg_sql.SQL(", ").join(
+            psycopg_sql.SQL("{}::{}").format(psycopg_sql.Literal(value), psycopg_sql.SQL(kind))
+            for value, kind in arguments
+        )
+        explained = psycopg_sql.SQL(explain + " EXECUTE guarded({})").format(literals)
         cursor.execute(explained)
         plan = "\n".join(row[0] for row in cursor.fetchall())
         cursor.execute("DEALLOCATE guarded")
@@ -419,3 +437,73 @@ def test_the_task_claim_walks_the_claimable_index_behind_a_backlog_the_statistic
     assert "pk_outbox_tasks" in plan, plan
     assert "ix_outbox_tasks_deadline" not in plan, plan
     assert "Seq Scan on outbox_tasks" not in plan, plan
+
+
+COMPLETION_TYPES = {
+    "task_ids": "varchar[]",
+    "owners": "varchar[]",
+    "fences": "bigint[]",
+    "results": "text[]",
+    "reply_ids": "varchar[]",
+    "destinations": "varchar[]",
+    "bodies": "bytea[]",
+    "hashes": "varchar[]",
+    "headers": "text[]",
+    "now": "float8",
+}
+"""The types of COMPLETE_POSTGRESQL's parameters, as psycopg's binary dumpers send them."""
+
+
+@pytest.mark.parametrize("backend", ["postgresql"], indirect=True)
+@pytest.mark.parametrize("mode", ["force_generic_plan", "force_custom_plan"])
+def test_a_batch_of_results_probes_its_tasks_by_primary_key_beside_many_running(
+    db_url: str, mode: str
+) -> None:
+    # Statistics taken while no task ran make the running tasks' index look empty: joined
+    # on the batch, a plan walked it whole (every running task of every worker) at each
+    # batch, or rescanned the batch once per task in the table.
+    engine = with_history(db_url, pending_every=HISTORY + 1)
+    batch = 200
+    with engine.begin() as conn:
+        conn.exec_driver_sql(
+            "INSERT INTO outbox_tasks (task_id, tenant_id, payload, priority, deadline, hops, "
+            "state, attempts, max_attempts, available_at, owner, lease_until, fence, "
+            "created_at, updated_at) "
+            "SELECT 'r-' || n, 'a', '{}', 0, 1e12, 0, 'running', 1, 3, 0, "
+            "CASE WHEN n <= %(batch)s THEN 'w' ELSE 'other' END, 1e12, 7, n, n "
+            "FROM generate_series(1, 3000 + %(batch)s) n",
+            {"batch": batch},
+        )
+    ids = [f"r-{n}" for n in range(1, batch + 1)]
+    values = {
+        "task_ids": ids,
+        "owners": ["w"] * batch,
+        "fences": [7] * batch,
+        "results": ['{"ok":true}'] * batch,
+        "reply_ids": [f"reply-{task_id}" for task_id in ids],
+        "destinations": ["default"] * batch,
+        "bodies": [b"{}"] * batch,
+        "hashes": ["h"] * batch,
+        "headers": None,
+        "now": None,
+    }
+    order: list[str] = []
+
+    def number(match: re.Match[str]) -> str:
+        if match[1] not in order:
+            order.append(match[1])
+        return f"${order.index(match[1]) + 1}"
+
+    sql = re.sub(r"%\((\w+)\)[sb]", number, task_results.COMPLETE_POSTGRESQL)
+    arguments = [(values[name], COMPLETION_TYPES[name]) for name in order]
+    try:
+        with engine.connect() as conn:  # rolled back: EXPLAIN ANALYZE runs the statement
+            plan = prepared_plan(conn, sql, arguments, mode, explain="EXPLAIN (ANALYZE)")
+    finally:
+        engine.dispose()
+    assert "ix_outbox_tasks_running_tenant" not in plan, plan
+    assert "Seq Scan on outbox_tasks" not in plan, plan
+    assert "Join Filter" not in plan, plan
+    assert re.search(rf"Index Scan using pk_outbox_tasks .*rows=1 loops={batch}\)", plan), plan
+    assert re.search(rf"Tid Scan on outbox_tasks .*rows=1 loops={batch}\)", plan), plan
+    assert re.search(rf"CTE Scan on done .*rows={batch} loops=1\)", plan), plan

@@ -17,7 +17,7 @@ from outbox.drivers.task_interface import Held
 from outbox.schema import tasks
 
 # A heartbeat renews every lease a worker holds in one statement: each row matched by
-# (task_id, owner, fence) and the held guard (HELD_IN_V), as a finish is.
+# (task_id, owner, fence) and the held guard (held_in_v), as a finish is.
 RENEW_SET = "lease_until = {now} + {lease}, updated_at = {now}"
 """The renewal's SET clause."""
 

@@ -18,11 +18,16 @@ from outbox.drivers.task_interface import Held
 from outbox.schema import tasks
 from outbox.states import TaskState
 
-HELD_IN_V = """
-    {t}.task_id = v.task_id AND {t}.state = 'running' AND {t}.owner = v.owner
+
+def held_in_v(t: str, now: str, unindexed: bool = False) -> str:
+    """held_guard in SQL text at `now`, for the batches matching each row of table `t` to
+    the row of `v` with its held triple. `unindexed`: the state test written so that no
+    partial index's predicate follows from it (as outbox.db.sql.state_unindexed)."""
+    state = f"{t}.state || ''" if unindexed else f"{t}.state"
+    return f"""
+    {t}.task_id = v.task_id AND {state} = 'running' AND {t}.owner = v.owner
     AND {t}.fence = v.fence AND {t}.lease_until > {now} AND {t}.deadline > {now}
 """
-"""held_guard in SQL text, for the batches matching each row of `v` by its held triple."""
 
 
 def held_guard(now: sa.ColumnElement[float]) -> sa.ColumnElement[bool]:

@@ -11,7 +11,7 @@ from sqlalchemy.engine import Connection
 
 from outbox.drivers.common.task_renewals import RENEW_SET, TaskRenewalStatements, renewed
 from outbox.drivers.common.task_results import COMPLETE_SET, TaskResultStatements
-from outbox.drivers.common.task_transitions import HELD_IN_V
+from outbox.drivers.common.task_transitions import held_in_v
 from outbox.drivers.mysql.clock import DATABASE_NOW
 from outbox.drivers.mysql.rows import qualified, rows_table
 from outbox.drivers.task_interface import Completion, Held
@@ -23,10 +23,10 @@ PICKED: sa.BindParameter[Any] = sa.bindparam("picked", expanding=True)
 
 
 def lock_held(rows: str, skip_locked: bool) -> str:
-    """The task_ids of the rows of `rows` still held (HELD_IN_V), locked."""
+    """The task_ids of the rows of `rows` still held (held_in_v), locked."""
     return (
         f"SELECT t.task_id FROM outbox_tasks t JOIN {rows} v ON t.task_id = v.task_id WHERE"
-        + HELD_IN_V.format(t="t", now=MYSQL_NOW)
+        + held_in_v("t", MYSQL_NOW)
         + ("FOR UPDATE SKIP LOCKED" if skip_locked else "FOR UPDATE")
     )
 

@@ -3,7 +3,7 @@
 A busy worker claims and commits results many times a second, as coroutines of its
 HandlerLoop. Through psycopg they run there too, each stream on a held async
 connection (async_lane): the same statements as the driver's claim_tasks (uncapped,
-prepared by psycopg once run often) and complete_tasks (planned per run), with no
+prepared by psycopg once run often) and complete_tasks (prepared alike), with no
 hop to a thread and back per claim or batch. They connect from the URL of an engine
 the toolkit made: a caller's engine, whose settings may live outside its URL
 (connect_args, a creator, a token hook), gets none (held_conninfo).
@@ -89,8 +89,7 @@ class PsycopgHeldFinishes:
             return set()
         params = complete_parameters(completions, replies, now)
         async with self._lane.connection() as conn, commit_window(conn, window):
-            # Planned per run, as the driver's complete_tasks (see UNPREPARED).
-            cursor = await conn.execute(COMPLETE_POSTGRESQL, params, prepare=False)
+            cursor = await conn.execute(COMPLETE_POSTGRESQL, params)
             done = {task_id for (task_id,) in await cursor.fetchall()}
             if done:
                 failpoints.hit(window)

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from sqlalchemy.engine import Connection
 
 from outbox.drivers.common.task_renewals import RENEW_SET, TaskRenewalStatements, renewed
-from outbox.drivers.common.task_transitions import HELD_IN_V
+from outbox.drivers.common.task_transitions import held_in_v
 from outbox.drivers.execution import UNPREPARED
 from outbox.drivers.postgresql.task_results import PG_NOW
 from outbox.drivers.task_interface import Held
@@ -26,7 +26,7 @@ RENEW_POSTGRESQL = (
     ), held AS MATERIALIZED (
         SELECT t.task_id FROM outbox_tasks AS t, v
         WHERE"""
-    + HELD_IN_V.format(t="t", now=PG_NOW)
+    + held_in_v("t", PG_NOW)
     # The ids again as an array: primary-key probes, not a walk over every running task.
     + """AND t.task_id = ANY(CAST(%(task_ids)s AS varchar[]))
         FOR UPDATE OF t SKIP LOCKED

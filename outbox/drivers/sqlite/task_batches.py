@@ -12,7 +12,7 @@ from sqlalchemy.engine import Connection
 
 from outbox.drivers.common.task_renewals import RENEW_SET, TaskRenewalStatements, renewed
 from outbox.drivers.common.task_results import COMPLETE_SET, TaskResultStatements
-from outbox.drivers.common.task_transitions import HELD_IN_V
+from outbox.drivers.common.task_transitions import held_in_v
 from outbox.drivers.sqlite.clock import DATABASE_NOW
 from outbox.drivers.task_interface import Completion, Held
 
@@ -27,7 +27,7 @@ COMPLETE_SQLITE = sa.text(
         FROM json_each(:rows)
     ) AS v
     WHERE"""
-    + HELD_IN_V.format(t="outbox_tasks", now=SQLITE_NOW)
+    + held_in_v("outbox_tasks", SQLITE_NOW)
     + "RETURNING outbox_tasks.task_id"
 )
 """Mark the held tasks of :rows done with their results; their task_ids."""
@@ -40,7 +40,7 @@ RENEW_SQLITE = sa.text(
         FROM json_each(:rows)
     ) AS v
     WHERE"""
-    + HELD_IN_V.format(t="outbox_tasks", now=SQLITE_NOW)
+    + held_in_v("outbox_tasks", SQLITE_NOW)
     + """RETURNING outbox_tasks.task_id, outbox_tasks.owner, outbox_tasks.fence,
         outbox_tasks.lease_until"""
 )
