@@ -18,7 +18,7 @@ from psycopg import sql as psycopg_sql
 from outbox.db.dialect import bound_now
 from outbox.drivers import DRIVERS
 from outbox.drivers.common import figures, leases, task_reconcile
-from outbox.drivers.postgresql import claims, task_claims, task_results
+from outbox.drivers.postgresql import claims, task_claims, task_renewals, task_results
 from outbox.drivers.postgresql.reap import reap_recording_statement
 
 PARAMETER = re.compile(r"%\((\w+)\)s")
@@ -439,7 +439,7 @@ def test_the_task_claim_walks_the_claimable_index_behind_a_backlog_the_statistic
     assert "Seq Scan on outbox_tasks" not in plan, plan
 
 
-COMPLETION_TYPES = {
+BATCH_TYPES = {
     "task_ids": "varchar[]",
     "owners": "varchar[]",
     "fences": "bigint[]",
@@ -449,44 +449,50 @@ COMPLETION_TYPES = {
     "bodies": "bytea[]",
     "hashes": "varchar[]",
     "headers": "text[]",
+    "lease": "float8",
     "now": "float8",
 }
-"""The types of COMPLETE_POSTGRESQL's parameters, as psycopg's binary dumpers send them."""
+"""The types of the batches' parameters, as psycopg sends them."""
+RUNNING_BESIDE = 3000
 
 
 @pytest.mark.parametrize("backend", ["postgresql"], indirect=True)
 @pytest.mark.parametrize("mode", ["force_generic_plan", "force_custom_plan"])
-def test_a_batch_of_results_probes_its_tasks_by_primary_key_beside_many_running(
-    db_url: str, mode: str
+@pytest.mark.parametrize("batch", ["results", "renewals"])
+def test_a_batch_probes_its_tasks_by_primary_key_beside_many_running(
+    db_url: str, mode: str, batch: str
 ) -> None:
     # Statistics taken while no task ran make the running tasks' index look empty: joined
     # on the batch, a plan walked it whole (every running task of every worker) at each
     # batch, or rescanned the batch once per task in the table.
     engine = with_history(db_url, pending_every=HISTORY + 1)
-    batch = 200
+    size = 200
     with engine.begin() as conn:
         conn.exec_driver_sql(
             "INSERT INTO outbox_tasks (task_id, tenant_id, payload, priority, deadline, hops, "
             "state, attempts, max_attempts, available_at, owner, lease_until, fence, "
             "created_at, updated_at) "
             "SELECT 'r-' || n, 'a', '{}', 0, 1e12, 0, 'running', 1, 3, 0, "
-            "CASE WHEN n <= %(batch)s THEN 'w' ELSE 'other' END, 1e12, 7, n, n "
-            "FROM generate_series(1, 3000 + %(batch)s) n",
-            {"batch": batch},
+            "CASE WHEN n <= %(size)s THEN 'w' ELSE 'other' END, 1e12, 7, n, n "
+            "FROM generate_series(1, %(beside)s + %(size)s) n",
+            {"size": size, "beside": RUNNING_BESIDE},
         )
-    ids = [f"r-{n}" for n in range(1, batch + 1)]
-    values = {
-        "task_ids": ids,
-        "owners": ["w"] * batch,
-        "fences": [7] * batch,
-        "results": ['{"ok":true}'] * batch,
-        "reply_ids": [f"reply-{task_id}" for task_id in ids],
-        "destinations": ["default"] * batch,
-        "bodies": [b"{}"] * batch,
-        "hashes": ["h"] * batch,
-        "headers": None,
-        "now": None,
-    }
+    ids = [f"r-{n}" for n in range(1, size + 1)]
+    values: dict[str, Any] = {"task_ids": ids, "owners": ["w"] * size, "fences": [7] * size}
+    values["now"] = None
+    if batch == "results":
+        statement, written = task_results.COMPLETE_POSTGRESQL, "CTE Scan on done"
+        values |= {
+            "results": ['{"ok":true}'] * size,
+            "reply_ids": [f"reply-{task_id}" for task_id in ids],
+            "destinations": ["default"] * size,
+            "bodies": [b"{}"] * size,
+            "hashes": ["h"] * size,
+            "headers": None,
+        }
+    else:
+        statement, written = task_renewals.RENEW_POSTGRESQL, "Update on outbox_tasks t"
+        values["lease"] = 30.0
     order: list[str] = []
 
     def number(match: re.Match[str]) -> str:
@@ -494,8 +500,8 @@ def test_a_batch_of_results_probes_its_tasks_by_primary_key_beside_many_running(
             order.append(match[1])
         return f"${order.index(match[1]) + 1}"
 
-    sql = re.sub(r"%\((\w+)\)[sb]", number, task_results.COMPLETE_POSTGRESQL)
-    arguments = [(values[name], COMPLETION_TYPES[name]) for name in order]
+    sql = re.sub(r"%\((\w+)\)[sb]", number, statement)
+    arguments = [(values[name], BATCH_TYPES[name]) for name in order]
     try:
         with engine.connect() as conn:  # rolled back: EXPLAIN ANALYZE runs the statement
             plan = prepared_plan(conn, sql, arguments, mode, explain="EXPLAIN (ANALYZE)")
@@ -504,6 +510,6 @@ def test_a_batch_of_results_probes_its_tasks_by_primary_key_beside_many_running(
     assert "ix_outbox_tasks_running_tenant" not in plan, plan
     assert "Seq Scan on outbox_tasks" not in plan, plan
     assert "Join Filter" not in plan, plan
-    assert re.search(rf"Index Scan using pk_outbox_tasks .*rows=1 loops={batch}\)", plan), plan
-    assert re.search(rf"Tid Scan on outbox_tasks .*rows=1 loops={batch}\)", plan), plan
-    assert re.search(rf"CTE Scan on done .*rows={batch} loops=1\)", plan), plan
+    assert re.search(rf"Index Scan using pk_outbox_tasks .*rows=1 loops={size}\)", plan), plan
+    assert re.search(rf"Tid Scan on outbox_tasks .*rows=1 loops={size}\)", plan), plan
+    assert re.search(rf"{written} .*rows={size} loops=1\)", plan), plan

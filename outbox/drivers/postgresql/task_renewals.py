@@ -9,14 +9,17 @@ from sqlalchemy.engine import Connection
 
 from outbox.drivers.common.task_renewals import RENEW_SET, TaskRenewalStatements, renewed
 from outbox.drivers.common.task_transitions import held_in_v
-from outbox.drivers.execution import UNPREPARED
 from outbox.drivers.postgresql.task_results import PG_NOW
 from outbox.drivers.task_interface import Held
 
 # A row locked right now (its finish or failure being written) is skipped, not waited
 # for: waiting in one multi-row statement while a batch of finishes waits on another is
 # a deadlock, and a row being finished needs no renewal (if that write rolls back, the
-# next beat renews).
+# next beat renews). Each row is found by one primary-key probe and updated by ctid, as
+# a batch of results is (outbox.drivers.postgresql.task_results): joined on the arrays,
+# with statistics taken while few tasks ran, a plan walked every running task of every
+# worker at each beat. A row another transaction changed since the statement began is
+# left out, like a locked one: TaskQueue.renew_many then reads whether it is still held.
 RENEW_POSTGRESQL = (
     """WITH v AS (
         SELECT * FROM unnest(
@@ -24,17 +27,16 @@ RENEW_POSTGRESQL = (
             CAST(%(fences)s AS bigint[])
         ) AS v(task_id, owner, fence)
     ), held AS MATERIALIZED (
-        SELECT t.task_id FROM outbox_tasks AS t, v
-        WHERE"""
-    + held_in_v("t", PG_NOW)
-    # The ids again as an array: primary-key probes, not a walk over every running task.
-    + """AND t.task_id = ANY(CAST(%(task_ids)s AS varchar[]))
-        FOR UPDATE OF t SKIP LOCKED
+        SELECT probe.row_id FROM v CROSS JOIN LATERAL (
+            SELECT t.ctid AS row_id FROM outbox_tasks AS t WHERE"""
+    + held_in_v("t", PG_NOW, unindexed=True)
+    + """LIMIT 1 FOR UPDATE OF t SKIP LOCKED
+        ) AS probe
     )
     UPDATE outbox_tasks AS t SET """
     + RENEW_SET.format(now=PG_NOW, lease="%(lease)s::float8")
     + """
-    FROM held WHERE t.task_id = held.task_id
+    FROM held WHERE t.ctid = held.row_id
     RETURNING t.task_id, t.owner, t.fence, t.lease_until"""
 )
 """Extend each held lease of the arrays by %(lease)s, skipping rows locked by a write."""
@@ -52,10 +54,5 @@ class PostgreSQLTaskRenewals(TaskRenewalStatements):
             return {}
         task_ids, owners, fences = (list(c) for c in zip(*held, strict=True))
         params = {"task_ids": task_ids, "owners": owners, "fences": fences}
-        # Planned per run: a generic plan may rescan the arrays once per row (see UNPREPARED).
-        result = conn.exec_driver_sql(
-            RENEW_POSTGRESQL,
-            {**params, "lease": lease, "now": now},
-            execution_options={UNPREPARED: True},
-        )
+        result = conn.exec_driver_sql(RENEW_POSTGRESQL, {**params, "lease": lease, "now": now})
         return renewed(result)
