@@ -3,7 +3,7 @@
 A busy worker claims and commits results many times a second, as coroutines of its
 HandlerLoop. Through psycopg they run there too, each stream on a held async
 connection (async_lane): the same statements as the driver's claim_tasks (uncapped,
-prepared by psycopg once run often) and complete_tasks (prepared alike), with no
+prepared by psycopg once run often) and complete_tasks (planned per run), with no
 hop to a thread and back per claim or batch. They connect from the URL of an engine
 the toolkit made: a caller's engine, whose settings may live outside its URL
 (connect_args, a creator, a token hook), gets none (held_conninfo).
@@ -24,7 +24,11 @@ from outbox.drivers.common.pieces import DriverPieces
 from outbox.drivers.postgresql.async_lane import AsyncLane
 from outbox.drivers.postgresql.conninfo import engine_conninfo
 from outbox.drivers.postgresql.task_claims import TASK_CLAIM_SESSION, claim_tasks_psycopg
-from outbox.drivers.postgresql.task_results import COMPLETE_POSTGRESQL, complete_parameters
+from outbox.drivers.postgresql.task_results import (
+    COMPLETE_POSTGRESQL,
+    complete_parameters,
+    left_parameters,
+)
 from outbox.drivers.task_interface import Completion
 
 
@@ -89,8 +93,10 @@ class PsycopgHeldFinishes:
             return set()
         params = complete_parameters(completions, replies, now)
         async with self._lane.connection() as conn, commit_window(conn, window):
-            cursor = await conn.execute(COMPLETE_POSTGRESQL, params)
-            done = {task_id for (task_id,) in await cursor.fetchall()}
+            done = await complete_run(conn, params)
+            again = left_parameters(completions, replies, now, done)
+            if again is not None:
+                done |= await complete_run(conn, again)
             if done:
                 failpoints.hit(window)
         return done
@@ -98,6 +104,13 @@ class PsycopgHeldFinishes:
     async def close(self) -> None:
         """Close the held connection; batches after this raise RuntimeError."""
         await self._lane.close()
+
+
+async def complete_run(conn: psycopg.AsyncConnection[Any], params: Mapping[str, Any]) -> set[str]:
+    """One run of COMPLETE_POSTGRESQL on `conn`, planned per run as the driver's
+    (outbox.drivers.postgresql.task_results); the task_ids it marked done."""
+    cursor = await conn.execute(COMPLETE_POSTGRESQL, params, prepare=False)
+    return {task_id for (task_id,) in await cursor.fetchall()}
 
 
 @asynccontextmanager

@@ -9,6 +9,7 @@ from sqlalchemy.engine import Connection
 
 from outbox.drivers.common.task_renewals import RENEW_SET, TaskRenewalStatements, renewed
 from outbox.drivers.common.task_transitions import held_in_v
+from outbox.drivers.execution import UNPREPARED
 from outbox.drivers.postgresql.task_results import PG_NOW
 from outbox.drivers.task_interface import Held
 
@@ -18,8 +19,9 @@ from outbox.drivers.task_interface import Held
 # next beat renews). Each row is found by one primary-key probe and updated by ctid, as
 # a batch of results is (outbox.drivers.postgresql.task_results): joined on the arrays,
 # with statistics taken while few tasks ran, a plan walked every running task of every
-# worker at each beat. A row another transaction changed since the statement began is
-# left out, like a locked one: TaskQueue.renew_many then reads whether it is still held.
+# worker at each beat. A row another transaction changed since the statement began may
+# be left out, like a locked one: TaskQueue.renew_many then reads whether it is still
+# held. Planned per run, as the results batch is (see UNPREPARED there).
 RENEW_POSTGRESQL = (
     """WITH v AS (
         SELECT * FROM unnest(
@@ -54,5 +56,9 @@ class PostgreSQLTaskRenewals(TaskRenewalStatements):
             return {}
         task_ids, owners, fences = (list(c) for c in zip(*held, strict=True))
         params = {"task_ids": task_ids, "owners": owners, "fences": fences}
-        result = conn.exec_driver_sql(RENEW_POSTGRESQL, {**params, "lease": lease, "now": now})
+        result = conn.exec_driver_sql(
+            RENEW_POSTGRESQL,
+            {**params, "lease": lease, "now": now},
+            execution_options={UNPREPARED: True},
+        )
         return renewed(result)

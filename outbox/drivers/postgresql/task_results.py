@@ -3,8 +3,8 @@ of arrays (through psycopg; other drivers of the caller's take the portable stat
 The arrays go in binary (%(name)b): encoded as text, a batch of ten cost the worker about
 twice the client CPU (bytea bodies escaped, every element quoted).
 
-The SQL text is the same whatever the batch size, and its plan does not depend on it:
-psycopg prepares it once run often, as it does the claim.
+The SQL text is the same whatever the batch size. It is planned per run (see
+outbox.drivers.execution.UNPREPARED and COMPLETE_POSTGRESQL).
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from sqlalchemy.engine import Connection
 
 from outbox.drivers.common.task_results import COMPLETE_SET, TaskResultStatements
 from outbox.drivers.common.task_transitions import held_in_v
+from outbox.drivers.execution import UNPREPARED
 from outbox.drivers.postgresql.receipts import STATEMENT_NOW
 from outbox.drivers.task_interface import Completion
 
@@ -23,15 +24,16 @@ PG_NOW = f"COALESCE(%(now)s::float8, {STATEMENT_NOW})"
 """The batches' "now": a manual clock's, else the statement's time."""
 # Each row of the batch finds its task by one primary-key probe (the LATERAL subquery,
 # which its LIMIT keeps from being flattened into a join the planner may reorder), and
-# the UPDATE then goes straight to that row version by ctid. Joined on the batch
-# instead, with statistics taken while few tasks ran, a plan walked
-# ix_outbox_tasks_running_tenant, every running task of every worker, at each batch
-# (7 ms for 10 results beside 3,000 running tasks, against 0.3 ms); with the state test
-# unindexed and still joined, a plan rescanned the batch once per task in the table
-# (4.6 s for 500 results beside 20,000). The shape leaves a generic plan nothing to
-# guess, so the statement is prepared like any other (tests/test_claim_plans.py). A row
-# changed by another transaction since the probe has another ctid: the UPDATE then
-# leaves it, and the completer writes that result alone.
+# the UPDATE then goes to that row version by ctid. Joined on the batch instead, with
+# statistics taken while few tasks ran, a plan walked ix_outbox_tasks_running_tenant,
+# every running task of every worker, at each batch (7 ms for 10 results beside 3,000
+# running tasks, against 0.3 ms); with the state test unindexed and still joined, a plan
+# rescanned the batch once per task in the table (4.6 s for 500 results beside 20,000).
+# It is planned per run (UNPREPARED): a generic plan cached while the table was small
+# keeps its sequential scan once the table has grown.
+# A row another transaction changed after the statement began (a heartbeat's renewal,
+# say) may be left by the ctid join, still held: the rows it left are tried once
+# more (left_parameters), in a statement that sees the change.
 # The replies are written in the same statement, from what the UPDATE returns: one round
 # trip for a whole batch, and atomic alone.
 COMPLETE_POSTGRESQL = (
@@ -94,6 +96,22 @@ def complete_parameters(
     }
 
 
+def left_parameters(
+    completions: Sequence[Completion],
+    replies: Sequence[Mapping[str, Any]],
+    now: float | None,
+    done: set[str],
+) -> dict[str, Any] | None:
+    """COMPLETE_POSTGRESQL's parameters for the completions a run left undone (None when it
+    did them all), for a second run that sees rows changed while the first ran."""
+    left = [index for index, completion in enumerate(completions) if completion[0] not in done]
+    if not left:
+        return None
+    return complete_parameters(
+        [completions[index] for index in left], [replies[index] for index in left], now
+    )
+
+
 class PostgreSQLTaskResults(TaskResultStatements):
     """Task results on PostgreSQL: one statement of arrays through psycopg."""
 
@@ -111,6 +129,12 @@ class PostgreSQLTaskResults(TaskResultStatements):
             return super().complete_tasks(conn, completions, replies, now)
         if not completions:
             return set()
-        params = complete_parameters(completions, replies, now)
-        result = conn.exec_driver_sql(COMPLETE_POSTGRESQL, params)
-        return set(result.scalars().all())
+        done = complete_run(conn, complete_parameters(completions, replies, now))
+        again = left_parameters(completions, replies, now, done)
+        return done if again is None else done | complete_run(conn, again)
+
+
+def complete_run(conn: Connection, params: Mapping[str, Any]) -> set[str]:
+    """One run of COMPLETE_POSTGRESQL on `conn`; the task_ids it marked done."""
+    result = conn.exec_driver_sql(COMPLETE_POSTGRESQL, params, execution_options={UNPREPARED: True})
+    return set(result.scalars().all())
