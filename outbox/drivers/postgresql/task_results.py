@@ -23,16 +23,16 @@ from outbox.drivers.task_interface import Completion
 PG_NOW = f"COALESCE(%(now)s::float8, {STATEMENT_NOW})"
 """The batches' "now": a manual clock's, else the statement's time."""
 # Each row of the batch finds its task by one primary-key probe (the LATERAL subquery,
-# which its LIMIT keeps from being flattened into a join the planner may reorder), and
-# the UPDATE then goes to that row version by ctid. Joined on the batch instead, with
-# statistics taken while few tasks ran, a plan walked ix_outbox_tasks_running_tenant,
-# every running task of every worker, at each batch (7 ms for 10 results beside 3,000
-# running tasks, against 0.3 ms); with the state test unindexed and still joined, a plan
-# rescanned the batch once per task in the table (4.6 s for 500 results beside 20,000).
-# It is planned per run (UNPREPARED): a generic plan cached while the table was small
-# keeps its sequential scan once the table has grown.
+# which its LIMIT keeps from being flattened into a join the planner may reorder); the
+# UPDATE then goes to that row version by ctid and tests the held guard there. Joined on
+# the batch instead, with statistics taken while few tasks ran, a plan walked
+# ix_outbox_tasks_running_tenant, every running task of every worker, at each batch
+# (7 ms for 10 results beside 3,000 running tasks, against 0.3 ms); with the state test
+# unindexed and still joined, a plan rescanned the batch once per task in the table
+# (4.6 s for 500 results beside 20,000). It is planned per run (UNPREPARED): a generic
+# plan cached while the table was small keeps its sequential scans once it has grown.
 # A row another transaction changed after the statement began (a heartbeat's renewal,
-# say) may be left by the ctid join, still held: the rows it left are tried once
+# say) may be left by the ctid join, still held: the rows a run left are tried once
 # more (left_parameters), in a statement that sees the change.
 # The replies are written in the same statement, from what the UPDATE returns: one round
 # trip for a whole batch, and atomic alone.
@@ -48,9 +48,7 @@ COMPLETE_POSTGRESQL = (
             headers)
     ), held AS MATERIALIZED (
         SELECT v.*, probe.row_id FROM v CROSS JOIN LATERAL (
-            SELECT t.ctid AS row_id FROM outbox_tasks AS t WHERE"""
-    + held_in_v("t", PG_NOW, unindexed=True)
-    + """LIMIT 1
+            SELECT t.ctid AS row_id FROM outbox_tasks AS t WHERE t.task_id = v.task_id LIMIT 1
         ) AS probe
     ), done AS (
         UPDATE outbox_tasks AS t SET"""
