@@ -83,7 +83,9 @@ class Finishes(Protocol):
         """Commit results with their replies in one transaction; per pair, whether it was.
         Each reply's creation context is its task's in `contexts` (None: the active span's).
 
-        A database error raises and commits none (or, its answer lost, maybe all)."""
+        A database error raises; some of the pairs may have committed (an answer lost, or
+        the held connection's second statement failing after its first): each is then
+        written alone, which finds what committed."""
 
     async def close(self) -> None:
         """Let go of the connection it holds, if any."""

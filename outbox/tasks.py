@@ -273,8 +273,13 @@ class TaskQueue(DatabaseHandle):
         raises and commits none. A reply's creation context is its task's in
         `contexts` (the run's span), else the active span's.
         """
-        # PostgreSQL writes the whole batch in one statement (see one_statement).
-        with one_statement(self._engine, "finish.before_commit", lane=self._finishes) as conn:
+        # PostgreSQL writes one result in one statement (see one_statement); a batch may
+        # take a second statement for the rows the first left (a heartbeat's renewal
+        # meanwhile), so it is one transaction: either commits with the other.
+        single = len(finished) == 1
+        with one_statement(
+            self._engine, "finish.before_commit", single=single, lane=self._finishes
+        ) as conn:
             refused = task_results.complete(
                 conn, finished, self.reply_destination, clock_value(self.clock), contexts
             )

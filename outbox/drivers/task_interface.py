@@ -199,7 +199,7 @@ class HeldTaskFinishes(Protocol):
         now: float | None,
         window: str,
     ) -> set[str]:
-        """complete_tasks in one autocommit statement; the task_ids it changed. While
+        """complete_tasks in autocommit statements; the task_ids they changed. While
         failpoint `window` is armed, in a transaction it hits before its COMMIT once
         something was written."""
         ...

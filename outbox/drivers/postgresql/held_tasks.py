@@ -86,9 +86,11 @@ class PsycopgHeldFinishes:
         now: float | None,
         window: str,
     ) -> set[str]:
-        """Mark held tasks done and insert the replies of those it changed, in one statement;
-        the task_ids it changed. A database error raises: the statement may or may not
-        have committed, as a lost COMMIT answer leaves it."""
+        """Mark held tasks done and insert the replies of those it changed, in one statement
+        and one more for the rows the first left (see COMPLETE_POSTGRESQL); the task_ids
+        they changed. A database error raises: the statements may or may not have
+        committed, as a lost COMMIT answer leaves it, and the first may have committed
+        when the second fails."""
         if not completions:
             return set()
         params = complete_parameters(completions, replies, now)

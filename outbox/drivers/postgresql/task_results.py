@@ -1,5 +1,6 @@
 """PostgreSQL's task results: a batch marked done and its replies inserted in one statement
-of arrays (through psycopg; other drivers of the caller's take the portable statements).
+of arrays, and one more for the rows it left (through psycopg; other drivers of the
+caller's take the portable statements).
 The arrays go in binary (%(name)b): encoded as text, a batch of ten cost the worker about
 twice the client CPU (bytea bodies escaped, every element quoted).
 
@@ -33,7 +34,9 @@ PG_NOW = f"COALESCE(%(now)s::float8, {STATEMENT_NOW})"
 # plan cached while the table was small keeps its sequential scans once it has grown.
 # A row another transaction changed after the statement began (a heartbeat's renewal,
 # say) may be left by the ctid join, still held: the rows a run left are tried once
-# more (left_parameters), in a statement that sees the change.
+# more (left_parameters), in a statement that sees the change. A second change within
+# that one (heartbeats come a third of a lease apart) would leave it refused here; the
+# worker then writes it alone, which tries twice again.
 # The replies are written in the same statement, from what the UPDATE returns: one round
 # trip for a whole batch, and atomic alone.
 COMPLETE_POSTGRESQL = (
@@ -120,9 +123,9 @@ class PostgreSQLTaskResults(TaskResultStatements):
         replies: Sequence[Mapping[str, Any]],
         now: float | None,
     ) -> set[str]:
-        """Mark held tasks done and insert the replies of those it changed in one statement
-        (psycopg's SQL; asyncpg or psycopg2 connections of a caller's take the portable
-        statements); the task_ids it changed."""
+        """Mark held tasks done and insert the replies of those it changed in one statement,
+        and one more for the rows it left (psycopg's SQL; asyncpg or psycopg2 connections
+        of a caller's take the portable statements); the task_ids they changed."""
         if conn.dialect.driver != "psycopg":
             return super().complete_tasks(conn, completions, replies, now)
         if not completions:
